@@ -1,0 +1,139 @@
+#include "api/tensor_checks.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <sstream>
+
+#include "common/host_numeric.hpp"
+
+namespace sa::api {
+
+std::string shape_str(const sa_tensor& t) {
+  std::ostringstream os;
+  os << "[";
+  for (int i = 0; i < t.rank && i < SA_MAX_RANK; ++i) os << (i ? ", " : "") << t.shape[i];
+  os << "]";
+  return os.str();
+}
+
+static const char* device_name(sa_device_type d) { return d == SA_DEVICE_CUDA ? "cuda" : "cpu"; }
+
+static void check_cuda_pointer(const void* p, const char* name, int32_t index) {
+  cudaPointerAttributes attr{};
+  cudaError_t e = cudaPointerGetAttributes(&attr, p);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky-free error state of this query
+    SA_FAIL(SA_ERROR_INVALID_ARGUMENT,
+            name << ": tensor says device cuda:" << index << " but the CUDA runtime cannot "
+                 << "inspect its pointer (" << cudaGetErrorString(e) << ")");
+  }
+  SA_CHECK_ARG(attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged,
+               name << ": tensor says device cuda:" << index
+                    << " but its pointer is not device memory");
+  SA_CHECK_ARG(attr.device == index, name << ": tensor says device cuda:" << index
+                                          << " but its memory is on cuda:" << attr.device);
+}
+
+void check_tensor(const sa_tensor& t, const char* name, const TensorRules& r,
+                  DevicePlace& place) {
+  SA_CHECK_ARG(t.data != nullptr, name << ": required tensor is missing (data is NULL)");
+  SA_CHECK_ARG(t.rank == r.rank,
+               name << ": expected rank " << r.rank << ", got rank " << t.rank << " "
+                    << shape_str(t));
+  bool dtype_ok = false;
+  if (r.dtypes.size() == 0) {
+    dtype_ok = t.dtype == SA_DTYPE_BF16 || t.dtype == SA_DTYPE_FP16 || t.dtype == SA_DTYPE_FP32 ||
+               t.dtype == SA_DTYPE_FP64;
+  } else {
+    for (sa_dtype d : r.dtypes) dtype_ok |= (d == t.dtype);
+  }
+  if (!dtype_ok) {
+    std::ostringstream allowed;
+    if (r.dtypes.size() == 0) {
+      allowed << "bf16, fp16, fp32 or fp64";
+    } else {
+      bool first = true;
+      for (sa_dtype d : r.dtypes) {
+        allowed << (first ? "" : " or ") << dtype_name(d);
+        first = false;
+      }
+    }
+    SA_FAIL(SA_ERROR_INVALID_ARGUMENT, name << ": expected dtype " << allowed.str() << ", got "
+                                            << (static_cast<int>(t.dtype) >= 0 &&
+                                                        static_cast<int>(t.dtype) <= 4
+                                                    ? dtype_name(t.dtype)
+                                                    : "an unknown dtype"));
+  }
+  for (int i = 0; i < t.rank; ++i) {
+    SA_CHECK_ARG(t.shape[i] >= 0, name << ": dimension " << i << " is negative ("
+                                       << shape_str(t) << ")");
+    SA_CHECK_ARG(t.strides[i] >= 0, name << ": stride " << i << " is negative ("
+                                         << t.strides[i] << "); strides must be >= 0");
+    if (r.output && t.shape[i] > 1)
+      SA_CHECK_ARG(t.strides[i] > 0, name << ": output stride " << i
+                                          << " is 0 on a dimension of size " << t.shape[i]
+                                          << "; outputs cannot broadcast");
+  }
+  if (r.inner_contiguous && t.rank > 0 && t.shape[t.rank - 1] > 1)
+    SA_CHECK_ARG(t.strides[t.rank - 1] == 1, name << ": the last dimension must be contiguous "
+                                                  << "(stride 1), got stride "
+                                                  << t.strides[t.rank - 1]);
+  SA_CHECK_ARG(t.device == SA_DEVICE_CPU || t.device == SA_DEVICE_CUDA,
+               name << ": unknown device type " << static_cast<int>(t.device));
+  if (!place.set) {
+    place.set = true;
+    place.device = t.device;
+    place.index = t.device == SA_DEVICE_CUDA ? t.device_index : 0;
+  } else {
+    int32_t idx = t.device == SA_DEVICE_CUDA ? t.device_index : 0;
+    SA_CHECK_ARG(t.device == place.device && idx == place.index,
+                 name << ": expected device " << device_name(place.device)
+                      << (place.device == SA_DEVICE_CUDA ? ":" + std::to_string(place.index) : "")
+                      << " like the other tensors, got " << device_name(t.device)
+                      << (t.device == SA_DEVICE_CUDA ? ":" + std::to_string(idx) : ""));
+  }
+  if (t.device == SA_DEVICE_CUDA) {
+    // Vector loads need 16-byte aligned rows for the floating tensors; int32 metadata needs 4.
+    int64_t esize = dtype_size(t.dtype);
+    int64_t align = t.dtype == SA_DTYPE_INT32 ? 4 : 16;
+    SA_CHECK_ARG(reinterpret_cast<uintptr_t>(t.data) % align == 0,
+                 name << ": CUDA data pointer must be " << align << "-byte aligned");
+    if (t.dtype != SA_DTYPE_INT32 && t.dtype != SA_DTYPE_FP32) {
+      for (int i = 0; i + 1 < t.rank; ++i)
+        SA_CHECK_ARG((t.strides[i] * esize) % 16 == 0 || t.shape[i] == 1,
+                     name << ": stride " << i << " (" << t.strides[i]
+                          << " elements) must be a multiple of 16 bytes on CUDA");
+    }
+    check_cuda_pointer(t.data, name, t.device_index);
+  }
+}
+
+bool check_optional(const sa_tensor& t, const char* name, const TensorRules& rules,
+                    DevicePlace& place) {
+  if (t.data == nullptr) return false;
+  check_tensor(t, name, rules, place);
+  return true;
+}
+
+void check_dim(const sa_tensor& t, const char* name, int dim, int64_t expected,
+               const char* what) {
+  SA_CHECK_ARG(t.shape[dim] == expected, name << ": dimension " << dim << " must be " << what
+                                              << " = " << expected << ", got " << t.shape[dim]
+                                              << " (shape " << shape_str(t) << ")");
+}
+
+void check_same_dtype(const sa_tensor& t, const char* name, const sa_tensor& ref,
+                      const char* ref_name) {
+  SA_CHECK_ARG(t.dtype == ref.dtype, name << ": expected dtype " << dtype_name(ref.dtype)
+                                          << " (the dtype of " << ref_name << "), got "
+                                          << dtype_name(t.dtype));
+}
+
+IntView int_view(const sa_tensor& t) {
+  IntView v;
+  v.data = static_cast<const int32_t*>(t.data);
+  for (int i = 0; i < t.rank && i < 4; ++i) v.stride[i] = t.strides[i];
+  return v;
+}
+
+}  // namespace sa::api

@@ -1,0 +1,51 @@
+// Argument checks shared by the validation of every operation. Each check throws sa::Error with
+// SA_ERROR_INVALID_ARGUMENT and a message that names the argument and what was expected.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+#include "common/error.hpp"
+#include "common/problem.hpp"
+#include "sparse_attention/sparse_attention.h"
+
+namespace sa::api {
+
+std::string shape_str(const sa_tensor& t);
+
+// Where every tensor of a call lives; the first present tensor fixes it.
+struct DevicePlace {
+  bool set = false;
+  sa_device_type device = SA_DEVICE_CPU;
+  int32_t index = 0;
+};
+
+struct TensorRules {
+  int rank = 0;                               // required rank
+  std::initializer_list<sa_dtype> dtypes{};   // allowed dtypes (empty: any floating)
+  bool inner_contiguous = true;               // last-dim stride must be 1
+  bool output = false;                        // no zero or negative strides on dims of size > 1
+};
+
+// Checks presence, rank, dtype, strides, device (same as `place`), CUDA pointer kind and
+// alignment. `name` is the argument name used in messages ("q", "sparsity.q2k_index", ...).
+void check_tensor(const sa_tensor& t, const char* name, const TensorRules& rules,
+                  DevicePlace& place);
+
+// Same, but an absent tensor (data == NULL) passes and returns false.
+bool check_optional(const sa_tensor& t, const char* name, const TensorRules& rules,
+                    DevicePlace& place);
+
+// Dimension `dim` of `t` must be `expected`; `what` describes it ("S_q (from q)").
+void check_dim(const sa_tensor& t, const char* name, int dim, int64_t expected,
+               const char* what);
+
+// The same dtype as a reference tensor.
+void check_same_dtype(const sa_tensor& t, const char* name, const sa_tensor& ref,
+                      const char* ref_name);
+
+// Metadata view of an int32 tensor (strides copied, rank <= 4).
+IntView int_view(const sa_tensor& t);
+
+}  // namespace sa::api

@@ -1,0 +1,239 @@
+// Validation of BSA forward and backward arguments (SPEC 1 and 3).
+#include <cmath>
+
+#include "api/tensor_checks.hpp"
+#include "api/validate.hpp"
+
+namespace sa::api {
+namespace {
+
+constexpr std::initializer_list<sa_dtype> kInt32 = {SA_DTYPE_INT32};
+constexpr std::initializer_list<sa_dtype> kFp32 = {SA_DTYPE_FP32};
+
+// [B, H, S, D] or [B, S, H, D] -> BHSD-ordered strides.
+Bhsd to_bhsd(const sa_tensor& t, sa_layout layout) {
+  Bhsd v;
+  v.data = t.data;
+  v.sb = t.strides[0];
+  if (layout == SA_LAYOUT_BHSD) {
+    v.sh = t.strides[1];
+    v.ss = t.strides[2];
+  } else {
+    v.ss = t.strides[1];
+    v.sh = t.strides[2];
+  }
+  v.sd = t.strides[3];
+  return v;
+}
+
+struct Bhsd4 {
+  int64_t b, h, s, d;
+};
+Bhsd4 dims_of(const sa_tensor& t, sa_layout layout) {
+  if (layout == SA_LAYOUT_BHSD) return {t.shape[0], t.shape[1], t.shape[2], t.shape[3]};
+  return {t.shape[0], t.shape[2], t.shape[1], t.shape[3]};
+}
+
+const char* layout_name(sa_layout l) { return l == SA_LAYOUT_BHSD ? "BHSD" : "BSHD"; }
+
+// Checks a [B, H, S, D]-like tensor against expected sizes in the call's layout.
+void check_attn_shape(const sa_tensor& t, const char* name, sa_layout layout, Bhsd4 want,
+                      const char* shape_doc) {
+  Bhsd4 got = dims_of(t, layout);
+  SA_CHECK_ARG(got.b == want.b && got.h == want.h && got.s == want.s && got.d == want.d,
+               name << ": expected shape " << shape_doc << " = "
+                    << (layout == SA_LAYOUT_BHSD ? "[" : "[") << want.b << ", "
+                    << (layout == SA_LAYOUT_BHSD ? want.h : want.s) << ", "
+                    << (layout == SA_LAYOUT_BHSD ? want.s : want.h) << ", " << want.d
+                    << "] in layout " << layout_name(layout) << ", got " << shape_str(t));
+}
+
+struct Common {
+  BsaDims dims;
+  BsaMeta meta;
+  float scale = 0;
+  DevicePlace place;
+};
+
+void check_options(const sa_bsa_options& o) {
+  SA_CHECK_ARG(o.layout == SA_LAYOUT_BHSD || o.layout == SA_LAYOUT_BSHD,
+               "options.layout: expected SA_LAYOUT_BHSD or SA_LAYOUT_BSHD, got "
+                   << static_cast<int>(o.layout));
+  SA_CHECK_ARG(o.block_size == 64 || o.block_size == 128,
+               "options.block_size: expected 64 or 128, got " << o.block_size);
+  SA_CHECK_ARG(std::isfinite(o.scale), "options.scale: expected a finite value (0 for "
+                                       "1/sqrt(D)), got " << o.scale);
+  SA_CHECK_ARG(o.bucket_size >= 0,
+               "options.bucket_size: expected >= 0 (0 = automatic), got " << o.bucket_size);
+  SA_CHECK_ARG(o.impl >= SA_IMPL_AUTO && o.impl <= SA_IMPL_SM90,
+               "options.impl: unknown implementation " << static_cast<int>(o.impl));
+}
+
+// q, k, v and the sparsity metadata: what forward and backward share.
+Common check_inputs(const sa_tensor& q, const sa_tensor& k, const sa_tensor& v,
+                    const sa_bsa_sparsity& sp, const sa_bsa_options& opt) {
+  check_options(opt);
+  Common c;
+  const sa_layout L = opt.layout;
+  check_tensor(q, "q", {4, {}, true, false}, c.place);
+  check_tensor(k, "k", {4, {}, true, false}, c.place);
+  check_tensor(v, "v", {4, {}, true, false}, c.place);
+  check_same_dtype(k, "k", q, "q");
+  check_same_dtype(v, "v", q, "q");
+  Bhsd4 dq = dims_of(q, L), dk = dims_of(k, L), dv = dims_of(v, L);
+  SA_CHECK_ARG(dq.b >= 1 && dq.h >= 1 && dq.s >= 1 && dq.d >= 1,
+               "q: every dimension must be >= 1, got " << shape_str(q));
+  SA_CHECK_ARG(dk.b == dq.b, "k: batch must equal q's batch " << dq.b << ", got " << dk.b
+                                                                << " (shape " << shape_str(k)
+                                                                << ")");
+  SA_CHECK_ARG(dk.h >= 1 && dk.s >= 1, "k: every dimension must be >= 1, got " << shape_str(k));
+  SA_CHECK_ARG(dq.h % dk.h == 0, "k: H_kv = " << dk.h << " must divide H_q = " << dq.h);
+  SA_CHECK_ARG(dk.d == dq.d, "k: head dim must equal q's D = " << dq.d << ", got " << dk.d);
+  SA_CHECK_ARG(dv.b == dq.b && dv.h == dk.h && dv.s == dk.s,
+               "v: expected the batch, heads and S_kv of k (" << shape_str(k) << "), got "
+                                                              << shape_str(v));
+  SA_CHECK_ARG(dv.d >= 1, "v: D_v must be >= 1");
+
+  BsaDims& d = c.dims;
+  d.B = dq.b;
+  d.Hq = dq.h;
+  d.Hkv = dk.h;
+  d.Sq = dq.s;
+  d.Skv = dk.s;
+  d.D = dq.d;
+  d.Dv = dv.d;
+  d.block = opt.block_size;
+  d.Nq = (d.Sq + d.block - 1) / d.block;
+  d.Nkv = (d.Skv + d.block - 1) / d.block;
+
+  check_tensor(sp.q2k_index, "sparsity.q2k_index", {4, kInt32, false, false}, c.place);
+  const sa_tensor& qi = sp.q2k_index;
+  SA_CHECK_ARG(qi.shape[0] == d.B && qi.shape[1] == d.Hq && qi.shape[2] == d.Nq,
+               "sparsity.q2k_index: expected shape [B, H_q, N_q, K_max] = [" << d.B << ", " << d.Hq
+                   << ", " << d.Nq << ", K_max] (N_q = ceil(S_q / block_size)), got "
+                   << shape_str(qi));
+  SA_CHECK_ARG(qi.shape[3] >= 1, "sparsity.q2k_index: K_max must be >= 1, got " << qi.shape[3]);
+  d.Kmax = qi.shape[3];
+  c.meta.q2k_index = int_view(qi);
+
+  if (check_optional(sp.q2k_count, "sparsity.q2k_count", {3, kInt32, false, false}, c.place)) {
+    const sa_tensor& qc = sp.q2k_count;
+    SA_CHECK_ARG(qc.shape[0] == d.B && qc.shape[1] == d.Hq && qc.shape[2] == d.Nq,
+                 "sparsity.q2k_count: expected shape [B, H_q, N_q] = [" << d.B << ", " << d.Hq
+                     << ", " << d.Nq << "], got " << shape_str(qc));
+    c.meta.q2k_count = int_view(qc);
+  } else {
+    SA_CHECK_ARG(opt.count == -1 || (opt.count >= 0 && opt.count <= d.Kmax),
+                 "options.count: expected -1 (K_max) or a value in [0, " << d.Kmax
+                     << "] when sparsity.q2k_count is absent, got " << opt.count);
+  }
+  c.meta.fixed_count = opt.count == -1 ? static_cast<int32_t>(d.Kmax) : opt.count;
+
+  const sa_tensor& bl = sp.kv_block_len;
+  if (bl.data != nullptr) {
+    SA_CHECK_ARG(bl.rank == 1 || bl.rank == 2,
+                 "sparsity.kv_block_len: expected rank 1 [N_kv] or rank 2 [B, N_kv], got rank "
+                     << bl.rank);
+    check_tensor(bl, "sparsity.kv_block_len", {bl.rank, kInt32, false, false}, c.place);
+    if (bl.rank == 1) {
+      SA_CHECK_ARG(bl.shape[0] == d.Nkv, "sparsity.kv_block_len: expected shape [N_kv] = ["
+                                             << d.Nkv << "] (N_kv = ceil(S_kv / block_size)), got "
+                                             << shape_str(bl));
+      c.meta.kv_block_len.data = static_cast<const int32_t*>(bl.data);
+      c.meta.kv_block_len.stride[0] = 0;
+      c.meta.kv_block_len.stride[1] = bl.strides[0];
+    } else {
+      SA_CHECK_ARG(bl.shape[0] == d.B && bl.shape[1] == d.Nkv,
+                   "sparsity.kv_block_len: expected shape [B, N_kv] = ["
+                       << d.B << ", " << d.Nkv << "], got " << shape_str(bl));
+      c.meta.kv_block_len = int_view(bl);
+    }
+  }
+
+  c.scale = opt.scale == 0.f ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.D)))
+                             : opt.scale;
+  return c;
+}
+
+void check_lse(const sa_tensor& lse, const char* name, const BsaDims& d, bool output,
+               DevicePlace& place) {
+  check_tensor(lse, name, {3, kFp32, false, output}, place);
+  SA_CHECK_ARG(lse.shape[0] == d.B && lse.shape[1] == d.Hq && lse.shape[2] == d.Sq,
+               name << ": expected shape [B, H_q, S_q] = [" << d.B << ", " << d.Hq << ", " << d.Sq
+                    << "], got " << shape_str(lse));
+}
+
+// An attention-shaped tensor with the dtype of `like` and sizes (b, h, s, last).
+void check_like(const sa_tensor& t, const char* name, const sa_tensor& like,
+                const char* like_name, sa_layout L, Bhsd4 want, bool output, DevicePlace& place,
+                const char* shape_doc) {
+  check_tensor(t, name, {4, {}, true, output}, place);
+  check_same_dtype(t, name, like, like_name);
+  check_attn_shape(t, name, L, want, shape_doc);
+}
+
+}  // namespace
+
+BsaFwdProblem make_problem(const sa_bsa_fwd_args& a) {
+  Common c = check_inputs(a.q, a.k, a.v, a.sparsity, a.options);
+  const BsaDims& d = c.dims;
+  const sa_layout L = a.options.layout;
+  check_like(a.o, "o", a.q, "q", L, {d.B, d.Hq, d.Sq, d.Dv}, true, c.place,
+             "[B, H_q, S_q, D_v]");
+  check_lse(a.lse, "lse", d, true, c.place);
+
+  BsaFwdProblem p;
+  p.dims = d;
+  p.dtype = a.q.dtype;
+  p.device = c.place.device;
+  p.device_index = c.place.index;
+  p.scale = c.scale;
+  p.options = a.options;
+  p.meta = c.meta;
+  p.q = to_bhsd(a.q, L);
+  p.k = to_bhsd(a.k, L);
+  p.v = to_bhsd(a.v, L);
+  p.o = to_bhsd(a.o, L);
+  p.lse = static_cast<float*>(a.lse.data);
+  for (int i = 0; i < 3; ++i) p.lse_stride[i] = a.lse.strides[i];
+  return p;
+}
+
+BsaBwdProblem make_problem(const sa_bsa_bwd_args& a) {
+  Common c = check_inputs(a.q, a.k, a.v, a.sparsity, a.options);
+  const BsaDims& d = c.dims;
+  const sa_layout L = a.options.layout;
+  check_like(a.o, "o", a.q, "q", L, {d.B, d.Hq, d.Sq, d.Dv}, false, c.place,
+             "[B, H_q, S_q, D_v]");
+  check_lse(a.lse, "lse", d, false, c.place);
+  check_like(a.dout, "dout", a.q, "q", L, {d.B, d.Hq, d.Sq, d.Dv}, false, c.place,
+             "[B, H_q, S_q, D_v]");
+  check_like(a.dq, "dq", a.q, "q", L, {d.B, d.Hq, d.Sq, d.D}, true, c.place,
+             "[B, H_q, S_q, D]");
+  check_like(a.dk, "dk", a.k, "k", L, {d.B, d.Hkv, d.Skv, d.D}, true, c.place,
+             "[B, H_kv, S_kv, D]");
+  check_like(a.dv, "dv", a.v, "v", L, {d.B, d.Hkv, d.Skv, d.Dv}, true, c.place,
+             "[B, H_kv, S_kv, D_v]");
+
+  BsaBwdProblem p;
+  p.dims = d;
+  p.dtype = a.q.dtype;
+  p.device = c.place.device;
+  p.device_index = c.place.index;
+  p.scale = c.scale;
+  p.options = a.options;
+  p.meta = c.meta;
+  p.q = to_bhsd(a.q, L);
+  p.k = to_bhsd(a.k, L);
+  p.v = to_bhsd(a.v, L);
+  p.o = to_bhsd(a.o, L);
+  p.dout = to_bhsd(a.dout, L);
+  p.dq = to_bhsd(a.dq, L);
+  p.dk = to_bhsd(a.dk, L);
+  p.dv = to_bhsd(a.dv, L);
+  p.lse = static_cast<const float*>(a.lse.data);
+  for (int i = 0; i < 3; ++i) p.lse_stride[i] = a.lse.strides[i];
+  return p;
+}
+
+}  // namespace sa::api

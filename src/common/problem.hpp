@@ -1,0 +1,151 @@
+// Validated problem descriptors: what the host API hands to every implementation.
+//
+// Validation (src/api/validate_*.cpp) turns the public argument structs into these, so that
+// implementations never look at layouts or optional-argument conventions again:
+//  * every q/k/v-like tensor is described by BHSD-ordered strides whatever its layout;
+//  * defaults (scale, count, d_v, kv block lengths) are resolved;
+//  * optional tensors are a null pointer.
+// Pointers are typed void here; the dtype says what they hold.
+#pragma once
+
+#include <cstdint>
+
+#include "sparse_attention/sparse_attention.h"
+
+#if defined(__CUDACC__)
+#define SA_HD __host__ __device__ __forceinline__
+#else
+#define SA_HD inline
+#endif
+
+namespace sa {
+
+// Element (b, h, s, d) of a 4-D attention tensor lives at
+//   data + b*sb + h*sh + s*ss + d*sd   (in elements).
+struct Bhsd {
+  void* data = nullptr;
+  int64_t sb = 0, sh = 0, ss = 0, sd = 1;
+  SA_HD int64_t offset(int64_t b, int64_t h, int64_t s, int64_t d) const {
+    return b * sb + h * sh + s * ss + d * sd;
+  }
+};
+
+// A strided int32 metadata tensor of up to 4 dims (strides may be 0: broadcast).
+struct IntView {
+  const int32_t* data = nullptr;  // null: absent
+  int64_t stride[4] = {0, 0, 0, 0};
+  SA_HD int32_t at(int64_t i0, int64_t i1 = 0, int64_t i2 = 0, int64_t i3 = 0) const {
+    return data[i0 * stride[0] + i1 * stride[1] + i2 * stride[2] + i3 * stride[3]];
+  }
+};
+
+// ---- BSA --------------------------------------------------------------------------------------
+struct BsaDims {
+  int64_t B = 0, Hq = 0, Hkv = 0, Sq = 0, Skv = 0, D = 0, Dv = 0;
+  int32_t block = 0;          // 64 or 128
+  int64_t Nq = 0, Nkv = 0;    // ceil(S / block)
+  int64_t Kmax = 0;           // last dim of q2k_index
+  SA_HD int64_t group() const { return Hq / Hkv; }  // query heads per KV head
+};
+
+struct BsaMeta {
+  IntView q2k_index;     // [B, Hq, Nq, Kmax]
+  IntView q2k_count;     // [B, Hq, Nq], or absent: fixed_count for every row
+  int32_t fixed_count = 0;
+  IntView kv_block_len;  // [B, Nkv] (stride[0] == 0 when given as [Nkv]), or absent: full blocks,
+                         // the last one cut at Skv
+  // Number of entries of row (b, h, m) that are read.
+  SA_HD int32_t count(int64_t b, int64_t h, int64_t m) const {
+    return q2k_count.data ? q2k_count.at(b, h, m) : fixed_count;
+  }
+  // Valid keys in KV block n of batch b.
+  SA_HD int32_t block_len(int64_t b, int64_t n, const BsaDims& d) const {
+    if (kv_block_len.data) return kv_block_len.at(b, n);
+    int64_t rest = d.Skv - n * d.block;
+    return static_cast<int32_t>(rest < d.block ? rest : d.block);
+  }
+};
+
+struct BsaFwdProblem {
+  BsaDims dims;
+  sa_dtype dtype = SA_DTYPE_BF16;   // of q, k, v, o
+  sa_device_type device = SA_DEVICE_CPU;
+  int32_t device_index = 0;
+  float scale = 0.f;                // resolved
+  sa_bsa_options options{};
+  BsaMeta meta;
+  Bhsd q, k, v, o;
+  float* lse = nullptr;             // [B, Hq, Sq]
+  int64_t lse_stride[3] = {0, 0, 0};
+};
+
+struct BsaBwdProblem {
+  BsaDims dims;
+  sa_dtype dtype = SA_DTYPE_BF16;
+  sa_device_type device = SA_DEVICE_CPU;
+  int32_t device_index = 0;
+  float scale = 0.f;
+  sa_bsa_options options{};
+  BsaMeta meta;
+  Bhsd q, k, v, o, dout, dq, dk, dv;
+  const float* lse = nullptr;       // [B, Hq, Sq]
+  int64_t lse_stride[3] = {0, 0, 0};
+};
+
+// ---- DSA --------------------------------------------------------------------------------------
+struct DsaDims {
+  int64_t Sq = 0, Skv = 0, H = 0, Dqk = 0, Dv = 0, topk = 0;
+};
+
+// A 3-D [S, H, D] or 2-D [S, D] tensor with strides in elements (sh unused for 2-D).
+struct Shd {
+  void* data = nullptr;
+  int64_t ss = 0, sh = 0, sd = 1;
+  SA_HD int64_t offset(int64_t s, int64_t h, int64_t d) const { return s * ss + h * sh + d * sd; }
+};
+
+struct DsaMeta {
+  IntView topk_idx;     // [Sq, topk]
+  IntView topk_length;  // [Sq], or absent
+  const float* sink = nullptr;  // [H] (contiguous after validation: stride sink_stride)
+  int64_t sink_stride = 1;
+  // Is slot i of row t active (SPEC 2)? Never dereferences kv.
+  SA_HD bool active(int64_t t, int64_t i, const DsaDims& d) const {
+    if (topk_length.data) {
+      int64_t len = topk_length.at(t);
+      if (i >= len) return false;
+    }
+    int32_t j = topk_idx.at(t, i);
+    return j >= 0 && j < d.Skv;
+  }
+};
+
+struct DsaFwdProblem {
+  DsaDims dims;
+  sa_dtype dtype = SA_DTYPE_BF16;
+  sa_device_type device = SA_DEVICE_CPU;
+  int32_t device_index = 0;
+  float scale = 0.f;
+  sa_dsa_options options{};
+  DsaMeta meta;
+  Shd q, kv, out;                   // kv: 2-D
+  float* lse = nullptr;             // [Sq, H]
+  int64_t lse_stride[2] = {0, 0};
+};
+
+struct DsaBwdProblem {
+  DsaDims dims;
+  sa_dtype dtype = SA_DTYPE_BF16;
+  sa_device_type device = SA_DEVICE_CPU;
+  int32_t device_index = 0;
+  float scale = 0.f;
+  sa_dsa_options options{};
+  DsaMeta meta;
+  Shd q, kv, out, dout, dq, dkv;    // kv, dkv: 2-D
+  const float* lse = nullptr;       // [Sq, H]
+  int64_t lse_stride[2] = {0, 0};
+  float* d_sink = nullptr;          // [H], or absent
+  int64_t d_sink_stride = 1;
+};
+
+}  // namespace sa
