@@ -149,11 +149,14 @@ sa_tensor sa_tensor_contiguous(void* data, sa_dtype dtype, int32_t rank, const i
   sa_tensor t = sa_tensor_none();
   t.data = data;
   t.dtype = dtype;
-  t.rank = rank < 0 ? 0 : (rank > SA_MAX_RANK ? SA_MAX_RANK : rank);
+  // An out-of-range rank is kept (not clamped) so that validation rejects the tensor by name
+  // instead of silently dropping dimensions; only the first SA_MAX_RANK sizes are stored.
+  t.rank = rank;
   t.device = device;
   t.device_index = device_index;
+  const int32_t stored = rank < 0 ? 0 : (rank > SA_MAX_RANK ? SA_MAX_RANK : rank);
   int64_t stride = 1;
-  for (int i = t.rank - 1; i >= 0; --i) {
+  for (int i = stored - 1; i >= 0; --i) {
     t.shape[i] = shape[i];
     t.strides[i] = stride;
     stride *= shape[i] > 0 ? shape[i] : 1;

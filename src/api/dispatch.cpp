@@ -44,6 +44,9 @@ const Implementation& select_impl(const Problem& p, const char* op,
     SA_FAIL(SA_ERROR_UNSUPPORTED, "options.impl: implementation '" << sa_impl_name(forced)
                                                                    << "' is not built into this "
                                                                       "library");
+  if (forced != SA_IMPL_AUTO)
+    SA_FAIL(SA_ERROR_UNSUPPORTED, "options.impl = " << sa_impl_name(forced) << " cannot serve "
+                                                    << op << ": " << reasons.str());
   SA_FAIL(SA_ERROR_UNSUPPORTED, op << ": no implementation serves this call ("
                                    << reasons.str() << ")");
 }

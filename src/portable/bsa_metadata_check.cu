@@ -72,7 +72,7 @@ void check_bsa_metadata_gpu(const BsaDims& d, const BsaMeta& meta, cudaStream_t 
   if (result.first_bad_len != kNone) {
     int64_t b = result.first_bad_len / d.Nkv, n = result.first_bad_len % d.Nkv;
     int32_t len = read_int(meta.kv_block_len, b, n, 0, 0);
-    SA_FAIL(SA_ERROR_INVALID_METADATA, "kv_block_len[b=" << b << ", n=" << n << "] = " << len
+    SA_FAIL(SA_ERROR_INVALID_METADATA, "sparsity.kv_block_len[b=" << b << ", n=" << n << "] = " << len
                                            << ": expected [1, " << d.block << "]");
   }
   if (result.first_bad_entry == kNone) return;
@@ -81,20 +81,20 @@ void check_bsa_metadata_gpu(const BsaDims& d, const BsaMeta& meta, cudaStream_t 
   const int64_t b = row / (d.Hq * d.Nq), h = (row / d.Nq) % d.Hq, m = row % d.Nq;
   if (slot < 0) {
     int32_t count = read_int(meta.q2k_count, b, h, m, 0);
-    SA_FAIL(SA_ERROR_INVALID_METADATA, "q2k_count[b=" << b << ", h=" << h << ", m=" << m
+    SA_FAIL(SA_ERROR_INVALID_METADATA, "sparsity.q2k_count[b=" << b << ", h=" << h << ", m=" << m
                                                       << "] = " << count << ": expected [0, "
                                                       << d.Kmax << "]");
   }
   int32_t e = read_int(meta.q2k_index, b, h, m, slot);
   if (e < 0 || e >= d.Nkv)
-    SA_FAIL(SA_ERROR_INVALID_METADATA, "q2k_index[b=" << b << ", h=" << h << ", m=" << m
+    SA_FAIL(SA_ERROR_INVALID_METADATA, "sparsity.q2k_index[b=" << b << ", h=" << h << ", m=" << m
                                                       << ", slot=" << slot << "] = " << e
                                                       << ": expected a KV block in [0, "
                                                       << d.Nkv << ")");
   for (int64_t t = 0; t < slot; ++t) {
     if (read_int(meta.q2k_index, b, h, m, t) == e)
       SA_FAIL(SA_ERROR_INVALID_METADATA,
-              "q2k_index[b=" << b << ", h=" << h << ", m=" << m << ", slot=" << slot << "] = "
+              "sparsity.q2k_index[b=" << b << ", h=" << h << ", m=" << m << ", slot=" << slot << "] = "
                              << e << " repeats slot " << t
                              << ": entries of a row must be distinct");
   }

@@ -85,19 +85,19 @@ void check_bsa_metadata(const BsaDims& d, const BsaMeta& meta) {
         if (meta.q2k_count.data) {
           const int32_t c = meta.q2k_count.at(b, h, m);
           SA_CHECK(c >= 0 && c <= d.Kmax, SA_ERROR_INVALID_METADATA,
-                   "q2k_count[b=" << b << ", h=" << h << ", m=" << m << "] = " << c
+                   "sparsity.q2k_count[b=" << b << ", h=" << h << ", m=" << m << "] = " << c
                                   << ": expected [0, " << d.Kmax << "]");
         }
         const int32_t count = meta.count(b, h, m);
         for (int32_t slot = 0; slot < count; ++slot) {
           const int32_t n = meta.q2k_index.at(b, h, m, slot);
           SA_CHECK(n >= 0 && n < d.Nkv, SA_ERROR_INVALID_METADATA,
-                   "q2k_index[b=" << b << ", h=" << h << ", m=" << m << ", slot=" << slot
+                   "sparsity.q2k_index[b=" << b << ", h=" << h << ", m=" << m << ", slot=" << slot
                                   << "] = " << n << ": expected a KV block in [0, " << d.Nkv
                                   << ")");
           for (int32_t prev = 0; prev < slot; ++prev) {
             SA_CHECK(meta.q2k_index.at(b, h, m, prev) != n, SA_ERROR_INVALID_METADATA,
-                     "q2k_index[b=" << b << ", h=" << h << ", m=" << m << ", slot=" << slot
+                     "sparsity.q2k_index[b=" << b << ", h=" << h << ", m=" << m << ", slot=" << slot
                                     << "] = " << n << " repeats slot " << prev
                                     << ": entries of a row must be distinct");
           }
@@ -110,7 +110,7 @@ void check_bsa_metadata(const BsaDims& d, const BsaMeta& meta) {
       for (int64_t n = 0; n < d.Nkv; ++n) {
         const int32_t len = meta.kv_block_len.at(b, n);
         SA_CHECK(len >= 1 && len <= d.block, SA_ERROR_INVALID_METADATA,
-                 "kv_block_len[b=" << b << ", n=" << n << "] = " << len << ": expected [1, "
+                 "sparsity.kv_block_len[b=" << b << ", n=" << n << "] = " << len << ": expected [1, "
                                    << d.block << "]");
       }
     }

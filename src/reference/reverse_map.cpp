@@ -26,7 +26,7 @@ ReverseMap build_reverse_map_cpu(const BsaDims& d, const BsaMeta& meta, int32_t 
         for (int32_t slot = 0; slot < count; ++slot) {
           const int32_t n = meta.q2k_index.at(b, h, m, slot);
           SA_CHECK(n >= 0 && n < d.Nkv, SA_ERROR_INVALID_METADATA,
-                   "q2k_index[b=" << b << ", h=" << h << ", m=" << m << ", slot=" << slot
+                   "sparsity.q2k_index[b=" << b << ", h=" << h << ", m=" << m << ", slot=" << slot
                                   << "] = " << n << ": expected a KV block in [0, " << d.Nkv
                                   << ")");
           const int64_t r = (b * d.Hkv + hk) * d.Nkv + n;
