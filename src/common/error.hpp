@@ -23,8 +23,12 @@ class Error : public std::runtime_error {
 namespace detail {
 [[noreturn]] inline void fail(sa_status code, const std::string& message, const char* file,
                               int line) {
+  // Print the path from the repository's src/ on, not the build machine's absolute path.
+  std::string path(file);
+  size_t src = path.rfind("/src/");
+  if (src != std::string::npos) path = path.substr(src + 1);
   std::ostringstream os;
-  os << message << " [" << file << ":" << line << "]";
+  os << message << " [" << path << ":" << line << "]";
   throw Error(code, os.str());
 }
 }  // namespace detail
