@@ -1,14 +1,406 @@
 #include "bench.hpp"
 
-#include <cstdio>
+#include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "reference_sample.hpp"
 #include "tool_error.hpp"
 
 namespace sa_tool {
+namespace api = sparse_attention;
 
-int run_bench(int /*argc*/, const char* const* /*argv*/) {
-  std::fprintf(stderr, "bench: not implemented yet\n");
-  return kExitBadArgument;
+namespace {
+
+// One benchmarked call: a variant's run function on device views, its outputs, and how to
+// compare them with the reference after a checked call.
+struct Subject {
+  BenchVariant variant;
+  std::function<api::Status(const sa_context&)> run;
+  std::function<api::Status(size_t*)> workspace_size;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  sa_impl impl = SA_IMPL_AUTO;
+  bool ok = true;
+  double max_rel_l2 = 0;
+  std::vector<double> rounds_ms;
+  double median_ms = 0;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0.0 : (n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
+}
+
+void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw ToolError(kExitCheckFailed, std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
+}
+
+sa_context context_of(Subject& s) {
+  sa_context c = api::context();
+  c.workspace = s.workspace;
+  c.workspace_bytes = s.workspace_bytes;
+  c.impl_used = &s.impl;
+  return c;
+}
+
+// BENCHMARKING.md: warm-up, then rounds of `calls` calls timed with events; variants alternate
+// round by round, and a second pass runs them in reverse order.
+void time_subjects(std::vector<Subject*>& subjects, const BenchOptions& o) {
+  cudaEvent_t start, stop;
+  cuda_ok(cudaEventCreate(&start), "cudaEventCreate");
+  cuda_ok(cudaEventCreate(&stop), "cudaEventCreate");
+  for (Subject* s : subjects) {
+    const sa_context c = context_of(*s);
+    for (int i = 0; i < o.warmup; ++i) check_call(s->run(c), s->variant.label);
+  }
+  cuda_ok(cudaDeviceSynchronize(), "warm-up");
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int r = 0; r < o.rounds; ++r) {
+      for (size_t k = 0; k < subjects.size(); ++k) {
+        Subject* s = subjects[pass == 0 ? k : subjects.size() - 1 - k];
+        const sa_context c = context_of(*s);
+        cuda_ok(cudaEventRecord(start, nullptr), "cudaEventRecord");
+        for (int i = 0; i < o.calls; ++i) check_call(s->run(c), s->variant.label);
+        cuda_ok(cudaEventRecord(stop, nullptr), "cudaEventRecord");
+        cuda_ok(cudaEventSynchronize(stop), "cudaEventSynchronize");
+        float ms = 0;
+        cuda_ok(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+        s->rounds_ms.push_back(ms / o.calls);
+      }
+    }
+  }
+  for (Subject* s : subjects) s->median_ms = median(s->rounds_ms);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+}
+
+void apply(const BenchVariant& v, sa_impl* impl, int32_t* bucket, int32_t* deterministic) {
+  *impl = v.impl;
+  if (bucket && v.bucket >= 0) *bucket = v.bucket;
+  if (v.deterministic >= 0) *deterministic = v.deterministic;
+}
+
+// ---- FLOPs (BENCHMARKING.md: attended pairs only) ---------------------------------------------
+double bsa_forward_flops(const BsaProblem& p) {
+  const BsaShape& s = p.shape;
+  double flops = 0;
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t h = 0; h < s.Hq; ++h)
+      for (int64_t m = 0; m < s.Nq(); ++m) {
+        const int64_t q_tokens = std::min<int64_t>(s.block, s.S - m * s.block);
+        int64_t keys = 0;
+        for (int32_t i = 0; i < s.count(); ++i) keys += s.key_block_len(p.block_at(b, h, m, i));
+        flops += 4.0 * q_tokens * keys * s.D;
+      }
+  return flops;
+}
+
+double dsa_active_pairs(const DsaProblem& p) {
+  double n = 0;
+  for (int64_t t = 0; t < p.shape.Sq; ++t)
+    for (int64_t i = 0; i < p.shape.topk; ++i) n += p.active(t, i) ? 1 : 0;
+  return n * p.shape.H;
+}
+
+// ---- records -----------------------------------------------------------------------------------
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) out += (c == '"' || c == '\\') ? std::string("\\") + c : std::string(1, c);
+  return out;
+}
+
+struct Record {
+  std::string op, shape_json;
+  const Subject* s;
+  const Subject* anchor;
+  double flops;
+  std::string device;
+};
+
+std::string to_json(const Record& r) {
+  std::ostringstream os;
+  os << std::setprecision(6);
+  double lo = *std::min_element(r.s->rounds_ms.begin(), r.s->rounds_ms.end());
+  double hi = *std::max_element(r.s->rounds_ms.begin(), r.s->rounds_ms.end());
+  os << "{\"op\": \"" << r.op << "\", \"impl\": \"" << sa_impl_name(r.s->impl)
+     << "\", \"variant\": \"" << json_escape(r.s->variant.label) << "\", \"shape\": "
+     << r.shape_json << ", \"ms\": " << r.s->median_ms << ", \"ms_min\": " << lo
+     << ", \"ms_max\": " << hi << ", \"tflops\": " << r.flops / (r.s->median_ms * 1e-3) / 1e12
+     << ", \"anchor\": \"" << json_escape(r.anchor->variant.label) << "\", \"anchor_ms\": "
+     << r.anchor->median_ms << ", \"speedup\": " << r.anchor->median_ms / r.s->median_ms
+     << ", \"correct\": " << (r.s->ok ? "true" : "false") << ", \"max_rel_l2\": "
+     << r.s->max_rel_l2 << ", \"device\": \"" << json_escape(r.device) << "\", \"source\": "
+     << "\"sparse-attention bench\"}";
+  return os.str();
+}
+
+void append_json(const std::string& path, const std::vector<std::string>& records) {
+  if (path.empty() || records.empty()) return;
+  std::string existing;
+  {
+    std::ifstream in(path);
+    if (in) existing.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  while (!existing.empty() && (existing.back() == '\n' || existing.back() == ' '))
+    existing.pop_back();
+  std::ofstream out(path, std::ios::trunc);
+  if (existing.size() > 2 && existing.back() == ']') {
+    existing.pop_back();
+    out << existing << ",\n";
+  } else {
+    out << "[\n";
+  }
+  for (size_t i = 0; i < records.size(); ++i)
+    out << "  " << records[i] << (i + 1 < records.size() ? ",\n" : "\n");
+  out << "]\n";
+}
+
+void print_table(const std::string& op, const std::vector<Subject>& subjects, double flops) {
+  std::cout << "[" << op << "] " << std::fixed;
+  std::cout << "\n  " << std::left << std::setw(34) << "variant" << std::setw(10) << "impl"
+            << std::right << std::setw(10) << "ms" << std::setw(10) << "spread" << std::setw(10)
+            << "TFLOPS" << std::setw(9) << "speedup" << std::setw(11) << "rel L2"
+            << "  check\n";
+  for (const Subject& s : subjects) {
+    if (s.rounds_ms.empty()) {
+      std::cout << "  " << std::left << std::setw(34) << s.variant.label << "not run\n";
+      continue;
+    }
+    const double lo = *std::min_element(s.rounds_ms.begin(), s.rounds_ms.end());
+    const double hi = *std::max_element(s.rounds_ms.begin(), s.rounds_ms.end());
+    std::cout << "  " << std::left << std::setw(34) << s.variant.label << std::setw(10)
+              << sa_impl_name(s.impl) << std::right << std::setprecision(4) << std::setw(10)
+              << s.median_ms << std::setw(9) << std::setprecision(1)
+              << 100.0 * (hi - lo) / s.median_ms << "%" << std::setw(10) << std::setprecision(1)
+              << flops / (s.median_ms * 1e-3) / 1e12 << std::setw(8) << std::setprecision(3)
+              << subjects.front().median_ms / s.median_ms << "x" << std::setw(11)
+              << std::scientific << std::setprecision(2) << s.max_rel_l2 << std::fixed << "  "
+              << (s.ok ? "PASS" : "FAIL") << "\n";
+  }
+}
+
+double worst(const std::vector<Check>& checks, bool* ok) {
+  double w = 0;
+  for (const Check& c : checks) {
+    *ok = *ok && c.pass();
+    if (c.metric == Check::Metric::kRelL2) w = std::max(w, c.error);
+  }
+  return w;
+}
+
+// ---- per operation -----------------------------------------------------------------------------
+struct OpSetup {
+  std::string op;
+  std::string shape_json;
+  double flops = 0;
+  // Runs one checked call of the variant (outputs poisoned first) and compares.
+  std::function<void(Subject&)> check;
+  std::function<Subject(const BenchVariant&)> make;
+};
+
+int bench_op(const OpSetup& setup, const BenchOptions& o, const CudaDevice& dev,
+             std::vector<std::string>* records) {
+  std::vector<Subject> subjects;
+  for (const BenchVariant& v : o.variants) subjects.push_back(setup.make(v));
+  std::vector<Subject*> runnable;
+  for (Subject& s : subjects) {
+    std::string why;
+    const api::Status st = s.workspace_size(&s.workspace_bytes);
+    if (!st.ok()) {
+      std::cout << "[" << setup.op << "] " << s.variant.label << ": " << st.to_string() << "\n";
+      s.ok = false;
+      continue;
+    }
+    if (s.workspace_bytes) cuda_ok(cudaMalloc(&s.workspace, s.workspace_bytes), "cudaMalloc");
+    if (o.check) setup.check(s);
+    runnable.push_back(&s);
+  }
+  if (!runnable.empty()) time_subjects(runnable, o);
+  print_table(setup.op, subjects, setup.flops);
+  const Subject* anchor = runnable.empty() ? nullptr : runnable.front();
+  int status = kExitPass;
+  for (Subject& s : subjects) {
+    if (!s.ok) status = kExitCheckFailed;
+    if (!s.rounds_ms.empty())
+      records->push_back(to_json({setup.op, setup.shape_json, &s, anchor, setup.flops, dev.name}));
+    if (s.workspace) cudaFree(s.workspace);
+  }
+  return status;
+}
+
+std::string bsa_shape_json(const BsaShape& s) {
+  std::ostringstream os;
+  os << "{\"B\": " << s.B << ", \"H\": " << s.Hq << ", \"H_kv\": " << s.Hkv << ", \"S\": " << s.S
+     << ", \"D\": " << s.D << ", \"block\": " << s.block << ", \"density\": "
+     << static_cast<double>(s.count()) / s.Nkv() << ", \"layout\": \""
+     << (s.layout == SA_LAYOUT_BSHD ? "bshd" : "bhsd") << "\"}";
+  return os.str();
+}
+
+std::string dsa_shape_json(const DsaShape& s) {
+  std::ostringstream os;
+  os << "{\"S\": " << s.Sq << ", \"S_kv\": " << s.Skv << ", \"H\": " << s.H << ", \"D_qk\": "
+     << s.Dqk << ", \"topk\": " << s.topk << ", \"topk_length\": "
+     << (s.topk_length ? "true" : "false") << ", \"sink\": " << (s.sink ? "true" : "false")
+     << "}";
+  return os.str();
+}
+
+}  // namespace
+
+std::vector<BenchVariant> parse_variants(const std::string& text) {
+  std::vector<BenchVariant> out;
+  std::stringstream all(text);
+  for (std::string item; std::getline(all, item, '/');) {
+    BenchVariant v;
+    v.label = item;
+    std::stringstream kvs(item);
+    for (std::string kv; std::getline(kvs, kv, ',');) {
+      const size_t eq = kv.find('=');
+      const std::string key = kv.substr(0, eq), val = eq == std::string::npos ? "" : kv.substr(eq + 1);
+      if (key == "auto" && eq == std::string::npos) continue;
+      if (key == "impl") {
+        if (val == "auto") v.impl = SA_IMPL_AUTO;
+        else if (val == "portable") v.impl = SA_IMPL_PORTABLE;
+        else if (val == "sm90") v.impl = SA_IMPL_SM90;
+        else if (val == "reference") v.impl = SA_IMPL_REFERENCE;
+        else throw ToolError(kExitBadArgument, "--variants: impl must be auto, portable, sm90 "
+                                               "or reference, got '" + val + "'");
+      } else if (key == "bucket" || key == "deterministic") {
+        char* end = nullptr;
+        const long x = std::strtol(val.c_str(), &end, 10);
+        if (val.empty() || *end != '\0' || x < 0)
+          throw ToolError(kExitBadArgument, "--variants: " + key + " needs an integer >= 0, got '" +
+                                                val + "'");
+        (key == "bucket" ? v.bucket : v.deterministic) = static_cast<int>(x);
+      } else {
+        throw ToolError(kExitBadArgument, "--variants: unknown key '" + key +
+                                              "' (impl=, bucket=, deterministic=)");
+      }
+    }
+    out.push_back(v);
+  }
+  if (out.empty()) throw ToolError(kExitBadArgument, "--variants: empty");
+  return out;
+}
+
+int run_bench(const DemoOptions& demo, const BenchOptions& o) {
+  const CudaDevice dev = find_cuda_device();
+  if (!dev.present)
+    throw ToolError(kExitBadArgument, "bench needs a CUDA device (" + dev.why_not + ")");
+  std::cout << "sparse-attention bench on " << describe_device(dev) << ": " << o.warmup
+            << " warm-up calls, 2 passes x " << o.rounds << " rounds x " << o.calls
+            << " calls per variant, median round\n";
+  std::vector<std::string> records;
+  int status = kExitPass;
+  for (const std::string& op : demo.ops) {
+    DeviceArena arena(dev.index);
+    OpSetup setup;
+    setup.op = op;
+    if (op == "bsa_fwd" || op == "bsa_bwd") {
+      auto p = std::make_shared<BsaProblem>(make_bsa_problem(bsa_shape(demo, Target::kGpu), demo.seed));
+      auto dv = std::make_shared<BsaViews>(bsa_views(*p, [&](HostTensor& t) { return arena.upload(t); }));
+      std::cout << "[" << op << "] " << p->shape.describe() << "\n";
+      setup.shape_json = bsa_shape_json(p->shape);
+      const bool fwd = op == "bsa_fwd";
+      setup.flops = bsa_forward_flops(*p) * (fwd ? 1.0 : 2.5);
+      if (!fwd) {  // o and lse from the GPU forward
+        const api::BsaForwardArgs a = bsa_forward_args(p->shape, *dv);
+        check_call(api::bsa_forward(a, api::context()), "bsa_fwd (inputs of the backward)");
+        download(dv->o, p->o);
+        download(dv->lse, p->lse);
+      }
+      setup.make = [p, dv, fwd](const BenchVariant& v) {
+        Subject s;
+        s.variant = v;
+        if (fwd) {
+          auto a = std::make_shared<api::BsaForwardArgs>(bsa_forward_args(p->shape, *dv));
+          apply(v, &a->options.impl, &a->options.bucket_size, &a->options.deterministic);
+          s.run = [a](const sa_context& c) { return api::bsa_forward(*a, c); };
+          s.workspace_size = [a](size_t* b) { return api::bsa_forward_workspace_size(*a, b); };
+        } else {
+          auto a = std::make_shared<api::BsaBackwardArgs>(bsa_backward_args(p->shape, *dv));
+          apply(v, &a->options.impl, &a->options.bucket_size, &a->options.deterministic);
+          s.run = [a](const sa_context& c) { return api::bsa_backward(*a, c); };
+          s.workspace_size = [a](size_t* b) { return api::bsa_backward_workspace_size(*a, b); };
+        }
+        return s;
+      };
+      setup.check = [p, dv, fwd, &demo](Subject& s) {
+        std::vector<std::pair<sa_tensor, HostTensor*>> outs;
+        if (fwd) outs = {{dv->o, &p->o}, {dv->lse, &p->lse}};
+        else outs = {{dv->dq, &p->dq}, {dv->dk, &p->dk}, {dv->dv, &p->dv}};
+        for (auto& x : outs) poison(x.first);
+        check_call(s.run(context_of(s)), s.variant.label);
+        synchronize();
+        for (auto& x : outs) download(x.first, *x.second);
+        SampledComparison c = fwd ? bsa_forward_vs_reference(*p, demo.seed)
+                                  : bsa_backward_vs_reference(*p, demo.seed);
+        s.max_rel_l2 = worst(c.checks, &s.ok);
+        for (const Check& k : c.checks)
+          if (!k.pass()) std::cout << "  " << s.variant.label << ": " << k.line() << "\n";
+      };
+    } else {
+      auto p = std::make_shared<DsaProblem>(make_dsa_problem(dsa_shape(demo, Target::kGpu), demo.seed));
+      auto dv = std::make_shared<DsaViews>(dsa_views(*p, [&](HostTensor& t) { return arena.upload(t); }));
+      std::cout << "[" << op << "] " << p->shape.describe() << "\n";
+      setup.shape_json = dsa_shape_json(p->shape);
+      const bool fwd = op == "dsa_fwd";
+      const DsaShape& sh = p->shape;
+      setup.flops = 2.0 * dsa_active_pairs(*p) * (fwd ? (sh.Dqk + sh.Dv) : (3 * sh.Dqk + 2 * sh.Dv));
+      if (!fwd) {
+        const api::DsaForwardArgs a = dsa_forward_args(p->shape, *dv);
+        check_call(api::dsa_forward(a, api::context()), "dsa_fwd (inputs of the backward)");
+        download(dv->out, p->out);
+        download(dv->lse, p->lse);
+      }
+      setup.make = [p, dv, fwd](const BenchVariant& v) {
+        Subject s;
+        s.variant = v;
+        if (fwd) {
+          auto a = std::make_shared<api::DsaForwardArgs>(dsa_forward_args(p->shape, *dv));
+          apply(v, &a->options.impl, nullptr, &a->options.deterministic);
+          s.run = [a](const sa_context& c) { return api::dsa_forward(*a, c); };
+          s.workspace_size = [a](size_t* b) { return api::dsa_forward_workspace_size(*a, b); };
+        } else {
+          auto a = std::make_shared<api::DsaBackwardArgs>(dsa_backward_args(p->shape, *dv));
+          apply(v, &a->options.impl, nullptr, &a->options.deterministic);
+          s.run = [a](const sa_context& c) { return api::dsa_backward(*a, c); };
+          s.workspace_size = [a](size_t* b) { return api::dsa_backward_workspace_size(*a, b); };
+        }
+        return s;
+      };
+      setup.check = [p, dv, fwd, &demo](Subject& s) {
+        std::vector<std::pair<sa_tensor, HostTensor*>> outs;
+        if (fwd) outs = {{dv->out, &p->out}, {dv->lse, &p->lse}};
+        else outs = {{dv->dq, &p->dq}, {dv->dkv, &p->dkv}};
+        if (!fwd && dv->d_sink.data) outs.push_back({dv->d_sink, &p->d_sink});
+        for (auto& x : outs) poison(x.first);
+        check_call(s.run(context_of(s)), s.variant.label);
+        synchronize();
+        for (auto& x : outs) download(x.first, *x.second);
+        SampledComparison c = fwd ? dsa_forward_vs_reference(*p, demo.seed)
+                                  : dsa_backward_vs_reference(*p, demo.seed);
+        s.max_rel_l2 = worst(c.checks, &s.ok);
+        for (const Check& k : c.checks)
+          if (!k.pass()) std::cout << "  " << s.variant.label << ": " << k.line() << "\n";
+      };
+    }
+    status = std::max(status, bench_op(setup, o, dev, &records));
+  }
+  append_json(o.json, records);
+  if (!o.json.empty()) std::cout << "wrote " << records.size() << " records to " << o.json << "\n";
+  return status;
 }
 
 }  // namespace sa_tool

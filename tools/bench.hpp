@@ -1,10 +1,44 @@
-// The `bench` subcommand: the benchmark mode of BENCHMARKING.md (median timings, anchors, results
-// files). Reserved: not written yet.
+// The `bench` subcommand: BENCHMARKING.md's method for our own implementations and variants.
+//
+//   sparse-attention bench --op bsa_bwd --seq 8192 --heads 32 --dim 128 --block 128
+//       --density 0.5 --variants "bucket=0/bucket=1" --json out.json
+//
+// For each operation: one random problem at the GPU size (demo flags), then for each variant
+// (a set of option overrides: impl=, bucket=, deterministic=): outputs poisoned with NaN, one
+// call, a NaN check and a comparison with the fp64 reference on exact sub-problems; then timing
+// with CUDA events: warm-up calls, rounds of `calls` calls, variants alternating round by round,
+// a second pass in reverse order; the median round is reported. FLOPs count attended pairs only.
+// JSON records follow BENCHMARKING.md ("anchor" is the first variant; "speedup" = its median
+// over this one's).
 #pragma once
+
+#include <string>
+#include <vector>
+
+#include "demo.hpp"
 
 namespace sa_tool {
 
-// Returns the exit status.
-int run_bench(int argc, const char* const* argv);
+struct BenchVariant {
+  std::string label = "auto";  // as written on the command line
+  sa_impl impl = SA_IMPL_AUTO;
+  int bucket = -1;             // -1: leave options.bucket_size as it is
+  int deterministic = -1;      // -1: leave as it is
+};
+
+struct BenchOptions {
+  std::vector<BenchVariant> variants = {BenchVariant{}};
+  int warmup = 10;     // calls per variant before timing
+  int rounds = 5;      // timed rounds per variant and pass (two passes)
+  int calls = 20;      // calls per round
+  std::string json;    // write records here (appends to a JSON list if the file exists)
+  bool check = true;   // compare with the reference before timing
+};
+
+// "impl=portable,bucket=1/impl=sm90" -> two variants.
+std::vector<BenchVariant> parse_variants(const std::string& text);
+
+// Returns the exit status: 0 when every variant ran and passed its check.
+int run_bench(const DemoOptions& demo, const BenchOptions& bench);
 
 }  // namespace sa_tool

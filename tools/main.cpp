@@ -37,7 +37,11 @@ std::string usage() {
      << "commands:\n"
      << "  demo     run BSA and DSA forward and backward on a random problem, time them and\n"
      << "           check them against an fp64 oracle; exit 0 when every check passes\n"
-     << "  bench    benchmark mode (not implemented yet)\n"
+     << "  bench    time our implementations on the GPU (BENCHMARKING.md method) with the\n"
+     << "           demo's problem flags plus: --variants \"impl=portable/impl=sm90\" (keys impl=,\n"
+     << "           bucket=, deterministic=; '/' separates variants; the first is the A/B\n"
+     << "           anchor), --warmup N (10), --rounds N (5 per pass, 2 passes), --calls N\n"
+     << "           (20 per round), --json FILE (append records), --no-check\n"
      << "  help     this text (also --help, -h)\n\n"
      << "demo flags (--flag VALUE or --flag=VALUE):\n";
   flag("--op OPS", "bsa_fwd | bsa_bwd | dsa_fwd | dsa_bwd | all, or a comma list (all)");
@@ -211,7 +215,41 @@ int run(int argc, char** argv) {
     }
     return run_demo(options);
   }
-  if (command == "bench") return run_bench(argc - 2, argv + 2);
+  if (command == "bench") {
+    // Bench flags are taken out first; the rest are the demo's problem flags.
+    BenchOptions bench;
+    std::vector<std::string> problem_args;
+    for (size_t i = 0; i < rest.size(); ++i) {
+      const std::string& arg = rest[i];
+      const size_t eq = arg.find('=');
+      const std::string name = arg.substr(0, eq);
+      const bool known = name == "--variants" || name == "--warmup" || name == "--rounds" ||
+                         name == "--calls" || name == "--json" || name == "--no-check";
+      if (!known) {
+        problem_args.push_back(arg);
+        continue;
+      }
+      if (name == "--no-check") {
+        bench.check = false;
+        continue;
+      }
+      std::string value;
+      if (eq != std::string::npos) value = arg.substr(eq + 1);
+      else if (i + 1 < rest.size()) value = rest[++i];
+      else throw ToolError(kExitBadArgument, name + ": missing value");
+      if (name == "--variants") bench.variants = parse_variants(value);
+      else if (name == "--warmup") bench.warmup = static_cast<int>(parse_positive(name, value));
+      else if (name == "--rounds") bench.rounds = static_cast<int>(parse_positive(name, value));
+      else if (name == "--calls") bench.calls = static_cast<int>(parse_positive(name, value));
+      else bench.json = value;
+    }
+    DemoOptions options;
+    if (!parse_demo(problem_args, &options)) {
+      std::fputs(usage().c_str(), stdout);
+      return kExitPass;
+    }
+    return run_bench(options, bench);
+  }
   throw ToolError(kExitBadArgument, "unknown command '" + command + "' (see --help)");
 }
 
