@@ -1,11 +1,121 @@
 // The portable tensor-core path (sm80 and newer) as the dispatcher sees it. Operations whose
 // kernels are not written yet have no entry, so the dispatcher reports "not implemented".
+#include <cuda_runtime_api.h>
+
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+
 #include "api/implementation.hpp"
+#include "common/cuda_check.hpp"
+#include "portable/bsa_forward.hpp"
+#include "portable/bsa_metadata_check.hpp"
+#include "portable/dsa_forward.hpp"
 
 namespace sa {
+namespace {
+
+// Compute capability of a CUDA device, queried once per device. "" on success, else the reason.
+std::string device_capability(int32_t device, int* major, int* minor) {
+  struct Entry {
+    cudaError_t status;
+    int major, minor;
+  };
+  static std::mutex mutex;
+  static std::unordered_map<int32_t, Entry> cache;
+  Entry e{};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = cache.find(device);
+    if (it != cache.end()) {
+      e = it->second;
+    } else {
+      cudaDeviceProp prop{};
+      e.status = cudaGetDeviceProperties(&prop, device);
+      if (e.status != cudaSuccess) (void)cudaGetLastError();  // do not leave the error pending
+      e.major = prop.major;
+      e.minor = prop.minor;
+      cache.emplace(device, e);
+    }
+  }
+  if (e.status != cudaSuccess)
+    return "cannot query CUDA device " + std::to_string(device) + " (" +
+           cudaGetErrorString(e.status) + ")";
+  *major = e.major;
+  *minor = e.minor;
+  return "";
+}
+
+// Makes `device` current for the scope of a call, restoring the caller's device after.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int32_t device) {
+    SA_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) SA_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~DeviceScope() {
+    int now = previous_;
+    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) (void)cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+// ---- BSA forward ------------------------------------------------------------------------------
+std::string bsa_fwd_unsupported(const BsaFwdProblem& p) {
+  if (p.device != SA_DEVICE_CUDA) return "needs CUDA tensors";
+  int major = 0, minor = 0;
+  std::string why = device_capability(p.device_index, &major, &minor);
+  if (!why.empty()) return why;
+  if (major < 8) {
+    std::ostringstream os;
+    os << "needs compute capability 8.0 or newer (device " << p.device_index << " is " << major
+       << "." << minor << ")";
+    return os.str();
+  }
+  return portable::bsa_forward_unsupported(p);
+}
+
+void bsa_fwd_run(const BsaFwdProblem& p, const ExecContext& ctx) {
+  DeviceScope scope(p.device_index);
+  cudaStream_t stream = ctx.stream;
+  if (p.options.validate) portable::check_bsa_metadata_gpu(p.dims, p.meta, stream);
+  portable::bsa_forward(p, stream);
+}
+
+// ---- DSA forward ------------------------------------------------------------------------------
+std::string dsa_fwd_unsupported(const DsaFwdProblem& p) {
+  if (p.device != SA_DEVICE_CUDA) return "needs CUDA tensors";
+  int major = 0, minor = 0;
+  std::string why = device_capability(p.device_index, &major, &minor);
+  if (!why.empty()) return why;
+  if (major < 8) {
+    std::ostringstream os;
+    os << "needs compute capability 8.0 or newer (device " << p.device_index << " is " << major
+       << "." << minor << ")";
+    return os.str();
+  }
+  return portable::dsa_forward_unsupported(p);
+}
+
+void dsa_fwd_run(const DsaFwdProblem& p, const ExecContext& ctx) {
+  DeviceScope scope(p.device_index);
+  portable::dsa_forward(p, ctx.stream);
+}
+
+}  // namespace
 
 extern const Implementation kPortableImplementation = {
-    SA_IMPL_PORTABLE, "portable", {}, {}, {}, {},
+    SA_IMPL_PORTABLE,
+    "portable",
+    /*bsa_fwd=*/{&bsa_fwd_unsupported, nullptr, &bsa_fwd_run},
+    /*bsa_bwd=*/{},
+    /*dsa_fwd=*/{&dsa_fwd_unsupported, nullptr, &dsa_fwd_run},
+    /*dsa_bwd=*/{},
 };
 
 }  // namespace sa

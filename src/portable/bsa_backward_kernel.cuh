@@ -1,0 +1,541 @@
+// The portable BSA backward's main kernel (host side: bsa_backward.cu): mma.sync m16n8k16,
+// ldmatrix, cp.async (sm80+). Device code only; bsa_backward.cu instantiates it.
+//
+// A CTA owns one work item of the key-to-query reverse map (common/reverse_map.hpp): KV block n
+// of (batch b, KV head hk) -- kBlockN = block keys, loaded once -- and the entries
+// [begin, end) of its reverse row, each a (query head hl of the group, query block m) that
+// attends the block. It walks those query blocks as Q tiles of kBlockM = 64 rows (a 128-row
+// block is two tiles), keeps dK and dV for its keys in fp32 registers for the whole walk, and
+// adds each tile's dQ into the fp32 dQ accumulator (red.global.add; skipped in deterministic mode,
+// where bsa_backward_dq_kernel.cuh computes dQ query-major).
+//
+// Warps (kNWarps = kBlockN / 16: 8 for block 128, 4 for block 64; kWarpsN = kNWarps / 2):
+//   S, dP   [64 x kBlockN]        2 x kWarpsN warps of 32 rows x 32 keys
+//   dK, dV  [kBlockN x D]         kWarpsN x 2 warps of 32 keys x D/2    (fp32, whole walk)
+//   dQ      [64 x D]              2 x kWarpsN warps of 32 rows x D/kWarpsN (32-column chunks)
+//
+//   prologue  [0] K, V rows < valid -> smem (the rest zero-filled); tile 0's Q, dO, lse2, delta
+//                 -> stage 0 (one cp.async group)
+//   tile t    [1] wait for tile t; barrier A: stage t%2 is full; every warp is done with tile
+//                 t-1 (stage (t+1)%2, sP, sdS are free)
+//             [2] issue tile t+1's Q, dO, lse2, delta -> stage (t+1)%2 (lands during tile t)
+//             [3] S  = Q K^T                      (Q, K by ldmatrix; fp32 accumulators)
+//             [4] dP = dO V^T
+//             [5] P  = 2^(S scale log2e - lse2), 0 for padded keys; dS = P (dP - delta)
+//                 P -> sP, dS -> sdS (bf16/fp16)
+//             [6] barrier B: sP, sdS complete
+//             [7] dV += P^T dO                    (P^T, dO by ldmatrix.trans)
+//             [8] dK += dS^T Q
+//             [9] dQ  = dS K  -> red.global.add into dq_accum (not in deterministic mode)
+//   epilogue  [10] the row has a single group (row_groups == 1, empty rows included): dK * scale,
+//                  dV -> 16-bit -> smem (K, V's tiles) -> 16-byte stores of keys < S_kv, padded
+//                  keys (past block_len) as zeros; else fp32 red.global.add of keys < valid into
+//                  dk_accum / dv_accum (bsa_backward_aux.cu converts those rows).
+//
+//   time ->  |load K,V,Q0|  S0 dP0 P0/dS0 |B| dV0 dK0 dQ0 |A| S1 dP1 ... |A| ... |epilogue|
+//   copies                  Q1,dO1 in flight ........... Q2,dO2 in flight ...
+//
+// Memory safety: Q/dO rows >= S_q and K/V rows >= valid are never read (cp.async zero fill);
+// their lse2 is +inf and delta 0 (preprocess), so P = dS = 0 there and padded keys contribute
+// exactly 0 even when their memory holds NaN.
+#pragma once
+
+#include <cstdint>
+
+#include "common/problem.hpp"
+#include "portable/kernel_traits.hpp"
+#include "portable/sm80_primitives.hpp"
+
+namespace sa::portable {
+
+// What the backward kernels read besides the problem's tensors: the preprocess results and the
+// reverse map, all in the workspace.
+struct BsaBwdParams {
+  Bhsd q, k, v, dout;        // [B, H, S, D] by BHSD-ordered element strides (k, v: H = H_kv)
+  Bhsd dq, dk, dv;           // outputs (dq: deterministic dQ kernel only)
+  const float* lse2;         // [B, H_q, Sq_pad]: lse * log2(e); +inf for rows without keys / past S_q
+  const float* delta;        // [B, H_q, Sq_pad]: rowsum(dO * O); 0 past S_q
+  float* dq_accum;           // [B, H_q, Sq_pad, D] fp32, zeroed; null: no dQ in the main kernel
+  float* dk_accum;           // [B, H_kv, Skv_pad, D] fp32, zeroed; null when no row can have
+  float* dv_accum;           //   several groups
+  // Reverse map (portable/reverse_map_gpu.hpp).
+  const int32_t* entries;
+  const int32_t* row_groups;
+  const int32_t* item_row;
+  const int32_t* item_begin;
+  const int32_t* item_end;
+  const int32_t* num_items;
+  BsaDims dims;
+  BsaMeta meta;
+  int32_t Sq, Skv, Sq_pad, Skv_pad, block, group, Hq, Hkv, Nq, Nkv;
+  float scale;               // softmax scale (dK, dQ factor)
+  float scale_log2;          // scale * log2(e)
+};
+
+template <int kBlockN_, int kHeadDim_, class Element_>
+struct BwdKernelTraits {
+  using Element = Element_;
+  static constexpr int kBlockN = kBlockN_;     // keys per CTA: the block size, 64 or 128
+  static constexpr int kBlockM = 64;           // query rows per Q tile
+  static constexpr int kHeadDim = kHeadDim_;   // D == D_v
+  static constexpr int kNWarps = kBlockN / 16;
+  static constexpr int kNThreads = kNWarps * 32;
+  static constexpr int kWarpsN = kNWarps / 2;  // warps along keys (S, dK/dV) or D (dQ)
+  static constexpr int kTilesPerEntry = kBlockN / kBlockM;
+  static constexpr int kKvCols = kHeadDim / 2;         // dK/dV columns of a warp
+  static constexpr int kKvNTiles = kKvCols / 8;
+  static constexpr int kDqCols = kHeadDim / kWarpsN;   // dQ columns of a warp
+  static constexpr int kDqChunk = kDqCols < 32 ? kDqCols : 32;
+  // Global <-> shared copies: 16-byte chunks, consecutive threads along a row.
+  static constexpr int kRowBytes = kHeadDim * 2;
+  static constexpr int kRowChunks = kRowBytes / 16;
+  static constexpr int kCopyRows = kNThreads / kRowChunks;
+  static constexpr int kPRowBytes = kBlockN * 2;       // rows of sP, sdS
+  // Shared memory: K, V, Q[2], dO[2], P, dS, then [2 stages][lse2 | delta] x 64 fp32.
+  static constexpr int kKvBytes = kBlockN * kRowBytes;
+  static constexpr int kQTileBytes = kBlockM * kRowBytes;
+  static constexpr int kPBytes = kBlockM * kPRowBytes;
+  static constexpr int kOffK = 0;
+  static constexpr int kOffV = kOffK + kKvBytes;
+  static constexpr int kOffQ = kOffV + kKvBytes;
+  static constexpr int kOffDo = kOffQ + 2 * kQTileBytes;
+  static constexpr int kOffP = kOffDo + 2 * kQTileBytes;
+  static constexpr int kOffDs = kOffP + kPBytes;
+  static constexpr int kOffStats = kOffDs + kPBytes;
+  static constexpr int kStatsStageBytes = 2 * kBlockM * 4;
+  static constexpr int kSmemBytes = kOffStats + 2 * kStatsStageBytes;
+  // Block 128: 8 warps and ~160 KB (D = 128): one CTA per SM. Block 64: 4 warps, two per SM.
+  static constexpr int kMinBlocksPerSm = kBlockN == 128 ? 1 : 2;
+
+  static_assert(sizeof(Element) == 2, "16-bit elements");
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim 64 or 128");
+  static_assert(kBlockN == 64 || kBlockN == 128, "block 64 or 128");
+  static_assert(kCopyRows % 8 == 0, "a thread's copy rows share one swizzle phase");
+  static_assert(kBlockM % kCopyRows == 0 && kBlockN % kCopyRows == 0, "whole copy passes");
+  static_assert(kDqCols % kDqChunk == 0 && kDqChunk % 16 == 0, "dQ chunks of n16 pairs");
+  static_assert(kKvNTiles % 2 == 0, "dK/dV columns in n16 pairs");
+};
+
+namespace bwd {
+
+// Shared-window address of the 16-byte chunk `chunk` of row `row` of a swizzled tile whose rows
+// are kRowBytes long; `phase` is row % 8 (the callers know it as the lane's ldmatrix row).
+template <int kRowBytes>
+__device__ __forceinline__ uint32_t frag_addr(uint32_t tile, int row, int chunk, int phase) {
+  return tile + static_cast<uint32_t>(row * kRowBytes + ((chunk ^ phase) << 4));
+}
+
+// *addr += (a, b): two consecutive floats, one vector reduction on sm90 and newer.
+__device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b)
+               : "memory");
+#else
+  atomicAdd(addr, a);
+  atomicAdd(addr + 1, b);
+#endif
+}
+
+template <int kM, int kN>
+__device__ __forceinline__ void zero(float (&acc)[kM][kN][4]) {
+#pragma unroll
+  for (int i = 0; i < kM; ++i)
+#pragma unroll
+    for (int j = 0; j < kN; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
+}
+
+}  // namespace bwd
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
+    bsa_backward_kernel(const __grid_constant__ BsaBwdParams p) {
+  using Element = typename Traits::Element;
+  using Ops = sm80::ElementOps<Element>;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kWarpsN = Traits::kWarpsN;
+  constexpr int kTilesPerEntry = Traits::kTilesPerEntry;
+  constexpr int kKvCols = Traits::kKvCols;
+  constexpr int kKvNTiles = Traits::kKvNTiles;
+  constexpr int kDqCols = Traits::kDqCols;
+  constexpr int kDqChunk = Traits::kDqChunk;
+  constexpr int kRowBytes = Traits::kRowBytes;
+  constexpr int kRowChunks = Traits::kRowChunks;
+  constexpr int kCopyRows = Traits::kCopyRows;
+  constexpr int kPRowBytes = Traits::kPRowBytes;
+  constexpr int kQTileBytes = Traits::kQTileBytes;
+
+  const int item = blockIdx.x;
+  if (item >= *p.num_items) return;
+
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t s_base = sm80::smem_address(smem);
+  const uint32_t s_k = s_base + Traits::kOffK;
+  const uint32_t s_v = s_base + Traits::kOffV;
+  const uint32_t s_q = s_base + Traits::kOffQ;    // 2 stages
+  const uint32_t s_do = s_base + Traits::kOffDo;  // 2 stages
+  const uint32_t s_p = s_base + Traits::kOffP;
+  const uint32_t s_ds = s_base + Traits::kOffDs;
+  const float* s_stats = reinterpret_cast<const float*>(smem + Traits::kOffStats);
+
+  const int tid = threadIdx.x;
+  const int lane = tid % 32;
+  const int warp = tid / 32;
+
+  // The work item: row r = (b * Hkv + hk) * Nkv + n, entries [begin, end).
+  const int row = p.item_row[item];
+  const int begin = p.item_begin[item];
+  const int num_tiles = (p.item_end[item] - begin) * kTilesPerEntry;
+  const int n = row % p.Nkv;
+  const int hk = (row / p.Nkv) % p.Hkv;
+  const int b = row / (p.Nkv * p.Hkv);
+  const int key0 = n * kBlockN;
+  // Valid keys of the block (>= 1 by the contract; never past S_kv).
+  const int valid = min(p.meta.block_len(b, n, p.dims), p.Skv - key0);
+
+  const Element* q_base = static_cast<const Element*>(p.q.data);
+  const Element* do_base = static_cast<const Element*>(p.dout.data);
+
+  // Copy role: 16-byte chunk copy_chunk of rows copy_row + i * kCopyRows.
+  const int copy_row = tid / kRowChunks;
+  const int copy_chunk = tid % kRowChunks;
+  const uint32_t copy_smem = swizzled_offset<kRowBytes>(copy_row, copy_chunk);
+
+  // [0] K and V rows [0, valid) of the block; the rest zero-filled, never read.
+  if (num_tiles > 0) {
+    const Element* k_base = static_cast<const Element*>(p.k.data);
+    const Element* v_base = static_cast<const Element*>(p.v.data);
+    const Element* k_src = k_base + (b * p.k.sb + hk * p.k.sh +
+                                      static_cast<int64_t>(key0 + copy_row) * p.k.ss +
+                                      copy_chunk * 8);
+    const Element* v_src = v_base + (b * p.v.sb + hk * p.v.sh +
+                                      static_cast<int64_t>(key0 + copy_row) * p.v.ss +
+                                      copy_chunk * 8);
+#pragma unroll
+    for (int i = 0; i < kBlockN / kCopyRows; ++i) {
+      const bool ok = copy_row + i * kCopyRows < valid;
+      sm80::cp_async_16(s_k + copy_smem + i * kCopyRows * kRowBytes, ok ? k_src : k_base, ok);
+      sm80::cp_async_16(s_v + copy_smem + i * kCopyRows * kRowBytes, ok ? v_src : v_base, ok);
+      k_src += kCopyRows * p.k.ss;
+      v_src += kCopyRows * p.v.ss;
+    }
+  }
+
+  // Query head and first query row of tile t (entries are hl * Nq + m).
+  auto tile_rows = [&](int t, int& h, int& r0) {
+    const int e = p.entries[begin + t / kTilesPerEntry];
+    const int hl = e / p.Nq;
+    const int m = e - hl * p.Nq;
+    h = hk * p.group + hl;
+    r0 = m * kBlockN + (t % kTilesPerEntry) * kBlockM;
+  };
+
+  // Tile t's Q and dO rows (zero past S_q) and its lse2 and delta -> stage.
+  auto load_tile = [&](int t, int stage) {
+    int h, r0;
+    tile_rows(t, h, r0);
+    const int64_t head_q = b * p.q.sb + h * p.q.sh;
+    const int64_t head_do = b * p.dout.sb + h * p.dout.sh;
+    const uint32_t q_dst = s_q + stage * kQTileBytes + copy_smem;
+    const uint32_t do_dst = s_do + stage * kQTileBytes + copy_smem;
+#pragma unroll
+    for (int i = 0; i < kBlockM / kCopyRows; ++i) {
+      const int r = r0 + copy_row + i * kCopyRows;
+      const bool ok = r < p.Sq;
+      const Element* qs = ok ? q_base + (head_q + r * p.q.ss + copy_chunk * 8) : q_base;
+      const Element* ds = ok ? do_base + (head_do + r * p.dout.ss + copy_chunk * 8) : do_base;
+      sm80::cp_async_16(q_dst + i * kCopyRows * kRowBytes, qs, ok);
+      sm80::cp_async_16(do_dst + i * kCopyRows * kRowBytes, ds, ok);
+    }
+    if (tid < 32) {  // 16 chunks of lse2, then 16 of delta (workspace rows: always in bounds)
+      const float* src = (tid < 16 ? p.lse2 : p.delta) +
+                         ((static_cast<int64_t>(b) * p.Hq + h) * p.Sq_pad + r0 + 4 * (tid % 16));
+      sm80::cp_async_16(s_base + Traits::kOffStats + stage * Traits::kStatsStageBytes + tid * 16,
+                        src, true);
+    }
+  };
+
+  if (num_tiles > 0) load_tile(0, 0);
+  sm80::cp_async_commit();
+
+  // Lane roles. ldmatrix: lane l addresses row l % 8 of matrix l / 8; fragment rows are
+  // (multiple of 8) + lrow, so their swizzle phase is lrow.
+  const int lrow = lane & 7;
+  const int sel8 = (lane >> 3) & 1;
+  const int sel16 = lane >> 4;
+  const int g = lane >> 2;      // accumulator row (and row + 8)
+  const int t4 = lane & 3;      // accumulator column pair
+  const int wm = warp / kWarpsN;  // S/dP/dQ: rows 32 wm ..
+  const int wn = warp % kWarpsN;  // S/dP: keys 32 wn ..; dQ: columns kDqCols wn ..; dK/dV: keys 32 wn ..
+  const int wd = warp / kWarpsN;  // dK/dV: columns kKvCols wd ..
+
+  float acc_dk[2][kKvNTiles][4], acc_dv[2][kKvNTiles][4];
+  bwd::zero(acc_dk);
+  bwd::zero(acc_dv);
+
+#pragma unroll 1
+  for (int t = 0; t < num_tiles; ++t) {
+    const int stage = t & 1;
+    // [1]
+    sm80::cp_async_wait<0>();
+    __syncthreads();
+    // [2]
+    if (t + 1 < num_tiles) load_tile(t + 1, stage ^ 1);
+    sm80::cp_async_commit();
+
+    const uint32_t q_tile = s_q + stage * kQTileBytes;
+    const uint32_t do_tile = s_do + stage * kQTileBytes;
+
+    // [3] S = Q K^T and [4] dP = dO V^T: 32 x 32 per warp, k16 steps over D.
+    float s[2][4][4], dp[2][4][4];
+    bwd::zero(s);
+    bwd::zero(dp);
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      uint32_t a[2][4];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+        sm80::ldmatrix_x4(bwd::frag_addr<kRowBytes>(q_tile, 32 * wm + 16 * mi + 8 * sel8 + lrow,
+                                                    2 * kk + sel16, lrow),
+                          a[mi]);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        uint32_t kb[4];
+        sm80::ldmatrix_x4(bwd::frag_addr<kRowBytes>(s_k, 32 * wn + 16 * np + 8 * sel16 + lrow,
+                                                    2 * kk + sel8, lrow),
+                          kb);
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+          sm80::mma_16816<Element>(s[mi][2 * np], a[mi], kb[0], kb[1]);
+          sm80::mma_16816<Element>(s[mi][2 * np + 1], a[mi], kb[2], kb[3]);
+        }
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+      uint32_t a[2][4];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+        sm80::ldmatrix_x4(bwd::frag_addr<kRowBytes>(do_tile, 32 * wm + 16 * mi + 8 * sel8 + lrow,
+                                                    2 * kk + sel16, lrow),
+                          a[mi]);
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {
+        uint32_t vb[4];
+        sm80::ldmatrix_x4(bwd::frag_addr<kRowBytes>(s_v, 32 * wn + 16 * np + 8 * sel16 + lrow,
+                                                    2 * kk + sel8, lrow),
+                          vb);
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+          sm80::mma_16816<Element>(dp[mi][2 * np], a[mi], vb[0], vb[1]);
+          sm80::mma_16816<Element>(dp[mi][2 * np + 1], a[mi], vb[2], vb[3]);
+        }
+      }
+    }
+
+    // [5] P and dS, stored to sP / sdS as 16-bit pairs (row r, keys 32 wn + 8 j + 2 t4 ..+1).
+    {
+      const float* lse2 = s_stats + stage * (Traits::kStatsStageBytes / 4);
+      const float* delta = lse2 + kBlockM;
+      const bool partial = valid < kBlockN;
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int r = 32 * wm + 16 * mi + 8 * half + g;
+          const float l2 = lse2[r];
+          const float dl = delta[r];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            float pr[2], ds[2];
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              float x = sm80::exp2_approx(fmaf(s[mi][j][2 * half + c], p.scale_log2, -l2));
+              if (partial && 32 * wn + 8 * j + 2 * t4 + c >= valid) x = 0.f;
+              pr[c] = x;
+              ds[c] = x * (dp[mi][j][2 * half + c] - dl);
+            }
+            const uint32_t off = static_cast<uint32_t>(r * kPRowBytes +
+                                                       (((4 * wn + j) ^ g) << 4) + 4 * t4);
+            *reinterpret_cast<uint32_t*>(smem + Traits::kOffP + off) = Ops::pack(pr[0], pr[1]);
+            *reinterpret_cast<uint32_t*>(smem + Traits::kOffDs + off) = Ops::pack(ds[0], ds[1]);
+          }
+        }
+      }
+    }
+    // [6]
+    __syncthreads();
+
+    // [7] dV += P^T dO and [8] dK += dS^T Q: 32 keys x kKvCols per warp, k16 steps over the
+    // tile's 64 query rows. A = P^T (dS^T) by ldmatrix.trans of sP (sdS): matrices (keys +0/+8)
+    // x (rows +0/+8); B = dO (Q) by ldmatrix.trans: matrices (rows +0/+8) x (d +0/+8).
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      uint32_t a[2][4];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+        sm80::ldmatrix_x4_trans(bwd::frag_addr<kPRowBytes>(s_p, 16 * kk + 8 * sel16 + lrow,
+                                                           4 * wn + 2 * mi + sel8, lrow),
+                                a[mi]);
+#pragma unroll
+      for (int dp2 = 0; dp2 < kKvNTiles / 2; ++dp2) {
+        uint32_t ob[4];
+        sm80::ldmatrix_x4_trans(
+            bwd::frag_addr<kRowBytes>(do_tile, 16 * kk + 8 * sel8 + lrow,
+                                      wd * (kKvCols / 8) + 2 * dp2 + sel16, lrow),
+            ob);
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+          sm80::mma_16816<Element>(acc_dv[mi][2 * dp2], a[mi], ob[0], ob[1]);
+          sm80::mma_16816<Element>(acc_dv[mi][2 * dp2 + 1], a[mi], ob[2], ob[3]);
+        }
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      uint32_t a[2][4];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+        sm80::ldmatrix_x4_trans(bwd::frag_addr<kPRowBytes>(s_ds, 16 * kk + 8 * sel16 + lrow,
+                                                           4 * wn + 2 * mi + sel8, lrow),
+                                a[mi]);
+#pragma unroll
+      for (int dp2 = 0; dp2 < kKvNTiles / 2; ++dp2) {
+        uint32_t qb[4];
+        sm80::ldmatrix_x4_trans(
+            bwd::frag_addr<kRowBytes>(q_tile, 16 * kk + 8 * sel8 + lrow,
+                                      wd * (kKvCols / 8) + 2 * dp2 + sel16, lrow),
+            qb);
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+          sm80::mma_16816<Element>(acc_dk[mi][2 * dp2], a[mi], qb[0], qb[1]);
+          sm80::mma_16816<Element>(acc_dk[mi][2 * dp2 + 1], a[mi], qb[2], qb[3]);
+        }
+      }
+    }
+
+    // [9] dQ = dS K, 32 rows x kDqChunk columns at a time: A = dS by ldmatrix (matrices
+    // (rows +0/+8) x (keys +0/+8)), B = K by ldmatrix.trans (matrices (keys +0/+8) x (d +0/+8)).
+    if (p.dq_accum != nullptr) {
+      int h, r0;
+      tile_rows(t, h, r0);
+      float* dq_rows = p.dq_accum + ((static_cast<int64_t>(b) * p.Hq + h) * p.Sq_pad + r0 +
+                                     32 * wm + g) *
+                                        kHeadDim;
+#pragma unroll
+      for (int chunk = 0; chunk < kDqCols / kDqChunk; ++chunk) {
+        const int col0 = wn * kDqCols + chunk * kDqChunk;
+        float acc[2][kDqChunk / 8][4];
+        bwd::zero(acc);
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+          uint32_t a[2][4];
+#pragma unroll
+          for (int mi = 0; mi < 2; ++mi)
+            sm80::ldmatrix_x4(bwd::frag_addr<kPRowBytes>(s_ds, 32 * wm + 16 * mi + 8 * sel8 + lrow,
+                                                         2 * kk + sel16, lrow),
+                              a[mi]);
+#pragma unroll
+          for (int dp2 = 0; dp2 < kDqChunk / 16; ++dp2) {
+            uint32_t kb[4];
+            sm80::ldmatrix_x4_trans(bwd::frag_addr<kRowBytes>(s_k, 16 * kk + 8 * sel8 + lrow,
+                                                              col0 / 8 + 2 * dp2 + sel16, lrow),
+                                    kb);
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi) {
+              sm80::mma_16816<Element>(acc[mi][2 * dp2], a[mi], kb[0], kb[1]);
+              sm80::mma_16816<Element>(acc[mi][2 * dp2 + 1], a[mi], kb[2], kb[3]);
+            }
+          }
+        }
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+          for (int half = 0; half < 2; ++half)
+#pragma unroll
+            for (int j = 0; j < kDqChunk / 8; ++j)
+              bwd::red_add_f32x2(dq_rows + (16 * mi + 8 * half) * kHeadDim + col0 + 8 * j + 2 * t4,
+                                 acc[mi][j][2 * half], acc[mi][j][2 * half + 1]);
+      }
+    }
+  }
+
+  // [10] Epilogue. No copy may still be writing shared memory and every warp must be done with
+  // K and V before their tiles stage the output.
+  sm80::cp_async_wait<0>();
+  __syncthreads();
+
+  // Values the prologue also derived are re-derived from opaque copies (keeps them from staying
+  // live across the main loop).
+  const int out_item = sm80::opaque(static_cast<int>(blockIdx.x));
+  const int out_row = p.item_row[out_item];
+  const int out_n = out_row % p.Nkv;
+  const int out_hk = (out_row / p.Nkv) % p.Hkv;
+  const int out_b = out_row / (p.Nkv * p.Hkv);
+  const int out_key0 = out_n * kBlockN;
+
+  if (p.row_groups[out_row] == 1) {
+    // Single owner: dK * scale and dV straight to the caller's tensors.
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int key = 32 * wn + 16 * mi + 8 * half + g;
+#pragma unroll
+        for (int j = 0; j < kKvNTiles; ++j) {
+          const int chunk = wd * (kKvCols / 8) + j;
+          const uint32_t off = swizzled_offset<kRowBytes>(key, chunk) + 4 * t4;
+          *reinterpret_cast<uint32_t*>(smem + Traits::kOffK + off) =
+              Ops::pack(acc_dk[mi][j][2 * half] * p.scale, acc_dk[mi][j][2 * half + 1] * p.scale);
+          *reinterpret_cast<uint32_t*>(smem + Traits::kOffV + off) =
+              Ops::pack(acc_dv[mi][j][2 * half], acc_dv[mi][j][2 * half + 1]);
+        }
+      }
+    }
+    __syncthreads();
+    const int out_tid = sm80::opaque(tid);
+    const int out_copy_row = out_tid / kRowChunks;
+    const int out_copy_chunk = out_tid % kRowChunks;
+    const uint32_t out_copy_smem = swizzled_offset<kRowBytes>(out_copy_row, out_copy_chunk);
+    const int rows = min(kBlockN, p.Skv - out_key0);  // padded keys included (zeros)
+    Element* dk = static_cast<Element*>(p.dk.data) + out_b * p.dk.sb + out_hk * p.dk.sh;
+    Element* dv = static_cast<Element*>(p.dv.data) + out_b * p.dv.sb + out_hk * p.dv.sh;
+#pragma unroll
+    for (int i = 0; i < kBlockN / kCopyRows; ++i) {
+      const int r = out_copy_row + i * kCopyRows;
+      if (r < rows) {
+        const int64_t key = out_key0 + r;
+        const uint32_t off = out_copy_smem + i * kCopyRows * kRowBytes;
+        *reinterpret_cast<uint4*>(dk + key * p.dk.ss + out_copy_chunk * 8) =
+            *reinterpret_cast<const uint4*>(smem + Traits::kOffK + off);
+        *reinterpret_cast<uint4*>(dv + key * p.dv.ss + out_copy_chunk * 8) =
+            *reinterpret_cast<const uint4*>(smem + Traits::kOffV + off);
+      }
+    }
+  } else {
+    // Several owners: add the unscaled fp32 partials of the valid keys into the workspace.
+    const int out_valid = min(p.meta.block_len(out_b, out_n, p.dims), p.Skv - out_key0);
+    const int64_t row_base = (static_cast<int64_t>(out_b) * p.Hkv + out_hk) * p.Skv_pad + out_key0;
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int key = 32 * wn + 16 * mi + 8 * half + g;
+        if (key < out_valid) {
+          float* dk_row = p.dk_accum + (row_base + key) * kHeadDim + wd * kKvCols + 2 * t4;
+          float* dv_row = p.dv_accum + (row_base + key) * kHeadDim + wd * kKvCols + 2 * t4;
+#pragma unroll
+          for (int j = 0; j < kKvNTiles; ++j) {
+            bwd::red_add_f32x2(dk_row + 8 * j, acc_dk[mi][j][2 * half], acc_dk[mi][j][2 * half + 1]);
+            bwd::red_add_f32x2(dv_row + 8 * j, acc_dv[mi][j][2 * half], acc_dv[mi][j][2 * half + 1]);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace sa::portable

@@ -1,0 +1,159 @@
+// Portable DSA forward, host side: support checks, variant choice (chunk of 32 or 64 keys by the
+// device's shared memory), launch. The kernel and its design are in dsa_forward_kernel.cuh.
+#include "portable/dsa_forward.hpp"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <climits>
+#include <cstdint>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+#include "common/cuda_check.hpp"
+#include "common/host_numeric.hpp"
+#include "portable/dsa_forward_kernel.cuh"
+
+namespace sa::portable {
+namespace {
+
+using dsa_fwd::DsaFwdConfig;
+using dsa_fwd::DsaFwdParams;
+
+constexpr int kSmemBlockN32 = DsaFwdConfig<__nv_bfloat16, 32>::kSmemBytes;
+constexpr int kSmemBlockN64 = DsaFwdConfig<__nv_bfloat16, 64>::kSmemBytes;
+
+// Largest dynamic shared memory a block may opt into on `device`, queried once per device.
+int max_smem_optin(int device) {
+  static std::mutex mutex;
+  static std::unordered_map<int, int> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(device);
+  if (it != cache.end()) return it->second;
+  int bytes = 0;
+  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+      cudaSuccess) {
+    (void)cudaGetLastError();  // do not leave the error pending; 0 reads as "unsupported"
+    bytes = 0;
+  }
+  cache.emplace(device, bytes);
+  return bytes;
+}
+
+template <class Cfg>
+void launch(const DsaFwdParams& prm, int device, int64_t grid, cudaStream_t stream) {
+  auto* kernel = &dsa_fwd::dsa_fwd_kernel<Cfg>;
+  {
+    // The opt-in is per device and per kernel; set it once for each.
+    static std::mutex mutex;
+    static std::set<int> done;
+    std::lock_guard<std::mutex> lock(mutex);
+    if (done.count(device) == 0) {
+      SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         Cfg::kSmemBytes));
+      done.insert(device);
+    }
+  }
+  kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(prm);
+  SA_CUDA_CHECK_LAUNCH();
+}
+
+template <class Element>
+void launch_block_n(int block_n, const DsaFwdParams& prm, int device, int64_t grid,
+                    cudaStream_t stream) {
+  if (block_n == 64) {
+    launch<DsaFwdConfig<Element, 64>>(prm, device, grid, stream);
+  } else {
+    launch<DsaFwdConfig<Element, 32>>(prm, device, grid, stream);
+  }
+}
+
+bool aligned(const void* ptr, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
+}
+
+}  // namespace
+
+int dsa_forward_smem_bytes(int block_n) { return block_n == 64 ? kSmemBlockN64 : kSmemBlockN32; }
+
+std::string dsa_forward_unsupported(const DsaFwdProblem& p) {
+  const DsaDims& d = p.dims;
+  std::ostringstream os;
+  if (p.device != SA_DEVICE_CUDA) return "needs CUDA tensors";
+  if (p.dtype != SA_DTYPE_BF16 && p.dtype != SA_DTYPE_FP16) {
+    os << "dtype " << dtype_name(p.dtype) << " (portable DSA forward supports bf16, fp16)";
+    return os.str();
+  }
+  if (d.Dqk != 512 && d.Dqk != 576) {
+    os << "D_qk = " << d.Dqk << " (portable DSA forward supports 512, 576)";
+    return os.str();
+  }
+  if (d.Dv != 512) {
+    os << "d_v = " << d.Dv << " (portable DSA forward supports 512)";
+    return os.str();
+  }
+  if (d.H < 16 || d.H % 16 != 0) {
+    os << "H = " << d.H << " (portable DSA forward supports multiples of 16: 16, 32, 64, 128)";
+    return os.str();
+  }
+  if (d.topk > INT32_MAX - 64 || d.H > INT32_MAX) {
+    os << "topk = " << d.topk << ", H = " << d.H << " (portable DSA forward supports < 2^31 - 64)";
+    return os.str();
+  }
+  const int64_t groups = (d.H + 63) / 64;
+  if (d.Sq * groups > INT32_MAX) {
+    os << "S_q = " << d.Sq << " (portable DSA forward supports S_q * ceil(H / 64) < 2^31)";
+    return os.str();
+  }
+  // 16-byte cp.async of q and kv rows, 4-byte stores of out pairs. Validation guarantees these
+  // for CUDA tensors; they are checked here again because the kernel relies on them.
+  const bool layout_ok =
+      p.q.sd == 1 && p.kv.sd == 1 && p.out.sd == 1 && aligned(p.q.data, 16) &&
+      aligned(p.kv.data, 16) && aligned(p.out.data, 4) && p.q.sh % 8 == 0 &&
+      (p.q.ss % 8 == 0 || d.Sq == 1) && (p.kv.ss % 8 == 0 || d.Skv == 1) && p.out.sh % 2 == 0 &&
+      (p.out.ss % 2 == 0 || d.Sq == 1);
+  if (!layout_ok) {
+    return "q, kv, out: the last dimension must be contiguous and q/kv rows 16-byte aligned "
+           "(portable DSA forward)";
+  }
+  const int smem = max_smem_optin(p.device_index);
+  if (smem < kSmemBlockN32) {
+    os << "needs " << kSmemBlockN32 << " bytes of shared memory per block (device "
+       << p.device_index << " offers " << smem << ")";
+    return os.str();
+  }
+  return "";
+}
+
+void dsa_forward(const DsaFwdProblem& p, cudaStream_t stream, const DsaForwardTuning& tuning) {
+  const std::string why = dsa_forward_unsupported(p);
+  SA_CHECK(why.empty(), SA_ERROR_UNSUPPORTED, "dsa_forward (portable): " << why);
+  int current = -1;
+  SA_CUDA_CHECK(cudaGetDevice(&current));
+  SA_CHECK(current == p.device_index, SA_ERROR_INTERNAL,
+           "dsa_forward (portable): device " << p.device_index << " is not current (" << current
+                                             << " is)");
+  const int smem = max_smem_optin(p.device_index);
+  int block_n = tuning.block_n;
+  if (block_n == 0) block_n = smem >= kSmemBlockN64 ? 64 : 32;
+  SA_CHECK(block_n == 32 || block_n == 64, SA_ERROR_INVALID_ARGUMENT,
+           "dsa_forward tuning.block_n: expected 0, 32 or 64, got " << block_n);
+  SA_CHECK(smem >= (block_n == 64 ? kSmemBlockN64 : kSmemBlockN32), SA_ERROR_UNSUPPORTED,
+           "dsa_forward tuning.block_n = " << block_n << " needs "
+                                           << (block_n == 64 ? kSmemBlockN64 : kSmemBlockN32)
+                                           << " bytes of shared memory per block (device offers "
+                                           << smem << ")");
+
+  const DsaFwdParams prm = dsa_fwd::make_params(p);
+  const int64_t grid = p.dims.Sq * prm.head_groups;
+  if (grid == 0) return;
+  if (p.dtype == SA_DTYPE_BF16) {
+    launch_block_n<__nv_bfloat16>(block_n, prm, p.device_index, grid, stream);
+  } else {
+    launch_block_n<__half>(block_n, prm, p.device_index, grid, stream);
+  }
+}
+
+}  // namespace sa::portable
