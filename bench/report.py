@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Results file, markdown table and plot from one GPU run (BENCHMARKING.md "Results files").
+
+    python3 bench/report.py --name h200-20261129 RUN_DIR/anchors.json [RUN_DIR/bench_ours.json]
+
+Writes bench/results/<name>.json (every record of the inputs, one list), <name>.md (a table per
+operation: ours vs each anchor, TFLOPS and speedup) and <name>.png (TFLOPS per shape, ours and
+the anchors). Needs matplotlib for the plot only.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def shape_label(op, s):
+    if op.startswith("bsa"):
+        return f"S{s['S']} H{s['H']} D{s['D']} b{s['block']} {round(100 * s['density'], 1)}%"
+    tl = " len" if s.get("topk_length") else ""
+    return f"S{s['S']} H{s['H']} Dqk{s['D_qk']} k{s['topk']}{tl}"
+
+
+def table(records):
+    lines = []
+    for op in ("bsa_fwd", "bsa_bwd", "dsa_fwd", "dsa_bwd"):
+        rows = [r for r in records if r["op"] == op]
+        if not rows:
+            continue
+        lines += [f"### {op}", "",
+                  "| shape | impl | ours ms | ours TFLOPS | anchor | anchor ms | speedup | "
+                  "rel L2 | source |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            err = r.get("max_rel_l2")
+            lines.append(
+                f"| {shape_label(op, r['shape'])} | {r['impl']} | {r['ms']:.4f} | "
+                f"{r['tflops']:.1f} | {r.get('anchor') or '-'} | "
+                f"{'-' if r.get('anchor_ms') is None else format(r['anchor_ms'], '.4f')} | "
+                f"{'-' if r.get('speedup') is None else format(r['speedup'], '.2f') + 'x'} | "
+                f"{'-' if err is None else format(err, '.1e')} | {r.get('source', '')} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(records, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot")
+        return
+    ops = [op for op in ("bsa_fwd", "bsa_bwd", "dsa_fwd", "dsa_bwd")
+           if any(r["op"] == op for r in records)]
+    fig, axes = plt.subplots(len(ops), 1, figsize=(11, 3.2 * len(ops)), squeeze=False)
+    for ax, op in zip(axes[:, 0], ops):
+        rows = [r for r in records if r["op"] == op and r.get("source") == "bench/anchors.py"]
+        if not rows:
+            rows = [r for r in records if r["op"] == op]
+        shapes = []
+        for r in rows:
+            lbl = shape_label(op, r["shape"])
+            if lbl not in shapes:
+                shapes.append(lbl)
+        series = {"ours": {}}
+        for r in rows:
+            lbl = shape_label(op, r["shape"])
+            series["ours"][lbl] = r["tflops"]
+            if r.get("anchor_ms"):
+                # The anchor's rate per useful FLOP: our FLOP count over its time.
+                series.setdefault(r["anchor"], {})[lbl] = r["tflops"] * r["ms"] / r["anchor_ms"]
+        width = 0.8 / len(series)
+        for i, (name, vals) in enumerate(series.items()):
+            xs = [j + i * width for j, s in enumerate(shapes) if s in vals]
+            ax.bar(xs, [vals[s] for s in shapes if s in vals], width, label=name)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(shapes))])
+        ax.set_xticklabels(shapes, fontsize=7, rotation=15)
+        ax.set_ylabel("TFLOPS (useful)")
+        ax.set_title(op)
+        ax.legend(fontsize=7)
+        ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--name", required=True)
+    ap.add_argument("inputs", nargs="+")
+    a = ap.parse_args()
+    records = []
+    for f in a.inputs:
+        records += json.loads(Path(f).read_text())
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{a.name}.json").write_text(json.dumps(records, indent=1) + "\n")
+    md = f"# {a.name}\n\nFLOPs count attended pairs only (BENCHMARKING.md); speedup = anchor ms / " \
+         f"ours ms, measured side by side in one process.\n\n" + table(records)
+    (RESULTS / f"{a.name}.md").write_text(md)
+    plot(records, RESULTS / f"{a.name}.png")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
