@@ -1,0 +1,323 @@
+"""ctypes binding of the C ABI (include/sparse_attention/sparse_attention.h).
+
+Nothing here knows about autograd or torch.library: it turns torch tensors into `sa_tensor`
+views, fills the argument structs, runs a call on the caller's current CUDA stream with workspace
+from PyTorch's caching allocator, and turns a failed `sa_status` into a Python exception carrying
+`sa_last_error()`.
+
+The structs mirror the header field by field; tests/test_abi.py compiles the header with the
+system C compiler and compares every size and offset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+# ---- status codes and the one error convention ---------------------------------------------------
+SA_OK = 0
+SA_ERROR_INVALID_ARGUMENT = 1
+SA_ERROR_UNSUPPORTED = 2
+SA_ERROR_INVALID_METADATA = 3
+SA_ERROR_WORKSPACE = 4
+SA_ERROR_CUDA = 5
+SA_ERROR_INTERNAL = 6
+
+# dtypes, devices, layouts, implementations (enums are C ints)
+_DTYPES = {
+    torch.bfloat16: 0,
+    torch.float16: 1,
+    torch.float32: 2,
+    torch.float64: 3,
+    torch.int32: 4,
+}
+SA_DEVICE_CPU = 0
+SA_DEVICE_CUDA = 1
+SA_LAYOUT_BHSD = 0
+SA_LAYOUT_BSHD = 1
+SA_IMPL_AUTO = 0
+SA_MAX_RANK = 4
+
+
+class sa_tensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", ctypes.c_int),
+        ("rank", ctypes.c_int32),
+        ("shape", ctypes.c_int64 * SA_MAX_RANK),
+        ("strides", ctypes.c_int64 * SA_MAX_RANK),
+        ("device", ctypes.c_int),
+        ("device_index", ctypes.c_int32),
+    ]
+
+
+sa_alloc_fn = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p)
+sa_free_fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+
+
+class sa_context(ctypes.Structure):
+    _fields_ = [
+        ("stream", ctypes.c_void_p),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+        ("alloc", sa_alloc_fn),
+        ("free", sa_free_fn),
+        ("allocator_user", ctypes.c_void_p),
+        ("impl_used", ctypes.POINTER(ctypes.c_int)),
+    ]
+
+
+class sa_bsa_options(ctypes.Structure):
+    _fields_ = [
+        ("scale", ctypes.c_float),
+        ("layout", ctypes.c_int),
+        ("block_size", ctypes.c_int32),
+        ("count", ctypes.c_int32),
+        ("bucket_size", ctypes.c_int32),
+        ("validate", ctypes.c_int32),
+        ("deterministic", ctypes.c_int32),
+        ("impl", ctypes.c_int),
+    ]
+
+
+class sa_bsa_sparsity(ctypes.Structure):
+    _fields_ = [("q2k_index", sa_tensor), ("q2k_count", sa_tensor), ("kv_block_len", sa_tensor)]
+
+
+class sa_bsa_fwd_args(ctypes.Structure):
+    _fields_ = [
+        ("q", sa_tensor),
+        ("k", sa_tensor),
+        ("v", sa_tensor),
+        ("sparsity", sa_bsa_sparsity),
+        ("o", sa_tensor),
+        ("lse", sa_tensor),
+        ("options", sa_bsa_options),
+    ]
+
+
+class sa_bsa_bwd_args(ctypes.Structure):
+    _fields_ = [
+        ("q", sa_tensor),
+        ("k", sa_tensor),
+        ("v", sa_tensor),
+        ("o", sa_tensor),
+        ("lse", sa_tensor),
+        ("dout", sa_tensor),
+        ("sparsity", sa_bsa_sparsity),
+        ("dq", sa_tensor),
+        ("dk", sa_tensor),
+        ("dv", sa_tensor),
+        ("options", sa_bsa_options),
+    ]
+
+
+class sa_dsa_options(ctypes.Structure):
+    _fields_ = [
+        ("scale", ctypes.c_float),
+        ("d_v", ctypes.c_int32),
+        ("deterministic", ctypes.c_int32),
+        ("impl", ctypes.c_int),
+    ]
+
+
+class sa_dsa_fwd_args(ctypes.Structure):
+    _fields_ = [
+        ("q", sa_tensor),
+        ("kv", sa_tensor),
+        ("topk_idx", sa_tensor),
+        ("topk_length", sa_tensor),
+        ("sink", sa_tensor),
+        ("out", sa_tensor),
+        ("lse", sa_tensor),
+        ("options", sa_dsa_options),
+    ]
+
+
+class sa_dsa_bwd_args(ctypes.Structure):
+    _fields_ = [
+        ("q", sa_tensor),
+        ("kv", sa_tensor),
+        ("topk_idx", sa_tensor),
+        ("topk_length", sa_tensor),
+        ("sink", sa_tensor),
+        ("out", sa_tensor),
+        ("lse", sa_tensor),
+        ("dout", sa_tensor),
+        ("dq", sa_tensor),
+        ("dkv", sa_tensor),
+        ("d_sink", sa_tensor),
+        ("options", sa_dsa_options),
+    ]
+
+
+# ---- loading the library ------------------------------------------------------------------------
+_LIB_NAME = "libsparse_attention.so"
+
+
+def _candidates():
+    env = os.environ.get("SPARSE_ATTENTION_LIBRARY")
+    if env:
+        # An explicit choice is the only candidate: no silent fallback to another build.
+        yield Path(env)
+        return
+    here = Path(__file__).resolve().parent
+    yield here / "lib" / _LIB_NAME  # installed wheel (CMake install prefix = package folder)
+    yield here / "_lib" / _LIB_NAME  # a copy placed in a source checkout
+    yield here.parent.parent / "build" / _LIB_NAME  # source checkout after scripts/build.sh
+
+
+def _load() -> ctypes.CDLL:
+    tried = []
+    for path in _candidates():
+        tried.append(str(path))
+        if path.is_file():
+            lib = ctypes.CDLL(str(path))
+            break
+    else:
+        raise ImportError(
+            "sparse_attention: cannot find %s (looked in: %s); install the package with "
+            "`pip install .` or set SPARSE_ATTENTION_LIBRARY" % (_LIB_NAME, ", ".join(tried))
+        )
+    lib.sa_status_name.restype = ctypes.c_char_p
+    lib.sa_status_name.argtypes = [ctypes.c_int]
+    lib.sa_last_error.restype = ctypes.c_char_p
+    lib.sa_last_error.argtypes = []
+    for op, args_t in (
+        ("bsa_forward", sa_bsa_fwd_args),
+        ("bsa_backward", sa_bsa_bwd_args),
+        ("dsa_forward", sa_dsa_fwd_args),
+        ("dsa_backward", sa_dsa_bwd_args),
+    ):
+        ws = getattr(lib, "sa_%s_workspace_size" % op)
+        ws.restype = ctypes.c_int
+        ws.argtypes = [ctypes.POINTER(args_t), ctypes.POINTER(ctypes.c_size_t)]
+        run = getattr(lib, "sa_%s" % op)
+        run.restype = ctypes.c_int
+        run.argtypes = [ctypes.POINTER(args_t), ctypes.POINTER(sa_context)]
+    lib._sa_path = str(path)
+    return lib
+
+
+LIB = _load()
+LIBRARY_PATH: str = LIB._sa_path
+
+
+# ---- errors -------------------------------------------------------------------------------------
+def status_name(status: int) -> str:
+    return LIB.sa_status_name(status).decode()
+
+
+def exception_for(status: int, message: str) -> Exception:
+    """The Python exception of a failed call: ValueError for bad arguments or metadata,
+    NotImplementedError for a valid request no implementation serves, RuntimeError otherwise.
+    The message is the library's, prefixed with the status name."""
+    text = "%s: %s" % (status_name(status), message)
+    if status in (SA_ERROR_INVALID_ARGUMENT, SA_ERROR_INVALID_METADATA):
+        return ValueError(text)
+    if status == SA_ERROR_UNSUPPORTED:
+        return NotImplementedError(text)
+    return RuntimeError(text)
+
+
+def check(status: int) -> None:
+    if status != SA_OK:
+        # sa_last_error() is per thread and this is the thread that made the call.
+        raise exception_for(status, LIB.sa_last_error().decode(errors="replace"))
+
+
+# ---- tensor views -------------------------------------------------------------------------------
+_FAKE_DATA = 256  # a non-null, aligned placeholder address for shape-only validation
+
+
+def _concrete(values) -> bool:
+    return all(type(v) is int for v in values)
+
+
+def can_describe(*tensors: Optional[torch.Tensor]) -> bool:
+    """Whether the shapes and strides are plain ints (not symbolic), so that the library can
+    validate them without data (see `view(..., shape_only=True)`)."""
+    for t in tensors:
+        if t is None:
+            continue
+        if not (_concrete(t.shape) and _concrete(t.stride())):
+            return False
+    return True
+
+
+def view(t: Optional[torch.Tensor], shape_only: bool = False) -> sa_tensor:
+    """The `sa_tensor` view of a torch tensor (`None` -> absent). With shape_only, the view
+    carries a placeholder address and says CPU: it lets the library check ranks, shapes, dtypes
+    and strides of fake or meta tensors without touching memory (CUDA-only checks wait for the
+    real call)."""
+    v = sa_tensor()
+    if t is None:
+        return v  # data NULL: absent
+    if t.dim() > SA_MAX_RANK:
+        raise ValueError(
+            "SA_ERROR_INVALID_ARGUMENT: tensor of rank %d: the library takes rank <= %d"
+            % (t.dim(), SA_MAX_RANK)
+        )
+    dtype = _DTYPES.get(t.dtype)
+    if dtype is None:
+        raise ValueError(
+            "SA_ERROR_INVALID_ARGUMENT: unsupported dtype %s (the library takes bfloat16, "
+            "float16, float32, float64 and int32 tensors)" % t.dtype
+        )
+    v.dtype = dtype
+    v.rank = t.dim()
+    for i, (n, s) in enumerate(zip(t.shape, t.stride())):
+        v.shape[i] = int(n)
+        v.strides[i] = int(s)
+    if shape_only:
+        v.data = _FAKE_DATA
+        v.device = SA_DEVICE_CPU
+        v.device_index = 0
+        return v
+    ptr = t.data_ptr()
+    v.data = ptr if ptr != 0 else (_FAKE_DATA if t.numel() == 0 and t.device.type == "cpu" else 0)
+    if t.device.type == "cuda":
+        v.device = SA_DEVICE_CUDA
+        v.device_index = t.device.index if t.device.index is not None else 0
+    elif t.device.type == "cpu":
+        v.device = SA_DEVICE_CPU
+    else:
+        raise ValueError(
+            "SA_ERROR_INVALID_ARGUMENT: tensor on device %s: the library takes CPU and CUDA "
+            "tensors" % t.device
+        )
+    return v
+
+
+# ---- running a call -----------------------------------------------------------------------------
+def validate_shapes(op: str, args) -> None:
+    """Shape-only validation (args built with view(..., shape_only=True)): the library's checks
+    and messages at trace time, for fake and meta tensors."""
+    nbytes = ctypes.c_size_t(0)
+    check(getattr(LIB, "sa_%s_workspace_size" % op)(ctypes.byref(args), ctypes.byref(nbytes)))
+
+
+def run(op: str, args, device: torch.device) -> None:
+    """Runs `sa_<op>` with workspace from PyTorch's allocator, on the current CUDA stream of
+    `device` (CPU tensors: the reference, no stream). No host synchronisation."""
+    ctx = sa_context()
+    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with guard:
+        if device.type == "cuda":
+            ctx.stream = torch.cuda.current_stream(device).cuda_stream
+        nbytes = ctypes.c_size_t(0)
+        check(getattr(LIB, "sa_%s_workspace_size" % op)(ctypes.byref(args), ctypes.byref(nbytes)))
+        workspace = None
+        if nbytes.value > 0:
+            # Stream-ordered by the caching allocator: back in the pool (for this stream) when the
+            # call returns; while a CUDA graph captures, the graph's pool keeps it.
+            workspace = torch.empty(nbytes.value, dtype=torch.uint8, device=device)
+            ctx.workspace = workspace.data_ptr()
+            ctx.workspace_bytes = nbytes.value
+        check(getattr(LIB, "sa_%s" % op)(ctypes.byref(args), ctypes.byref(ctx)))
+        del workspace

@@ -1,0 +1,442 @@
+"""CUDA tests (skipped without a CUDA device).
+
+Tests that need a GPU kernel first probe whether the library serves the operation on this
+device; while a kernel is not written yet they skip with the library's own message (e.g.
+"SA_ERROR_UNSUPPORTED: bsa_backward: no implementation serves this call (portable: not
+implemented; ...)"), and start running by themselves once it lands.
+
+  - values and gradients against the fp64 reference (the library's CPU path on fp64 copies);
+  - torch.compile(fullgraph=True) with inductor, forward and backward;
+  - CUDA graph capture on a side stream and replay with changed metadata;
+  - the current stream is used (a capture would fail on any launch to another stream);
+  - a short loop, inference and training (forward, backward, AdamW step): no growth of
+    torch.cuda.memory_allocated, no host synchronisation (torch.cuda.set_sync_debug_mode("error")).
+
+Compile, graph and loop tests run in two modes: "forward" needs only the forward kernels,
+"training" the backward ones too.
+"""
+
+import functools
+
+import pytest
+import torch
+
+from sparse_attention import (
+    block_sparse_attention,
+    bsa_metadata_from_block_mask,
+    deepseek_sparse_attention,
+)
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+DEV = "cuda"
+BF16 = torch.bfloat16
+
+
+# ---- inputs -------------------------------------------------------------------------------------
+def bsa_inputs(b=2, hq=4, hkv=2, s_q=512, s_kv=384, d=64, dv=64, block=64, layout="bhsd",
+               density=0.5, seed=0, requires_grad=True):
+    g = torch.Generator().manual_seed(seed)
+
+    def t(h, s, dd):
+        shape = (b, h, s, dd) if layout == "bhsd" else (b, s, h, dd)
+        return torch.randn(shape, generator=g).to(DEV, BF16).requires_grad_(requires_grad)
+
+    q, k, v = t(hq, s_q, d), t(hkv, s_kv, d), t(hkv, s_kv, dv)
+    n_q, n_kv = -(-s_q // block), -(-s_kv // block)
+    mask = torch.rand(b, hq, n_q, n_kv, generator=g) < density
+    mask[0, 0, 0] = False  # one empty row
+    idx, cnt = bsa_metadata_from_block_mask(mask.to(DEV))
+    return q, k, v, idx, cnt
+
+
+def dsa_inputs(s_q=64, s_kv=512, h=16, d_qk=576, topk=128, seed=0, requires_grad=True):
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(s_q, h, d_qk, generator=g) * 0.5).to(DEV, BF16).requires_grad_(requires_grad)
+    kv = (torch.randn(s_kv, d_qk, generator=g) * 0.5).to(DEV, BF16).requires_grad_(requires_grad)
+    idx = torch.stack([torch.randperm(s_kv, generator=g)[:topk] for _ in range(s_q)]).int()
+    idx[:, -8:] = -1  # inactive slots
+    length = torch.randint(0, topk + 1, (s_q,), generator=g, dtype=torch.int32)
+    length[0] = 0  # an empty row
+    sink = torch.randn(h, generator=g).to(DEV).requires_grad_(requires_grad)
+    return q, kv, idx.to(DEV), length.to(DEV), sink
+
+
+# ---- which operations the library serves on this GPU ----------------------------------------------
+@functools.lru_cache(maxsize=None)
+def _served(op):
+    """'' when the library serves `op` on this GPU for the shapes used here, else its message."""
+    try:
+        if op.startswith("bsa"):
+            q, k, v, idx, cnt = bsa_inputs(b=1, hq=2, hkv=2, s_q=128, s_kv=128)
+            o, _ = block_sparse_attention(q, k, v, idx, cnt, block_size=64)
+            if op == "bsa_bwd":
+                o.sum().backward()
+        else:
+            q, kv, idx, length, sink = dsa_inputs(s_q=4, s_kv=64, topk=32)
+            out, _ = deepseek_sparse_attention(q, kv, idx, topk_length=length, sink=sink)
+            if op == "dsa_bwd":
+                out.sum().backward()
+        torch.cuda.synchronize()
+        return ""
+    except NotImplementedError as e:
+        return str(e)
+
+
+def require(*ops):
+    for op in ops:
+        why = _served(op)
+        if why:
+            pytest.skip("GPU kernel not available yet: " + why)
+
+
+# ---- comparisons with the fp64 reference ----------------------------------------------------------
+def rel_l2(x, ref):
+    x, ref = x.double().cpu(), ref.double().cpu()
+    return float((x - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def assert_close_to_reference(name, x, ref, tol=1e-2):
+    x, ref = x.detach().cpu(), ref.detach().cpu()
+    assert torch.equal(torch.isnan(x), torch.isnan(ref)), name + ": NaN positions differ"
+    assert torch.equal(torch.isinf(x), torch.isinf(ref)), name + ": inf positions differ"
+    finite = torch.isfinite(ref)
+    err = rel_l2(torch.where(finite, x.double(), 0), torch.where(finite, ref.double(), 0))
+    assert err < tol, "%s: relative L2 error %.3g against the fp64 reference" % (name, err)
+
+
+def fp64_cpu(*tensors):
+    return [None if t is None else
+            (t.detach().double().cpu().requires_grad_(t.requires_grad) if t.is_floating_point()
+             else t.cpu()) for t in tensors]
+
+
+# ---- tests that need no kernel -------------------------------------------------------------------
+def test_unserved_request_raises_not_implemented():
+    q, k, v, idx, cnt = bsa_inputs(b=1, hq=2, hkv=2, s_q=128, s_kv=128, requires_grad=False)
+    with pytest.raises(NotImplementedError, match=r"SA_ERROR_UNSUPPORTED: bsa_forward: no implementation serves this call"):
+        block_sparse_attention(q.double(), k.double(), v.double(), idx, cnt, block_size=64)
+
+
+def test_device_mismatch_is_an_argument_error():
+    q, k, v, idx, cnt = bsa_inputs(b=1, hq=2, hkv=2, s_q=128, s_kv=128, requires_grad=False)
+    with pytest.raises(ValueError, match=r"expected device cuda:0 like the other tensors, got cpu"):
+        block_sparse_attention(q, k, v, idx.cpu(), cnt, block_size=64)
+
+
+def test_misaligned_pointer_is_an_argument_error():
+    q, k, v, idx, cnt = bsa_inputs(b=1, hq=2, hkv=2, s_q=128, s_kv=128, requires_grad=False)
+    buf = torch.empty(q.numel() + 1, dtype=BF16, device=DEV)
+    q_off = buf[1:].view(q.shape)  # 2-byte offset
+    with pytest.raises(ValueError, match=r"q: CUDA data pointer must be 16-byte aligned"):
+        block_sparse_attention(q_off, k, v, idx, cnt, block_size=64)
+
+
+# ---- BSA against the reference -------------------------------------------------------------------
+BSA_CASES = [
+    # name, kwargs for bsa_inputs
+    ("d64_b64_bhsd_gqa", dict(d=64, dv=64, block=64, layout="bhsd")),
+    ("d128_b128_bshd", dict(d=128, dv=128, block=128, layout="bshd", hkv=4)),
+    ("d128_b64_mqa_ragged", dict(d=128, dv=128, block=64, hkv=1, s_q=300, s_kv=200)),
+    ("d128_dv64_b64_mqa", dict(d=128, dv=64, block=64, hkv=1)),  # SPEC allows D != D_v
+]
+
+
+def served_or_skip(fn, *args, **kwargs):
+    """Runs fn; a shape the GPU path does not serve (yet) skips with the library's reason."""
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError as e:
+        pytest.skip("not served on this GPU: %s" % e)
+
+
+def _bsa_pair(kw):
+    kw = dict(dict(block=64, layout="bhsd"), **kw)
+    q, k, v, idx, cnt = bsa_inputs(**kw)
+    o, lse = served_or_skip(block_sparse_attention, q, k, v, idx, cnt, block_size=kw["block"],
+                            layout=kw["layout"])
+    q64, k64, v64, idx64, cnt64 = fp64_cpu(q, k, v, idx, cnt)
+    o_ref, lse_ref = block_sparse_attention(q64, k64, v64, idx64, cnt64, block_size=kw["block"],
+                                            layout=kw["layout"])
+    return (q, k, v, o, lse), (q64, k64, v64, o_ref, lse_ref)
+
+
+@pytest.mark.parametrize("case", BSA_CASES, ids=[c[0] for c in BSA_CASES])
+def test_bsa_forward_matches_fp64_reference(case):
+    require("bsa_fwd")
+    (_, _, _, o, lse), (_, _, _, o_ref, lse_ref) = _bsa_pair(case[1])
+    assert o.dtype == BF16 and o.shape == o_ref.shape
+    assert_close_to_reference("o", o, o_ref)
+    torch.testing.assert_close(lse.cpu(), lse_ref, atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("case", BSA_CASES, ids=[c[0] for c in BSA_CASES])
+def test_bsa_gradients_match_fp64_reference(case):
+    require("bsa_fwd", "bsa_bwd")
+    (q, k, v, o, _), (q64, k64, v64, o_ref, _) = _bsa_pair(case[1])
+    do = torch.randn_like(o)
+    grads = served_or_skip(torch.autograd.grad, o, (q, k, v), do)
+    grads_ref = torch.autograd.grad(o_ref, (q64, k64, v64), do.double().cpu())
+    for name, g, g_ref in zip(("dq", "dk", "dv"), grads, grads_ref):
+        assert g.dtype == BF16
+        assert_close_to_reference(name, g, g_ref)
+
+
+def test_bsa_deterministic_gradients_are_bitwise_identical():
+    require("bsa_fwd", "bsa_bwd")
+    q, k, v, idx, cnt = bsa_inputs()
+    runs = []
+    for _ in range(3):
+        o, _ = block_sparse_attention(q, k, v, idx, cnt, block_size=64, deterministic=True)
+        runs.append(torch.autograd.grad(o.float().square().sum(), (q, k, v)))
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert torch.equal(a, b)
+
+
+# ---- DSA against the reference -------------------------------------------------------------------
+def _dsa_pair(d_qk):
+    q, kv, idx, length, sink = dsa_inputs(d_qk=d_qk)
+    out, lse = served_or_skip(deepseek_sparse_attention, q, kv, idx, topk_length=length, sink=sink)
+    q64, kv64, idx64, len64, sink64 = fp64_cpu(q, kv, idx, length, sink)
+    sink64 = sink64.detach().float().requires_grad_()
+    out_ref, lse_ref = deepseek_sparse_attention(q64, kv64, idx64, topk_length=len64, sink=sink64)
+    return (q, kv, sink, out, lse), (q64, kv64, sink64, out_ref, lse_ref)
+
+
+@pytest.mark.parametrize("d_qk", [576, 512])
+def test_dsa_forward_matches_fp64_reference(d_qk):
+    require("dsa_fwd")
+    (_, _, _, out, lse), (_, _, _, out_ref, lse_ref) = _dsa_pair(d_qk)
+    assert_close_to_reference("out", out, out_ref)
+    finite = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isfinite(lse.cpu()), finite)
+    assert torch.all(lse.cpu()[~finite] == float("inf"))  # empty rows
+    torch.testing.assert_close(lse.cpu()[finite], lse_ref[finite], atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("d_qk", [576, 512])
+def test_dsa_gradients_match_fp64_reference(d_qk):
+    require("dsa_fwd", "dsa_bwd")
+    (q, kv, sink, out, _), (q64, kv64, sink64, out_ref, _) = _dsa_pair(d_qk)
+    dout = torch.randn_like(out)
+    grads = served_or_skip(torch.autograd.grad, out, (q, kv, sink), dout)
+    grads_ref = torch.autograd.grad(out_ref, (q64, kv64, sink64), dout.double().cpu())
+    for name, g, g_ref in zip(("dq", "dkv", "d_sink"), grads, grads_ref):
+        assert_close_to_reference(name, g, g_ref)
+
+
+def test_dsa_deterministic_gradients_are_bitwise_identical():
+    require("dsa_fwd", "dsa_bwd")
+    q, kv, idx, length, sink = dsa_inputs()
+    runs = []
+    for _ in range(3):
+        out, _ = deepseek_sparse_attention(q, kv, idx, topk_length=length, sink=sink,
+                                           deterministic=True)
+        runs.append(torch.autograd.grad(out.float().square().sum(), (kv, sink)))
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert torch.equal(a, b)
+
+
+# ---- torch.compile ---------------------------------------------------------------------------------
+# "forward": inference only (needs the forward kernels); "training": forward and backward.
+MODES = ["forward", "training"]
+
+
+def _ops_for(mode, *names):
+    return [n + "_fwd" for n in names] + ([n + "_bwd" for n in names] if mode == "training" else [])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_compile_fullgraph_bsa_and_dsa(mode):
+    require(*_ops_for(mode, "bsa", "dsa"))
+    train = mode == "training"
+    q, k, v, idx, cnt = bsa_inputs(requires_grad=train)
+    dq_, kv, didx, length, sink = dsa_inputs(requires_grad=train)
+
+    def fn(q, k, v, idx, cnt, dq_, kv, didx, length, sink):
+        o, lse = block_sparse_attention(q, k, v, idx, cnt, block_size=64)
+        out, _ = deepseek_sparse_attention(dq_, kv, didx, topk_length=length, sink=sink)
+        return (o.float() * torch.sigmoid(lse).unsqueeze(-1)).square().mean() + out.float().square().mean()
+
+    args = (q, k, v, idx, cnt, dq_, kv, didx, length, sink)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True)
+    got, want = compiled(*args), fn(*args)
+    torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
+    if train:
+        params = (q, k, v, dq_, kv, sink)
+        for a, b in zip(torch.autograd.grad(got, params), torch.autograd.grad(want, params)):
+            torch.testing.assert_close(a, b, atol=1e-2, rtol=1e-2)
+
+
+# ---- CUDA graphs and streams -------------------------------------------------------------------------
+def _capture(step):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # captures on its own side stream: a launch elsewhere fails
+        static_out = step()
+    return graph, static_out
+
+
+def _same(name, a, b):
+    # Replays of the same kernels on the same inputs: identical unless a path uses atomics.
+    assert torch.equal(a, b) or torch.allclose(a.float(), b.float(), atol=1e-2, rtol=1e-2,
+                                               equal_nan=True), name
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_bsa_cuda_graph_replay_with_changed_metadata(mode):
+    require(*_ops_for(mode, "bsa"))
+    train = mode == "training"
+    q, k, v, idx, cnt = bsa_inputs(requires_grad=train)
+    do = torch.randn(q.shape[:-1] + (v.shape[-1],), device=DEV, dtype=BF16)
+    static_idx, static_cnt = idx.clone(), cnt.clone()
+
+    def step():
+        o, lse = block_sparse_attention(q, k, v, static_idx, static_cnt, block_size=64)
+        return (o, lse) + (torch.autograd.grad(o, (q, k, v), do) if train else ())
+
+    graph, static_out = _capture(step)
+    for seed in (1, 2):
+        before = static_out[0].clone()
+        _, _, _, new_idx, new_cnt = bsa_inputs(seed=seed, requires_grad=False)
+        static_idx.copy_(new_idx)
+        static_cnt.copy_(new_cnt)
+        graph.replay()
+        assert not torch.equal(before, static_out[0]), "the replay did not see the new metadata"
+        want = step()
+        for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), static_out, want):
+            _same(name, a, b)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_dsa_cuda_graph_replay_with_changed_indices(mode):
+    require(*_ops_for(mode, "dsa"))
+    train = mode == "training"
+    q, kv, idx, length, sink = dsa_inputs(requires_grad=train)
+    dout = torch.randn(q.shape[0], q.shape[1], 512, device=DEV, dtype=BF16)
+    static_idx, static_len = idx.clone(), length.clone()
+
+    def step():
+        out, lse = deepseek_sparse_attention(q, kv, static_idx, topk_length=static_len, sink=sink)
+        return (out, lse) + (torch.autograd.grad(out, (q, kv, sink), dout) if train else ())
+
+    graph, static_out = _capture(step)
+    before = [t.clone() for t in static_out]
+    _, _, new_idx, new_len, _ = dsa_inputs(seed=5, requires_grad=False)
+    static_idx.copy_(new_idx)
+    static_len.copy_(new_len)
+    graph.replay()
+    assert not torch.equal(before[0], static_out[0]), "the replay did not see the new indices"
+    want = step()
+    for name, a, b in zip(("out", "lse", "dq", "dkv", "d_sink"), static_out, want):
+        _same(name, a, b)
+
+
+def test_runs_on_the_current_stream():
+    require("bsa_fwd")
+    q, k, v, idx, cnt = bsa_inputs(requires_grad=False)
+    want, _ = block_sparse_attention(q, k, v, idx, cnt, block_size=64)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)  # the side stream is busy for a while ...
+        q_side = q.clone()  # ... before q_side is written: a launch on another stream reads garbage
+        got, _ = block_sparse_attention(q_side, k, v, idx, cnt, block_size=64)
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(got, want)
+
+
+# ---- a training loop -----------------------------------------------------------------------------
+class BsaBlock(torch.nn.Module):
+    def __init__(self, dim=256, heads=4, kv_heads=2, head_dim=64):
+        super().__init__()
+        self.h, self.hkv, self.d = heads, kv_heads, head_dim
+        self.q = torch.nn.Linear(dim, heads * head_dim, bias=False)
+        self.kv = torch.nn.Linear(dim, 2 * kv_heads * head_dim, bias=False)
+        self.o = torch.nn.Linear(heads * head_dim, dim, bias=False)
+
+    def forward(self, x, idx, cnt):
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, self.h, self.d)
+        k, v = self.kv(x).view(b, s, 2, self.hkv, self.d).unbind(2)
+        o, _ = block_sparse_attention(q, k, v, idx, cnt, block_size=64, layout="bshd")
+        return self.o(o.reshape(b, s, -1))
+
+
+class DsaBlock(torch.nn.Module):
+    def __init__(self, dim=256, heads=16, d_qk=576):
+        super().__init__()
+        self.h, self.d = heads, d_qk
+        self.q = torch.nn.Linear(dim, heads * d_qk, bias=False)
+        self.kv = torch.nn.Linear(dim, d_qk, bias=False)
+        self.o = torch.nn.Linear(heads * 512, dim, bias=False)
+        self.sink = torch.nn.Parameter(torch.zeros(heads, dtype=torch.float32))
+
+    def forward(self, x, topk_idx):
+        s = x.shape[0]
+        out, _ = deepseek_sparse_attention(self.q(x).view(s, self.h, self.d), self.kv(x), topk_idx,
+                                           sink=self.sink)
+        return self.o(out.reshape(s, -1))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("op", ["bsa", "dsa"])
+@pytest.mark.filterwarnings("ignore:Synchronization debug mode is a prototype feature")
+def test_loop_no_leaks_no_host_syncs(op, mode):
+    require(*_ops_for(mode, op))
+    train = mode == "training"
+    torch.manual_seed(0)
+    if op == "bsa":
+        model = BsaBlock().to(DEV, BF16)
+        x = torch.randn(2, 512, 256, device=DEV, dtype=BF16)
+        n = 512 // 64
+        mask = torch.tril(torch.ones(n, n, dtype=torch.bool, device=DEV)).expand(2, 4, n, n)
+        meta = bsa_metadata_from_block_mask(mask)
+    else:
+        model = DsaBlock().to(DEV)
+        for layer in (model.q, model.kv, model.o):
+            layer.to(BF16)  # the sink stays fp32
+        x = torch.randn(256, 256, device=DEV, dtype=BF16)
+        causal = torch.arange(256, device=DEV)
+        topk_idx = (torch.randint(0, 256, (256, 64), device=DEV) % (causal[:, None] + 1)).int()
+        meta = (topk_idx,)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+
+    def step():
+        with torch.set_grad_enabled(train):
+            loss = model(x, *meta).float().square().mean()
+        if train:  # a training step: forward, backward, optimizer step
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    for _ in range(3):  # warm-up: optimizer state, allocator pools
+        step()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    losses = []
+    torch.cuda.set_sync_debug_mode("error")  # any host synchronisation raises
+    try:
+        for _ in range(10):
+            losses.append(step())
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    values = torch.stack(losses).cpu()
+    del losses
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before, "memory grew by %d bytes" % (
+        torch.cuda.memory_allocated() - before)
+    assert torch.isfinite(values).all()
+    if train:
+        assert values[-1] < values[0], "the loss should go down: %s" % values.tolist()
