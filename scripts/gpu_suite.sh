@@ -2,7 +2,7 @@
 # The GPU run: one device call runs the whole GPU suite, the sanitizers and the benchmarks over a
 # build/ folder made on the development machine (carried to the device with the working tree).
 #
-#   scripts/gpu_suite.sh [tests] [sanitize] [bench] [anchors]      (default: all four)
+#   scripts/gpu_suite.sh [tests] [sanitize] [python] [bench] [anchors]     (default: all)
 #
 # Logs and results go to $OUT (the device tool's output folder; /tmp/sa_gpu_out elsewhere).
 # Environment: BENCH_OPS (default "bsa_fwd bsa_bwd dsa_fwd dsa_bwd"), BENCH_QUICK=1 (one shape
@@ -11,7 +11,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/sa_gpu_out}"
 mkdir -p "$OUT"
-STEPS="${*:-tests sanitize bench anchors}"
+STEPS="${*:-tests sanitize python bench anchors}"
 BIN=./build
 status=0
 note() { echo "== $* ($(date +%H:%M:%S))"; }
@@ -33,6 +33,16 @@ if [[ " $STEPS " == *" sanitize "* ]]; then
       --gtest_filter="$SAN_FILTER" > "$OUT/sanitizer_$tool.log" 2>&1 || status=1
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|FAILED|PASSED" "$OUT/sanitizer_$tool.log" | tail -5
   done
+fi
+
+if [[ " $STEPS " == *" python "* ]]; then
+  # The package from the source tree over the carried library (the device has no network to
+  # build a wheel); PY_TESTS narrows it (default: the CUDA tests).
+  note "python package tests on CUDA"
+  SPARSE_ATTENTION_LIBRARY="$PWD/$BIN/libsparse_attention.so" PYTHONPATH="$PWD/python" \
+    python3 -m pytest ${PY_TESTS:-python/tests/test_cuda.py} -q -p no:cacheprovider \
+    > "$OUT/python_tests.log" 2>&1 || status=1
+  tail -8 "$OUT/python_tests.log"
 fi
 
 if [[ " $STEPS " == *" bench "* ]]; then

@@ -294,6 +294,11 @@ def view(t: Optional[torch.Tensor], shape_only: bool = False) -> sa_tensor:
     return v
 
 
+# The implementation that served the last call on this process (benchmarks and logs read it).
+_IMPL_NAMES = {0: "auto", 1: "reference", 2: "portable", 3: "sm90"}
+LAST_IMPL_NAME: Optional[str] = None
+
+
 # ---- running a call -----------------------------------------------------------------------------
 def validate_shapes(op: str, args) -> None:
     """Shape-only validation (args built with view(..., shape_only=True)): the library's checks
@@ -319,5 +324,9 @@ def run(op: str, args, device: torch.device) -> None:
             workspace = torch.empty(nbytes.value, dtype=torch.uint8, device=device)
             ctx.workspace = workspace.data_ptr()
             ctx.workspace_bytes = nbytes.value
+        used = ctypes.c_int(0)
+        ctx.impl_used = ctypes.pointer(used)
         check(getattr(LIB, "sa_%s" % op)(ctypes.byref(args), ctypes.byref(ctx)))
+        global LAST_IMPL_NAME
+        LAST_IMPL_NAME = _IMPL_NAMES.get(used.value, "unknown")
         del workspace
