@@ -8,7 +8,6 @@
 #include <climits>
 #include <cstdint>
 #include <mutex>
-#include <set>
 #include <sstream>
 #include <unordered_map>
 
@@ -43,30 +42,22 @@ int max_smem_optin(int device) {
 }
 
 template <class Cfg>
-void launch(const DsaFwdParams& prm, int device, int64_t grid, cudaStream_t stream) {
+void launch(const DsaFwdParams& prm, int64_t grid, cudaStream_t stream) {
   auto* kernel = &dsa_fwd::dsa_fwd_kernel<Cfg>;
-  {
-    // The opt-in is per device and per kernel; set it once for each.
-    static std::mutex mutex;
-    static std::set<int> done;
-    std::lock_guard<std::mutex> lock(mutex);
-    if (done.count(device) == 0) {
-      SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         Cfg::kSmemBytes));
-      done.insert(device);
-    }
-  }
+  // The shared-memory opt-in belongs to the current device (and context): set on every call, a
+  // host-side attribute write that does not synchronise.
+  SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     Cfg::kSmemBytes));
   kernel<<<static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(prm);
   SA_CUDA_CHECK_LAUNCH();
 }
 
 template <class Element>
-void launch_block_n(int block_n, const DsaFwdParams& prm, int device, int64_t grid,
-                    cudaStream_t stream) {
+void launch_block_n(int block_n, const DsaFwdParams& prm, int64_t grid, cudaStream_t stream) {
   if (block_n == 64) {
-    launch<DsaFwdConfig<Element, 64>>(prm, device, grid, stream);
+    launch<DsaFwdConfig<Element, 64>>(prm, grid, stream);
   } else {
-    launch<DsaFwdConfig<Element, 32>>(prm, device, grid, stream);
+    launch<DsaFwdConfig<Element, 32>>(prm, grid, stream);
   }
 }
 
@@ -150,9 +141,9 @@ void dsa_forward(const DsaFwdProblem& p, cudaStream_t stream, const DsaForwardTu
   const int64_t grid = p.dims.Sq * prm.head_groups;
   if (grid == 0) return;
   if (p.dtype == SA_DTYPE_BF16) {
-    launch_block_n<__nv_bfloat16>(block_n, prm, p.device_index, grid, stream);
+    launch_block_n<__nv_bfloat16>(block_n, prm, grid, stream);
   } else {
-    launch_block_n<__half>(block_n, prm, p.device_index, grid, stream);
+    launch_block_n<__half>(block_n, prm, grid, stream);
   }
 }
 
