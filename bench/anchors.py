@@ -116,6 +116,8 @@ def record(op, shape, ours_ms, flops, anchor, anchor_ms, err, impl, spread):
         "torch": torch.__version__,
     }
     RECORDS.append(r)
+    # Written after every record: a run cut short by its time limit keeps what it measured.
+    (Path(ARGS.out) / "anchors.json").write_text(json.dumps(RECORDS, indent=1) + "\n")
     anchor_txt = "-" if anchor_ms is None else f"{anchor_ms:8.4f} ms"
     speed_txt = "-" if anchor_ms is None else f"{r['speedup']:.2f}x"
     err_txt = "-" if err is None else f"{err:.2e}"

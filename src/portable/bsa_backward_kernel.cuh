@@ -35,9 +35,19 @@
 //   time ->  |load K,V,Q0|  S0 dP0 P0/dS0 |B| dV0 dK0 dQ0 |A| S1 dP1 ... |A| ... |epilogue|
 //   copies                  Q1,dO1 in flight ........... Q2,dO2 in flight ...
 //
-// Memory safety: Q/dO rows >= S_q and K/V rows >= valid are never read (cp.async zero fill);
-// their lse2 is +inf and delta 0 (preprocess), so P = dS = 0 there and padded keys contribute
-// exactly 0 even when their memory holds NaN.
+//   Per SM: one 8-warp CTA (block 128, ~161 KB of shared memory at D = 128) or two 4-warp CTAs
+//   (block 64). Between barriers every warp runs the same phase; the next tile's copies are the
+//   only work in flight across a barrier.
+//
+// Memory safety: Q/dO rows >= S_q and K/V rows >= valid are never read (cp.async zero fill).
+// Rows >= S_q have lse2 = +inf and delta = 0 (preprocess), so their P and dS are exactly 0;
+// padded keys get P = 0 explicitly, so their dK, dV are exactly 0 and, their K being zero, they
+// add nothing to dQ, even when their memory holds NaN.
+//
+// Registers: dK and dV hold 128 fp32 per thread at D = 128, S and dP 64 more; values that are
+// cheap to recompute (lane roles, item fields, fragment offsets of the later GEMMs, the padding
+// bound) are re-derived from opaque copies (sm80::opaque) where they are used, so that the
+// compiler does not keep them live across the tile loop (that spilled).
 #pragma once
 
 #include <cstdint>
@@ -118,11 +128,19 @@ struct BwdKernelTraits {
 
 namespace bwd {
 
-// Shared-window address of the 16-byte chunk `chunk` of row `row` of a swizzled tile whose rows
-// are kRowBytes long; `phase` is row % 8 (the callers know it as the lane's ldmatrix row).
+// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled tile of kRowBytes-byte rows,
+// where `phase` = row % 8 (the lane's ldmatrix row, lrow).
+//
+// Fragment addresses are split into a per-thread part, computed once, and compile-time
+// immediates, so that ldmatrix takes [register + immediate] and a handful of registers address
+// every fragment. A fragment's row is row_rt + row_ct (row_ct a multiple of 8, so the swizzle
+// phase stays lrow) and its chunk is chunk_rt + s + 8 c with s, c compile-time; as long as
+// chunk_rt % 8 + s < 8 (no carry out of the low 3 bits, which the swizzle permutes),
+//   offset = frag_offset(row_rt, chunk_rt + s, lrow) + row_ct * kRowBytes + 128 c.
+// So one register per distinct s (e.g. the four k16 steps 2u of a 128-byte line).
 template <int kRowBytes>
-__device__ __forceinline__ uint32_t frag_addr(uint32_t tile, int row, int chunk, int phase) {
-  return tile + static_cast<uint32_t>(row * kRowBytes + ((chunk ^ phase) << 4));
+__device__ __forceinline__ uint32_t frag_offset(int row, int chunk, int phase) {
+  return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ phase) << 4));
 }
 
 // *addr += (a, b): two consecutive floats, one vector reduction on sm90 and newer.
@@ -199,13 +217,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   const Element* q_base = static_cast<const Element*>(p.q.data);
   const Element* do_base = static_cast<const Element*>(p.dout.data);
 
-  // Copy role: 16-byte chunk copy_chunk of rows copy_row + i * kCopyRows.
-  const int copy_row = tid / kRowChunks;
-  const int copy_chunk = tid % kRowChunks;
-  const uint32_t copy_smem = swizzled_offset<kRowBytes>(copy_row, copy_chunk);
-
   // [0] K and V rows [0, valid) of the block; the rest zero-filled, never read.
   if (num_tiles > 0) {
+    // Copy role: 16-byte chunk copy_chunk of rows copy_row + i * kCopyRows.
+    const int copy_row = tid / kRowChunks;
+    const int copy_chunk = tid % kRowChunks;
+    const uint32_t copy_smem = swizzled_offset<kRowBytes>(copy_row, copy_chunk);
     const Element* k_base = static_cast<const Element*>(p.k.data);
     const Element* v_base = static_cast<const Element*>(p.v.data);
     const Element* k_src = k_base + (b * p.k.sb + hk * p.k.sh +
@@ -224,19 +241,29 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     }
   }
 
-  // Query head and first query row of tile t (entries are hl * Nq + m).
-  auto tile_rows = [&](int t, int& h, int& r0) {
-    const int e = p.entries[begin + t / kTilesPerEntry];
+  // Batch, query head and first query row of tile t (entries are hl * Nq + m). The item's fields
+  // are re-read (L1 hits) through an opaque item index rather than kept in registers across the
+  // main loop, where registers are scarce.
+  auto tile_rows = [&](int t, int& tb, int& h, int& r0) {
+    const int it = sm80::opaque(static_cast<int>(blockIdx.x));
+    const int r = p.item_row[it];
+    const int e = p.entries[p.item_begin[it] + t / kTilesPerEntry];
     const int hl = e / p.Nq;
     const int m = e - hl * p.Nq;
-    h = hk * p.group + hl;
+    tb = r / (p.Nkv * p.Hkv);
+    h = (r / p.Nkv) % p.Hkv * p.group + hl;
     r0 = m * kBlockN + (t % kTilesPerEntry) * kBlockM;
   };
 
   // Tile t's Q and dO rows (zero past S_q) and its lse2 and delta -> stage.
   auto load_tile = [&](int t, int stage) {
-    int h, r0;
-    tile_rows(t, h, r0);
+    int b, h, r0;
+    tile_rows(t, b, h, r0);
+    // Copy roles re-derived from an opaque tid: not kept live across the main loop.
+    const int ctid = sm80::opaque(static_cast<int>(threadIdx.x));
+    const int copy_row = ctid / kRowChunks;
+    const int copy_chunk = ctid % kRowChunks;
+    const uint32_t copy_smem = swizzled_offset<kRowBytes>(copy_row, copy_chunk);
     const int64_t head_q = b * p.q.sb + h * p.q.sh;
     const int64_t head_do = b * p.dout.sb + h * p.dout.sh;
     const uint32_t q_dst = s_q + stage * kQTileBytes + copy_smem;
@@ -250,10 +277,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       sm80::cp_async_16(q_dst + i * kCopyRows * kRowBytes, qs, ok);
       sm80::cp_async_16(do_dst + i * kCopyRows * kRowBytes, ds, ok);
     }
-    if (tid < 32) {  // 16 chunks of lse2, then 16 of delta (workspace rows: always in bounds)
-      const float* src = (tid < 16 ? p.lse2 : p.delta) +
-                         ((static_cast<int64_t>(b) * p.Hq + h) * p.Sq_pad + r0 + 4 * (tid % 16));
-      sm80::cp_async_16(s_base + Traits::kOffStats + stage * Traits::kStatsStageBytes + tid * 16,
+    if (ctid < 32) {  // 16 chunks of lse2, then 16 of delta (workspace rows: always in bounds)
+      const float* src = (ctid < 16 ? p.lse2 : p.delta) +
+                         ((static_cast<int64_t>(b) * p.Hq + h) * p.Sq_pad + r0 + 4 * (ctid % 16));
+      sm80::cp_async_16(s_base + Traits::kOffStats + stage * Traits::kStatsStageBytes + ctid * 16,
                         src, true);
     }
   };
@@ -266,11 +293,32 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   const int lrow = lane & 7;
   const int sel8 = (lane >> 3) & 1;
   const int sel16 = lane >> 4;
-  const int g = lane >> 2;      // accumulator row (and row + 8)
-  const int t4 = lane & 3;      // accumulator column pair
-  const int wm = warp / kWarpsN;  // S/dP/dQ: rows 32 wm ..
-  const int wn = warp % kWarpsN;  // S/dP: keys 32 wn ..; dQ: columns kDqCols wn ..; dK/dV: keys 32 wn ..
-  const int wd = warp / kWarpsN;  // dK/dV: columns kKvCols wd ..
+  // Warp roles: S, dP, dQ rows 32 wm ..; S, dP, dK, dV keys 32 wn ..; dQ columns kDqCols wn ..;
+  // dK, dV columns kKvCols wm ... Accumulator rows g, g + 8 and column pair t4 of an m16n8 tile:
+  // g = lane / 4, t4 = lane % 4. Where registers are scarce (the P/dS step, dQ, the epilogue)
+  // these are re-derived from an opaque tid rather than kept live across the loop.
+  const int wm = warp / kWarpsN;
+  const int wn = warp % kWarpsN;
+
+  // Per-thread fragment offsets (bwd::frag_offset), indexed by the compile-time low chunk:
+  //   qa  A of S, dP (Q, dO):        rows 32 wm + 8 sel8 + lrow,  chunk 2 kk + sel16
+  //   kb  B of S, dP (K, V):         rows 32 wn + 8 sel16 + lrow, chunk 2 kk + sel8
+  //   pt  A of dV, dK (P^T, dS^T):   rows 16 kk + 8 sel16 + lrow, chunk 4 wn + 2 mi + sel8  (.trans)
+  //   ob  B of dV, dK (dO, Q):       rows 16 kk + 8 sel8 + lrow,  chunk wd kKvCols/8 + 2 dp + sel16
+  //                                                                                    (.trans)
+  //   dsa A of dQ (dS):              rows 32 wm + 8 sel8 + lrow,  chunk 2 kk + sel16
+  //   kt  B of dQ (K):               rows 16 kk + 8 sel8 + lrow,  chunk wn kDqCols/8 + 2 i + sel16
+  //                                                                                    (.trans)
+  // Matrices of an x4 load: A (rows +0/+8) x (k +0/+8); B non-trans (n +0/+8 by sel16) x
+  // (k +0/+8 by sel8); B trans (k +0/+8 by sel8) x (n +0/+8 by sel16).
+  // qa and kb (used where registers are scarcest) are kept across the loop; the others are
+  // re-derived in each tile, after S and dP, from an opaque lane id.
+  uint32_t off_qa[4], off_kb[4];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    off_qa[u] = bwd::frag_offset<kRowBytes>(32 * wm + 8 * sel8 + lrow, 2 * u + sel16, lrow);
+    off_kb[u] = bwd::frag_offset<kRowBytes>(32 * wn + 8 * sel16 + lrow, 2 * u + sel8, lrow);
+  }
 
   float acc_dk[2][kKvNTiles][4], acc_dv[2][kKvNTiles][4];
   bwd::zero(acc_dk);
@@ -298,15 +346,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       uint32_t a[2][4];
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi)
-        sm80::ldmatrix_x4(bwd::frag_addr<kRowBytes>(q_tile, 32 * wm + 16 * mi + 8 * sel8 + lrow,
-                                                    2 * kk + sel16, lrow),
-                          a[mi]);
+        sm80::ldmatrix_x4(q_tile + off_qa[kk % 4] + (mi * 16 * kRowBytes + (kk / 4) * 128), a[mi]);
 #pragma unroll
       for (int np = 0; np < 2; ++np) {
         uint32_t kb[4];
-        sm80::ldmatrix_x4(bwd::frag_addr<kRowBytes>(s_k, 32 * wn + 16 * np + 8 * sel16 + lrow,
-                                                    2 * kk + sel8, lrow),
-                          kb);
+        sm80::ldmatrix_x4(s_k + off_kb[kk % 4] + (np * 16 * kRowBytes + (kk / 4) * 128), kb);
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi) {
           sm80::mma_16816<Element>(s[mi][2 * np], a[mi], kb[0], kb[1]);
@@ -319,15 +363,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       uint32_t a[2][4];
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi)
-        sm80::ldmatrix_x4(bwd::frag_addr<kRowBytes>(do_tile, 32 * wm + 16 * mi + 8 * sel8 + lrow,
-                                                    2 * kk + sel16, lrow),
+        sm80::ldmatrix_x4(do_tile + off_qa[kk % 4] + (mi * 16 * kRowBytes + (kk / 4) * 128),
                           a[mi]);
 #pragma unroll
       for (int np = 0; np < 2; ++np) {
         uint32_t vb[4];
-        sm80::ldmatrix_x4(bwd::frag_addr<kRowBytes>(s_v, 32 * wn + 16 * np + 8 * sel16 + lrow,
-                                                    2 * kk + sel8, lrow),
-                          vb);
+        sm80::ldmatrix_x4(s_v + off_kb[kk % 4] + (np * 16 * kRowBytes + (kk / 4) * 128), vb);
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi) {
           sm80::mma_16816<Element>(dp[mi][2 * np], a[mi], vb[0], vb[1]);
@@ -338,9 +379,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 
     // [5] P and dS, stored to sP / sdS as 16-bit pairs (row r, keys 32 wn + 8 j + 2 t4 ..+1).
     {
+      // Lane roles re-derived from an opaque tid (cheaper than keeping them across the loop).
+      const int ptid = sm80::opaque(static_cast<int>(threadIdx.x));
+      const int wm = ptid / 32 / kWarpsN, wn = ptid / 32 % kWarpsN;
+      const int g = (ptid % 32) >> 2, t4 = ptid & 3;
       const float* lse2 = s_stats + stage * (Traits::kStatsStageBytes / 4);
       const float* delta = lse2 + kBlockM;
-      const bool partial = valid < kBlockN;
+      // Keys 32 wn + 8 j + 2 t4 + c >= valid are padded: P = 0. The bound comes from an opaque
+      // copy so that the compiler does not hoist the 16 comparisons out of the loop as
+      // predicates kept in registers.
+      const int lim = sm80::opaque(valid) - (32 * wn + 2 * t4);
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi) {
 #pragma unroll
@@ -354,7 +402,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
               float x = sm80::exp2_approx(fmaf(s[mi][j][2 * half + c], p.scale_log2, -l2));
-              if (partial && 32 * wn + 8 * j + 2 * t4 + c >= valid) x = 0.f;
+              if (8 * j + c >= lim) x = 0.f;
               pr[c] = x;
               ds[c] = x * (dp[mi][j][2 * half + c] - dl);
             }
@@ -369,24 +417,41 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     // [6]
     __syncthreads();
 
+    uint32_t off_pt[2], off_ob[kKvNTiles / 2], off_dsa[4], off_kt[kDqCols / 16];
+    {
+      const int ln = sm80::opaque(static_cast<int>(threadIdx.x));
+      const int l_row = ln & 7, l_sel8 = (ln >> 3) & 1, l_sel16 = (ln >> 4) & 1;
+      const int l_wm = ln / 32 / kWarpsN, l_wn = ln / 32 % kWarpsN;
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+        off_pt[mi] = bwd::frag_offset<kPRowBytes>(8 * l_sel16 + l_row,
+                                                  4 * l_wn + 2 * mi + l_sel8, l_row);
+#pragma unroll
+      for (int i = 0; i < kKvNTiles / 2; ++i)
+        off_ob[i] = bwd::frag_offset<kRowBytes>(8 * l_sel8 + l_row,
+                                                l_wm * (kKvCols / 8) + 2 * i + l_sel16, l_row);
+#pragma unroll
+      for (int u = 0; u < 4; ++u)
+        off_dsa[u] = bwd::frag_offset<kPRowBytes>(32 * l_wm + 8 * l_sel8 + l_row,
+                                                  2 * u + l_sel16, l_row);
+#pragma unroll
+      for (int i = 0; i < kDqCols / 16; ++i)
+        off_kt[i] = bwd::frag_offset<kRowBytes>(8 * l_sel8 + l_row,
+                                                l_wn * (kDqCols / 8) + 2 * i + l_sel16, l_row);
+    }
+
     // [7] dV += P^T dO and [8] dK += dS^T Q: 32 keys x kKvCols per warp, k16 steps over the
-    // tile's 64 query rows. A = P^T (dS^T) by ldmatrix.trans of sP (sdS): matrices (keys +0/+8)
-    // x (rows +0/+8); B = dO (Q) by ldmatrix.trans: matrices (rows +0/+8) x (d +0/+8).
+    // tile's 64 query rows.
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk) {
       uint32_t a[2][4];
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi)
-        sm80::ldmatrix_x4_trans(bwd::frag_addr<kPRowBytes>(s_p, 16 * kk + 8 * sel16 + lrow,
-                                                           4 * wn + 2 * mi + sel8, lrow),
-                                a[mi]);
+        sm80::ldmatrix_x4_trans(s_p + off_pt[mi] + kk * 16 * kPRowBytes, a[mi]);
 #pragma unroll
       for (int dp2 = 0; dp2 < kKvNTiles / 2; ++dp2) {
         uint32_t ob[4];
-        sm80::ldmatrix_x4_trans(
-            bwd::frag_addr<kRowBytes>(do_tile, 16 * kk + 8 * sel8 + lrow,
-                                      wd * (kKvCols / 8) + 2 * dp2 + sel16, lrow),
-            ob);
+        sm80::ldmatrix_x4_trans(do_tile + off_ob[dp2] + kk * 16 * kRowBytes, ob);
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi) {
           sm80::mma_16816<Element>(acc_dv[mi][2 * dp2], a[mi], ob[0], ob[1]);
@@ -399,16 +464,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       uint32_t a[2][4];
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi)
-        sm80::ldmatrix_x4_trans(bwd::frag_addr<kPRowBytes>(s_ds, 16 * kk + 8 * sel16 + lrow,
-                                                           4 * wn + 2 * mi + sel8, lrow),
-                                a[mi]);
+        sm80::ldmatrix_x4_trans(s_ds + off_pt[mi] + kk * 16 * kPRowBytes, a[mi]);
 #pragma unroll
       for (int dp2 = 0; dp2 < kKvNTiles / 2; ++dp2) {
         uint32_t qb[4];
-        sm80::ldmatrix_x4_trans(
-            bwd::frag_addr<kRowBytes>(q_tile, 16 * kk + 8 * sel8 + lrow,
-                                      wd * (kKvCols / 8) + 2 * dp2 + sel16, lrow),
-            qb);
+        sm80::ldmatrix_x4_trans(q_tile + off_ob[dp2] + kk * 16 * kRowBytes, qb);
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi) {
           sm80::mma_16816<Element>(acc_dk[mi][2 * dp2], a[mi], qb[0], qb[1]);
@@ -417,17 +477,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       }
     }
 
-    // [9] dQ = dS K, 32 rows x kDqChunk columns at a time: A = dS by ldmatrix (matrices
-    // (rows +0/+8) x (keys +0/+8)), B = K by ldmatrix.trans (matrices (keys +0/+8) x (d +0/+8)).
+    // [9] dQ = dS K, 32 rows x kDqChunk columns at a time, then red.global.add.
     if (p.dq_accum != nullptr) {
-      int h, r0;
-      tile_rows(t, h, r0);
+      int b, h, r0;
+      tile_rows(t, b, h, r0);
+      const int qtid = sm80::opaque(static_cast<int>(threadIdx.x));
+      const int wm = qtid / 32 / kWarpsN, wn = qtid / 32 % kWarpsN;
+      const int g = (qtid % 32) >> 2, t4 = qtid & 3;
       float* dq_rows = p.dq_accum + ((static_cast<int64_t>(b) * p.Hq + h) * p.Sq_pad + r0 +
                                      32 * wm + g) *
-                                        kHeadDim;
+                                        kHeadDim +
+                       wn * kDqCols + 2 * t4;
 #pragma unroll
       for (int chunk = 0; chunk < kDqCols / kDqChunk; ++chunk) {
-        const int col0 = wn * kDqCols + chunk * kDqChunk;
         float acc[2][kDqChunk / 8][4];
         bwd::zero(acc);
 #pragma unroll
@@ -435,15 +497,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
           uint32_t a[2][4];
 #pragma unroll
           for (int mi = 0; mi < 2; ++mi)
-            sm80::ldmatrix_x4(bwd::frag_addr<kPRowBytes>(s_ds, 32 * wm + 16 * mi + 8 * sel8 + lrow,
-                                                         2 * kk + sel16, lrow),
+            sm80::ldmatrix_x4(s_ds + off_dsa[kk % 4] + (mi * 16 * kPRowBytes + (kk / 4) * 128),
                               a[mi]);
 #pragma unroll
           for (int dp2 = 0; dp2 < kDqChunk / 16; ++dp2) {
             uint32_t kb[4];
-            sm80::ldmatrix_x4_trans(bwd::frag_addr<kRowBytes>(s_k, 16 * kk + 8 * sel8 + lrow,
-                                                              col0 / 8 + 2 * dp2 + sel16, lrow),
-                                    kb);
+            sm80::ldmatrix_x4_trans(
+                s_k + off_kt[chunk * (kDqChunk / 16) + dp2] + kk * 16 * kRowBytes, kb);
 #pragma unroll
             for (int mi = 0; mi < 2; ++mi) {
               sm80::mma_16816<Element>(acc[mi][2 * dp2], a[mi], kb[0], kb[1]);
@@ -457,7 +517,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
           for (int half = 0; half < 2; ++half)
 #pragma unroll
             for (int j = 0; j < kDqChunk / 8; ++j)
-              bwd::red_add_f32x2(dq_rows + (16 * mi + 8 * half) * kHeadDim + col0 + 8 * j + 2 * t4,
+              bwd::red_add_f32x2(dq_rows + (16 * mi + 8 * half) * kHeadDim + chunk * kDqChunk + 8 * j,
                                  acc[mi][j][2 * half], acc[mi][j][2 * half + 1]);
       }
     }
@@ -476,6 +536,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   const int out_hk = (out_row / p.Nkv) % p.Hkv;
   const int out_b = out_row / (p.Nkv * p.Hkv);
   const int out_key0 = out_n * kBlockN;
+  const int out_lane = sm80::opaque(static_cast<int>(threadIdx.x)) % 32;
+  const int out_warp = sm80::opaque(static_cast<int>(threadIdx.x)) / 32;
+  const int e_g = out_lane >> 2, e_t4 = out_lane & 3;
+  const int e_wn = out_warp % kWarpsN, e_wd = out_warp / kWarpsN;
 
   if (p.row_groups[out_row] == 1) {
     // Single owner: dK * scale and dV straight to the caller's tensors.
@@ -483,11 +547,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     for (int mi = 0; mi < 2; ++mi) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int key = 32 * wn + 16 * mi + 8 * half + g;
+        const int key = 32 * e_wn + 16 * mi + 8 * half + e_g;
 #pragma unroll
         for (int j = 0; j < kKvNTiles; ++j) {
-          const int chunk = wd * (kKvCols / 8) + j;
-          const uint32_t off = swizzled_offset<kRowBytes>(key, chunk) + 4 * t4;
+          const int chunk = e_wd * (kKvCols / 8) + j;
+          const uint32_t off = swizzled_offset<kRowBytes>(key, chunk) + 4 * e_t4;
           *reinterpret_cast<uint32_t*>(smem + Traits::kOffK + off) =
               Ops::pack(acc_dk[mi][j][2 * half] * p.scale, acc_dk[mi][j][2 * half + 1] * p.scale);
           *reinterpret_cast<uint32_t*>(smem + Traits::kOffV + off) =
@@ -523,10 +587,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     for (int mi = 0; mi < 2; ++mi) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int key = 32 * wn + 16 * mi + 8 * half + g;
+        const int key = 32 * e_wn + 16 * mi + 8 * half + e_g;
         if (key < out_valid) {
-          float* dk_row = p.dk_accum + (row_base + key) * kHeadDim + wd * kKvCols + 2 * t4;
-          float* dv_row = p.dv_accum + (row_base + key) * kHeadDim + wd * kKvCols + 2 * t4;
+          float* dk_row = p.dk_accum + (row_base + key) * kHeadDim + e_wd * kKvCols + 2 * e_t4;
+          float* dv_row = p.dv_accum + (row_base + key) * kHeadDim + e_wd * kKvCols + 2 * e_t4;
 #pragma unroll
           for (int j = 0; j < kKvNTiles; ++j) {
             bwd::red_add_f32x2(dk_row + 8 * j, acc_dk[mi][j][2 * half], acc_dk[mi][j][2 * half + 1]);

@@ -1,7 +1,8 @@
 // The sm80 instructions of the portable DSA kernels, one thin wrapper each: cp.async with zero
-// fill, ldmatrix (x4, plain and transposed), mma.sync m16n8k16 (bf16 or fp16 in, fp32
-// accumulate), ex2.approx, 16-bit pair packing and named barriers. Shared memory is addressed with
-// 32-bit shared-window byte addresses.
+// fill, ldmatrix (x4 and x2, plain and transposed), mma.sync m16n8k16 (bf16 or fp16 in, fp32
+// accumulate), ex2.approx, 16-bit pair packing, named barriers (sync and arrive) and fp32 pair
+// reductions to global memory. Shared memory is addressed with 32-bit shared-window byte
+// addresses.
 //
 // Fragment layouts of mma.sync m16n8k16 (g = lane / 4, t = lane % 4), which the kernels index by:
 //   A (16 x 16, row-major)  a[0] = (row g, k 2t..2t+1)   a[1] = (g+8, 2t..)   a[2] = (g, 2t+8..)
@@ -61,11 +62,35 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t (&r)[4
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
+// Two transposed 8x8 matrices: lanes 0..15 give the row addresses (the other lanes' are ignored).
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t addr, uint32_t& r0, uint32_t& r1) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r0), "=r"(r1)
+               : "r"(addr));
+}
+
+// addr[0] += a, addr[1] += b in global memory (fp32, no return value; addr 8-byte aligned). One
+// vector reduction on sm90 and newer, two scalar ones before. Like every fp32 atomic, the result
+// depends on the order in which concurrent additions arrive.
+__device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
+#else
+  atomicAdd(addr, a);
+  atomicAdd(addr + 1, b);
+#endif
+}
 
 // Barrier over `threads` threads (a multiple of 32) on hardware barrier `id` (0 is
 // __syncthreads'). Orders shared-memory accesses like __syncthreads among those threads.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// Producer side of a named barrier: counts this warp's arrival without waiting. The consumers'
+// named_barrier_sync on the same id (with the same total count) returns once every producer has
+// arrived, and then sees the producers' shared-memory writes made before the arrival.
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 // 2^x with one MUFU instruction (relative error ~2^-22); 2^-inf = +0, results below 2^-126 flush

@@ -9,8 +9,10 @@
 
 #include "api/implementation.hpp"
 #include "common/cuda_check.hpp"
+#include "portable/bsa_backward.hpp"
 #include "portable/bsa_forward.hpp"
 #include "portable/bsa_metadata_check.hpp"
+#include "portable/dsa_backward.hpp"
 #include "portable/dsa_forward.hpp"
 
 namespace sa {
@@ -87,6 +89,33 @@ void bsa_fwd_run(const BsaFwdProblem& p, const ExecContext& ctx) {
   portable::bsa_forward(p, stream);
 }
 
+// ---- BSA backward -----------------------------------------------------------------------------
+std::string bsa_bwd_unsupported(const BsaBwdProblem& p) {
+  if (p.device != SA_DEVICE_CUDA) return "needs CUDA tensors";
+  int major = 0, minor = 0;
+  std::string why = device_capability(p.device_index, &major, &minor);
+  if (!why.empty()) return why;
+  if (major < 8) {
+    std::ostringstream os;
+    os << "needs compute capability 8.0 or newer (device " << p.device_index << " is " << major
+       << "." << minor << ")";
+    return os.str();
+  }
+  return portable::bsa_backward_unsupported(p);
+}
+
+size_t bsa_bwd_workspace_bytes(const BsaBwdProblem& p) {
+  DeviceScope scope(p.device_index);  // CUB sizes its scan for the current device
+  return portable::bsa_backward_workspace_bytes(p);
+}
+
+void bsa_bwd_run(const BsaBwdProblem& p, const ExecContext& ctx) {
+  DeviceScope scope(p.device_index);
+  cudaStream_t stream = ctx.stream;
+  if (p.options.validate) portable::check_bsa_metadata_gpu(p.dims, p.meta, stream);
+  portable::bsa_backward(p, ctx.workspace, ctx.workspace_bytes, stream);
+}
+
 // ---- DSA forward ------------------------------------------------------------------------------
 std::string dsa_fwd_unsupported(const DsaFwdProblem& p) {
   if (p.device != SA_DEVICE_CUDA) return "needs CUDA tensors";
@@ -107,15 +136,40 @@ void dsa_fwd_run(const DsaFwdProblem& p, const ExecContext& ctx) {
   portable::dsa_forward(p, ctx.stream);
 }
 
+// ---- DSA backward -----------------------------------------------------------------------------
+std::string dsa_bwd_unsupported(const DsaBwdProblem& p) {
+  if (p.device != SA_DEVICE_CUDA) return "needs CUDA tensors";
+  int major = 0, minor = 0;
+  std::string why = device_capability(p.device_index, &major, &minor);
+  if (!why.empty()) return why;
+  if (major < 8) {
+    std::ostringstream os;
+    os << "needs compute capability 8.0 or newer (device " << p.device_index << " is " << major
+       << "." << minor << ")";
+    return os.str();
+  }
+  return portable::dsa_backward_unsupported(p);
+}
+
+size_t dsa_bwd_workspace_bytes(const DsaBwdProblem& p) {
+  DeviceScope scope(p.device_index);  // CUB sizes its sort for the current device
+  return portable::dsa_backward_workspace_bytes(p);
+}
+
+void dsa_bwd_run(const DsaBwdProblem& p, const ExecContext& ctx) {
+  DeviceScope scope(p.device_index);
+  portable::dsa_backward(p, ctx.workspace, ctx.workspace_bytes, ctx.stream);
+}
+
 }  // namespace
 
 extern const Implementation kPortableImplementation = {
     SA_IMPL_PORTABLE,
     "portable",
     /*bsa_fwd=*/{&bsa_fwd_unsupported, nullptr, &bsa_fwd_run},
-    /*bsa_bwd=*/{},
+    /*bsa_bwd=*/{&bsa_bwd_unsupported, &bsa_bwd_workspace_bytes, &bsa_bwd_run},
     /*dsa_fwd=*/{&dsa_fwd_unsupported, nullptr, &dsa_fwd_run},
-    /*dsa_bwd=*/{},
+    /*dsa_bwd=*/{&dsa_bwd_unsupported, &dsa_bwd_workspace_bytes, &dsa_bwd_run},
 };
 
 }  // namespace sa

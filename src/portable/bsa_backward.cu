@@ -1,0 +1,323 @@
+// Portable BSA backward, host side: problem checks, the plan (bucket, workspace carve-up), the
+// launches and the instantiations of bsa_backward_kernel.cuh and bsa_backward_dq_kernel.cuh.
+// See bsa_backward.hpp for the steps and the choices.
+#include "portable/bsa_backward.hpp"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <sstream>
+
+#include "common/cuda_check.hpp"
+#include "common/host_numeric.hpp"
+#include "portable/bsa_backward_aux.hpp"
+#include "portable/bsa_backward_dq_kernel.cuh"
+#include "portable/bsa_backward_kernel.cuh"
+#include "portable/reverse_map_gpu.hpp"
+
+namespace sa::portable {
+namespace {
+
+// ---- the instantiations ------------------------------------------------------------------------
+// Main kernel: block (= keys per CTA) 64 or 128 x D 64 or 128, bf16: 4 kernels (dispatch_main).
+// Deterministic dQ kernel: D 64 or 128, bf16: 2 kernels (dispatch_dq). The kernels are generic in
+// the element type: fp16 is 6 more instantiations (branches in both dispatchers, SA_DTYPE_FP16
+// accepted in bsa_backward_unsupported), left out to keep the instantiation count down.
+using Bf16 = __nv_bfloat16;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Opts a kernel in to its dynamic shared memory (more than 48 KB) and asks for the largest
+// shared-memory carveout (two block-64, D-128 CTAs need all 228 KB of an sm90 SM). The attributes
+// belong to the current device and context, so they are set on every call: host-side attribute
+// writes, no synchronisation, legal during stream capture.
+template <class Kernel>
+void set_smem_attributes(Kernel* kernel, int bytes) {
+  SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     static_cast<int>(cudaSharedmemCarveoutMaxShared)));
+}
+
+template <int kBlock, int kHeadDim, class Element>
+void launch_main(const BsaBwdParams& params, int64_t max_items, cudaStream_t stream) {
+  using Traits = BwdKernelTraits<kBlock, kHeadDim, Element>;
+  auto* kernel = &bsa_backward_kernel<Traits>;
+  set_smem_attributes(kernel, Traits::kSmemBytes);
+  kernel<<<static_cast<unsigned>(max_items), Traits::kNThreads, Traits::kSmemBytes, stream>>>(
+      params);
+  SA_CUDA_CHECK_LAUNCH();
+}
+
+template <int kHeadDim, class Element>
+void launch_dq(const BsaBwdParams& params, const BsaDims& d, cudaStream_t stream) {
+  using Traits = BwdDqKernelTraits<kHeadDim, Element>;
+  auto* kernel = &bsa_backward_dq_kernel<Traits>;
+  set_smem_attributes(kernel, Traits::kSmemBytes);
+  const dim3 grid(static_cast<unsigned>(ceil_div(d.Sq, Traits::kBlockM)),
+                  static_cast<unsigned>(d.Hq), static_cast<unsigned>(d.B));
+  kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params);
+  SA_CUDA_CHECK_LAUNCH();
+}
+
+void dispatch_main(const BsaBwdParams& params, int64_t max_items, cudaStream_t stream) {
+  const int block = params.block;
+  const int64_t D = params.dims.D;
+  if (block == 128 && D == 128) return launch_main<128, 128, Bf16>(params, max_items, stream);
+  if (block == 128 && D == 64) return launch_main<128, 64, Bf16>(params, max_items, stream);
+  if (block == 64 && D == 128) return launch_main<64, 128, Bf16>(params, max_items, stream);
+  if (block == 64 && D == 64) return launch_main<64, 64, Bf16>(params, max_items, stream);
+  SA_FAIL(SA_ERROR_INTERNAL, "bsa backward: no kernel for block " << block << ", D " << D);
+}
+
+void dispatch_dq(const BsaBwdParams& params, cudaStream_t stream) {
+  if (params.dims.D == 128) return launch_dq<128, Bf16>(params, params.dims, stream);
+  if (params.dims.D == 64) return launch_dq<64, Bf16>(params, params.dims, stream);
+  SA_FAIL(SA_ERROR_INTERNAL, "bsa backward: no dQ kernel for D " << params.dims.D);
+}
+
+// Dynamic shared memory of the main kernel for (block, D).
+int main_kernel_smem(int block, int64_t D) {
+  if (block == 128)
+    return D == 128 ? BwdKernelTraits<128, 128, Bf16>::kSmemBytes
+                    : BwdKernelTraits<128, 64, Bf16>::kSmemBytes;
+  return D == 128 ? BwdKernelTraits<64, 128, Bf16>::kSmemBytes
+                  : BwdKernelTraits<64, 64, Bf16>::kSmemBytes;
+}
+
+// ---- the plan ----------------------------------------------------------------------------------
+constexpr size_t kAlign = kReverseMapAlignment;  // every sub-buffer, and the slack for the base
+
+size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+struct Plan {
+  int32_t bucket = 0;           // asked of the reverse map; 0: one group per row
+  bool several_owners = false;  // some row may have several groups: dK/dV accumulators
+  bool deterministic = false;   // dQ by the query-major kernel, no dQ accumulator
+  int64_t Sq_pad = 0, Skv_pad = 0;
+  // Byte offsets from the 256-byte aligned base.
+  size_t lse2 = 0, delta = 0, dq_accum = 0, dk_accum = 0, dv_accum = 0, map = 0;
+  size_t dq_bytes = 0, dkv_bytes = 0, map_bytes = 0;
+  size_t total = 0;  // what the caller provides: everything plus the alignment slack
+};
+
+int device_attribute(cudaDeviceAttr attr, int device) {
+  int value = 0;
+  SA_CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, device));
+  return value;
+}
+
+// The automatic bucket (bsa_backward.hpp): shapes and the GPU's size only.
+int32_t auto_bucket(const BsaBwdProblem& p) {
+  const BsaDims& d = p.dims;
+  const int sms = device_attribute(cudaDevAttrMultiProcessorCount, p.device_index);
+  const int smem_per_sm =
+      device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, p.device_index);
+  const int reserved =
+      device_attribute(cudaDevAttrReservedSharedMemoryPerBlock, p.device_index);
+  const int per_cta = main_kernel_smem(d.block, d.D) + reserved;
+  const int fit = std::max(1, smem_per_sm / per_cta);
+  const int64_t slots = static_cast<int64_t>(sms) * std::min(fit, d.block == 128 ? 1 : 2);
+  const int64_t rows = d.B * d.Hkv * d.Nkv;
+  if (rows >= 2 * slots) return 0;
+  // Entries of a row if every query block listed min(K_max, N_kv) blocks.
+  const int64_t expected = ceil_div(d.B * d.Hq * d.Nq * std::min(d.Kmax, d.Nkv), rows);
+  const int64_t groups = ceil_div(4 * slots, rows);
+  constexpr int64_t kMinBucket = 4;
+  const int64_t bucket = std::max(kMinBucket, ceil_div(expected, groups));
+  return bucket >= d.group() * d.Nq ? 0 : static_cast<int32_t>(bucket);
+}
+
+Plan make_plan(const BsaBwdProblem& p) {
+  const BsaDims& d = p.dims;
+  Plan plan;
+  plan.deterministic = p.options.deterministic != 0;
+  if (plan.deterministic) {
+    plan.bucket = 0;
+  } else if (p.options.bucket_size > 0) {
+    plan.bucket = p.options.bucket_size >= d.group() * d.Nq ? 0 : p.options.bucket_size;
+  } else {
+    plan.bucket = auto_bucket(p);
+  }
+  plan.several_owners = plan.bucket > 0;
+  plan.Sq_pad = d.Nq * d.block;
+  plan.Skv_pad = d.Nkv * d.block;
+
+  size_t at = 0;
+  auto take = [&at](size_t bytes) {
+    const size_t start = at;
+    at = align_up(at + std::max<size_t>(bytes, 1));
+    return start;
+  };
+  const size_t stats = static_cast<size_t>(d.B * d.Hq * plan.Sq_pad) * sizeof(float);
+  plan.lse2 = take(stats);
+  plan.delta = take(stats);
+  if (!plan.deterministic) {
+    plan.dq_bytes = static_cast<size_t>(d.B * d.Hq * plan.Sq_pad * d.D) * sizeof(float);
+    plan.dq_accum = take(plan.dq_bytes);
+  }
+  if (plan.several_owners) {
+    plan.dkv_bytes = static_cast<size_t>(d.B * d.Hkv * plan.Skv_pad * d.D) * sizeof(float);
+    plan.dk_accum = take(plan.dkv_bytes);
+    plan.dv_accum = take(plan.dkv_bytes);
+  }
+  plan.map_bytes = reverse_map_workspace_bytes(d, plan.bucket);
+  plan.map = take(plan.map_bytes);
+  plan.total = at + kAlign;
+  return plan;
+}
+
+// "" when the tensor's addressing suits 16-byte vector access, else the reason.
+std::string check_tensor_addressing(const char* name, const Bhsd& t, int64_t B, int64_t H,
+                                    int64_t S) {
+  std::ostringstream os;
+  if (t.data == nullptr) {
+    os << name << " is missing";
+  } else if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) {
+    os << name << ": data pointer not 16-byte aligned";
+  } else if (t.sd != 1) {
+    os << name << ": last dimension not contiguous (stride " << t.sd << ")";
+  } else if ((B > 1 && t.sb % 8 != 0) || (H > 1 && t.sh % 8 != 0) || (S > 1 && t.ss % 8 != 0)) {
+    os << name << ": strides (" << t.sb << ", " << t.sh << ", " << t.ss
+       << ") not multiples of 8 elements";
+  }
+  return os.str();
+}
+
+}  // namespace
+
+std::string bsa_backward_unsupported(const BsaBwdProblem& p) {
+  const BsaDims& d = p.dims;
+  std::ostringstream os;
+  if (p.dtype != SA_DTYPE_BF16) {
+    os << "dtype " << dtype_name(p.dtype) << " (portable backward supports bf16)";
+    return os.str();
+  }
+  if (d.D != d.Dv || (d.D != 64 && d.D != 128)) {
+    os << "D = " << d.D << ", D_v = " << d.Dv
+       << " (portable backward supports D == D_v in {64, 128})";
+    return os.str();
+  }
+  if (d.block != 64 && d.block != 128) {
+    os << "block size " << d.block << " (portable backward supports 64 and 128)";
+    return os.str();
+  }
+  constexpr int64_t kMaxGridYZ = 65535;
+  constexpr int64_t kMaxSeq = std::numeric_limits<int32_t>::max() - 256;
+  if (d.B > kMaxGridYZ || d.Hq > kMaxGridYZ) {
+    os << "B = " << d.B << ", H_q = " << d.Hq << " (portable backward supports at most "
+       << kMaxGridYZ << " each)";
+    return os.str();
+  }
+  if (d.Sq > kMaxSeq || d.Skv > kMaxSeq) {
+    os << "S_q = " << d.Sq << ", S_kv = " << d.Skv << " (portable backward supports at most "
+       << kMaxSeq << ")";
+    return os.str();
+  }
+  for (std::string why : {check_tensor_addressing("q", p.q, d.B, d.Hq, d.Sq),
+                          check_tensor_addressing("k", p.k, d.B, d.Hkv, d.Skv),
+                          check_tensor_addressing("v", p.v, d.B, d.Hkv, d.Skv),
+                          check_tensor_addressing("o", p.o, d.B, d.Hq, d.Sq),
+                          check_tensor_addressing("dout", p.dout, d.B, d.Hq, d.Sq),
+                          check_tensor_addressing("dq", p.dq, d.B, d.Hq, d.Sq),
+                          check_tensor_addressing("dk", p.dk, d.B, d.Hkv, d.Skv),
+                          check_tensor_addressing("dv", p.dv, d.B, d.Hkv, d.Skv)}) {
+    if (!why.empty()) return why;
+  }
+  if (p.lse == nullptr) return "lse is missing";
+  // The main kernel's shared memory must fit the device (e.g. block 128, D 128 needs ~161 KB:
+  // sm80, sm90 and newer; not the ~100 KB of sm86/sm89).
+  int optin = 0;
+  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_index) !=
+      cudaSuccess) {
+    (void)cudaGetLastError();
+    return "cannot query the shared memory of CUDA device " + std::to_string(p.device_index);
+  }
+  const int need = main_kernel_smem(d.block, d.D);
+  if (need > optin) {
+    os << "block " << d.block << ", D = " << d.D << " needs " << need
+       << " bytes of shared memory per block, device " << p.device_index << " has " << optin;
+    return os.str();
+  }
+  return "";
+}
+
+size_t bsa_backward_workspace_bytes(const BsaBwdProblem& p) { return make_plan(p).total; }
+
+void bsa_backward(const BsaBwdProblem& p, void* workspace, size_t workspace_bytes,
+                  cudaStream_t stream) {
+  const std::string why = bsa_backward_unsupported(p);
+  SA_CHECK(why.empty(), SA_ERROR_UNSUPPORTED, "portable bsa_backward: " << why);
+  const BsaDims& d = p.dims;
+  const Plan plan = make_plan(p);
+  SA_CHECK(workspace != nullptr && workspace_bytes >= plan.total, SA_ERROR_WORKSPACE,
+           "portable bsa_backward: workspace of " << workspace_bytes << " bytes, expected at least "
+                                                  << plan.total);
+  uint8_t* base = reinterpret_cast<uint8_t*>(align_up(reinterpret_cast<uintptr_t>(workspace)));
+  float* lse2 = reinterpret_cast<float*>(base + plan.lse2);
+  float* delta = reinterpret_cast<float*>(base + plan.delta);
+  float* dq_accum = plan.deterministic ? nullptr : reinterpret_cast<float*>(base + plan.dq_accum);
+  float* dk_accum = plan.several_owners ? reinterpret_cast<float*>(base + plan.dk_accum) : nullptr;
+  float* dv_accum = plan.several_owners ? reinterpret_cast<float*>(base + plan.dv_accum) : nullptr;
+
+  // 1. Accumulators, delta, lse2.
+  if (dq_accum != nullptr) SA_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, plan.dq_bytes, stream));
+  if (plan.several_owners) {
+    SA_CUDA_CHECK(cudaMemsetAsync(dk_accum, 0, plan.dkv_bytes, stream));
+    SA_CUDA_CHECK(cudaMemsetAsync(dv_accum, 0, plan.dkv_bytes, stream));
+  }
+  launch_bwd_preprocess(p, plan.Sq_pad, lse2, delta, stream);
+
+  // 2. The reverse map.
+  const ReverseMapDevice map =
+      build_reverse_map_gpu(d, p.meta, plan.bucket, base + plan.map, plan.map_bytes, stream);
+
+  // 3. dK, dV (and dQ unless deterministic).
+  BsaBwdParams params{};
+  params.q = p.q;
+  params.k = p.k;
+  params.v = p.v;
+  params.dout = p.dout;
+  params.dq = p.dq;
+  params.dk = p.dk;
+  params.dv = p.dv;
+  params.lse2 = lse2;
+  params.delta = delta;
+  params.dq_accum = dq_accum;
+  params.dk_accum = dk_accum;
+  params.dv_accum = dv_accum;
+  params.entries = map.entries;
+  params.row_groups = map.row_groups;
+  params.item_row = map.item_row;
+  params.item_begin = map.item_begin;
+  params.item_end = map.item_end;
+  params.num_items = map.num_items;
+  params.dims = d;
+  params.meta = p.meta;
+  params.Sq = static_cast<int32_t>(d.Sq);
+  params.Skv = static_cast<int32_t>(d.Skv);
+  params.Sq_pad = static_cast<int32_t>(plan.Sq_pad);
+  params.Skv_pad = static_cast<int32_t>(plan.Skv_pad);
+  params.block = d.block;
+  params.group = static_cast<int32_t>(d.group());
+  params.Hq = static_cast<int32_t>(d.Hq);
+  params.Hkv = static_cast<int32_t>(d.Hkv);
+  params.Nq = static_cast<int32_t>(d.Nq);
+  params.Nkv = static_cast<int32_t>(d.Nkv);
+  params.scale = p.scale;
+  params.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
+  dispatch_main(params, map.max_items, stream);
+
+  // 4. dq.
+  if (plan.deterministic)
+    dispatch_dq(params, stream);
+  else
+    launch_bwd_convert_dq(p, plan.Sq_pad, dq_accum, stream);
+
+  // 5. dk, dv of the rows with several groups.
+  if (plan.several_owners)
+    launch_bwd_convert_dkv(p, plan.Skv_pad, dk_accum, dv_accum, map.row_groups, stream);
+}
+
+}  // namespace sa::portable

@@ -1,0 +1,57 @@
+// The small kernels around the portable DSA backward's main kernel (dsa_backward_kernel.cuh):
+// the dkv conversion pass, the d_sink reduction and, for deterministic mode, the key-major
+// reduction of partial dkv rows (slot keys, a stable radix sort, a fixed-order sum per key).
+// Every function launches on `stream` (device current), no host synchronisation.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "sparse_attention/sparse_attention.h"
+
+namespace sa::portable::dsa_bwd {
+
+// dkv[j, c] = acc[j * dqk + c] converted to `dtype` (bf16 or fp16), for every j < skv, c < dqk.
+// dkv rows at j * dkv_ss elements; dkv 8-byte aligned, dkv_ss and dqk multiples of 4.
+void convert_dkv(const float* acc, void* dkv, sa_dtype dtype, int64_t skv, int dqk, int64_t dkv_ss,
+                 cudaStream_t stream);
+
+// d_sink[h * stride] = sum over t < sq of terms[h * sq + t] (has_sink), in a fixed order
+// (bitwise reproducible), or 0 for every head (no sink).
+void reduce_d_sink(const float* terms, int64_t sq, int64_t heads, float* d_sink, int64_t stride,
+                   bool has_sink, cudaStream_t stream);
+
+// Deterministic mode --------------------------------------------------------------------------
+// Slot (t, i) of the tokens [tok_begin, tok_begin + tokens) is item e = (t - tok_begin) * topk + i;
+// keys[e] = its kv row if the slot is active (SPEC 2, the kernel's rule), else skv (sorted last);
+// vals[e] = e.
+struct SlotKeyArgs {
+  const int32_t* idx;  // [S_q, topk] at t * idx_ss + i * idx_si
+  const int32_t* len;  // [S_q] at t * len_s; may be null
+  int64_t idx_ss, idx_si, len_s;
+  int64_t skv;
+  int32_t topk;
+};
+void slot_keys(const SlotKeyArgs& a, int64_t tok_begin, int64_t tokens, uint32_t* keys,
+               uint32_t* vals, cudaStream_t stream);
+
+// Bits of a key (keys are <= skv).
+int key_bits(int64_t skv);
+
+// Scratch bytes of sort_slots for n items.
+size_t sort_temp_bytes(int n, int end_bit);
+
+// Stable sort of (keys, vals) by key: items of one key keep ascending e (deterministic).
+void sort_slots(void* temp, size_t temp_bytes, const uint32_t* keys_in, uint32_t* keys_out,
+                const uint32_t* vals_in, uint32_t* vals_out, int n, int end_bit,
+                cudaStream_t stream);
+
+// acc[j, :] += sum of the partial rows of key j's items, in sorted order; item e has the rows
+// part[((e / topk) * groups + g) * topk + e % topk, :] for g = 0 .. groups - 1 (in that order).
+// keys/vals: the sorted n items. dqk % 4 == 0.
+void reduce_partials(const uint32_t* keys, const uint32_t* vals, int n, const float* part,
+                     float* acc, int64_t skv, int dqk, int topk, int groups, cudaStream_t stream);
+
+}  // namespace sa::portable::dsa_bwd

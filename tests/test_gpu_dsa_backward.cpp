@@ -1,0 +1,495 @@
+// The portable DSA backward (src/portable/dsa_backward.cu) against the fp64 reference (SPEC 2).
+//
+// Each case is built on the host (dsa_problem_builder.hpp, with the sparse edge cases planted);
+// kv rows that no active slot selects are overwritten with NaN. The CPU reference forward (public
+// API, bf16 host tensors) gives the stored out (bf16) and lse that both backwards then use; the
+// oracle is the reference backward through the public API on fp64 copies of the same values.
+// The kernel runs through the public API (sa_dsa_backward, portable implementation forced,
+// workspace from sa_dsa_backward_workspace_size) and, to cover both heads-per-CTA variants on any
+// GPU that has them, through sa::portable::dsa_backward with block_m pinned to 32 and 64 (and,
+// deterministic, with slices of 5 tokens: several slices, the last one short).
+// dq, dkv and d_sink start as NaN.
+// Pass: no NaN anywhere; rel L2 of dq and dkv < 1e-2; d_sink rel L2 over heads < 1e-2 (absolute
+// 1e-4 where the reference is ~0); exactly 0 in dkv rows no active slot selects, in dq rows of
+// empty rows or of heads whose sink takes the whole softmax (+inf, 2.4e38), and in d_sink without a
+// sink. Deterministic cases also run 3 times and require bitwise-identical dq, dkv and d_sink.
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "dsa_problem_builder.hpp"
+#include "portable/dsa_backward.hpp"
+#include "test_util.hpp"
+
+namespace sa_test {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// ---- device memory ---------------------------------------------------------------------------
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
+    if (bytes_ != 0) ok_ = cudaMalloc(&ptr_, bytes_) == cudaSuccess;
+  }
+  explicit DeviceBuffer(const HostTensor& t) : DeviceBuffer(t.bytes().size()) {
+    if (ok_ && bytes_ != 0)
+      ok_ = cudaMemcpy(ptr_, t.data(), bytes_, cudaMemcpyHostToDevice) == cudaSuccess;
+  }
+  ~DeviceBuffer() {
+    if (ptr_ != nullptr) (void)cudaFree(ptr_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* get() const { return ptr_; }
+  size_t size() const { return bytes_; }
+  bool ok() const { return ok_; }
+  bool download(HostTensor& t) const {
+    return t.bytes().size() == bytes_ &&
+           cudaMemcpy(t.data(), ptr_, bytes_, cudaMemcpyDeviceToHost) == cudaSuccess;
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+  bool ok_ = true;
+};
+
+sa_tensor view_of(void* data, sa_dtype dtype, std::vector<int64_t> shape, sa_device_type device) {
+  return sa_tensor_contiguous(data, dtype, static_cast<int32_t>(shape.size()), shape.data(), device,
+                              0);
+}
+
+HostTensor to_fp64(const HostTensor& t) {
+  HostTensor r(SA_DTYPE_FP64, t.shape());
+  for (int64_t i = 0; i < t.numel(); ++i) r.set(i, t.get(i));
+  return r;
+}
+
+// ---- cases -----------------------------------------------------------------------------------
+struct GpuDsaBwdCase {
+  std::string name;
+  DsaShape shape;
+  DsaMetaSpec spec;
+  bool deterministic = false;
+};
+
+DsaShape shape_of(int64_t Sq, int64_t Skv, int64_t H, int64_t Dqk, int64_t topk) {
+  DsaShape s;
+  s.Sq = Sq;
+  s.Skv = Skv;
+  s.H = H;
+  s.Dqk = Dqk;
+  s.Dv = 512;
+  s.topk = topk;
+  return s;
+}
+
+DsaMetaSpec spec_of(DsaLengths lengths, bool invalid, bool duplicates, DsaSink sink) {
+  DsaMetaSpec m;
+  m.lengths = lengths;
+  m.invalid = invalid;
+  m.duplicates = duplicates;
+  m.sink = sink;
+  return m;
+}
+
+std::vector<GpuDsaBwdCase> gpu_dsa_bwd_cases() {
+  using L = DsaLengths;
+  using S = DsaSink;
+  const bool kDet = true;
+  return {
+      {"H16_D576_K64_Plain", shape_of(8, 256, 16, 576, 64),
+       spec_of(L::kNone, false, false, S::kNone)},
+      {"H32_D512_K7_Lengths", shape_of(8, 64, 32, 512, 7),
+       spec_of(L::kMixed, false, false, S::kFinite)},
+      {"H64_D576_K100_LengthsInvalid", shape_of(8, 400, 64, 576, 100),
+       spec_of(L::kMixed, true, false, S::kFinite)},
+      {"H128_D576_K2048_Everything", shape_of(8, 5000, 128, 576, 2048),
+       spec_of(L::kMixed, true, true, S::kMixed)},
+      {"H128_D512_K2048_Plain", shape_of(8, 4096, 128, 512, 2048),
+       spec_of(L::kNone, false, false, S::kNone)},
+      {"H64_D512_K1_Lengths", shape_of(8, 50, 64, 512, 1),
+       spec_of(L::kMixed, false, false, S::kFinite)},
+      {"H64_D512_K1_LengthsInvalid", shape_of(8, 50, 64, 512, 1),
+       spec_of(L::kMixed, true, false, S::kNone)},
+      {"H16_D576_K1_Plain", shape_of(8, 10, 16, 576, 1), spec_of(L::kNone, false, false, S::kNone)},
+      {"H32_D576_K100_TopkAboveSkv", shape_of(8, 40, 32, 576, 100),
+       spec_of(L::kMixed, false, false, S::kFinite)},
+      {"H64_D576_K70_TopkAboveSkvDuplicates", shape_of(8, 30, 64, 576, 70),
+       spec_of(L::kNone, false, true, S::kNone)},
+      {"H64_D576_K64_Duplicates", shape_of(8, 300, 64, 576, 64),
+       spec_of(L::kNone, false, true, S::kFinite)},
+      {"H64_D576_K96_SinkPosInf", shape_of(8, 300, 64, 576, 96),
+       spec_of(L::kMixed, true, false, S::kPosInf)},
+      {"H64_D576_K96_SinkNegInf", shape_of(8, 300, 64, 576, 96),
+       spec_of(L::kMixed, true, false, S::kNegInf)},
+      {"H64_D576_K96_SinkHuge", shape_of(8, 300, 64, 576, 96),
+       spec_of(L::kMixed, true, false, S::kHuge)},
+      {"H64_D512_K96_SinkLarge", shape_of(8, 300, 64, 512, 96),
+       spec_of(L::kNone, false, false, S::kLarge)},
+      {"H128_D576_K160_SinkMixed", shape_of(8, 700, 128, 576, 160),
+       spec_of(L::kMixed, true, true, S::kMixed)},
+      {"H80_D576_K96_PartialHeadGroup", shape_of(8, 300, 80, 576, 96),
+       spec_of(L::kMixed, true, false, S::kMixed)},
+      {"H128_D576_K96_ManyTokens", shape_of(64, 1024, 128, 576, 96),
+       spec_of(L::kMixed, true, false, S::kFinite)},
+      {"H16_D512_K33_ManyTokens", shape_of(64, 512, 16, 512, 33),
+       spec_of(L::kMixed, true, false, S::kFinite)},
+      {"H128_D576_K300_Deterministic", shape_of(16, 900, 128, 576, 300),
+       spec_of(L::kMixed, true, true, S::kMixed), kDet},
+      {"H32_D512_K64_Deterministic", shape_of(24, 200, 32, 512, 64),
+       spec_of(L::kNone, false, true, S::kFinite), kDet},
+      {"H64_D576_K2048_Deterministic", shape_of(8, 3000, 64, 576, 2048),
+       spec_of(L::kMixed, false, false, S::kFinite), kDet},
+  };
+}
+
+// ---- runs ------------------------------------------------------------------------------------
+enum class Variant { kPublicApi, kBlockM32, kBlockM64, kSlices5 };
+
+const char* variant_name(Variant v) {
+  switch (v) {
+    case Variant::kPublicApi:
+      return "public_api";
+    case Variant::kBlockM32:
+      return "block_m_32";
+    case Variant::kBlockM64:
+      return "block_m_64";
+    case Variant::kSlices5:
+      return "deterministic_slices_of_5_tokens";
+  }
+  return "?";
+}
+
+struct Inputs {
+  HostTensor out, lse;  // the reference forward's (bf16 out, fp32 lse)
+};
+
+struct Grads {
+  HostTensor dq, dkv, d_sink;
+};
+
+// The reference forward through the public API on the case's bf16 host tensors.
+void run_reference_forward(DsaHostCase& c, Inputs* result) {
+  const DsaShape& s = c.shape;
+  HostTensor out(c.dtype, {s.Sq, s.H, s.Dv}), lse(SA_DTYPE_FP32, {s.Sq, s.H});
+  out.poison();
+  lse.poison();
+  sa_dsa_fwd_args a{};
+  a.q = c.q.view();
+  a.kv = c.kv.view();
+  a.topk_idx = c.topk_idx.view();
+  a.topk_length = c.has_length ? c.topk_length.view() : sa_tensor_none();
+  a.sink = c.has_sink ? c.sink.view() : sa_tensor_none();
+  a.out = out.view();
+  a.lse = lse.view();
+  a.options = sa_dsa_options_default();
+  a.options.scale = c.scale;
+  a.options.d_v = static_cast<int32_t>(s.Dv);
+  sa_context ctx = sa_context_default();
+  sa_impl used = SA_IMPL_AUTO;
+  ctx.impl_used = &used;
+  ASSERT_EQ(sa_dsa_forward(&a, &ctx), SA_OK) << sa_last_error();
+  ASSERT_EQ(used, SA_IMPL_REFERENCE);
+  result->out = std::move(out);
+  result->lse = std::move(lse);
+}
+
+// The fp64 reference backward through the public API on fp64 copies of the same values.
+void run_reference_backward(const DsaHostCase& c, const Inputs& in, Grads* result) {
+  const DsaShape& s = c.shape;
+  HostTensor q = to_fp64(c.q), kv = to_fp64(c.kv), out = to_fp64(in.out), dout = to_fp64(c.dout);
+  HostTensor lse = in.lse, idx = c.topk_idx, len = c.topk_length, sink = c.sink;
+  HostTensor dq(SA_DTYPE_FP64, {s.Sq, s.H, s.Dqk}), dkv(SA_DTYPE_FP64, {s.Skv, s.Dqk}),
+      d_sink(SA_DTYPE_FP32, {s.H});
+  dq.poison();
+  dkv.poison();
+  d_sink.poison();
+  sa_dsa_bwd_args a{};
+  a.q = q.view();
+  a.kv = kv.view();
+  a.topk_idx = idx.view();
+  a.topk_length = c.has_length ? len.view() : sa_tensor_none();
+  a.sink = c.has_sink ? sink.view() : sa_tensor_none();
+  a.out = out.view();
+  a.lse = lse.view();
+  a.dout = dout.view();
+  a.dq = dq.view();
+  a.dkv = dkv.view();
+  a.d_sink = d_sink.view();
+  a.options = sa_dsa_options_default();
+  a.options.scale = c.scale;
+  a.options.d_v = static_cast<int32_t>(s.Dv);
+  sa_context ctx = sa_context_default();
+  sa_impl used = SA_IMPL_AUTO;
+  ctx.impl_used = &used;
+  ASSERT_EQ(sa_dsa_backward(&a, &ctx), SA_OK) << sa_last_error();
+  ASSERT_EQ(used, SA_IMPL_REFERENCE);
+  result->dq = std::move(dq);
+  result->dkv = std::move(dkv);
+  result->d_sink = std::move(d_sink);
+}
+
+// The kernel on device copies of the case's inputs; dq, dkv and d_sink start as NaN.
+void run_gpu(const DsaHostCase& c, const Inputs& in, Variant variant, bool deterministic,
+             Grads* result) {
+  const DsaShape& s = c.shape;
+  HostTensor dq(c.dtype, {s.Sq, s.H, s.Dqk}), dkv(c.dtype, {s.Skv, s.Dqk}),
+      d_sink(SA_DTYPE_FP32, {s.H});
+  dq.poison();
+  dkv.poison();
+  d_sink.poison();
+  DeviceBuffer q(c.q), kv(c.kv), idx(c.topk_idx), len(c.topk_length), sink(c.sink), out(in.out),
+      lse(in.lse), dout(c.dout), d_dq(dq), d_dkv(dkv), d_ds(d_sink);
+  for (const DeviceBuffer* b :
+       {&q, &kv, &idx, &len, &sink, &out, &lse, &dout, &d_dq, &d_dkv, &d_ds})
+    ASSERT_TRUE(b->ok()) << "device allocation or copy failed";
+
+  if (variant == Variant::kPublicApi) {
+    sa_dsa_bwd_args a{};
+    a.q = view_of(q.get(), c.dtype, {s.Sq, s.H, s.Dqk}, SA_DEVICE_CUDA);
+    a.kv = view_of(kv.get(), c.dtype, {s.Skv, s.Dqk}, SA_DEVICE_CUDA);
+    a.topk_idx = view_of(idx.get(), SA_DTYPE_INT32, {s.Sq, s.topk}, SA_DEVICE_CUDA);
+    a.topk_length = c.has_length ? view_of(len.get(), SA_DTYPE_INT32, {s.Sq}, SA_DEVICE_CUDA)
+                                 : sa_tensor_none();
+    a.sink =
+        c.has_sink ? view_of(sink.get(), SA_DTYPE_FP32, {s.H}, SA_DEVICE_CUDA) : sa_tensor_none();
+    a.out = view_of(out.get(), c.dtype, {s.Sq, s.H, s.Dv}, SA_DEVICE_CUDA);
+    a.lse = view_of(lse.get(), SA_DTYPE_FP32, {s.Sq, s.H}, SA_DEVICE_CUDA);
+    a.dout = view_of(dout.get(), c.dtype, {s.Sq, s.H, s.Dv}, SA_DEVICE_CUDA);
+    a.dq = view_of(d_dq.get(), c.dtype, {s.Sq, s.H, s.Dqk}, SA_DEVICE_CUDA);
+    a.dkv = view_of(d_dkv.get(), c.dtype, {s.Skv, s.Dqk}, SA_DEVICE_CUDA);
+    a.d_sink = view_of(d_ds.get(), SA_DTYPE_FP32, {s.H}, SA_DEVICE_CUDA);
+    a.options = sa_dsa_options_default();
+    a.options.scale = c.scale;
+    a.options.d_v = static_cast<int32_t>(s.Dv);
+    a.options.deterministic = deterministic ? 1 : 0;
+    a.options.impl = SA_IMPL_PORTABLE;
+    size_t bytes = 0;
+    ASSERT_EQ(sa_dsa_backward_workspace_size(&a, &bytes), SA_OK) << sa_last_error();
+    DeviceBuffer workspace(bytes);
+    ASSERT_TRUE(workspace.ok()) << "workspace allocation of " << bytes << " bytes failed";
+    sa_context ctx = sa_context_default();
+    ctx.workspace = workspace.get();
+    ctx.workspace_bytes = bytes;
+    sa_impl used = SA_IMPL_AUTO;
+    ctx.impl_used = &used;
+    ASSERT_EQ(sa_dsa_backward(&a, &ctx), SA_OK) << sa_last_error();
+    ASSERT_EQ(used, SA_IMPL_PORTABLE);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+  } else {
+    DsaPointers ptr;
+    ptr.q = q.get();
+    ptr.kv = kv.get();
+    ptr.topk_idx = static_cast<const int32_t*>(idx.get());
+    ptr.topk_length = c.has_length ? static_cast<const int32_t*>(len.get()) : nullptr;
+    ptr.sink = c.has_sink ? static_cast<const float*>(sink.get()) : nullptr;
+    ptr.out = out.get();
+    ptr.lse = static_cast<float*>(lse.get());
+    ptr.dout = dout.get();
+    ptr.dq = d_dq.get();
+    ptr.dkv = d_dkv.get();
+    ptr.d_sink = static_cast<float*>(d_ds.get());
+    sa::DsaBwdProblem p = make_dsa_bwd_problem(s, c.dtype, c.scale, ptr, SA_DEVICE_CUDA, 0);
+    p.options.deterministic = deterministic ? 1 : 0;
+    sa::portable::DsaBackwardTuning tuning;
+    tuning.block_m = variant == Variant::kBlockM64 ? 64 : 32;
+    if (variant == Variant::kSlices5) tuning.deterministic_slice_tokens = 5;
+    try {
+      const size_t bytes = sa::portable::dsa_backward_workspace_bytes(p, tuning);
+      DeviceBuffer workspace(bytes);
+      ASSERT_TRUE(workspace.ok()) << "workspace allocation of " << bytes << " bytes failed";
+      sa::portable::dsa_backward(p, workspace.get(), bytes, nullptr, tuning);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+    } catch (const std::exception& e) {
+      FAIL() << "dsa_backward threw: " << e.what();
+    }
+  }
+  ASSERT_TRUE(d_dq.download(dq));
+  ASSERT_TRUE(d_dkv.download(dkv));
+  ASSERT_TRUE(d_ds.download(d_sink));
+  result->dq = std::move(dq);
+  result->dkv = std::move(dkv);
+  result->d_sink = std::move(d_sink);
+}
+
+bool device_has_block_m64(int64_t Dqk) {
+  int dev = 0, bytes = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+    return false;
+  return bytes >= sa::portable::dsa_backward_smem_bytes(static_cast<int>(Dqk), 64);
+}
+
+double norm(const std::vector<double>& v) {
+  double n = 0.0;
+  for (double x : v) n += x * x;
+  return std::sqrt(n);
+}
+
+void expect_matches(const DsaHostCase& c, const Grads& got, const Grads& want, const char* what) {
+  const DsaShape& s = c.shape;
+  const std::vector<double> dq = got.dq.to_double(), dkv = got.dkv.to_double(),
+                            ds = got.d_sink.to_double();
+  const std::vector<double> ref_dq = want.dq.to_double(), ref_dkv = want.dkv.to_double(),
+                            ref_ds = want.d_sink.to_double();
+  ASSERT_FALSE(any_nan(ref_dq) || any_nan(ref_dkv) || any_nan(ref_ds)) << "reference holds NaN";
+  EXPECT_FALSE(any_nan(dq)) << what << ": NaN in dq";
+  EXPECT_FALSE(any_nan(dkv)) << what << ": NaN in dkv";
+  EXPECT_FALSE(any_nan(ds)) << what << ": NaN in d_sink";
+
+  // rel L2 where the reference is not zero; exactly zero where it is.
+  struct Named {
+    const char* name;
+    const std::vector<double>& a;
+    const std::vector<double>& b;
+  };
+  for (const Named& t : {Named{"dq", dq, ref_dq}, Named{"dkv", dkv, ref_dkv}}) {
+    if (norm(t.b) > 0.0) {
+      const double err = rel_l2(t.a, t.b);
+      EXPECT_LT(err, 1e-2) << what << ": rel L2 of " << t.name;
+      ::testing::Test::RecordProperty(std::string("rel_l2_") + t.name + "_" + what,
+                                      std::to_string(err));
+    } else {
+      EXPECT_EQ(norm(t.a), 0.0) << what << ": " << t.name << " must be 0 (the reference is)";
+    }
+  }
+  if (norm(ref_ds) > 1e-3) {
+    EXPECT_LT(rel_l2(ds, ref_ds), 1e-2) << what << ": rel L2 of d_sink";
+  } else {
+    EXPECT_TRUE(all_close(ds, ref_ds, 1e-4, 0.0)) << what << ": d_sink";
+  }
+  if (!c.has_sink) {
+    for (int64_t h = 0; h < s.H; ++h)
+      ASSERT_EQ(ds[static_cast<size_t>(h)], 0.0) << what << ": d_sink[" << h << "] without sink";
+  }
+
+  // dkv rows that no active slot selects.
+  const std::vector<bool> selected = c.selected_keys();
+  for (int64_t j = 0; j < s.Skv; ++j) {
+    if (selected[static_cast<size_t>(j)]) continue;
+    for (int64_t d = 0; d < s.Dqk; ++d)
+      ASSERT_EQ(dkv[static_cast<size_t>(j * s.Dqk + d)], 0.0)
+          << what << ": dkv[" << j << ", " << d << "] must be 0 (no active slot selects it)";
+  }
+  // dq rows of empty rows and of heads whose sink takes the whole softmax.
+  for (int64_t t = 0; t < s.Sq; ++t) {
+    for (int64_t h = 0; h < s.H; ++h) {
+      const double sink = c.sink_at(h);
+      if (!(c.row_empty(t) || sink == kInf || sink > 1e38)) continue;
+      for (int64_t d = 0; d < s.Dqk; ++d)
+        ASSERT_EQ(dq[static_cast<size_t>((t * s.H + h) * s.Dqk + d)], 0.0)
+            << what << ": dq[" << t << ", " << h << ", " << d
+            << "] must be 0 (empty row or infinite sink)";
+    }
+  }
+}
+
+class DsaBackwardGpu : public ::testing::TestWithParam<GpuDsaBwdCase> {};
+
+TEST_P(DsaBackwardGpu, MatchesReference) {
+  SA_SKIP_WITHOUT_GPU();
+  const GpuDsaBwdCase& p = GetParam();
+  uint64_t seed = 0xdb5a;
+  for (char ch : p.name) seed = seed * 131 + static_cast<uint64_t>(ch);
+  DsaHostCase c = make_dsa_host_case(p.shape, p.spec, SA_DTYPE_BF16, seed);
+
+  // NaN in every kv row no active slot selects: the kernel must never read them.
+  const std::vector<bool> selected = c.selected_keys();
+  int poisoned = 0;
+  for (int64_t j = 0; j < c.shape.Skv; ++j) {
+    if (selected[static_cast<size_t>(j)]) continue;
+    ++poisoned;
+    for (int64_t d = 0; d < c.shape.Dqk; ++d) c.kv.set(j * c.shape.Dqk + d, NAN);
+  }
+  RecordProperty("poisoned_kv_rows", poisoned);
+
+  Inputs in;
+  ASSERT_NO_FATAL_FAILURE(run_reference_forward(c, &in));
+  Grads want;
+  ASSERT_NO_FATAL_FAILURE(run_reference_backward(c, in, &want));
+
+  std::vector<Variant> variants = {Variant::kPublicApi, Variant::kBlockM32};
+  if (device_has_block_m64(c.shape.Dqk)) variants.push_back(Variant::kBlockM64);
+  if (p.deterministic) variants.push_back(Variant::kSlices5);
+  for (Variant v : variants) {
+    SCOPED_TRACE(variant_name(v));
+    Grads got;
+    ASSERT_NO_FATAL_FAILURE(run_gpu(c, in, v, p.deterministic, &got));
+    expect_matches(c, got, want, variant_name(v));
+    if (!p.deterministic) continue;
+    // Deterministic mode: the same bits on every run.
+    for (int run = 1; run < 3; ++run) {
+      Grads again;
+      ASSERT_NO_FATAL_FAILURE(run_gpu(c, in, v, true, &again));
+      EXPECT_TRUE(bitwise_equal(again.dkv, got.dkv)) << "dkv differs on run " << run + 1;
+      EXPECT_TRUE(bitwise_equal(again.d_sink, got.d_sink)) << "d_sink differs on run " << run + 1;
+      EXPECT_TRUE(bitwise_equal(again.dq, got.dq)) << "dq differs on run " << run + 1;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, DsaBackwardGpu, ::testing::ValuesIn(gpu_dsa_bwd_cases()),
+                         [](const ::testing::TestParamInfo<GpuDsaBwdCase>& info) {
+                           return info.param.name;
+                         });
+
+// Shapes the portable backward does not serve are refused by name when it is forced.
+TEST(DsaBackwardGpuRefusals, UnsupportedShapesNameTheReason) {
+  SA_SKIP_WITHOUT_GPU();
+  struct Refusal {
+    int64_t H, Dqk, Dv;
+    sa_dtype dtype;
+    const char* reason;
+  };
+  const Refusal cases[] = {
+      {16, 128, 128, SA_DTYPE_BF16, "D_qk = 128"},
+      {8, 576, 512, SA_DTYPE_BF16, "H = 8"},
+      {16, 576, 256, SA_DTYPE_BF16, "d_v = 256"},
+      {16, 576, 512, SA_DTYPE_FP16, "dtype fp16"},
+  };
+  for (const Refusal& r : cases) {
+    const int64_t Sq = 2, Skv = 4, topk = 2, esize = 2;
+    void *q = nullptr, *kv = nullptr, *idx = nullptr, *out = nullptr, *lse = nullptr,
+         *dout = nullptr, *dq = nullptr, *dkv = nullptr;
+    ASSERT_EQ(cudaMalloc(&q, Sq * r.H * r.Dqk * esize), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&kv, Skv * r.Dqk * esize), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&idx, Sq * topk * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&out, Sq * r.H * r.Dv * esize), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&lse, Sq * r.H * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dout, Sq * r.H * r.Dv * esize), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dq, Sq * r.H * r.Dqk * esize), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dkv, Skv * r.Dqk * esize), cudaSuccess);
+    sa_dsa_bwd_args a{};
+    a.q = view_of(q, r.dtype, {Sq, r.H, r.Dqk}, SA_DEVICE_CUDA);
+    a.kv = view_of(kv, r.dtype, {Skv, r.Dqk}, SA_DEVICE_CUDA);
+    a.topk_idx = view_of(idx, SA_DTYPE_INT32, {Sq, topk}, SA_DEVICE_CUDA);
+    a.topk_length = sa_tensor_none();
+    a.sink = sa_tensor_none();
+    a.out = view_of(out, r.dtype, {Sq, r.H, r.Dv}, SA_DEVICE_CUDA);
+    a.lse = view_of(lse, SA_DTYPE_FP32, {Sq, r.H}, SA_DEVICE_CUDA);
+    a.dout = view_of(dout, r.dtype, {Sq, r.H, r.Dv}, SA_DEVICE_CUDA);
+    a.dq = view_of(dq, r.dtype, {Sq, r.H, r.Dqk}, SA_DEVICE_CUDA);
+    a.dkv = view_of(dkv, r.dtype, {Skv, r.Dqk}, SA_DEVICE_CUDA);
+    a.d_sink = sa_tensor_none();
+    a.options = sa_dsa_options_default();
+    a.options.d_v = static_cast<int32_t>(r.Dv);
+    a.options.impl = SA_IMPL_PORTABLE;
+    const sa_status st = sa_dsa_backward(&a, nullptr);
+    const std::string message = sa_last_error();
+    EXPECT_EQ(st, SA_ERROR_UNSUPPORTED) << message;
+    EXPECT_NE(message.find(r.reason), std::string::npos)
+        << "expected \"" << r.reason << "\" in: " << message;
+    for (void* ptr : {q, kv, idx, out, lse, dout, dq, dkv}) (void)cudaFree(ptr);
+  }
+}
+
+}  // namespace
+}  // namespace sa_test
