@@ -38,6 +38,8 @@ def parse():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--budget-s", type=float, default=1e9,
+                    help="start no new shape after this many seconds")
     return ap.parse_args()
 
 
@@ -303,27 +305,29 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     bsa_ops = ops & {"bsa_fwd", "bsa_bwd"}
-    if bsa_ops:
-        for block in (128, 64):
-            for density in (0.5, 0.25, 0.125):
-                # FlexAttention's backward does not lower at block 64 (BENCHMARKING.md).
-                # (FlexAttention's backward may fail to lower at block 64: reported, skipped.)
-                bench_bsa(1, 32, 8192, 128, block, density, bsa_ops)
-                if ARGS.quick:
-                    break
-            if ARGS.quick:
-                break
-        if not ARGS.quick:
-            bench_bsa(1, 32, 32768, 128, 128, 0.5, bsa_ops)
     dsa_ops = ops & {"dsa_fwd", "dsa_bwd"}
+    # Headline shapes first, so that a run cut short by --budget-s keeps the most important ones.
+    plan = []
+    if bsa_ops:
+        plan += [("bsa", (1, 32, 8192, 128, 128, d)) for d in (0.5, 0.25, 0.125)]
     if dsa_ops:
-        for H in (128, 64):
-            for Dqk in (576, 512):
-                bench_dsa(4096, H, Dqk, 2048, dsa_ops)
-                if ARGS.quick:
-                    break
-            if ARGS.quick:
-                break
+        plan += [("dsa", (4096, 128, 576, 2048)), ("dsa", (4096, 64, 576, 2048))]
+    if bsa_ops:
+        plan += [("bsa", (1, 32, 8192, 128, 64, d)) for d in (0.5, 0.25, 0.125)]
+        plan += [("bsa", (1, 32, 32768, 128, 128, 0.5))]
+    if dsa_ops:
+        plan += [("dsa", (4096, 128, 512, 2048)), ("dsa", (4096, 64, 512, 2048))]
+    if ARGS.quick:
+        plan = plan[:1] + [p for p in plan if p[0] == "dsa"][:1]
+    for kind, shape in plan:
+        if time.time() - t0 > ARGS.budget_s:
+            print(f"budget of {ARGS.budget_s} s spent: skipping {kind} {shape}")
+            continue
+        if kind == "bsa":
+            bench_bsa(*shape, bsa_ops)
+        else:
+            bench_dsa(*shape, dsa_ops)
+        torch.cuda.empty_cache()
     (out / "anchors.json").write_text(json.dumps(RECORDS, indent=1) + "\n")
     print(f"wrote {len(RECORDS)} records to {out / 'anchors.json'} in {time.time() - t0:.0f} s")
 

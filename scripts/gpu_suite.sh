@@ -75,7 +75,7 @@ fi
 
 if [[ " $STEPS " == *" anchors "* ]] && [ -f bench/anchors.py ]; then
   note "anchors (python, same process as our library)"
-  PYTHONUNBUFFERED=1 python3 bench/anchors.py --lib "$BIN/libsparse_attention.so" \
+  PYTHONUNBUFFERED=1 python3 bench/anchors.py --lib "$BIN/libsparse_attention.so" ${ANCHORS_ARGS:-} \
     --out "$OUT" > "$OUT/anchors.log" 2>&1 || status=1
   tail -40 "$OUT/anchors.log"
 fi

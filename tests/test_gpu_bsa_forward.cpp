@@ -253,6 +253,9 @@ TEST_P(GpuBsaForward, MatchesReference) {
   args.sparsity.q2k_count = pat.has_count ? count.view() : sa_tensor_none();
   args.sparsity.kv_block_len = pat.has_block_len ? block_len.view() : sa_tensor_none();
   args.options = options;
+  // This suite tests the portable path on every GPU (on sm_90, AUTO would pick the Hopper path,
+  // which has its own suite).
+  args.options.impl = SA_IMPL_PORTABLE;
   sa_impl used = SA_IMPL_AUTO;
   sa_context ctx = sa_context_default();
   ctx.impl_used = &used;

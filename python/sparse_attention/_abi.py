@@ -310,6 +310,9 @@ def validate_shapes(op: str, args) -> None:
 def run(op: str, args, device: torch.device) -> None:
     """Runs `sa_<op>` with workspace from PyTorch's allocator, on the current CUDA stream of
     `device` (CPU tensors: the reference, no stream). No host synchronisation."""
+    forced = os.environ.get("SPARSE_ATTENTION_FORCE_IMPL")
+    if forced:  # benchmarks and tests: pin one implementation (an error if it cannot serve)
+        args.options.impl = {v: k for k, v in _IMPL_NAMES.items()}[forced]
     ctx = sa_context()
     guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with guard:
