@@ -19,8 +19,9 @@
 //             half the keys) halves the re-reads of Q and dO from shared memory, which bound
 //             mma.sync here: 4 MMAs per 3 ldmatrix.x4 instead of 2 per 2.5.
 //             The S warp hands its fp32 tile to its dP partner through shared memory (X, 4 KB or
-//             8 KB) under a 64-thread named barrier (arrive / sync, ids 1-4); the dP warp computes
-//             P and dS' and stores both as 16-bit tiles [M x N] for the two transposed products.
+//             8 KB) under a 64-thread named barrier (bar.sync by both warps, ids 1-4); the dP
+//             warp computes P and dS' and stores both as 16-bit tiles [M x N] for the two
+//             transposed products.
 //   dQ        warp (rg, cg): rows [32 rg, +32) x columns [cg D_qk / C, +D_qk / C), C = 8 / (M / 32)
 //             column groups; dS' from smem (ldmatrix), K rows transposed (ldmatrix.trans).
 //             M 64, D_qk 576: 144 columns = 144 fp32 accumulators per thread, kept for the whole
@@ -55,14 +56,14 @@
 //   chunk c  [1] wait own cp.async; __syncthreads        stage st full; stage st^1, X, P, dS free
 //            [2] gather chunk c+1 -> stage st^1          8 threads per kv row, 16-byte cp.async;
 //                load index of chunk c+2                 inactive rows zero-filled, index -1
-//            [3] S warps: S = Q K^T -> X, arrive(pair)   dP warps: dP = dO V^T; sync(pair);
+//            [3] S warps: S = Q K^T -> X, sync(pair)     dP warps: dP = dO V^T; sync(pair);
 //                                                        P, dS' -> smem (16-bit)
 //            [4] __syncthreads                           P, dS' complete
 //            [5] dQ += dS' K                             registers
 //            [6] dKV pieces = dS'^T Q + P^T dO -> fp32 reductions into the rows of active keys
 //   epilogue [7] dQ -> dq (rows < H); -exp(sink - L) delta -> the d_sink term of (t, h)
 //
-//   S warp    |------ S = Q K^T ------|X|arr|         |-- dQ --|---- dKV + red ----|
+//   S warp    |------ S = Q K^T ------|X|sync.......  |-- dQ --|---- dKV + red ----|
 //   dP warp   |--- dP = dO V^T ---|...sync|P,dS'|     |-- dQ --|---- dKV + red ----|
 //   cp.async  |gather c+1 ...................................................|
 //   barriers  ^[1]                                     ^[4]                         ^[1] of c+1
@@ -480,9 +481,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) dsa_bwd_kernel(const DsaBwdP
           for (int nt = 0; nt < Cfg::kSTiles; ++nt)
             x_lane[(m * Cfg::kSTiles + nt) * 32] =
                 make_float4(acc[m][nt][0], acc[m][nt][1], acc[m][nt][2], acc[m][nt][3]);
-        dsa::named_barrier_arrive(pair_barrier, kPairThreads);
-      } else {
-        dsa::named_barrier_sync(pair_barrier, kPairThreads);
+      }
+      // The pair's hand-off of X: both warps bar.sync (S after writing X, dP before reading it).
+      // The S warp used to bar.arrive (no wait), which is correct but which racecheck evidently
+      // mis-models (it was the library's only bar.arrive and this the only kernel with hazards):
+      // it reported the dS' stores below against the dQ ldmatrix after [4], and the dQ
+      // ldmatrix.trans of stage st against the gather into st after [1] of the next chunk, pairs
+      // that a full bar.sync 0 orders in the SASS; every lane's ldmatrix address is inside its
+      // tile. Waiting here costs the S warp nothing: it has no work before [4], and [4] cannot
+      // complete before its dP partner has passed this barrier anyway.
+      dsa::named_barrier_sync(pair_barrier, kPairThreads);
+      if (is_dp) {
 #pragma unroll
         for (int m = 0; m < kM; ++m) {
           const int r0 = a_row0 + 16 * m + g;  // and r0 + 8

@@ -89,6 +89,9 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
 // Producer side of a named barrier: counts this warp's arrival without waiting. The consumers'
 // named_barrier_sync on the same id (with the same total count) returns once every producer has
 // arrived, and then sees the producers' shared-memory writes made before the arrival.
+// compute-sanitizer racecheck reported hazards (across later __syncthreads) in the one kernel that
+// used this (the DSA backward's S -> dP hand-off, now bar.sync on both sides); prefer
+// named_barrier_sync where the producer has nothing else to do before its next barrier.
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }

@@ -1,11 +1,100 @@
 // The Hopper (sm_90a) fast path as the dispatcher sees it. Operations whose kernels are not
 // written yet have no entry, so the dispatcher reports "not implemented".
+// Compiled only with the Hopper objects (SA_HAVE_SM90): this file calls into src/sm90/*.cu.
+#if SA_HAVE_SM90
+#include <cuda_runtime_api.h>
+
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+
 #include "api/implementation.hpp"
+#include "common/cuda_check.hpp"
+#include "portable/bsa_metadata_check.hpp"
+#include "sm90/bsa_forward.hpp"
 
 namespace sa {
+namespace {
+
+// "" when `device` has compute capability exactly 9.0 (the sm_90a objects run nowhere else),
+// else the reason. Queried once per device.
+std::string check_sm90_device(int32_t device) {
+  struct Entry {
+    cudaError_t status;
+    int major, minor;
+  };
+  static std::mutex mutex;
+  static std::unordered_map<int32_t, Entry> cache;
+  Entry e{};
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = cache.find(device);
+    if (it != cache.end()) {
+      e = it->second;
+    } else {
+      e.status = cudaDeviceGetAttribute(&e.major, cudaDevAttrComputeCapabilityMajor, device);
+      if (e.status == cudaSuccess)
+        e.status = cudaDeviceGetAttribute(&e.minor, cudaDevAttrComputeCapabilityMinor, device);
+      if (e.status != cudaSuccess) (void)cudaGetLastError();  // do not leave the error pending
+      cache.emplace(device, e);
+    }
+  }
+  if (e.status != cudaSuccess)
+    return "cannot query CUDA device " + std::to_string(device) + " (" +
+           cudaGetErrorString(e.status) + ")";
+  if (e.major != 9 || e.minor != 0) {
+    std::ostringstream os;
+    os << "needs an sm_90 GPU (found sm_" << e.major << e.minor << ")";
+    return os.str();
+  }
+  return "";
+}
+
+// Makes `device` current for the scope of a call, restoring the caller's device after.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int32_t device) {
+    SA_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) SA_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~DeviceScope() {
+    int now = previous_;
+    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) (void)cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+// ---- BSA forward ------------------------------------------------------------------------------
+std::string bsa_fwd_unsupported(const BsaFwdProblem& p) {
+  if (p.device != SA_DEVICE_CUDA) return "needs CUDA tensors";
+  const std::string why = check_sm90_device(p.device_index);
+  if (!why.empty()) return why;
+  return sm90::bsa_forward_unsupported(p);
+}
+
+void bsa_fwd_run(const BsaFwdProblem& p, const ExecContext& ctx) {
+  DeviceScope scope(p.device_index);
+  cudaStream_t stream = ctx.stream;
+  if (p.options.validate) portable::check_bsa_metadata_gpu(p.dims, p.meta, stream);
+  sm90::bsa_forward(p, stream);
+}
+
+}  // namespace
 
 extern const Implementation kSm90Implementation = {
-    SA_IMPL_SM90, "sm90", {}, {}, {}, {},
+    SA_IMPL_SM90,
+    "sm90",
+    /*bsa_fwd=*/{&bsa_fwd_unsupported, nullptr, &bsa_fwd_run},
+    /*bsa_bwd=*/{},
+    /*dsa_fwd=*/{},
+    /*dsa_bwd=*/{},
 };
 
 }  // namespace sa
+
+#endif  // SA_HAVE_SM90

@@ -1,0 +1,203 @@
+// Hopper BSA forward, host side: problem checks, TMA descriptors, launch configuration and the
+// instantiations of the kernel in bsa_forward_kernel.cuh: {block 64, 128} x {D 64, 128}, bf16.
+#include "sm90/bsa_forward.hpp"
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <sstream>
+
+#include "common/cuda_check.hpp"
+#include "common/host_numeric.hpp"
+#include "common/narrow.hpp"
+#include "sm90/bsa_forward_kernel.cuh"
+
+namespace sa::sm90 {
+namespace {
+
+constexpr int64_t kMaxTmaStrideBytes = int64_t{1} << 40;
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                   const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeTiledFn encode_tiled() {
+  static const EncodeTiledFn fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000,
+                                                             cudaEnableDefault, &found);
+    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return static_cast<EncodeTiledFn>(nullptr);
+    }
+    return reinterpret_cast<EncodeTiledFn>(ptr);
+  }();
+  return fn;
+}
+
+// "" when a [B, H, S, D] bf16 tensor can be described by a TMA descriptor: 16-byte aligned base,
+// contiguous last dim, every stride of a dimension longer than 1 a positive multiple of 16 bytes
+// below 2^40 (strides of length-1 dimensions are never used and get a legal stand-in).
+std::string check_tma_tensor(const char* name, const Bhsd& t, int64_t B, int64_t H, int64_t S) {
+  std::ostringstream os;
+  if (t.data == nullptr) {
+    os << name << " is missing";
+  } else if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) {
+    os << name << ": data pointer not 16-byte aligned";
+  } else if (t.sd != 1) {
+    os << name << ": last dimension not contiguous (stride " << t.sd << ")";
+  } else {
+    const int64_t sizes[3] = {S, H, B};
+    const int64_t strides[3] = {t.ss, t.sh, t.sb};
+    for (int i = 0; i < 3; ++i) {
+      const int64_t bytes = strides[i] * 2;
+      if (sizes[i] > 1 && (strides[i] <= 0 || bytes % 16 != 0 || bytes >= kMaxTmaStrideBytes)) {
+        os << name << ": strides (" << t.sb << ", " << t.sh << ", " << t.ss
+           << ") not positive multiples of 8 elements below 2^39 (needed by TMA)";
+        break;
+      }
+    }
+  }
+  return os.str();
+}
+
+// Dims (D, S, H, B) of a BHSD-strided tensor; box (64, box_rows, 1, 1) with 128-byte swizzle, so
+// that a box lands as one 64-column panel of the kernel's shared tiles. Rows past S read as 0.
+CUtensorMap make_tensor_map(const char* name, const Bhsd& t, int64_t B, int64_t H, int64_t S,
+                            int64_t D, int box_rows) {
+  const EncodeTiledFn encode = encode_tiled();
+  SA_CHECK(encode != nullptr, SA_ERROR_CUDA,
+           "sm90 bsa_forward: cuTensorMapEncodeTiled is not available from the CUDA driver");
+  const int64_t elem = 2;
+  const int64_t packed[3] = {D * elem, D * elem * S, D * elem * S * H};  // stand-ins
+  const int64_t sizes[3] = {S, H, B};
+  const int64_t strides[3] = {t.ss, t.sh, t.sb};
+  cuuint64_t dims[4] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(S),
+                        static_cast<cuuint64_t>(H), static_cast<cuuint64_t>(B)};
+  cuuint64_t stride_bytes[3];
+  for (int i = 0; i < 3; ++i) {
+    int64_t bytes = strides[i] * elem;
+    if (sizes[i] == 1 && (bytes <= 0 || bytes % 16 != 0 || bytes >= kMaxTmaStrideBytes))
+      bytes = std::min(packed[i], kMaxTmaStrideBytes - 16);
+    stride_bytes[i] = static_cast<cuuint64_t>(bytes);
+  }
+  const cuuint32_t box[4] = {64u, static_cast<cuuint32_t>(box_rows), 1u, 1u};
+  const cuuint32_t elem_strides[4] = {1u, 1u, 1u, 1u};
+  CUtensorMap map;
+  const CUresult res =
+      encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, t.data, dims, stride_bytes, box,
+             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  SA_CHECK(res == CUDA_SUCCESS, SA_ERROR_CUDA,
+           "sm90 bsa_forward: cuTensorMapEncodeTiled failed for " << name << " (CUresult "
+                                                                  << static_cast<int>(res) << ")");
+  return map;
+}
+
+template <int kBlock, int kHeadDim>
+void launch(const BsaFwdSm90Params& params, cudaStream_t stream) {
+  using Traits = FwdTraits<kBlock, kHeadDim>;
+  // +1024: the kernel aligns its shared storage to 1024 bytes (128-byte swizzle atoms).
+  constexpr size_t kSmem = sizeof(SharedStorage<Traits>) + 1024;
+  auto* kernel = &bsa_forward_sm90_kernel<Traits>;
+  int device = 0, sms = 0;
+  SA_CUDA_CHECK(cudaGetDevice(&device));
+  SA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  // Every launch (cheap, and right for whichever device is current).
+  SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(kSmem)));
+  // Block 64 runs two ~100 KB CTAs per SM: ask for the largest shared-memory carveout.
+  SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     cudaSharedmemCarveoutMaxShared));
+  const int64_t ctas = std::min<int64_t>(params.num_tiles, int64_t{sms} * Traits::kCtasPerSm);
+  kernel<<<static_cast<unsigned>(ctas), Traits::kThreads, kSmem, stream>>>(params);
+  SA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+std::string bsa_forward_unsupported(const BsaFwdProblem& p) {
+  const BsaDims& d = p.dims;
+  std::ostringstream os;
+  if (p.dtype != SA_DTYPE_BF16) {
+    os << "dtype " << dtype_name(p.dtype) << " (sm90 forward supports bf16)";
+    return os.str();
+  }
+  if (d.D != d.Dv || (d.D != 64 && d.D != 128)) {
+    os << "D = " << d.D << ", D_v = " << d.Dv << " (sm90 forward supports D == D_v in {64, 128})";
+    return os.str();
+  }
+  if (d.block != 64 && d.block != 128) {
+    os << "block size " << d.block << " (sm90 forward supports 64 and 128)";
+    return os.str();
+  }
+  constexpr int64_t kMaxSeq = std::numeric_limits<int32_t>::max() - 256;
+  constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
+  if (d.Sq > kMaxSeq || d.Skv > kMaxSeq) {
+    os << "S_q = " << d.Sq << ", S_kv = " << d.Skv << " (sm90 forward supports at most " << kMaxSeq
+       << ")";
+    return os.str();
+  }
+  if (d.B > kMaxInt || d.Hq > kMaxInt || d.B * d.Hq * d.Nq > kMaxInt) {
+    os << "B * H_q * N_q = " << d.B * d.Hq * d.Nq << " work tiles (sm90 forward supports at most "
+       << kMaxInt << ")";
+    return os.str();
+  }
+  for (std::string why : {check_tma_tensor("q", p.q, d.B, d.Hq, d.Sq),
+                          check_tma_tensor("k", p.k, d.B, d.Hkv, d.Skv),
+                          check_tma_tensor("v", p.v, d.B, d.Hkv, d.Skv)}) {
+    if (!why.empty()) return why;
+  }
+  if (p.o.data == nullptr) return "o is missing";
+  if (reinterpret_cast<uintptr_t>(p.o.data) % 16 != 0) return "o: data pointer not 16-byte aligned";
+  if (p.o.sd != 1) return "o: last dimension not contiguous";
+  if ((d.B > 1 && p.o.sb % 8 != 0) || (d.Hq > 1 && p.o.sh % 8 != 0) ||
+      (d.Sq > 1 && p.o.ss % 8 != 0))
+    return "o: strides not multiples of 8 elements";
+  if (p.lse == nullptr) return "lse is missing";
+  return "";
+}
+
+void bsa_forward(const BsaFwdProblem& p, cudaStream_t stream) {
+  const std::string why = bsa_forward_unsupported(p);
+  SA_CHECK(why.empty(), SA_ERROR_UNSUPPORTED, "sm90 bsa_forward: " << why);
+  const BsaDims& d = p.dims;
+
+  BsaFwdSm90Params params{};
+  params.tma_q = make_tensor_map("q", p.q, d.B, d.Hq, d.Sq, d.D, d.block);
+  params.tma_k = make_tensor_map("k", p.k, d.B, d.Hkv, d.Skv, d.D, d.block);
+  params.tma_v = make_tensor_map("v", p.v, d.B, d.Hkv, d.Skv, d.Dv, d.block);
+  params.o = p.o;
+  params.lse = p.lse;
+  for (int i = 0; i < 3; ++i) params.lse_stride[i] = p.lse_stride[i];
+  params.meta = p.meta;
+  params.Sq = narrow_i32(d.Sq, "S_q");
+  params.Skv = narrow_i32(d.Skv, "S_kv");
+  params.Hq = narrow_i32(d.Hq, "H_q");
+  params.Nq = narrow_i32(d.Nq, "N_q");
+  params.group = narrow_i32(d.group(), "H_q / H_kv");
+  params.num_tiles = narrow_i32(d.B * d.Hq * d.Nq, "B * H_q * N_q");
+  params.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
+  params.masked_score = params.scale_log2 > 0.f ? -INFINITY : INFINITY;
+
+  if (d.block == 128) {
+    if (d.D == 128)
+      launch<128, 128>(params, stream);
+    else
+      launch<128, 64>(params, stream);
+  } else {
+    if (d.D == 128)
+      launch<64, 128>(params, stream);
+    else
+      launch<64, 64>(params, stream);
+  }
+}
+
+}  // namespace sa::sm90

@@ -1,0 +1,22 @@
+// Hopper (sm_90a) block-sparse attention forward (SPEC 1): TMA loads of Q and of the K/V blocks
+// each query block lists, wgmma, an mbarrier pipeline, one producer warp and one or two consumer
+// warpgroups (bsa_forward_kernel.cuh has the design and its timeline).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "common/problem.hpp"
+
+namespace sa::sm90 {
+
+// "" when bsa_forward serves `p` (a CUDA problem on an sm_90 device, which the caller checks),
+// otherwise the reason, e.g. "dtype fp16 (sm90 forward supports bf16)".
+std::string bsa_forward_unsupported(const BsaFwdProblem& p);
+
+// Writes every element of p.o (rows < S_q) and p.lse; launches on `stream`, no host sync.
+// Throws sa::Error (SA_ERROR_UNSUPPORTED) when bsa_forward_unsupported(p) is not empty.
+void bsa_forward(const BsaFwdProblem& p, cudaStream_t stream);
+
+}  // namespace sa::sm90

@@ -1,0 +1,656 @@
+// The Hopper (sm_90a) BSA forward kernel: TMA + wgmma + mbarrier pipeline, warp-specialized.
+// Device code only; bsa_forward.cu builds the TMA descriptors and instantiates it.
+//
+// A persistent CTA walks work tiles t = blockIdx.x, blockIdx.x + gridDim.x, ...; a tile is one
+// query block m of one (batch b, query head h), kBlock (= the block size, 64 or 128) query rows,
+// attending the KV blocks of its row of q2k_index. The query block index m varies fastest, so the
+// CTAs that run together share the K/V of one head in L2.
+//
+// Roles (warpgroups):
+//   kProducer  warpgroup 0, setmaxnreg down to kProducerRegs; only its warp 0 works: it reads the
+//              block list 32 slots at a time (one slot per lane, broadcast by shuffles) and issues
+//              the TMA loads: Q once per tile, then K and V of each listed block (the block index
+//              times kBlock is the row coordinate of an ordinary tile load).
+//   kConsumer0 warpgroup 1 (and kConsumer1, warpgroup 2, when kBlock = 128): setmaxnreg up to
+//              kConsumerRegs; each owns 64 query rows: S = Q K^T and O += P V with wgmma, the
+//              online softmax, O in registers, the epilogue.
+//
+// Timeline of one tile (block list n0 n1 n2 ..., two consumers ping-ponging; each consumer overlaps
+// the softmax of block j with its own P V GEMM of block j-1):
+//
+//   producer  |Q|K0|K1|V0|  K2  |  V1  | ... |Vn|       (each load waits for its stage to be free)
+//   WG0       |S0|sm0|[S1 PV0]|sm1 |        |[S2 PV1]|sm2 |        | ... |PVn|epilogue|
+//   WG1       |S0|sm0|        |[S1 PV0]|sm1 |        |[S2 PV1]|sm2 | ... |PVn|epilogue|
+//   tensor    |  S0  |  WG0   |  WG1   |    |  WG0   |  WG1   |    |
+//              [..] = the GEMMs one consumer issues back to back between its schedule barriers;
+//              smj  = mask (partial block only), online softmax, P -> bf16, O *= alpha.
+//
+// Pipeline objects (shared memory):
+//   q_full            mbarrier, TMA -> consumers: Q landed (one phase per tile that has blocks)
+//   k_full/v_full[s]  mbarriers, TMA -> consumers: stage s holds the block's K / V; s_valid[s] is
+//                     its number of valid keys (written by the producer before the arrive)
+//   k_empty/v_empty[s] mbarriers, one arrive per consumer warp -> producer: stage s is free
+//   v_pad             mbarrier, TMA -> producer: V of a block whose padded keys lie inside the
+//                     tensor landed; the producer zeroes those rows, then arrives on v_full[s]
+//   NamedBarrier::kQueryEmpty      consumers arrive after their last S GEMM of a tile (and once at
+//                                  the start); the producer syncs before loading the next Q
+//   NamedBarrier::kScheduleWg0/1   ping-pong of the two consumers' GEMM issue (FA3-style)
+//   NamedBarrier::kEpilogueWg0/1   a consumer's O staging tile is written / is free again
+//
+// Numerics: scores s = <q, k> in fp32; x = s * scale * log2(e) folded into one FFMA with the row
+// maximum: p = 2^(s * scale_log2 - m). The running maximum m is taken over the raw scores (their
+// minimum when the scale is negative). Padded keys (past block_len or S_kv) get the raw score that
+// loses (+-inf), hence p = 0; their V rows are zero in shared memory (TMA zero-fills rows past
+// S_kv, the producer zeroes rows past block_len), so a NaN there never reaches O. O is normalised
+// once, in the epilogue. A tile whose row has no block writes O = 0 and LSE = -inf without
+// touching Q, K or V.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap (a type only: no driver call is made from here)
+
+#include <cstdint>
+
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+#include "common/problem.hpp"
+#include "sm90/hopper_primitives.cuh"
+
+namespace sa::sm90 {
+
+// Everything the kernel reads; TMA descriptors first (64-byte aligned).
+struct BsaFwdSm90Params {
+  CUtensorMap tma_q;  // q [B, Hq, Sq, D]: dims (D, Sq, Hq, B), box (64, kBlock, 1, 1), SW128
+  CUtensorMap tma_k;  // k [B, Hkv, Skv, D]: dims (D, Skv, Hkv, B), same box
+  CUtensorMap tma_v;  // v [B, Hkv, Skv, D]: dims (D, Skv, Hkv, B), same box
+  Bhsd o;             // [B, Hq, Sq, D] output, 16-byte stores of rows < Sq
+  float* lse;         // [B, Hq, Sq]
+  int64_t lse_stride[3];
+  BsaMeta meta;
+  int32_t Sq, Skv, Hq, Nq;
+  int32_t group;      // query heads per KV head
+  int32_t num_tiles;  // B * Hq * Nq
+  float scale_log2;   // scale * log2(e)
+  float masked_score; // raw score of a padded key: -inf (scale > 0) or +inf (scale < 0)
+};
+
+// Warpgroup roles.
+enum class Role : int { kProducer = 0, kConsumer0 = 1, kConsumer1 = 2 };
+
+// Named barriers (id 0 is __syncthreads).
+enum class NamedBarrier : uint32_t {
+  kQueryEmpty = 1,
+  kScheduleWg0 = 2,
+  kScheduleWg1 = 3,
+  kEpilogueWg0 = 4,
+  kEpilogueWg1 = 5,
+};
+__device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint32_t>(b); }
+__device__ __forceinline__ NamedBarrier offset(NamedBarrier b, int i) {
+  return static_cast<NamedBarrier>(static_cast<uint32_t>(b) + static_cast<uint32_t>(i));
+}
+
+template <int N>
+struct GmmaAtoms;
+template <>
+struct GmmaAtoms<64> {
+  using SS = cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
+                                                           cute::SM90::GMMA::Major::K>;
+  using RS = cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K,
+                                                           cute::SM90::GMMA::Major::MN>;
+};
+template <>
+struct GmmaAtoms<128> {
+  using SS = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
+                                                            cute::SM90::GMMA::Major::K>;
+  using RS = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K,
+                                                            cute::SM90::GMMA::Major::MN>;
+};
+
+template <int kBlock_, int kHeadDim_>
+struct FwdTraits {
+  using Element = cutlass::bfloat16_t;
+  static constexpr int kBlock = kBlock_;        // query rows per tile = keys per KV block
+  static constexpr int kHeadDim = kHeadDim_;    // D = D_v
+  static constexpr int kConsumerWgs = kBlock / 64;
+  static constexpr int kConsumerThreads = 128 * kConsumerWgs;
+  static constexpr int kConsumerWarps = 4 * kConsumerWgs;
+  static constexpr int kThreads = 128 + kConsumerThreads;
+  static constexpr int kStages = 2;             // K and V ring depth
+  // Block 64: one consumer warpgroup per CTA, two CTAs per SM (their GEMMs and softmaxes
+  // interleave); block 128: one CTA per SM, two ping-ponging consumers.
+  static constexpr int kCtasPerSm = kConsumerWgs == 1 ? 2 : 1;
+  // Register split (multiples of 8): per CTA 65536 / kCtasPerSm registers.
+  static constexpr int kProducerRegs = kConsumerWgs == 2 ? 24 : 40;
+  static constexpr int kConsumerRegs = kConsumerWgs == 2 ? 240 : 216;
+  static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <=
+                    65536 / kCtasPerSm,
+                "register split exceeds the CTA's register file share");
+  static constexpr int kPanels = kHeadDim / 64;  // 128-byte swizzle spans of a row
+  static constexpr int kTileBytes = kBlock * kHeadDim * 2;  // Q, one K or V stage, O staging
+  static constexpr int kRowBytes = kHeadDim * 2;
+
+  using BlockT = cute::Int<kBlock>;
+  using HeadT = cute::Int<kHeadDim>;
+  using StagesT = cute::Int<kStages>;
+  using WgLayout = cute::Layout<cute::Shape<cute::Int<kConsumerWgs>, cute::_1, cute::_1>>;
+  // S = Q K^T: M = query rows (64 per warpgroup), N = keys, K = D; both operands K-major.
+  using TiledMmaQK = decltype(cute::make_tiled_mma(typename GmmaAtoms<kBlock>::SS{}, WgLayout{}));
+  // O += P V: M = query rows, N = D, K = keys; P from registers, V N-major (D contiguous).
+  using TiledMmaPV =
+      decltype(cute::make_tiled_mma(typename GmmaAtoms<kHeadDim>::RS{}, WgLayout{}));
+
+  // Shared tiles, all the same physical layout: 64-column panels of 128-byte rows, 128B swizzle,
+  // exactly where a TMA box (64, kBlock) with CU_TENSOR_MAP_SWIZZLE_128B puts them.
+  using SmemLayoutQ = decltype(cute::tile_to_shape(
+      cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<BlockT, HeadT>{}));
+  using SmemLayoutK = decltype(cute::tile_to_shape(
+      cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<BlockT, HeadT, StagesT>{}));
+  // V seen as the (D, keys) B operand of P V.
+  using SmemLayoutVt = decltype(cute::tile_to_shape(
+      cute::SM90::GMMA::Layout_MN_SW128_Atom<Element>{}, cute::Shape<HeadT, BlockT, StagesT>{},
+      cute::Step<cute::_2, cute::_1, cute::_3>{}));
+};
+
+template <class T>
+struct alignas(1024) SharedStorage {
+  using Element = typename T::Element;
+  Element q[T::kBlock * T::kHeadDim];
+  Element k[T::kStages * T::kBlock * T::kHeadDim];
+  Element v[T::kStages * T::kBlock * T::kHeadDim];
+  Element o[T::kBlock * T::kHeadDim];  // epilogue staging, 64 rows per consumer warpgroup
+  uint64_t q_full;
+  uint64_t k_full[T::kStages];
+  uint64_t k_empty[T::kStages];
+  uint64_t v_full[T::kStages];
+  uint64_t v_empty[T::kStages];
+  uint64_t v_pad;
+  int32_t valid[T::kStages];  // valid keys of the block in each stage
+};
+
+struct TileCoord {
+  int m, h, b;
+};
+__device__ __forceinline__ TileCoord tile_coord(const BsaFwdSm90Params& p, int tile) {
+  TileCoord c;
+  c.m = tile % p.Nq;
+  const int bh = tile / p.Nq;
+  c.h = bh % p.Hq;
+  c.b = bh / p.Hq;
+  return c;
+}
+
+// ---- producer (warp 0) --------------------------------------------------------------------------
+// One stage of the K/V ring as the producer fills it.
+struct KvSlot {
+  int stage;
+  uint32_t phase;
+  int key0;  // first key (row) of the block
+  int info;  // valid keys, plus kPadFlag when keys past block_len lie inside the tensor
+};
+constexpr int kPadFlag = 1 << 16;
+
+template <class T>
+__device__ __forceinline__ void producer_load_k(const BsaFwdSm90Params& p, SharedStorage<T>& s,
+                                                const KvSlot& slot, int hk, int b, int lane) {
+  constexpr int kPanelElems = T::kBlock * 64;
+  mbarrier_wait(&s.k_empty[slot.stage], slot.phase ^ 1);
+  if (lane == 0) {
+    s.valid[slot.stage] = slot.info & (kPadFlag - 1);  // published by the arrive below (release)
+    mbarrier_arrive_expect_tx(&s.k_full[slot.stage], T::kTileBytes);
+#pragma unroll
+    for (int pnl = 0; pnl < T::kPanels; ++pnl)
+      tma_load_4d(&p.tma_k, s.k + slot.stage * T::kBlock * T::kHeadDim + pnl * kPanelElems,
+                  &s.k_full[slot.stage], pnl * 64, slot.key0, hk, b);
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void producer_load_v(const BsaFwdSm90Params& p, SharedStorage<T>& s,
+                                                const KvSlot& slot, int hk, int b, int lane,
+                                                uint32_t& pad_phase) {
+  constexpr int kPanelElems = T::kBlock * 64;
+  mbarrier_wait(&s.v_empty[slot.stage], slot.phase ^ 1);
+  typename T::Element* v_stage = s.v + slot.stage * T::kBlock * T::kHeadDim;
+  if ((slot.info & kPadFlag) == 0) {
+    if (lane == 0) {
+      mbarrier_arrive_expect_tx(&s.v_full[slot.stage], T::kTileBytes);
+#pragma unroll
+      for (int pnl = 0; pnl < T::kPanels; ++pnl)
+        tma_load_4d(&p.tma_v, v_stage + pnl * kPanelElems, &s.v_full[slot.stage], pnl * 64,
+                    slot.key0, hk, b);
+    }
+    return;
+  }
+  // Keys [valid, in-tensor end) are padding that TMA loads: land the tile, zero those rows (whole
+  // 128-byte rows of every panel: the swizzle permutes within a row), then publish the stage.
+  const int valid = slot.info & (kPadFlag - 1);
+  if (lane == 0) {
+    mbarrier_arrive_expect_tx(&s.v_pad, T::kTileBytes);
+#pragma unroll
+    for (int pnl = 0; pnl < T::kPanels; ++pnl)
+      tma_load_4d(&p.tma_v, v_stage + pnl * kPanelElems, &s.v_pad, pnl * 64, slot.key0, hk, b);
+  }
+  mbarrier_wait(&s.v_pad, pad_phase);
+  pad_phase ^= 1;
+  const int chunks = (T::kBlock - valid) * 8;  // 16-byte chunks per panel
+#pragma unroll
+  for (int pnl = 0; pnl < T::kPanels; ++pnl) {
+    uint4* dst = reinterpret_cast<uint4*>(v_stage + pnl * kPanelElems + valid * 64);
+    for (int c = lane; c < chunks; c += 32) dst[c] = make_uint4(0u, 0u, 0u, 0u);
+  }
+  fence_proxy_async_shared();  // the zeros are read by wgmma (async proxy)
+  __syncwarp();
+  if (lane == 0) mbarrier_arrive(&s.v_full[slot.stage]);
+}
+
+template <class T>
+__device__ __forceinline__ void producer_main(const BsaFwdSm90Params& p, SharedStorage<T>& s) {
+  constexpr int kBlock = T::kBlock;
+  constexpr int kPanelElems = kBlock * 64;
+  const int lane = threadIdx.x % 32;
+  if (lane == 0) {
+    prefetch_tensor_map(&p.tma_q);
+    prefetch_tensor_map(&p.tma_k);
+    prefetch_tensor_map(&p.tma_v);
+  }
+
+  KvSlot next{0, 0u, 0, 0};  // the ring position the next block takes
+  uint32_t pad_phase = 0;    // of v_pad
+#pragma unroll 1
+  for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
+    const TileCoord tc = tile_coord(p, tile);
+    const int count = p.meta.count(tc.b, tc.h, tc.m);
+    if (count <= 0) continue;  // the consumers write O = 0, LSE = -inf; nothing to load
+    const int hk = tc.h / p.group;
+
+    // [P1] Q, once the consumers are done with the previous tile's Q.
+    named_barrier_sync(id(NamedBarrier::kQueryEmpty), 32 + T::kConsumerThreads);
+    if (lane == 0) {
+      mbarrier_arrive_expect_tx(&s.q_full, T::kTileBytes);
+#pragma unroll
+      for (int pnl = 0; pnl < T::kPanels; ++pnl)
+        tma_load_4d(&p.tma_q, s.q + pnl * kPanelElems, &s.q_full, pnl * 64, tc.m * kBlock, tc.h,
+                    tc.b);
+    }
+
+    // [P2] K of block j, then V of block j - 1: the order the consumers use them in (block j's
+    // S GEMM is issued together with block j-1's P V GEMM). [P3] V of the last block.
+    KvSlot prev{};
+#pragma unroll 1
+    for (int first = 0; first < count; first += 32) {
+      // Lane i reads slot first + i: its KV block and valid keys.
+      int blk = 0, info = 0;
+      if (first + lane < count) {
+        blk = p.meta.q2k_index.at(tc.b, tc.h, tc.m, first + lane);
+        const int in_tensor = min(kBlock, p.Skv - blk * kBlock);
+        int len = in_tensor;
+        if (p.meta.kv_block_len.data != nullptr)
+          len = min(static_cast<int>(p.meta.kv_block_len.at(tc.b, blk)), in_tensor);
+        info = len | (len < in_tensor ? kPadFlag : 0);
+      }
+      const int n = min(32, count - first);
+#pragma unroll 1
+      for (int j = 0; j < n; ++j) {
+        KvSlot cur = next;
+        cur.key0 = __shfl_sync(0xffffffffu, blk, j) * kBlock;
+        cur.info = __shfl_sync(0xffffffffu, info, j);
+        producer_load_k<T>(p, s, cur, hk, tc.b, lane);
+        if (first + j > 0) producer_load_v<T>(p, s, prev, hk, tc.b, lane, pad_phase);
+        prev = cur;
+        if (++next.stage == T::kStages) {
+          next.stage = 0;
+          next.phase ^= 1;
+        }
+      }
+    }
+    producer_load_v<T>(p, s, prev, hk, tc.b, lane, pad_phase);
+  }
+}
+
+// ---- consumer helpers ---------------------------------------------------------------------------
+// Issues one warpgroup GEMM C (+)= A B over the whole K extent and commits it as one group; does
+// not wait. kZeroInit: C = A B.
+template <bool kZeroInit, class TiledMma, class TA, class TB, class TC>
+__device__ __forceinline__ void gemm_issue(TiledMma& mma, TA& a, const TB& b, TC& c) {
+  using namespace cute;
+  constexpr bool kRegA =
+      !cute::is_base_of<cute::SM90::GMMA::DescriptorIterator, typename TiledMma::FrgTypeA>::value;
+  if constexpr (kRegA) warpgroup_fence_operand(a);
+  warpgroup_fence_operand(c);
+  warpgroup_arrive();
+  mma.accumulate_ = kZeroInit ? SM90::GMMA::ScaleOut::Zero : SM90::GMMA::ScaleOut::One;
+  CUTE_UNROLL
+  for (int kb = 0; kb < size<2>(a); ++kb) {
+    cute::gemm(mma, a(_, _, kb), b(_, _, kb), c);
+    mma.accumulate_ = SM90::GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(c);
+  if constexpr (kRegA) warpgroup_fence_operand(a);
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_min(float x) {
+  x = fminf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fminf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Accumulator fragments of a 64 x N wgmma tile (per thread, linear register index i):
+//   row = 16 * warp_in_warpgroup + lane / 4 + 8 * ((i / 2) % 2)   -> "row slot" r = (i / 2) % 2
+//   col = 8 * (i / 4) + 2 * (lane % 4) + i % 2
+// The register order of one 16-column slice is also that of a wgmma A fragment (k16), so P
+// converts to the A operand of P V element by element.
+template <class Frag>
+__device__ __forceinline__ void mask_columns(Frag& s, int valid, float masked) {
+  const int col0 = 2 * (threadIdx.x % 4);
+  CUTE_UNROLL
+  for (int i = 0; i < cute::size(s); ++i)
+    if (8 * (i / 4) + col0 + (i % 2) >= valid) s(i) = masked;
+}
+
+// Online softmax state of a thread's two rows (log2 domain: row_max is max of s * scale_log2).
+struct RowStats {
+  float row_max[2];
+  float row_sum[2];  // this thread's share; quad-reduced in the epilogue
+};
+
+// Scores in s become probabilities 2^(s * scale_log2 - m_new); returns alpha[r] =
+// 2^(m_old - m_new), the factor for what O holds (0 on a row's first keys, 1 when unchanged).
+template <class Frag>
+__device__ __forceinline__ void online_softmax(Frag& s, RowStats& st, float scale_log2,
+                                               float (&alpha)[2]) {
+  constexpr int kN = cute::size(Frag{});
+  // Row extremes of the raw scores, 4 independent chains per row.
+  float e[2][4];
+  if (scale_log2 > 0.f) {
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r)
+      CUTE_UNROLL
+      for (int c = 0; c < 4; ++c) e[r][c] = -INFINITY;
+    CUTE_UNROLL
+    for (int i = 0; i < kN; ++i) {
+      float& x = e[(i / 2) % 2][(i % 2) + 2 * ((i / 4) % 2)];
+      x = fmaxf(x, s(i));
+    }
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r)
+      e[r][0] = quad_max(fmaxf(fmaxf(e[r][0], e[r][1]), fmaxf(e[r][2], e[r][3])));
+  } else {
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r)
+      CUTE_UNROLL
+      for (int c = 0; c < 4; ++c) e[r][c] = INFINITY;
+    CUTE_UNROLL
+    for (int i = 0; i < kN; ++i) {
+      float& x = e[(i / 2) % 2][(i % 2) + 2 * ((i / 4) % 2)];
+      x = fminf(x, s(i));
+    }
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r)
+      e[r][0] = quad_min(fminf(fminf(e[r][0], e[r][1]), fminf(e[r][2], e[r][3])));
+  }
+  float neg_m[2];
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const float m_new = fmaxf(st.row_max[r], e[r][0] * scale_log2);
+    // A row that has seen no key yet keeps max -inf: subtract 0 so that masked scores give
+    // 2^-inf = 0 rather than NaN.
+    const float m_use = m_new == -INFINITY ? 0.f : m_new;
+    alpha[r] = exp2_approx(st.row_max[r] - m_use);
+    st.row_max[r] = m_new;
+    neg_m[r] = -m_use;
+  }
+  float sum[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+  CUTE_UNROLL
+  for (int i = 0; i < kN; ++i) {
+    const int r = (i / 2) % 2;
+    const float pr = exp2_approx(fmaf(s(i), scale_log2, neg_m[r]));
+    s(i) = pr;
+    sum[r][i % 2] += pr;
+  }
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) st.row_sum[r] = st.row_sum[r] * alpha[r] + (sum[r][0] + sum[r][1]);
+}
+
+template <class FragS, class FragP>
+__device__ __forceinline__ void convert_p(const FragS& s, FragP& p) {
+  auto p32 = cute::recast<uint32_t>(p);
+  CUTE_UNROLL
+  for (int j = 0; j < cute::size(p32); ++j) p32(j) = pack_bf16x2(s(2 * j), s(2 * j + 1));
+}
+
+template <class FragO>
+__device__ __forceinline__ void scale_rows(FragO& o, const float (&f)[2]) {
+  CUTE_UNROLL
+  for (int i = 0; i < cute::size(o); ++i) o(i) *= f[(i / 2) % 2];
+}
+
+// ---- consumers ----------------------------------------------------------------------------------
+template <class T>
+__device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedStorage<T>& s,
+                                              int wg) {
+  using namespace cute;
+  using Element = typename T::Element;
+  using BlockT = typename T::BlockT;
+  using HeadT = typename T::HeadT;
+  constexpr int kBlock = T::kBlock;
+  constexpr int kHeadDim = T::kHeadDim;
+  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of an O row
+  constexpr bool kPingPong = T::kConsumerWgs == 2;
+
+  const int ctid = threadIdx.x - 128;  // 0 .. kConsumerThreads - 1
+  const int wtid = ctid % 128;         // within the warpgroup
+  const int lane = threadIdx.x % 32;
+  const int warp_in_wg = wtid / 32;
+
+  typename T::TiledMmaQK mma_qk;
+  typename T::TiledMmaPV mma_pv;
+  auto thr_qk = mma_qk.get_thread_slice(ctid);
+  auto thr_pv = mma_pv.get_thread_slice(ctid);
+  Tensor sQ = make_tensor(make_smem_ptr(s.q), typename T::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(s.k), typename T::SmemLayoutK{});
+  Tensor sVt = make_tensor(make_smem_ptr(s.v), typename T::SmemLayoutVt{});
+  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);   // descriptors (MMA, 1, D/16)
+  Tensor tSrK = thr_qk.partition_fragment_B(sK);   // descriptors (MMA, 1, D/16, stages)
+  Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // descriptors (MMA, 1, kBlock/16, stages)
+  Tensor tSrS = partition_fragment_C(mma_qk, Shape<BlockT, BlockT>{});  // fp32 ((2,2,kBlock/8),1,1)
+  Tensor tOrO = partition_fragment_C(mma_pv, Shape<BlockT, HeadT>{});   // fp32 ((2,2,D/8),1,1)
+  Tensor tOrP = make_tensor<Element>(partition_shape_A(mma_pv, Shape<BlockT, BlockT>{}));
+  static_assert(decltype(size(tOrP))::value == decltype(size(tSrS))::value);
+
+  const float scale_log2 = p.scale_log2;
+  const float masked = p.masked_score;
+  const NamedBarrier my_schedule = offset(NamedBarrier::kScheduleWg0, wg);
+  const NamedBarrier other_schedule = offset(NamedBarrier::kScheduleWg0, 1 - wg);
+  const NamedBarrier my_epilogue = offset(NamedBarrier::kEpilogueWg0, wg);
+  // Consumer warps release a stage with one arrive each (after their wgmma wait).
+  const bool releaser = lane == 0;
+
+  // The producer may load the first Q; consumer 0 may issue first.
+  named_barrier_arrive(id(NamedBarrier::kQueryEmpty), 32 + T::kConsumerThreads);
+  if constexpr (kPingPong) {
+    if (wg == 0) named_barrier_arrive(id(NamedBarrier::kScheduleWg0), 256);
+  }
+
+  int stage = 0;
+  uint32_t phase = 0;    // of the K/V ring ("full" barriers)
+  uint32_t q_phase = 0;  // of q_full
+  uint8_t* s_o = reinterpret_cast<uint8_t*>(s.o) + wg * 64 * T::kRowBytes;
+
+#pragma unroll 1
+  for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
+    const TileCoord tc = tile_coord(p, tile);
+    const int count = p.meta.count(tc.b, tc.h, tc.m);
+    const int row0 = tc.m * kBlock + wg * 64;  // first query row of this warpgroup
+    Element* o_head =
+        static_cast<Element*>(p.o.data) + tc.b * p.o.sb + tc.h * p.o.sh;  // row 0, d 0
+    float* lse_head = p.lse + tc.b * p.lse_stride[0] + tc.h * p.lse_stride[1];
+
+    if (count <= 0) {
+      // [C0] No block: O = 0, LSE = -inf for the rows < S_q.
+#pragma unroll
+      for (int it = 0; it < 64 * kChunks / 128; ++it) {
+        const int idx = it * 128 + wtid;
+        const int r = idx / kChunks, c = idx % kChunks;
+        if (row0 + r < p.Sq)
+          *reinterpret_cast<uint4*>(o_head + (row0 + r) * p.o.ss + c * 8) =
+              make_uint4(0u, 0u, 0u, 0u);
+      }
+      if (wtid < 64 && row0 + wtid < p.Sq) lse_head[(row0 + wtid) * p.lse_stride[2]] = -INFINITY;
+      continue;
+    }
+
+    RowStats st;
+    st.row_max[0] = st.row_max[1] = -INFINITY;
+    st.row_sum[0] = st.row_sum[1] = 0.f;
+    float alpha[2];
+
+    // [C1] First block: S = Q K^T, softmax, P.
+    mbarrier_wait(&s.q_full, q_phase);
+    q_phase ^= 1;
+    mbarrier_wait(&s.k_full[stage], phase);
+    int valid = s.valid[stage];
+    gemm_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrS);
+    if (releaser) mbarrier_arrive(&s.k_empty[stage]);
+    if (count == 1) named_barrier_arrive(id(NamedBarrier::kQueryEmpty), 32 + T::kConsumerThreads);
+    if (valid < kBlock) mask_columns(tSrS, valid, masked);
+    online_softmax(tSrS, st, scale_log2, alpha);
+    convert_p(tSrS, tOrP);
+    clear(tOrO);
+    int v_stage = stage;
+    uint32_t v_phase = phase;
+    if (++stage == T::kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+
+    // [C2] Block j >= 1: S_j = Q K_j^T and O += P_{j-1} V_{j-1} issued together; the softmax of
+    // S_j runs while the P V GEMM does.
+#pragma unroll 1
+    for (int j = 1; j < count; ++j) {
+      mbarrier_wait(&s.k_full[stage], phase);
+      valid = s.valid[stage];
+      if constexpr (kPingPong) named_barrier_sync(id(my_schedule), 256);
+      gemm_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS);
+      mbarrier_wait(&s.v_full[v_stage], v_phase);
+      gemm_issue<false>(mma_pv, tOrP, tOrV(_, _, _, v_stage), tOrO);
+      if constexpr (kPingPong) named_barrier_arrive(id(other_schedule), 256);
+      warpgroup_wait<1>();  // S_j is ready
+      warpgroup_fence_operand(tSrS);
+      if (releaser) mbarrier_arrive(&s.k_empty[stage]);
+      if (j == count - 1)
+        named_barrier_arrive(id(NamedBarrier::kQueryEmpty), 32 + T::kConsumerThreads);
+      if (valid < kBlock) mask_columns(tSrS, valid, masked);
+      online_softmax(tSrS, st, scale_log2, alpha);
+      warpgroup_wait<0>();  // P_{j-1} V_{j-1} is done: V stage and P registers are free
+      warpgroup_fence_operand(tOrO);
+      warpgroup_fence_operand(tOrP);
+      if (releaser) mbarrier_arrive(&s.v_empty[v_stage]);
+      convert_p(tSrS, tOrP);
+      scale_rows(tOrO, alpha);
+      v_stage = stage;
+      v_phase = phase;
+      if (++stage == T::kStages) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+
+    // [C3] Last P V.
+    mbarrier_wait(&s.v_full[v_stage], v_phase);
+    gemm_issue<false>(mma_pv, tOrP, tOrV(_, _, _, v_stage), tOrO);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tOrO);
+    warpgroup_fence_operand(tOrP);
+    if (releaser) mbarrier_arrive(&s.v_empty[v_stage]);
+
+    // [C4] Epilogue: O / rowsum -> bf16 -> staging smem (16-byte chunks XOR-swizzled by row) ->
+    // 16-byte stores of the rows < S_q; LSE = (m + log2(rowsum)) * ln 2.
+    float inv[2], lse[2];
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      const float sum = quad_sum(st.row_sum[r]);
+      const bool any = sum > 0.f;
+      inv[r] = any ? 1.f / sum : 0.f;
+      lse[r] = any ? (st.row_max[r] + __log2f(sum)) * 0.69314718055994531f : -INFINITY;
+    }
+    named_barrier_sync(id(my_epilogue), 128);  // the previous tile's copy-out has read s_o
+    const int frag_row = 16 * warp_in_wg + lane / 4;
+    CUTE_UNROLL
+    for (int i = 0; i < size(tOrO); i += 2) {
+      const int r = (i / 2) % 2;
+      const int row = frag_row + 8 * r;
+      const int chunk = i / 4;  // 8 columns per chunk
+      const uint32_t packed = pack_bf16x2(tOrO(i) * inv[r], tOrO(i + 1) * inv[r]);
+      *reinterpret_cast<uint32_t*>(s_o + row * T::kRowBytes + ((chunk ^ (row & 7)) << 4) +
+                                   4 * (lane % 4)) = packed;
+    }
+    if (lane % 4 == 0) {
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        const int row = row0 + frag_row + 8 * r;
+        if (row < p.Sq) lse_head[row * p.lse_stride[2]] = lse[r];
+      }
+    }
+    named_barrier_sync(id(my_epilogue), 128);
+#pragma unroll
+    for (int it = 0; it < 64 * kChunks / 128; ++it) {
+      const int idx = it * 128 + wtid;
+      const int r = idx / kChunks, c = idx % kChunks;
+      if (row0 + r < p.Sq) {
+        const uint4 chunk =
+            *reinterpret_cast<const uint4*>(s_o + r * T::kRowBytes + ((c ^ (r & 7)) << 4));
+        *reinterpret_cast<uint4*>(o_head + (row0 + r) * p.o.ss + c * 8) = chunk;
+      }
+    }
+  }
+}
+
+// ---- kernel -------------------------------------------------------------------------------------
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
+    bsa_forward_sm90_kernel(const __grid_constant__ BsaFwdSm90Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_raw[];
+  SharedStorage<T>& s = *reinterpret_cast<SharedStorage<T>*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+
+  if (threadIdx.x == 0) {
+    mbarrier_init(&s.q_full, 1);
+    mbarrier_init(&s.v_pad, 1);
+#pragma unroll
+    for (int i = 0; i < T::kStages; ++i) {
+      mbarrier_init(&s.k_full[i], 1);
+      mbarrier_init(&s.v_full[i], 1);
+      mbarrier_init(&s.k_empty[i], T::kConsumerWarps);
+      mbarrier_init(&s.v_empty[i], T::kConsumerWarps);
+    }
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  const Role role = static_cast<Role>(__shfl_sync(0xffffffffu, threadIdx.x / 128, 0));
+  if (role == Role::kProducer) {
+    setmaxnreg_dec<T::kProducerRegs>();
+    if (threadIdx.x < 32) producer_main<T>(p, s);
+  } else {
+    setmaxnreg_inc<T::kConsumerRegs>();
+    consumer_main<T>(p, s, static_cast<int>(role) - static_cast<int>(Role::kConsumer0));
+  }
+#endif
+}
+
+}  // namespace sa::sm90

@@ -1,0 +1,455 @@
+// The Hopper BSA forward (src/sm90/bsa_forward.cu) against the fp64 reference (SPEC 1).
+//
+// Same method as test_gpu_bsa_forward.cpp (the portable forward), with options.impl forced to
+// SA_IMPL_SM90: random inputs and sparsity pattern built on the host (bsa_problem_builder.hpp),
+// device copies with padded rows and a guard region (NaN, must come back untouched), o and lse
+// poisoned with NaN, the reference run through the same public API on fp64 copies. The cases
+// cover both block sizes and head dims, GQA/MQA, BSHD, partial KV blocks (block_len and S_kv),
+// S_q and S_kv not multiples of the block, empty rows, fixed counts, rows longer than the
+// producer's 32-slot chunk, more work tiles than CTAs (the persistent loop crosses tiles with its
+// pipeline state), and padded keys whose K and V hold NaN (they must not take part).
+// Tests skip unless the device is sm_90.
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bsa_problem_builder.hpp"
+#include "test_util.hpp"
+
+#if SA_HAVE_SM90
+
+namespace sa_test {
+namespace {
+
+bool device_is_sm90() {
+  static const bool yes = [] {
+    if (!cuda_available()) return false;
+    cudaDeviceProp prop{};
+    return cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major == 9 && prop.minor == 0;
+  }();
+  return yes;
+}
+
+#define SA_SKIP_UNLESS_SM90()                                               \
+  do {                                                                      \
+    SA_SKIP_WITHOUT_GPU();                                                  \
+    if (!::sa_test::device_is_sm90()) GTEST_SKIP() << "not an sm_90 device"; \
+  } while (0)
+
+// ---- device memory ---------------------------------------------------------------------------
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(const std::vector<uint8_t>& bytes) : bytes_(bytes.size()) {
+    if (bytes_ == 0) return;
+    ok_ = cudaMalloc(&ptr_, bytes_) == cudaSuccess &&
+          cudaMemcpy(ptr_, bytes.data(), bytes_, cudaMemcpyHostToDevice) == cudaSuccess;
+  }
+  ~DeviceBuffer() {
+    if (ptr_ != nullptr) (void)cudaFree(ptr_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* get() const { return ptr_; }
+  bool ok() const { return ok_; }
+  bool download(std::vector<uint8_t>& bytes) const {
+    bytes.resize(bytes_);
+    return cudaMemcpy(bytes.data(), ptr_, bytes_, cudaMemcpyDeviceToHost) == cudaSuccess;
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+  bool ok_ = true;
+};
+
+// A device copy of a host tensor whose innermost rows are `pad` elements wider than the tensor
+// and which is followed by `guard` elements; floating padding and guard hold NaN.
+class DeviceTensor {
+ public:
+  DeviceTensor(const HostTensor& t, int64_t pad, int64_t guard)
+      : dtype_(t.dtype()), shape_(t.shape()), pad_(pad), guard_(guard) {
+    const int64_t esize = sa::dtype_size(dtype_);
+    const int64_t X = shape_.back();
+    const int64_t rows = t.numel() / X;
+    HostTensor phys(dtype_, {rows * (X + pad) + guard});
+    if (dtype_ != SA_DTYPE_INT32) phys.poison();
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(static_cast<uint8_t*>(phys.data()) + r * (X + pad) * esize,
+                  static_cast<const uint8_t*>(t.data()) + r * X * esize,
+                  static_cast<size_t>(X * esize));
+    buffer_ = std::make_unique<DeviceBuffer>(phys.bytes());
+    view_ = sa_tensor_contiguous(buffer_->get(), dtype_, static_cast<int32_t>(shape_.size()),
+                                 shape_.data(), SA_DEVICE_CUDA, 0);
+    int64_t stride = 1;
+    for (int i = static_cast<int>(shape_.size()) - 1; i >= 0; --i) {
+      view_.strides[i] = stride;
+      stride *= (i == static_cast<int>(shape_.size()) - 1) ? X + pad : shape_[i];
+    }
+  }
+  bool ok() const { return buffer_->ok(); }
+  const sa_tensor& view() const { return view_; }
+
+  // Copies the tensor back into `t`; fails when some element of the padding or guard is no
+  // longer NaN (something wrote outside the tensor).
+  ::testing::AssertionResult download(HostTensor& t) const {
+    std::vector<uint8_t> bytes;
+    if (!buffer_->download(bytes)) return ::testing::AssertionFailure() << "cudaMemcpy failed";
+    const int64_t esize = sa::dtype_size(dtype_);
+    const int64_t X = shape_.back();
+    const int64_t rows = t.numel() / X;
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(static_cast<uint8_t*>(t.data()) + r * X * esize,
+                  bytes.data() + r * (X + pad_) * esize, static_cast<size_t>(X * esize));
+    HostTensor phys(dtype_, {rows * (X + pad_) + guard_});
+    std::memcpy(phys.data(), bytes.data(), bytes.size());
+    for (int64_t i = 0; i < phys.numel(); ++i) {
+      const bool outside = i >= rows * (X + pad_) || i % (X + pad_) >= X;
+      if (outside && !std::isnan(phys.get(i)))
+        return ::testing::AssertionFailure()
+               << "element " << i << " outside the tensor was written (" << phys.get(i) << ")";
+    }
+    return ::testing::AssertionSuccess();
+  }
+
+ private:
+  sa_dtype dtype_;
+  std::vector<int64_t> shape_;
+  int64_t pad_, guard_;
+  std::unique_ptr<DeviceBuffer> buffer_;
+  sa_tensor view_{};
+};
+
+HostTensor to_fp64(const HostTensor& t) {
+  HostTensor r(SA_DTYPE_FP64, t.shape());
+  for (int64_t i = 0; i < t.numel(); ++i) r.set(i, t.get(i));
+  return r;
+}
+
+// K and V of every padded key inside the tensor (past kv_block_len, below S_kv) := NaN.
+void poison_padded_keys(const BsaShape& s, const BsaPattern& pat, BsaTensors& t) {
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t n = 0; n < s.Nkv(); ++n)
+      for (int64_t j = n * s.block + pat.block_len(s, b, n);
+           j < std::min<int64_t>((n + 1) * s.block, s.Skv); ++j)
+        for (int64_t hk = 0; hk < s.Hkv; ++hk) {
+          for (int64_t x = 0; x < s.D; ++x) t.k.set(bsa_index(t.k, s.layout, b, hk, j, x), NAN);
+          for (int64_t x = 0; x < s.Dv; ++x) t.v.set(bsa_index(t.v, s.layout, b, hk, j, x), NAN);
+        }
+}
+
+// ---- cases -----------------------------------------------------------------------------------
+struct Sm90BsaCase {
+  std::string name;
+  BsaShape shape;
+  BsaPatternSpec spec;
+  float scale = 0.f;         // 0: 1/sqrt(D)
+  int64_t pad = 8;           // extra elements per innermost row of q, k, v, o on the device
+  bool nan_padding = false;  // K and V of padded keys inside the tensor are NaN
+};
+
+void PrintTo(const Sm90BsaCase& c, std::ostream* os) { *os << c.name; }
+
+BsaShape shape_of(int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq, int64_t Skv, int64_t D,
+                  int32_t block, int64_t Kmax, sa_layout layout = SA_LAYOUT_BHSD) {
+  BsaShape s;
+  s.B = B;
+  s.Hq = Hq;
+  s.Hkv = Hkv;
+  s.Sq = Sq;
+  s.Skv = Skv;
+  s.D = D;
+  s.Dv = D;
+  s.block = block;
+  s.Kmax = Kmax;
+  s.layout = layout;
+  return s;
+}
+
+// per_row: q2k_count given; fixed: the count of every row otherwise (-1: K_max); empty: some rows
+// list no block; len / len_per_batch: kv_block_len [N_kv] / [B, N_kv] with partial blocks.
+BsaPatternSpec spec_of(bool per_row, int32_t fixed, bool empty, bool len,
+                       bool len_per_batch = false) {
+  BsaPatternSpec s;
+  s.per_row_count = per_row;
+  s.fixed_count = fixed;
+  s.empty_rows = empty;
+  s.kv_block_len = len;
+  s.kv_block_len_per_batch = len_per_batch;
+  return s;
+}
+
+Sm90BsaCase make_case(std::string name, BsaShape shape, BsaPatternSpec spec, float scale = 0.f,
+                      int64_t pad = 8, bool nan_padding = false) {
+  Sm90BsaCase c;
+  c.name = std::move(name);
+  c.shape = shape;
+  c.spec = spec;
+  c.scale = scale;
+  c.pad = pad;
+  c.nan_padding = nan_padding;
+  return c;
+}
+
+constexpr sa_layout kBshd = SA_LAYOUT_BSHD;
+
+const Sm90BsaCase kCases[] = {
+    // block 128: two consumer warpgroups of 64 rows
+    make_case("Block128D128MhaBhsd", shape_of(1, 2, 2, 256, 384, 128, 128, 3),
+              spec_of(true, -1, false, false)),
+    make_case("Block128D128GqaBshdPartialLenPerBatchEmptyRows",
+              shape_of(2, 4, 2, 300, 333, 128, 128, 3, kBshd), spec_of(true, -1, true, true, true)),
+    make_case("Block128D128MqaFixedCountSkvNotMultiple", shape_of(1, 4, 1, 128, 129, 128, 128, 2),
+              spec_of(false, 2, false, false)),
+    make_case("Block128D64MqaFixedCountPartialLen", shape_of(1, 3, 1, 200, 300, 64, 128, 2),
+              spec_of(false, 2, false, true)),
+    make_case("Block128D64GqaBshdEmptyRows", shape_of(2, 4, 2, 257, 256, 64, 128, 2, kBshd),
+              spec_of(true, -1, true, false)),
+    // block 64: one consumer warpgroup, two CTAs per SM
+    make_case("Block64D128GqaBshdPartialLenEmptyRows",
+              shape_of(1, 4, 2, 130, 200, 128, 64, 3, kBshd), spec_of(true, -1, true, true)),
+    make_case("Block64D128MhaBhsd", shape_of(2, 2, 2, 192, 256, 128, 64, 4),
+              spec_of(true, -1, false, false)),
+    make_case("Block64D64MqaPartialLenPerBatch", shape_of(2, 2, 1, 190, 250, 64, 64, 4),
+              spec_of(true, -1, true, true, true)),
+    make_case("Block64D64GqaBshdFixedCount", shape_of(1, 6, 3, 100, 320, 64, 64, 5, kBshd),
+              spec_of(false, -1, false, false)),
+    // contiguous tensors (no row padding)
+    make_case("Block128D128Contiguous", shape_of(1, 2, 1, 200, 256, 128, 128, 2),
+              spec_of(true, -1, false, true), 0.f, 0),
+    make_case("Block64D64BshdContiguous", shape_of(2, 3, 1, 150, 200, 64, 64, 3, kBshd),
+              spec_of(true, -1, true, true), 0.f, 0),
+    // a negative scale (the softmax tracks the minimum dot product)
+    make_case("Block128D128NegativeScale", shape_of(1, 2, 2, 200, 256, 128, 128, 2),
+              spec_of(true, -1, false, true), -0.2f),
+    make_case("Block64D128NegativeScale", shape_of(1, 2, 2, 200, 256, 128, 64, 3),
+              spec_of(true, -1, true, true), -0.15f),
+    // rows longer than the producer's 32-slot chunk of the block list
+    make_case("Block64D64RowOf150Blocks", shape_of(1, 1, 1, 64, 64 * 150, 64, 64, 150),
+              spec_of(false, 150, false, true)),
+    make_case("Block128D128RowOf40Blocks", shape_of(1, 2, 1, 256, 128 * 40, 128, 128, 40),
+              spec_of(true, -1, false, true)),
+    // every row empty
+    make_case("Block128D128CountZero", shape_of(1, 2, 2, 200, 256, 128, 128, 2),
+              spec_of(false, 0, false, false)),
+    make_case("Block64D64CountZero", shape_of(1, 2, 2, 200, 256, 64, 64, 2),
+              spec_of(false, 0, false, false)),
+    // more work tiles than CTAs: each CTA runs several tiles (mixed counts, empty rows)
+    make_case("Block128D64PersistentManyTiles", shape_of(2, 4, 1, 4096, 1024, 64, 128, 2),
+              spec_of(true, -1, true, true)),
+    make_case("Block64D64PersistentManyTiles", shape_of(2, 4, 2, 4096, 1024, 64, 64, 2, kBshd),
+              spec_of(true, -1, true, true, true)),
+    // padded keys inside the tensor hold NaN in K and V: they must not take part
+    make_case("Block128D128NanInPaddedKeys", shape_of(1, 2, 1, 256, 512, 128, 128, 4),
+              spec_of(true, -1, false, true), 0.f, 8, true),
+    make_case("Block64D64NanInPaddedKeysBshd", shape_of(2, 2, 2, 128, 320, 64, 64, 5, kBshd),
+              spec_of(true, -1, true, true, true), 0.f, 8, true),
+};
+
+class Sm90BsaForward : public ::testing::TestWithParam<Sm90BsaCase> {};
+
+TEST_P(Sm90BsaForward, MatchesReference) {
+  SA_SKIP_UNLESS_SM90();
+  const Sm90BsaCase& c = GetParam();
+  const BsaShape& s = c.shape;
+  std::mt19937_64 rng(std::hash<std::string>{}(c.name));
+  BsaPattern pat = random_bsa_pattern(s, c.spec, rng);
+  BsaTensors t = make_bsa_tensors(s, SA_DTYPE_BF16, rng);
+  if (c.spec.empty_rows) {
+    ASSERT_TRUE(pat.has_empty_row(s));
+  }
+  if (c.nan_padding) poison_padded_keys(s, pat, t);
+
+  sa_bsa_options options = sa_bsa_options_default();
+  options.scale = c.scale;
+  options.layout = s.layout;
+  options.block_size = s.block;
+  options.count = pat.has_count ? -1 : pat.fixed_count;
+  options.impl = SA_IMPL_SM90;
+
+  // ---- GPU: CUDA tensors, o and lse poisoned, the sm90 implementation forced ----
+  const int64_t guard = 64 * s.Dv;
+  DeviceTensor q(t.q, c.pad, 0), k(t.k, c.pad, 0), v(t.v, c.pad, 0), o(t.o, c.pad, guard);
+  DeviceTensor lse(t.lse, 0, 64);
+  DeviceTensor index(pat.q2k_index, 0, 0);
+  HostTensor none_host(SA_DTYPE_INT32, {1});
+  DeviceTensor count(pat.has_count ? pat.q2k_count : none_host, 0, 0);
+  DeviceTensor block_len(pat.has_block_len ? pat.kv_block_len : none_host, 0, 0);
+  ASSERT_TRUE(q.ok() && k.ok() && v.ok() && o.ok() && lse.ok() && index.ok() && count.ok() &&
+              block_len.ok());
+
+  sa_bsa_fwd_args args{};
+  args.q = q.view();
+  args.k = k.view();
+  args.v = v.view();
+  args.o = o.view();
+  args.lse = lse.view();
+  args.sparsity.q2k_index = index.view();
+  args.sparsity.q2k_count = pat.has_count ? count.view() : sa_tensor_none();
+  args.sparsity.kv_block_len = pat.has_block_len ? block_len.view() : sa_tensor_none();
+  args.options = options;
+  sa_impl used = SA_IMPL_AUTO;
+  sa_context ctx = sa_context_default();
+  ctx.impl_used = &used;
+  ASSERT_EQ(sa_bsa_forward(&args, &ctx), SA_OK) << sa_last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(used, SA_IMPL_SM90);
+  HostTensor o_gpu(SA_DTYPE_BF16, t.o.shape()), lse_gpu(SA_DTYPE_FP32, t.lse.shape());
+  ASSERT_TRUE(o.download(o_gpu)) << "o";
+  ASSERT_TRUE(lse.download(lse_gpu)) << "lse";
+
+  // ---- oracle: the fp64 reference through the same API on fp64 copies ----
+  HostTensor q64 = to_fp64(t.q), k64 = to_fp64(t.k), v64 = to_fp64(t.v);
+  HostTensor o_ref(SA_DTYPE_FP64, t.o.shape()), lse_ref(SA_DTYPE_FP32, t.lse.shape());
+  sa_bsa_fwd_args ref = args;
+  ref.q = q64.view();
+  ref.k = k64.view();
+  ref.v = v64.view();
+  ref.o = o_ref.view();
+  ref.lse = lse_ref.view();
+  ref.sparsity = pat.sparsity();
+  ref.options.impl = SA_IMPL_REFERENCE;
+  ASSERT_EQ(sa_bsa_forward(&ref, nullptr), SA_OK) << sa_last_error();
+
+  const std::vector<double> got = bhsd_doubles(o_gpu, s.layout);
+  const std::vector<double> want = bhsd_doubles(o_ref, s.layout);
+  EXPECT_FALSE(any_nan(got)) << "NaN in o";
+  EXPECT_LT(rel_l2(got, want), 1e-2) << "rel L2 of o";
+  // Rows without keys: exactly 0.
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t h = 0; h < s.Hq; ++h)
+      for (int64_t i = 0; i < s.Sq; ++i) {
+        if (pat.count(b, h, i / s.block) != 0) continue;
+        for (int64_t x = 0; x < s.Dv; ++x)
+          ASSERT_EQ(got[static_cast<size_t>(((b * s.Hq + h) * s.Sq + i) * s.Dv + x)], 0.0)
+              << "o of an empty row, b=" << b << " h=" << h << " i=" << i;
+      }
+  // LSE: within 1e-4, -inf exactly where the reference has it, no NaN.
+  EXPECT_TRUE(all_close(lse_gpu.to_double(), lse_ref.to_double(), 1e-4, 0.0)) << "lse";
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, Sm90BsaForward, ::testing::ValuesIn(kCases),
+                         [](const ::testing::TestParamInfo<Sm90BsaCase>& info) {
+                           return info.param.name;
+                         });
+
+// ---- dispatch ----------------------------------------------------------------------------------
+// Device tensors of one small problem, for the dispatch tests.
+struct SmallProblem {
+  BsaShape s;
+  BsaPattern pat;
+  BsaTensors t;
+  std::unique_ptr<DeviceTensor> q, k, v, o, lse, index;
+  sa_bsa_fwd_args args{};
+
+  SmallProblem(int64_t D, sa_dtype dtype, int32_t index_value = -1) {
+    s = shape_of(1, 2, 1, 128, 256, D, 64, 2);
+    std::mt19937_64 rng(11);
+    pat = random_bsa_pattern(s, spec_of(false, 2, false, false), rng);
+    if (index_value >= 0) pat.index(0, 1, 1, 1) = index_value;
+    t = make_bsa_tensors(s, dtype, rng);
+    q = std::make_unique<DeviceTensor>(t.q, 0, 0);
+    k = std::make_unique<DeviceTensor>(t.k, 0, 0);
+    v = std::make_unique<DeviceTensor>(t.v, 0, 0);
+    o = std::make_unique<DeviceTensor>(t.o, 0, 0);
+    lse = std::make_unique<DeviceTensor>(t.lse, 0, 0);
+    index = std::make_unique<DeviceTensor>(pat.q2k_index, 0, 0);
+    args.q = q->view();
+    args.k = k->view();
+    args.v = v->view();
+    args.o = o->view();
+    args.lse = lse->view();
+    args.sparsity.q2k_index = index->view();
+    args.sparsity.q2k_count = sa_tensor_none();
+    args.sparsity.kv_block_len = sa_tensor_none();
+    args.options = sa_bsa_options_default();
+    args.options.block_size = s.block;
+    args.options.count = 2;
+  }
+  bool ok() const {
+    return q->ok() && k->ok() && v->ok() && o->ok() && lse->ok() && index->ok();
+  }
+};
+
+// Automatic choice: bf16 goes to sm90, fp16 (not served by sm90) falls back to the portable path.
+TEST(Sm90BsaForwardDispatch, AutoPicksSm90ForBf16AndPortableForFp16) {
+  SA_SKIP_UNLESS_SM90();
+  for (sa_dtype dtype : {SA_DTYPE_BF16, SA_DTYPE_FP16}) {
+    SmallProblem pr(64, dtype);
+    ASSERT_TRUE(pr.ok());
+    sa_impl used = SA_IMPL_AUTO;
+    sa_context ctx = sa_context_default();
+    ctx.impl_used = &used;
+    ASSERT_EQ(sa_bsa_forward(&pr.args, &ctx), SA_OK) << sa_last_error();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(used, dtype == SA_DTYPE_BF16 ? SA_IMPL_SM90 : SA_IMPL_PORTABLE);
+  }
+}
+
+// Forced sm90 on what it does not serve: refused with the reason, nothing run.
+TEST(Sm90BsaForwardDispatch, RefusesFp16AndHeadDim96) {
+  SA_SKIP_UNLESS_SM90();
+  {
+    SmallProblem pr(64, SA_DTYPE_FP16);
+    ASSERT_TRUE(pr.ok());
+    pr.args.options.impl = SA_IMPL_SM90;
+    EXPECT_EQ(sa_bsa_forward(&pr.args, nullptr), SA_ERROR_UNSUPPORTED);
+    EXPECT_NE(std::string(sa_last_error()).find("dtype fp16 (sm90 forward supports bf16)"),
+              std::string::npos)
+        << sa_last_error();
+  }
+  {
+    SmallProblem pr(96, SA_DTYPE_BF16);
+    ASSERT_TRUE(pr.ok());
+    pr.args.options.impl = SA_IMPL_SM90;
+    EXPECT_EQ(sa_bsa_forward(&pr.args, nullptr), SA_ERROR_UNSUPPORTED);
+    EXPECT_NE(std::string(sa_last_error()).find("D = 96, D_v = 96"), std::string::npos)
+        << sa_last_error();
+  }
+}
+
+// options.validate runs the GPU metadata check before the sm90 kernel.
+TEST(Sm90BsaForwardDispatch, ValidateReportsBadIndex) {
+  SA_SKIP_UNLESS_SM90();
+  SmallProblem pr(64, SA_DTYPE_BF16, /*index_value=*/1000);
+  ASSERT_TRUE(pr.ok());
+  pr.args.options.impl = SA_IMPL_SM90;
+  pr.args.options.validate = 1;
+  EXPECT_EQ(sa_bsa_forward(&pr.args, nullptr), SA_ERROR_INVALID_METADATA);
+  EXPECT_NE(std::string(sa_last_error()).find("= 1000"), std::string::npos) << sa_last_error();
+}
+
+// CPU tensors: the sm90 path declines with its reason (no GPU needed).
+TEST(Sm90BsaForwardDispatch, RefusesCpuTensors) {
+  BsaShape s = shape_of(1, 1, 1, 64, 64, 64, 64, 1);
+  std::mt19937_64 rng(3);
+  BsaPattern pat = random_bsa_pattern(s, spec_of(false, 1, false, false), rng);
+  BsaTensors t = make_bsa_tensors(s, SA_DTYPE_BF16, rng);
+  sa_bsa_fwd_args args{};
+  args.q = t.q.view();
+  args.k = t.k.view();
+  args.v = t.v.view();
+  args.o = t.o.view();
+  args.lse = t.lse.view();
+  args.sparsity = pat.sparsity();
+  args.options = sa_bsa_options_default();
+  args.options.block_size = 64;
+  args.options.count = 1;
+  args.options.impl = SA_IMPL_SM90;
+  EXPECT_EQ(sa_bsa_forward(&args, nullptr), SA_ERROR_UNSUPPORTED);
+  EXPECT_NE(std::string(sa_last_error()).find("needs CUDA tensors"), std::string::npos)
+      << sa_last_error();
+}
+
+}  // namespace
+}  // namespace sa_test
+
+#endif  // SA_HAVE_SM90
