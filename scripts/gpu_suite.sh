@@ -10,7 +10,7 @@
 #   SAN_FILTER      gtest filter for compute-sanitizer (default: one small case per GPU kernel)
 #   BENCH_FULL=1    every headline shape in `sparse-attention bench` (default: the paired A/B
 #                   of each optimisation at the headline shape)
-#   ANCHORS_ARGS    extra arguments of bench/anchors.py (default: --budget-s 100)
+#   ANCHORS_ARGS    extra arguments of bench/anchors.py (default: --budget-s 50)
 #   PY_TESTS        pytest targets (default: python/tests/test_cuda.py)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,15 +19,20 @@ mkdir -p "$OUT"
 STEPS="${*:-tests sanitize python demo bench anchors}"
 BIN=./build
 status=0
+SUMMARY=()
 note() { echo "== $* ($(date +%H:%M:%S))"; }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
-
+# Records a step's outcome for the summary printed last (the device tool returns the tail).
+verdict() { if [ "$2" -eq 0 ]; then SUMMARY+=("$1: ok"); else SUMMARY+=("$1: FAILED ($2)"); status=1; fi; }
+# At most 8 files come back from the device: gpu info goes into the test log, both sanitizer
+# tools into one log.
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu \
-  --format=csv > "$OUT/gpu.txt" 2>&1 || true
+  --format=csv > "$OUT/gpu_tests.log" 2>&1 || true
 
 if has tests; then
   note "GoogleTest suite (CPU and GPU tests)"
-  timeout 300 "$BIN/sa_tests" --gtest_brief=1 > "$OUT/gpu_tests.log" 2>&1 || status=1
+  rc=0; timeout 300 "$BIN/sa_tests" --gtest_brief=1 >> "$OUT/gpu_tests.log" 2>&1 || rc=$?
+  verdict tests $rc
   grep -E "FAILED|PASSED|SKIPPED \]|tests ran" "$OUT/gpu_tests.log" | tail -25
 fi
 
@@ -40,12 +45,16 @@ if has sanitize; then
   DEFAULT_SAN+="Cases/Sm90BsaForward.MatchesReference/Block64D64MqaPartialLenPerBatch:"
   DEFAULT_SAN+="GpuReverseMapGraph.*"
   SAN_FILTER="${SAN_FILTER:-$DEFAULT_SAN}"
+  : > "$OUT/sanitizer.log"
   for tool in memcheck racecheck; do
     note "compute-sanitizer $tool"
-    timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 "$BIN/sa_tests" \
-      --gtest_brief=1 --gtest_filter="$SAN_FILTER" > "$OUT/sanitizer_$tool.log" 2>&1 || status=1
-    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|FAILED|PASSED" "$OUT/sanitizer_$tool.log" | tail -5
+    echo "######## $tool on $SAN_FILTER" >> "$OUT/sanitizer.log"
+    rc=0; timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 9 "$BIN/sa_tests" \
+      --gtest_brief=1 --gtest_filter="$SAN_FILTER" > "$OUT/san.tmp" 2>&1 || rc=$?
+    cat "$OUT/san.tmp" >> "$OUT/sanitizer.log"; rm -f "$OUT/san.tmp"
+    verdict "$tool" $rc
   done
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|FAILED|PASSED|^########" "$OUT/sanitizer.log"
 fi
 
 if has python; then
@@ -54,21 +63,21 @@ if has python; then
   note "python package tests on CUDA"
   SPARSE_ATTENTION_LIBRARY="$PWD/$BIN/libsparse_attention.so" PYTHONPATH="$PWD/python" \
     timeout 300 python3 -m pytest ${PY_TESTS:-python/tests/test_cuda.py} -q -p no:cacheprovider \
-    > "$OUT/python_tests.log" 2>&1 || status=1
+    > "$OUT/python_tests.log" 2>&1; verdict python $?
   tail -3 "$OUT/python_tests.log"
 fi
 
 if has demo; then
   note "the main job on the GPU: sparse-attention demo"
-  timeout 300 "$BIN/sparse-attention" demo > "$OUT/demo.log" 2>&1 || status=1
+  timeout 300 "$BIN/sparse-attention" demo > "$OUT/demo.log" 2>&1; verdict demo $?
   grep -E "^\[|summary|ran |all checks|FAIL" "$OUT/demo.log" | head -20
 fi
 
 if has bench; then
   note "sparse-attention bench"
   J="$OUT/bench_ours.json"
-  run() { timeout 300 "$BIN/sparse-attention" bench "$@" --json "$J" >> "$OUT/bench.log" 2>&1 \
-            || status=1; }
+  run() { local rc=0; timeout 300 "$BIN/sparse-attention" bench "$@" --json "$J" \
+            >> "$OUT/bench.log" 2>&1 || rc=$?; verdict "bench $*" $rc; }
   BSA=(--batch 1 --heads 32 --kv-heads 32 --seq 8192 --dim 128)
   DSA=(--dsa-seq 4096 --topk 2048 --topk-length off --sink on)
   if [ "${BENCH_FULL:-0}" = 1 ]; then
@@ -92,8 +101,9 @@ fi
 if has anchors && [ -f bench/anchors.py ]; then
   note "anchors (python, same process as our library)"
   PYTHONUNBUFFERED=1 timeout 400 python3 bench/anchors.py --lib "$BIN/libsparse_attention.so" \
-    ${ANCHORS_ARGS:---budget-s 100} --out "$OUT" > "$OUT/anchors.log" 2>&1 || status=1
+    ${ANCHORS_ARGS:---budget-s 50} --out "$OUT" > "$OUT/anchors.log" 2>&1; verdict anchors $?
   grep -E "^\[|^  (bsa|dsa)|wrote|budget" "$OUT/anchors.log" | tail -40
 fi
 note "done, status $status"
+printf '  %s\n' "${SUMMARY[@]}"
 exit $status
