@@ -13,120 +13,19 @@
 // metadata VALUES on replay; an unsupported dtype is refused with its reason.
 #include <cuda_runtime_api.h>
 
-#include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <functional>
-#include <memory>
 #include <ostream>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "bsa_problem_builder.hpp"
+#include "gpu_test_util.hpp"
 #include "test_util.hpp"
 
 namespace sa_test {
 namespace {
-
-// ---- device memory ---------------------------------------------------------------------------
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-    if (bytes_ > 0) ok_ = cudaMalloc(&ptr_, bytes_) == cudaSuccess;
-  }
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) (void)cudaFree(ptr_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return ptr_; }
-  size_t bytes() const { return bytes_; }
-  bool ok() const { return ok_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-  bool ok_ = true;
-};
-
-// A device copy of a host tensor whose innermost rows are `pad` elements wider than the tensor
-// (pad a multiple of 8 keeps the strides legal) and which is followed by `guard` elements.
-// Floating tensors: padding and guard hold NaN; int32: zeros.
-class DeviceTensor {
- public:
-  DeviceTensor(const HostTensor& t, int64_t pad, int64_t guard)
-      : dtype_(t.dtype()), shape_(t.shape()), pad_(pad), guard_(guard) {
-    const int64_t X = shape_.back();
-    rows_ = t.numel() / X;
-    buffer_ = std::make_unique<DeviceBuffer>(
-        static_cast<size_t>((rows_ * (X + pad_) + guard_) * sa::dtype_size(dtype_)));
-    ok_ = buffer_->ok() && upload(t);
-    view_ = sa_tensor_contiguous(buffer_->get(), dtype_, static_cast<int32_t>(shape_.size()),
-                                 shape_.data(), SA_DEVICE_CUDA, 0);
-    int64_t stride = 1;
-    for (int i = static_cast<int>(shape_.size()) - 1; i >= 0; --i) {
-      view_.strides[i] = stride;
-      stride *= (i == static_cast<int>(shape_.size()) - 1) ? X + pad_ : shape_[i];
-    }
-  }
-  bool ok() const { return ok_; }
-  const sa_tensor& view() const { return view_; }
-
-  // New values (same shape), padding and guard NaN again (zeros for int32).
-  bool upload(const HostTensor& t) {
-    const int64_t es = sa::dtype_size(dtype_);
-    const int64_t X = shape_.back();
-    HostTensor phys(dtype_, {rows_ * (X + pad_) + guard_});
-    if (dtype_ != SA_DTYPE_INT32) phys.poison();
-    for (int64_t r = 0; r < rows_; ++r)
-      std::memcpy(static_cast<uint8_t*>(phys.data()) + r * (X + pad_) * es,
-                  static_cast<const uint8_t*>(t.data()) + r * X * es,
-                  static_cast<size_t>(X * es));
-    return cudaMemcpy(buffer_->get(), phys.data(), phys.bytes().size(),
-                      cudaMemcpyHostToDevice) == cudaSuccess;
-  }
-  // Every byte 0xff: NaN in bf16/fp16/fp32 (outputs before a run).
-  bool poison(cudaStream_t stream = nullptr) {
-    return cudaMemsetAsync(buffer_->get(), 0xff, buffer_->bytes(), stream) == cudaSuccess;
-  }
-
-  // Copies the tensor back into `t` (same shape and dtype). Fails when the copy fails or when
-  // some element of the padding or guard is no longer NaN.
-  ::testing::AssertionResult download(HostTensor& t) const {
-    const int64_t es = sa::dtype_size(dtype_);
-    const int64_t X = shape_.back();
-    HostTensor phys(dtype_, {rows_ * (X + pad_) + guard_});
-    if (cudaMemcpy(phys.data(), buffer_->get(), phys.bytes().size(), cudaMemcpyDeviceToHost) !=
-        cudaSuccess)
-      return ::testing::AssertionFailure() << "cudaMemcpy failed";
-    for (int64_t r = 0; r < rows_; ++r)
-      std::memcpy(static_cast<uint8_t*>(t.data()) + r * X * es,
-                  static_cast<const uint8_t*>(phys.data()) + r * (X + pad_) * es,
-                  static_cast<size_t>(X * es));
-    for (int64_t i = 0; i < phys.numel(); ++i) {
-      const bool outside = i >= rows_ * (X + pad_) || i % (X + pad_) >= X;
-      if (outside && !std::isnan(phys.get(i)))
-        return ::testing::AssertionFailure()
-               << "element " << i << " outside the tensor was written (" << phys.get(i) << ")";
-    }
-    return ::testing::AssertionSuccess();
-  }
-
- private:
-  sa_dtype dtype_;
-  std::vector<int64_t> shape_;
-  int64_t pad_, guard_, rows_ = 0;
-  std::unique_ptr<DeviceBuffer> buffer_;
-  sa_tensor view_{};
-  bool ok_ = false;
-};
-
-HostTensor to_fp64(const HostTensor& t) {
-  HostTensor r(SA_DTYPE_FP64, t.shape());
-  for (int64_t i = 0; i < t.numel(); ++i) r.set(i, t.get(i));
-  return r;
-}
 
 // ---- cases -----------------------------------------------------------------------------------
 constexpr int32_t kSingleOwner = 1 << 30;  // a bucket no row reaches: one group per row
@@ -142,37 +41,6 @@ struct GpuBwdCase {
 };
 
 void PrintTo(const GpuBwdCase& c, std::ostream* os) { *os << c.name; }
-
-BsaShape shape_of(int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq, int64_t Skv, int64_t D,
-                  int32_t block, int64_t Kmax, sa_layout layout = SA_LAYOUT_BHSD) {
-  BsaShape s;
-  s.B = B;
-  s.Hq = Hq;
-  s.Hkv = Hkv;
-  s.Sq = Sq;
-  s.Skv = Skv;
-  s.D = D;
-  s.Dv = D;
-  s.block = block;
-  s.Kmax = Kmax;
-  s.layout = layout;
-  return s;
-}
-
-// per_row: q2k_count given; fixed: the count of every row otherwise (-1: K_max); empty: some rows
-// list no block; len / len_per_batch: kv_block_len [N_kv] / [B, N_kv] with partial blocks;
-// unattended: a KV block no row lists (-1: none forced).
-BsaPatternSpec spec_of(bool per_row, int32_t fixed, bool empty, bool len,
-                       bool len_per_batch = false, int64_t unattended = -1) {
-  BsaPatternSpec s;
-  s.per_row_count = per_row;
-  s.fixed_count = fixed;
-  s.empty_rows = empty;
-  s.kv_block_len = len;
-  s.kv_block_len_per_batch = len_per_batch;
-  s.unattended_block = unattended;
-  return s;
-}
 
 GpuBwdCase make_case(std::string name, BsaShape shape, BsaPatternSpec spec, int32_t bucket,
                      bool deterministic = false, float scale = 0.f, int64_t pad = 8) {

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "dsa_problem_builder.hpp"
+#include "gpu_test_util.hpp"
 #include "portable/dsa_backward.hpp"
 #include "test_util.hpp"
 
@@ -33,48 +34,6 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// ---- device memory ---------------------------------------------------------------------------
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-    if (bytes_ != 0) ok_ = cudaMalloc(&ptr_, bytes_) == cudaSuccess;
-  }
-  explicit DeviceBuffer(const HostTensor& t) : DeviceBuffer(t.bytes().size()) {
-    if (ok_ && bytes_ != 0)
-      ok_ = cudaMemcpy(ptr_, t.data(), bytes_, cudaMemcpyHostToDevice) == cudaSuccess;
-  }
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) (void)cudaFree(ptr_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  void* get() const { return ptr_; }
-  size_t size() const { return bytes_; }
-  bool ok() const { return ok_; }
-  bool download(HostTensor& t) const {
-    return t.bytes().size() == bytes_ &&
-           cudaMemcpy(t.data(), ptr_, bytes_, cudaMemcpyDeviceToHost) == cudaSuccess;
-  }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-  bool ok_ = true;
-};
-
-sa_tensor view_of(void* data, sa_dtype dtype, std::vector<int64_t> shape, sa_device_type device) {
-  return sa_tensor_contiguous(data, dtype, static_cast<int32_t>(shape.size()), shape.data(), device,
-                              0);
-}
-
-HostTensor to_fp64(const HostTensor& t) {
-  HostTensor r(SA_DTYPE_FP64, t.shape());
-  for (int64_t i = 0; i < t.numel(); ++i) r.set(i, t.get(i));
-  return r;
-}
-
 // ---- cases -----------------------------------------------------------------------------------
 struct GpuDsaBwdCase {
   std::string name;
@@ -82,26 +41,6 @@ struct GpuDsaBwdCase {
   DsaMetaSpec spec;
   bool deterministic = false;
 };
-
-DsaShape shape_of(int64_t Sq, int64_t Skv, int64_t H, int64_t Dqk, int64_t topk) {
-  DsaShape s;
-  s.Sq = Sq;
-  s.Skv = Skv;
-  s.H = H;
-  s.Dqk = Dqk;
-  s.Dv = 512;
-  s.topk = topk;
-  return s;
-}
-
-DsaMetaSpec spec_of(DsaLengths lengths, bool invalid, bool duplicates, DsaSink sink) {
-  DsaMetaSpec m;
-  m.lengths = lengths;
-  m.invalid = invalid;
-  m.duplicates = duplicates;
-  m.sink = sink;
-  return m;
-}
 
 std::vector<GpuDsaBwdCase> gpu_dsa_bwd_cases() {
   using L = DsaLengths;
@@ -181,28 +120,7 @@ struct Grads {
 
 // The reference forward through the public API on the case's bf16 host tensors.
 void run_reference_forward(DsaHostCase& c, Inputs* result) {
-  const DsaShape& s = c.shape;
-  HostTensor out(c.dtype, {s.Sq, s.H, s.Dv}), lse(SA_DTYPE_FP32, {s.Sq, s.H});
-  out.poison();
-  lse.poison();
-  sa_dsa_fwd_args a{};
-  a.q = c.q.view();
-  a.kv = c.kv.view();
-  a.topk_idx = c.topk_idx.view();
-  a.topk_length = c.has_length ? c.topk_length.view() : sa_tensor_none();
-  a.sink = c.has_sink ? c.sink.view() : sa_tensor_none();
-  a.out = out.view();
-  a.lse = lse.view();
-  a.options = sa_dsa_options_default();
-  a.options.scale = c.scale;
-  a.options.d_v = static_cast<int32_t>(s.Dv);
-  sa_context ctx = sa_context_default();
-  sa_impl used = SA_IMPL_AUTO;
-  ctx.impl_used = &used;
-  ASSERT_EQ(sa_dsa_forward(&a, &ctx), SA_OK) << sa_last_error();
-  ASSERT_EQ(used, SA_IMPL_REFERENCE);
-  result->out = std::move(out);
-  result->lse = std::move(lse);
+  run_dsa_reference_forward(c, c.q, c.kv, c.dtype, &result->out, &result->lse);
 }
 
 // The fp64 reference backward through the public API on fp64 copies of the same values.
@@ -321,20 +239,6 @@ void run_gpu(const DsaHostCase& c, const Inputs& in, Variant variant, bool deter
   result->dq = std::move(dq);
   result->dkv = std::move(dkv);
   result->d_sink = std::move(d_sink);
-}
-
-bool device_has_block_m64(int64_t Dqk) {
-  int dev = 0, bytes = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-    return false;
-  return bytes >= sa::portable::dsa_backward_smem_bytes(static_cast<int>(Dqk), 64);
-}
-
-double norm(const std::vector<double>& v) {
-  double n = 0.0;
-  for (double x : v) n += x * x;
-  return std::sqrt(n);
 }
 
 // (t, h) takes part in the softmax: a non-empty row and a sink that does not take it whole (+inf,
@@ -487,19 +391,10 @@ class DsaBackwardGpu : public ::testing::TestWithParam<GpuDsaBwdCase> {};
 TEST_P(DsaBackwardGpu, MatchesReference) {
   SA_SKIP_WITHOUT_GPU();
   const GpuDsaBwdCase& p = GetParam();
-  uint64_t seed = 0xdb5a;
-  for (char ch : p.name) seed = seed * 131 + static_cast<uint64_t>(ch);
-  DsaHostCase c = make_dsa_host_case(p.shape, p.spec, SA_DTYPE_BF16, seed);
+  DsaHostCase c = make_dsa_host_case(p.shape, p.spec, SA_DTYPE_BF16, seed_of(0xdb5a, p.name));
 
   // NaN in every kv row no active slot selects: the kernel must never read them.
-  const std::vector<bool> selected = c.selected_keys();
-  int poisoned = 0;
-  for (int64_t j = 0; j < c.shape.Skv; ++j) {
-    if (selected[static_cast<size_t>(j)]) continue;
-    ++poisoned;
-    for (int64_t d = 0; d < c.shape.Dqk; ++d) c.kv.set(j * c.shape.Dqk + d, NAN);
-  }
-  RecordProperty("poisoned_kv_rows", poisoned);
+  RecordProperty("poisoned_kv_rows", poison_unselected_kv_rows(c));
 
   Inputs in;
   ASSERT_NO_FATAL_FAILURE(run_reference_forward(c, &in));
@@ -507,7 +402,9 @@ TEST_P(DsaBackwardGpu, MatchesReference) {
   ASSERT_NO_FATAL_FAILURE(run_reference_backward(c, in, &want));
 
   std::vector<Variant> variants = {Variant::kPublicApi, Variant::kBlockM32};
-  if (device_has_block_m64(c.shape.Dqk)) variants.push_back(Variant::kBlockM64);
+  if (device_smem_optin_at_least(
+          sa::portable::dsa_backward_smem_bytes(static_cast<int>(c.shape.Dqk), 64)))
+    variants.push_back(Variant::kBlockM64);
   if (p.deterministic) variants.push_back(Variant::kSlices5);
   for (Variant v : variants) {
     SCOPED_TRACE(variant_name(v));

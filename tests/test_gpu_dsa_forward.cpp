@@ -10,13 +10,13 @@
 // exactly 0 in rows that are empty or whose head has a sink of +inf (or 2.4e38).
 #include <cuda_runtime_api.h>
 
-#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "dsa_problem_builder.hpp"
+#include "gpu_test_util.hpp"
 #include "portable/dsa_forward.hpp"
 #include "test_util.hpp"
 
@@ -25,45 +25,6 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-// ---- device memory ---------------------------------------------------------------------------
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(const HostTensor& t) : bytes_(t.bytes().size()) {
-    if (bytes_ == 0) return;
-    ok_ = cudaMalloc(&ptr_, bytes_) == cudaSuccess &&
-          cudaMemcpy(ptr_, t.data(), bytes_, cudaMemcpyHostToDevice) == cudaSuccess;
-  }
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) (void)cudaFree(ptr_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  void* get() const { return ptr_; }
-  bool ok() const { return ok_; }
-  bool download(HostTensor& t) const {
-    return t.bytes().size() == bytes_ &&
-           cudaMemcpy(t.data(), ptr_, bytes_, cudaMemcpyDeviceToHost) == cudaSuccess;
-  }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-  bool ok_ = true;
-};
-
-sa_tensor view_of(void* data, sa_dtype dtype, std::vector<int64_t> shape, sa_device_type device) {
-  return sa_tensor_contiguous(data, dtype, static_cast<int32_t>(shape.size()), shape.data(), device,
-                              0);
-}
-
-HostTensor to_fp64(const HostTensor& t) {
-  HostTensor r(SA_DTYPE_FP64, t.shape());
-  for (int64_t i = 0; i < t.numel(); ++i) r.set(i, t.get(i));
-  return r;
-}
-
 // ---- cases -----------------------------------------------------------------------------------
 struct GpuDsaCase {
   std::string name;
@@ -71,26 +32,6 @@ struct GpuDsaCase {
   DsaMetaSpec spec;
   sa_dtype dtype = SA_DTYPE_BF16;
 };
-
-DsaShape shape_of(int64_t Sq, int64_t Skv, int64_t H, int64_t Dqk, int64_t topk) {
-  DsaShape s;
-  s.Sq = Sq;
-  s.Skv = Skv;
-  s.H = H;
-  s.Dqk = Dqk;
-  s.Dv = 512;
-  s.topk = topk;
-  return s;
-}
-
-DsaMetaSpec spec_of(DsaLengths lengths, bool invalid, bool duplicates, DsaSink sink) {
-  DsaMetaSpec m;
-  m.lengths = lengths;
-  m.invalid = invalid;
-  m.duplicates = duplicates;
-  m.sink = sink;
-  return m;
-}
 
 std::vector<GpuDsaCase> gpu_dsa_cases() {
   using L = DsaLengths;
@@ -213,38 +154,8 @@ void run_gpu(const DsaHostCase& c, Variant variant, Outputs* result) {
 
 // The fp64 reference through the public API on fp64 copies of the case's (16-bit) host values.
 void run_reference(const DsaHostCase& c, Outputs* result) {
-  const DsaShape& s = c.shape;
-  HostTensor q = to_fp64(c.q), kv = to_fp64(c.kv), idx = c.topk_idx, len = c.topk_length,
-             sink = c.sink;
-  HostTensor out(SA_DTYPE_FP64, {s.Sq, s.H, s.Dv}), lse(SA_DTYPE_FP32, {s.Sq, s.H});
-  out.poison();
-  lse.poison();
-  sa_dsa_fwd_args a{};
-  a.q = q.view();
-  a.kv = kv.view();
-  a.topk_idx = idx.view();
-  a.topk_length = c.has_length ? len.view() : sa_tensor_none();
-  a.sink = c.has_sink ? sink.view() : sa_tensor_none();
-  a.out = out.view();
-  a.lse = lse.view();
-  a.options = sa_dsa_options_default();
-  a.options.scale = c.scale;
-  a.options.d_v = static_cast<int32_t>(s.Dv);
-  sa_context ctx = sa_context_default();
-  sa_impl used = SA_IMPL_AUTO;
-  ctx.impl_used = &used;
-  ASSERT_EQ(sa_dsa_forward(&a, &ctx), SA_OK) << sa_last_error();
-  ASSERT_EQ(used, SA_IMPL_REFERENCE);
-  result->out = std::move(out);
-  result->lse = std::move(lse);
-}
-
-bool device_has_block_n64() {
-  int dev = 0, bytes = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-    return false;
-  return bytes >= sa::portable::dsa_forward_smem_bytes(64);
+  HostTensor q = to_fp64(c.q), kv = to_fp64(c.kv);
+  run_dsa_reference_forward(c, q, kv, SA_DTYPE_FP64, &result->out, &result->lse);
 }
 
 void expect_matches(const DsaHostCase& c, const Outputs& got, const Outputs& want,
@@ -284,24 +195,16 @@ class DsaForwardGpu : public ::testing::TestWithParam<GpuDsaCase> {};
 TEST_P(DsaForwardGpu, MatchesReference) {
   SA_SKIP_WITHOUT_GPU();
   const GpuDsaCase& p = GetParam();
-  uint64_t seed = 0xd5a;
-  for (char ch : p.name) seed = seed * 131 + static_cast<uint64_t>(ch);
-  DsaHostCase c = make_dsa_host_case(p.shape, p.spec, p.dtype, seed);
+  DsaHostCase c = make_dsa_host_case(p.shape, p.spec, p.dtype, seed_of(0xd5a, p.name));
 
   // NaN in every kv row no active slot selects: the kernel must never read them.
-  const std::vector<bool> selected = c.selected_keys();
-  int poisoned = 0;
-  for (int64_t j = 0; j < c.shape.Skv; ++j) {
-    if (selected[static_cast<size_t>(j)]) continue;
-    ++poisoned;
-    for (int64_t d = 0; d < c.shape.Dqk; ++d) c.kv.set(j * c.shape.Dqk + d, NAN);
-  }
-  RecordProperty("poisoned_kv_rows", poisoned);
+  RecordProperty("poisoned_kv_rows", poison_unselected_kv_rows(c));
 
   Outputs want;
   ASSERT_NO_FATAL_FAILURE(run_reference(c, &want));
   std::vector<Variant> variants = {Variant::kPublicApi, Variant::kBlockN32};
-  if (device_has_block_n64()) variants.push_back(Variant::kBlockN64);
+  if (device_smem_optin_at_least(sa::portable::dsa_forward_smem_bytes(64)))
+    variants.push_back(Variant::kBlockN64);
   for (Variant v : variants) {
     SCOPED_TRACE(variant_name(v));
     Outputs got;

@@ -24,6 +24,7 @@
 #include "bsa_problem_builder.hpp"
 #include "common/error.hpp"
 #include "common/reverse_map.hpp"
+#include "gpu_test_util.hpp"
 #include "portable/reverse_map_gpu.hpp"
 #include "test_util.hpp"
 
@@ -33,50 +34,24 @@ using sa_test::BsaPattern;
 using sa_test::BsaPatternSpec;
 using sa_test::BsaShape;
 
+// The builder reads no head dim: D = D_v = 8.
 BsaShape make_shape(int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq, int64_t Skv, int32_t block,
                     int64_t Kmax) {
-  BsaShape s;
-  s.B = B;
-  s.Hq = Hq;
-  s.Hkv = Hkv;
-  s.Sq = Sq;
-  s.Skv = Skv;
-  s.D = 8;
-  s.Dv = 8;
-  s.block = block;
-  s.Kmax = Kmax;
-  return s;
+  return sa_test::shape_of(B, Hq, Hkv, Sq, Skv, /*D=*/8, block, Kmax);
 }
 
 BsaPatternSpec make_spec(bool per_row_count, bool empty_rows, int64_t unattended_block,
                          int32_t fixed_count = -1) {
-  BsaPatternSpec spec;
-  spec.per_row_count = per_row_count;
-  spec.empty_rows = empty_rows;
-  spec.unattended_block = unattended_block;
-  spec.fixed_count = fixed_count;
-  return spec;
+  return sa_test::spec_of(per_row_count, fixed_count, empty_rows, /*len=*/false,
+                          /*len_per_batch=*/false, unattended_block);
 }
 
-// Device memory owned for one test.
-class DeviceBuffer {
+// Device memory owned for one test; a failed allocation fails the test (non-fatally).
+class TestBuffer : public sa_test::DeviceBuffer {
  public:
-  explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
-    if (bytes_ > 0) {
-      EXPECT_EQ(cudaMalloc(&ptr_, bytes_), cudaSuccess);
-    }
+  explicit TestBuffer(size_t bytes) : DeviceBuffer(bytes) {
+    EXPECT_TRUE(ok()) << "cudaMalloc of " << bytes << " bytes failed";
   }
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void* get() const { return ptr_; }
-  size_t bytes() const { return bytes_; }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
 };
 
 // A pattern's q2k_index / q2k_count on the device, behind a BsaMeta with the pattern's strides.
@@ -108,7 +83,7 @@ class DeviceMeta {
   const sa::BsaMeta& meta() const { return meta_; }
 
  private:
-  DeviceBuffer index_, count_;
+  TestBuffer index_, count_;
   sa::BsaMeta meta_;
 };
 
@@ -180,7 +155,7 @@ TEST_P(GpuReverseMap, MatchesCpuBuilder) {
 
   DeviceMeta dev(pat);
   const size_t bytes = sa::portable::reverse_map_workspace_bytes(s.dims(), c.bucket);
-  DeviceBuffer workspace(bytes);
+  TestBuffer workspace(bytes);
   // Stale contents must not matter.
   ASSERT_EQ(cudaMemset(workspace.get(), 0xff, bytes), cudaSuccess);
   const sa::portable::ReverseMapDevice map = sa::portable::build_reverse_map_gpu(
@@ -258,7 +233,7 @@ TEST(GpuReverseMapGraph, ReplayFollowsNewMetadataValues) {
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   DeviceMeta dev(first);
   const size_t bytes = sa::portable::reverse_map_workspace_bytes(s.dims(), bucket);
-  DeviceBuffer workspace(bytes);
+  TestBuffer workspace(bytes);
 
   cudaGraph_t graph = nullptr;
   ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
@@ -335,7 +310,7 @@ TEST(GpuReverseMapBadMetadata, StaysInsideWorkspaceAndDropsBadEntries) {
     DeviceMeta dev(raw);
     const size_t bytes = sa::portable::reverse_map_workspace_bytes(s.dims(), bucket);
     const size_t guard = 4096;
-    DeviceBuffer buffer(bytes + 2 * guard);
+    TestBuffer buffer(bytes + 2 * guard);
     ASSERT_EQ(cudaMemset(buffer.get(), 0xa5, bytes + 2 * guard), cudaSuccess);
     void* workspace = static_cast<char*>(buffer.get()) + guard;
     const sa::portable::ReverseMapDevice map =
@@ -362,7 +337,7 @@ TEST(GpuReverseMapArguments, RefusesSmallOrMisalignedWorkspace) {
   const BsaPattern pat = sa_test::random_bsa_pattern(s, make_spec(true, true, -1), rng);
   DeviceMeta dev(pat);
   const size_t bytes = sa::portable::reverse_map_workspace_bytes(s.dims(), 2);
-  DeviceBuffer workspace(bytes + 256);
+  TestBuffer workspace(bytes + 256);
   EXPECT_THROW(sa::portable::build_reverse_map_gpu(s.dims(), dev.meta(), 2, workspace.get(),
                                                    bytes - 1, nullptr),
                sa::Error);

@@ -13,8 +13,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <limits>
 #include <memory>
 #include <ostream>
 #include <random>
@@ -22,117 +20,13 @@
 #include <vector>
 
 #include "bsa_problem_builder.hpp"
+#include "gpu_test_util.hpp"
 #include "test_util.hpp"
 
 #if SA_HAVE_SM90
 
 namespace sa_test {
 namespace {
-
-bool device_is_sm90() {
-  static const bool yes = [] {
-    if (!cuda_available()) return false;
-    cudaDeviceProp prop{};
-    return cudaGetDeviceProperties(&prop, 0) == cudaSuccess && prop.major == 9 && prop.minor == 0;
-  }();
-  return yes;
-}
-
-#define SA_SKIP_UNLESS_SM90()                                               \
-  do {                                                                      \
-    SA_SKIP_WITHOUT_GPU();                                                  \
-    if (!::sa_test::device_is_sm90()) GTEST_SKIP() << "not an sm_90 device"; \
-  } while (0)
-
-// ---- device memory ---------------------------------------------------------------------------
-class DeviceBuffer {
- public:
-  explicit DeviceBuffer(const std::vector<uint8_t>& bytes) : bytes_(bytes.size()) {
-    if (bytes_ == 0) return;
-    ok_ = cudaMalloc(&ptr_, bytes_) == cudaSuccess &&
-          cudaMemcpy(ptr_, bytes.data(), bytes_, cudaMemcpyHostToDevice) == cudaSuccess;
-  }
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) (void)cudaFree(ptr_);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  void* get() const { return ptr_; }
-  bool ok() const { return ok_; }
-  bool download(std::vector<uint8_t>& bytes) const {
-    bytes.resize(bytes_);
-    return cudaMemcpy(bytes.data(), ptr_, bytes_, cudaMemcpyDeviceToHost) == cudaSuccess;
-  }
-
- private:
-  void* ptr_ = nullptr;
-  size_t bytes_ = 0;
-  bool ok_ = true;
-};
-
-// A device copy of a host tensor whose innermost rows are `pad` elements wider than the tensor
-// and which is followed by `guard` elements; floating padding and guard hold NaN.
-class DeviceTensor {
- public:
-  DeviceTensor(const HostTensor& t, int64_t pad, int64_t guard)
-      : dtype_(t.dtype()), shape_(t.shape()), pad_(pad), guard_(guard) {
-    const int64_t esize = sa::dtype_size(dtype_);
-    const int64_t X = shape_.back();
-    const int64_t rows = t.numel() / X;
-    HostTensor phys(dtype_, {rows * (X + pad) + guard});
-    if (dtype_ != SA_DTYPE_INT32) phys.poison();
-    for (int64_t r = 0; r < rows; ++r)
-      std::memcpy(static_cast<uint8_t*>(phys.data()) + r * (X + pad) * esize,
-                  static_cast<const uint8_t*>(t.data()) + r * X * esize,
-                  static_cast<size_t>(X * esize));
-    buffer_ = std::make_unique<DeviceBuffer>(phys.bytes());
-    view_ = sa_tensor_contiguous(buffer_->get(), dtype_, static_cast<int32_t>(shape_.size()),
-                                 shape_.data(), SA_DEVICE_CUDA, 0);
-    int64_t stride = 1;
-    for (int i = static_cast<int>(shape_.size()) - 1; i >= 0; --i) {
-      view_.strides[i] = stride;
-      stride *= (i == static_cast<int>(shape_.size()) - 1) ? X + pad : shape_[i];
-    }
-  }
-  bool ok() const { return buffer_->ok(); }
-  const sa_tensor& view() const { return view_; }
-
-  // Copies the tensor back into `t`; fails when some element of the padding or guard is no
-  // longer NaN (something wrote outside the tensor).
-  ::testing::AssertionResult download(HostTensor& t) const {
-    std::vector<uint8_t> bytes;
-    if (!buffer_->download(bytes)) return ::testing::AssertionFailure() << "cudaMemcpy failed";
-    const int64_t esize = sa::dtype_size(dtype_);
-    const int64_t X = shape_.back();
-    const int64_t rows = t.numel() / X;
-    for (int64_t r = 0; r < rows; ++r)
-      std::memcpy(static_cast<uint8_t*>(t.data()) + r * X * esize,
-                  bytes.data() + r * (X + pad_) * esize, static_cast<size_t>(X * esize));
-    HostTensor phys(dtype_, {rows * (X + pad_) + guard_});
-    std::memcpy(phys.data(), bytes.data(), bytes.size());
-    for (int64_t i = 0; i < phys.numel(); ++i) {
-      const bool outside = i >= rows * (X + pad_) || i % (X + pad_) >= X;
-      if (outside && !std::isnan(phys.get(i)))
-        return ::testing::AssertionFailure()
-               << "element " << i << " outside the tensor was written (" << phys.get(i) << ")";
-    }
-    return ::testing::AssertionSuccess();
-  }
-
- private:
-  sa_dtype dtype_;
-  std::vector<int64_t> shape_;
-  int64_t pad_, guard_;
-  std::unique_ptr<DeviceBuffer> buffer_;
-  sa_tensor view_{};
-};
-
-HostTensor to_fp64(const HostTensor& t) {
-  HostTensor r(SA_DTYPE_FP64, t.shape());
-  for (int64_t i = 0; i < t.numel(); ++i) r.set(i, t.get(i));
-  return r;
-}
 
 // K and V of every padded key inside the tensor (past kv_block_len, below S_kv) := NaN.
 void poison_padded_keys(const BsaShape& s, const BsaPattern& pat, BsaTensors& t) {
@@ -157,35 +51,6 @@ struct Sm90BsaCase {
 };
 
 void PrintTo(const Sm90BsaCase& c, std::ostream* os) { *os << c.name; }
-
-BsaShape shape_of(int64_t B, int64_t Hq, int64_t Hkv, int64_t Sq, int64_t Skv, int64_t D,
-                  int32_t block, int64_t Kmax, sa_layout layout = SA_LAYOUT_BHSD) {
-  BsaShape s;
-  s.B = B;
-  s.Hq = Hq;
-  s.Hkv = Hkv;
-  s.Sq = Sq;
-  s.Skv = Skv;
-  s.D = D;
-  s.Dv = D;
-  s.block = block;
-  s.Kmax = Kmax;
-  s.layout = layout;
-  return s;
-}
-
-// per_row: q2k_count given; fixed: the count of every row otherwise (-1: K_max); empty: some rows
-// list no block; len / len_per_batch: kv_block_len [N_kv] / [B, N_kv] with partial blocks.
-BsaPatternSpec spec_of(bool per_row, int32_t fixed, bool empty, bool len,
-                       bool len_per_batch = false) {
-  BsaPatternSpec s;
-  s.per_row_count = per_row;
-  s.fixed_count = fixed;
-  s.empty_rows = empty;
-  s.kv_block_len = len;
-  s.kv_block_len_per_batch = len_per_batch;
-  return s;
-}
 
 Sm90BsaCase make_case(std::string name, BsaShape shape, BsaPatternSpec spec, float scale = 0.f,
                       int64_t pad = 8, bool nan_padding = false) {
@@ -274,66 +139,7 @@ TEST_P(Sm90BsaForward, MatchesReference) {
   options.block_size = s.block;
   options.count = pat.has_count ? -1 : pat.fixed_count;
   options.impl = SA_IMPL_SM90;
-
-  // ---- GPU: CUDA tensors, o and lse poisoned, the sm90 implementation forced ----
-  const int64_t guard = 64 * s.Dv;
-  DeviceTensor q(t.q, c.pad, 0), k(t.k, c.pad, 0), v(t.v, c.pad, 0), o(t.o, c.pad, guard);
-  DeviceTensor lse(t.lse, 0, 64);
-  DeviceTensor index(pat.q2k_index, 0, 0);
-  HostTensor none_host(SA_DTYPE_INT32, {1});
-  DeviceTensor count(pat.has_count ? pat.q2k_count : none_host, 0, 0);
-  DeviceTensor block_len(pat.has_block_len ? pat.kv_block_len : none_host, 0, 0);
-  ASSERT_TRUE(q.ok() && k.ok() && v.ok() && o.ok() && lse.ok() && index.ok() && count.ok() &&
-              block_len.ok());
-
-  sa_bsa_fwd_args args{};
-  args.q = q.view();
-  args.k = k.view();
-  args.v = v.view();
-  args.o = o.view();
-  args.lse = lse.view();
-  args.sparsity.q2k_index = index.view();
-  args.sparsity.q2k_count = pat.has_count ? count.view() : sa_tensor_none();
-  args.sparsity.kv_block_len = pat.has_block_len ? block_len.view() : sa_tensor_none();
-  args.options = options;
-  sa_impl used = SA_IMPL_AUTO;
-  sa_context ctx = sa_context_default();
-  ctx.impl_used = &used;
-  ASSERT_EQ(sa_bsa_forward(&args, &ctx), SA_OK) << sa_last_error();
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_EQ(used, SA_IMPL_SM90);
-  HostTensor o_gpu(SA_DTYPE_BF16, t.o.shape()), lse_gpu(SA_DTYPE_FP32, t.lse.shape());
-  ASSERT_TRUE(o.download(o_gpu)) << "o";
-  ASSERT_TRUE(lse.download(lse_gpu)) << "lse";
-
-  // ---- oracle: the fp64 reference through the same API on fp64 copies ----
-  HostTensor q64 = to_fp64(t.q), k64 = to_fp64(t.k), v64 = to_fp64(t.v);
-  HostTensor o_ref(SA_DTYPE_FP64, t.o.shape()), lse_ref(SA_DTYPE_FP32, t.lse.shape());
-  sa_bsa_fwd_args ref = args;
-  ref.q = q64.view();
-  ref.k = k64.view();
-  ref.v = v64.view();
-  ref.o = o_ref.view();
-  ref.lse = lse_ref.view();
-  ref.sparsity = pat.sparsity();
-  ref.options.impl = SA_IMPL_REFERENCE;
-  ASSERT_EQ(sa_bsa_forward(&ref, nullptr), SA_OK) << sa_last_error();
-
-  const std::vector<double> got = bhsd_doubles(o_gpu, s.layout);
-  const std::vector<double> want = bhsd_doubles(o_ref, s.layout);
-  EXPECT_FALSE(any_nan(got)) << "NaN in o";
-  EXPECT_LT(rel_l2(got, want), 1e-2) << "rel L2 of o";
-  // Rows without keys: exactly 0.
-  for (int64_t b = 0; b < s.B; ++b)
-    for (int64_t h = 0; h < s.Hq; ++h)
-      for (int64_t i = 0; i < s.Sq; ++i) {
-        if (pat.count(b, h, i / s.block) != 0) continue;
-        for (int64_t x = 0; x < s.Dv; ++x)
-          ASSERT_EQ(got[static_cast<size_t>(((b * s.Hq + h) * s.Sq + i) * s.Dv + x)], 0.0)
-              << "o of an empty row, b=" << b << " h=" << h << " i=" << i;
-      }
-  // LSE: within 1e-4, -inf exactly where the reference has it, no NaN.
-  EXPECT_TRUE(all_close(lse_gpu.to_double(), lse_ref.to_double(), 1e-4, 0.0)) << "lse";
+  expect_bsa_forward_matches_reference(s, pat, t, options, c.pad, 1e-2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, Sm90BsaForward, ::testing::ValuesIn(kCases),
@@ -362,14 +168,7 @@ struct SmallProblem {
     o = std::make_unique<DeviceTensor>(t.o, 0, 0);
     lse = std::make_unique<DeviceTensor>(t.lse, 0, 0);
     index = std::make_unique<DeviceTensor>(pat.q2k_index, 0, 0);
-    args.q = q->view();
-    args.k = k->view();
-    args.v = v->view();
-    args.o = o->view();
-    args.lse = lse->view();
-    args.sparsity.q2k_index = index->view();
-    args.sparsity.q2k_count = sa_tensor_none();
-    args.sparsity.kv_block_len = sa_tensor_none();
+    args = bsa_fwd_args(*q, *k, *v, *o, *lse, *index);
     args.options = sa_bsa_options_default();
     args.options.block_size = s.block;
     args.options.count = 2;

@@ -67,19 +67,34 @@ class DeviceScope {
   int previous_ = 0;
 };
 
-// ---- BSA forward ------------------------------------------------------------------------------
-std::string bsa_fwd_unsupported(const BsaFwdProblem& p) {
-  if (p.device != SA_DEVICE_CUDA) return "needs CUDA tensors";
+// ---- the checks every entry makes before its path's own ----------------------------------------
+// "" when the portable path can run on a problem's device (CUDA tensors on a device of compute
+// capability 8.0 or newer), else the reason.
+std::string device_unsupported(sa_device_type device, int32_t device_index) {
+  if (device != SA_DEVICE_CUDA) return "needs CUDA tensors";
   int major = 0, minor = 0;
-  std::string why = device_capability(p.device_index, &major, &minor);
+  std::string why = device_capability(device_index, &major, &minor);
   if (!why.empty()) return why;
   if (major < 8) {
     std::ostringstream os;
-    os << "needs compute capability 8.0 or newer (device " << p.device_index << " is " << major
+    os << "needs compute capability 8.0 or newer (device " << device_index << " is " << major
        << "." << minor << ")";
     return os.str();
   }
-  return portable::bsa_forward_unsupported(p);
+  return "";
+}
+
+// The device's reason when it has one, otherwise that of the path's own check.
+template <class Problem>
+std::string unsupported(const Problem& p, std::string (*path_unsupported)(const Problem&)) {
+  std::string why = device_unsupported(p.device, p.device_index);
+  if (!why.empty()) return why;
+  return path_unsupported(p);
+}
+
+// ---- BSA forward ------------------------------------------------------------------------------
+std::string bsa_fwd_unsupported(const BsaFwdProblem& p) {
+  return unsupported(p, &portable::bsa_forward_unsupported);
 }
 
 void bsa_fwd_run(const BsaFwdProblem& p, const ExecContext& ctx) {
@@ -91,17 +106,7 @@ void bsa_fwd_run(const BsaFwdProblem& p, const ExecContext& ctx) {
 
 // ---- BSA backward -----------------------------------------------------------------------------
 std::string bsa_bwd_unsupported(const BsaBwdProblem& p) {
-  if (p.device != SA_DEVICE_CUDA) return "needs CUDA tensors";
-  int major = 0, minor = 0;
-  std::string why = device_capability(p.device_index, &major, &minor);
-  if (!why.empty()) return why;
-  if (major < 8) {
-    std::ostringstream os;
-    os << "needs compute capability 8.0 or newer (device " << p.device_index << " is " << major
-       << "." << minor << ")";
-    return os.str();
-  }
-  return portable::bsa_backward_unsupported(p);
+  return unsupported(p, &portable::bsa_backward_unsupported);
 }
 
 size_t bsa_bwd_workspace_bytes(const BsaBwdProblem& p) {
@@ -118,17 +123,7 @@ void bsa_bwd_run(const BsaBwdProblem& p, const ExecContext& ctx) {
 
 // ---- DSA forward ------------------------------------------------------------------------------
 std::string dsa_fwd_unsupported(const DsaFwdProblem& p) {
-  if (p.device != SA_DEVICE_CUDA) return "needs CUDA tensors";
-  int major = 0, minor = 0;
-  std::string why = device_capability(p.device_index, &major, &minor);
-  if (!why.empty()) return why;
-  if (major < 8) {
-    std::ostringstream os;
-    os << "needs compute capability 8.0 or newer (device " << p.device_index << " is " << major
-       << "." << minor << ")";
-    return os.str();
-  }
-  return portable::dsa_forward_unsupported(p);
+  return unsupported(p, &portable::dsa_forward_unsupported);
 }
 
 void dsa_fwd_run(const DsaFwdProblem& p, const ExecContext& ctx) {
@@ -138,17 +133,7 @@ void dsa_fwd_run(const DsaFwdProblem& p, const ExecContext& ctx) {
 
 // ---- DSA backward -----------------------------------------------------------------------------
 std::string dsa_bwd_unsupported(const DsaBwdProblem& p) {
-  if (p.device != SA_DEVICE_CUDA) return "needs CUDA tensors";
-  int major = 0, minor = 0;
-  std::string why = device_capability(p.device_index, &major, &minor);
-  if (!why.empty()) return why;
-  if (major < 8) {
-    std::ostringstream os;
-    os << "needs compute capability 8.0 or newer (device " << p.device_index << " is " << major
-       << "." << minor << ")";
-    return os.str();
-  }
-  return portable::dsa_backward_unsupported(p);
+  return unsupported(p, &portable::dsa_backward_unsupported);
 }
 
 size_t dsa_bwd_workspace_bytes(const DsaBwdProblem& p) {
