@@ -1,5 +1,6 @@
 // The Hopper (sm_90a) fast path as the dispatcher sees it. Operations whose kernels are not
-// written yet have no entry, so the dispatcher reports "not implemented".
+// written yet have no entry, so the dispatcher reports "not implemented". The BSA backward is
+// served only when the caller forces options.impl = SA_IMPL_SM90 until it has run on hardware.
 // Compiled only with the Hopper objects (SA_HAVE_SM90): this file calls into src/sm90/*.cu.
 #if SA_HAVE_SM90
 #include <cuda_runtime_api.h>
@@ -12,7 +13,9 @@
 #include "api/implementation.hpp"
 #include "common/cuda_check.hpp"
 #include "portable/bsa_metadata_check.hpp"
+#include "sm90/bsa_backward.hpp"
 #include "sm90/bsa_forward.hpp"
+#include "sm90/dsa_forward.hpp"
 
 namespace sa {
 namespace {
@@ -84,14 +87,59 @@ void bsa_fwd_run(const BsaFwdProblem& p, const ExecContext& ctx) {
   sm90::bsa_forward(p, stream);
 }
 
+// ---- BSA backward ------------------------------------------------------------------------------
+// Not yet run on hardware: AUTO never picks it (the dispatcher then falls back to the portable
+// backward); a caller that forces SA_IMPL_SM90 gets it.
+std::string bsa_bwd_unsupported(const BsaBwdProblem& p) {
+  if (p.device != SA_DEVICE_CUDA) return "needs CUDA tensors";
+  std::string why = check_sm90_device(p.device_index);
+  if (!why.empty()) return why;
+  why = sm90::bsa_backward_unsupported(p);
+  if (!why.empty()) return why;
+  if (p.options.impl != SA_IMPL_SM90)
+    return "not yet validated on hardware (set options.impl = SA_IMPL_SM90 to use it)";
+  return "";
+}
+
+size_t bsa_bwd_workspace_bytes(const BsaBwdProblem& p) {
+  DeviceScope scope(p.device_index);  // CUB sizes its scan for the current device
+  return sm90::bsa_backward_workspace_bytes(p);
+}
+
+void bsa_bwd_run(const BsaBwdProblem& p, const ExecContext& ctx) {
+  DeviceScope scope(p.device_index);
+  cudaStream_t stream = ctx.stream;
+  if (p.options.validate) portable::check_bsa_metadata_gpu(p.dims, p.meta, stream);
+  sm90::bsa_backward(p, ctx.workspace, ctx.workspace_bytes, stream);
+}
+
+// ---- DSA forward ------------------------------------------------------------------------------
+// Not yet run on hardware: AUTO never picks it (the dispatcher then falls back to the portable
+// forward); a caller that forces SA_IMPL_SM90 gets it.
+std::string dsa_fwd_unsupported(const DsaFwdProblem& p) {
+  if (p.device != SA_DEVICE_CUDA) return "needs CUDA tensors";
+  std::string why = check_sm90_device(p.device_index);
+  if (!why.empty()) return why;
+  why = sm90::dsa_forward_unsupported(p);
+  if (!why.empty()) return why;
+  if (p.options.impl != SA_IMPL_SM90)
+    return "not yet validated on hardware (set options.impl = SA_IMPL_SM90 to use it)";
+  return "";
+}
+
+void dsa_fwd_run(const DsaFwdProblem& p, const ExecContext& ctx) {
+  DeviceScope scope(p.device_index);
+  sm90::dsa_forward(p, ctx.stream);
+}
+
 }  // namespace
 
 extern const Implementation kSm90Implementation = {
     SA_IMPL_SM90,
     "sm90",
     /*bsa_fwd=*/{&bsa_fwd_unsupported, nullptr, &bsa_fwd_run},
-    /*bsa_bwd=*/{},
-    /*dsa_fwd=*/{},
+    /*bsa_bwd=*/{&bsa_bwd_unsupported, &bsa_bwd_workspace_bytes, &bsa_bwd_run},
+    /*dsa_fwd=*/{&dsa_fwd_unsupported, nullptr, &dsa_fwd_run},
     /*dsa_bwd=*/{},
 };
 

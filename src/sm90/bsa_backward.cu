@@ -1,0 +1,342 @@
+// Hopper BSA backward, host side: problem checks, the plan (bucket, workspace carve-up), TMA
+// descriptors, the launches, and the instantiations of bsa_backward_kernel.cuh:
+// {block 64, 128} x {D 64, 128}, bf16. Steps 1, 2, 4, 5 are the portable backward's own kernels
+// (src/portable/bsa_backward.hpp lists them); only step 3, the main kernel, is Hopper-specific.
+#include "sm90/bsa_backward.hpp"
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <sstream>
+
+#include "common/cuda_check.hpp"
+#include "common/host_numeric.hpp"
+#include "common/narrow.hpp"
+#include "portable/bsa_backward_aux.hpp"
+#include "portable/launch_checks.hpp"
+#include "portable/reverse_map_gpu.hpp"
+#include "sm90/bsa_backward_kernel.cuh"
+
+namespace sa::sm90 {
+namespace {
+
+constexpr int64_t kMaxTmaStrideBytes = int64_t{1} << 40;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                   const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeTiledFn encode_tiled() {
+  static const EncodeTiledFn fn = [] {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000,
+                                                             cudaEnableDefault, &found);
+    if (err != cudaSuccess || found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return static_cast<EncodeTiledFn>(nullptr);
+    }
+    return reinterpret_cast<EncodeTiledFn>(ptr);
+  }();
+  return fn;
+}
+
+// "" when a [B, H, S, D] bf16 tensor can be described by a TMA descriptor (same rules as the
+// forward's: 16-byte aligned base, contiguous last dim, strides of dimensions longer than 1
+// positive multiples of 16 bytes below 2^40).
+std::string check_tma_tensor(const char* name, const Bhsd& t, int64_t B, int64_t H, int64_t S) {
+  std::ostringstream os;
+  if (t.data == nullptr) {
+    os << name << " is missing";
+  } else if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) {
+    os << name << ": data pointer not 16-byte aligned";
+  } else if (t.sd != 1) {
+    os << name << ": last dimension not contiguous (stride " << t.sd << ")";
+  } else {
+    const int64_t sizes[3] = {S, H, B};
+    const int64_t strides[3] = {t.ss, t.sh, t.sb};
+    for (int i = 0; i < 3; ++i) {
+      const int64_t bytes = strides[i] * 2;
+      if (sizes[i] > 1 && (strides[i] <= 0 || bytes % 16 != 0 || bytes >= kMaxTmaStrideBytes)) {
+        os << name << ": strides (" << t.sb << ", " << t.sh << ", " << t.ss
+           << ") not positive multiples of 8 elements below 2^39 (needed by TMA)";
+        break;
+      }
+    }
+  }
+  return os.str();
+}
+
+// Dims (D, S, H, B) of a BHSD-strided bf16 tensor; box (64, box_rows, 1, 1), 128-byte swizzle:
+// a box lands as one 64-column panel of the kernel's shared tiles; rows past S read as 0.
+CUtensorMap make_tensor_map(const char* name, const Bhsd& t, int64_t B, int64_t H, int64_t S,
+                            int64_t D, int box_rows) {
+  const EncodeTiledFn encode = encode_tiled();
+  SA_CHECK(encode != nullptr, SA_ERROR_CUDA,
+           "sm90 bsa_backward: cuTensorMapEncodeTiled is not available from the CUDA driver");
+  const int64_t elem = 2;
+  const int64_t packed[3] = {D * elem, D * elem * S, D * elem * S * H};  // stand-ins
+  const int64_t sizes[3] = {S, H, B};
+  const int64_t strides[3] = {t.ss, t.sh, t.sb};
+  cuuint64_t dims[4] = {static_cast<cuuint64_t>(D), static_cast<cuuint64_t>(S),
+                        static_cast<cuuint64_t>(H), static_cast<cuuint64_t>(B)};
+  cuuint64_t stride_bytes[3];
+  for (int i = 0; i < 3; ++i) {
+    int64_t bytes = strides[i] * elem;
+    if (sizes[i] == 1 && (bytes <= 0 || bytes % 16 != 0 || bytes >= kMaxTmaStrideBytes))
+      bytes = std::min(packed[i], kMaxTmaStrideBytes - 16);
+    stride_bytes[i] = static_cast<cuuint64_t>(bytes);
+  }
+  const cuuint32_t box[4] = {64u, static_cast<cuuint32_t>(box_rows), 1u, 1u};
+  const cuuint32_t elem_strides[4] = {1u, 1u, 1u, 1u};
+  CUtensorMap map;
+  const CUresult res =
+      encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, t.data, dims, stride_bytes, box,
+             elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  SA_CHECK(res == CUDA_SUCCESS, SA_ERROR_CUDA,
+           "sm90 bsa_backward: cuTensorMapEncodeTiled failed for " << name << " (CUresult "
+                                                                   << static_cast<int>(res) << ")");
+  return map;
+}
+
+// ---- the instantiations ------------------------------------------------------------------------
+template <int kBlock, int kHeadDim>
+struct Kernel {
+  using Traits = bwd::BwdTraits<kBlock, kHeadDim>;
+  // +1024: the kernel aligns its shared storage to 1024 bytes (128-byte swizzle atoms).
+  static constexpr size_t kSmem = sizeof(bwd::SharedStorage<Traits>) + 1024;
+  // sm_90: 227 KB per block at most, 228 KB per SM with 1 KB reserved per CTA.
+  static_assert(kSmem <= 227 * 1024, "shared storage exceeds an sm_90 block's opt-in maximum");
+  static_assert(Traits::kCtasPerSm * (kSmem + 1024) <= 228 * 1024,
+                "kCtasPerSm CTAs do not fit an sm_90 SM's shared memory");
+
+  static void launch(const BsaBwdSm90Params& params, int64_t max_items, cudaStream_t stream) {
+    auto* kernel = &bsa_backward_sm90_kernel<Traits>;
+    SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(kSmem)));
+    SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                       cudaSharedmemCarveoutMaxShared));
+    kernel<<<static_cast<unsigned>(max_items), Traits::kThreads, kSmem, stream>>>(params);
+    SA_CUDA_CHECK_LAUNCH();
+  }
+};
+
+void dispatch_main(const BsaBwdSm90Params& params, int block, int64_t D, int64_t max_items,
+                   cudaStream_t stream) {
+  if (block == 128 && D == 128) return Kernel<128, 128>::launch(params, max_items, stream);
+  if (block == 128 && D == 64) return Kernel<128, 64>::launch(params, max_items, stream);
+  if (block == 64 && D == 128) return Kernel<64, 128>::launch(params, max_items, stream);
+  if (block == 64 && D == 64) return Kernel<64, 64>::launch(params, max_items, stream);
+  SA_FAIL(SA_ERROR_INTERNAL, "sm90 bsa backward: no kernel for block " << block << ", D " << D);
+}
+
+size_t main_kernel_smem(int block, int64_t D) {
+  if (block == 128) return D == 128 ? Kernel<128, 128>::kSmem : Kernel<128, 64>::kSmem;
+  return D == 128 ? Kernel<64, 128>::kSmem : Kernel<64, 64>::kSmem;
+}
+
+// ---- the plan (as the portable backward's, bsa_backward.hpp there) -----------------------------
+constexpr size_t kAlign = portable::kReverseMapAlignment;
+
+size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+struct Plan {
+  int32_t bucket = 0;           // asked of the reverse map; 0: one group per row
+  bool several_owners = false;  // some row may have several groups: dK/dV accumulators
+  int64_t Sq_pad = 0, Skv_pad = 0;
+  size_t lse2 = 0, delta = 0, dq_accum = 0, dk_accum = 0, dv_accum = 0, map = 0;
+  size_t dq_bytes = 0, dkv_bytes = 0, map_bytes = 0;
+  size_t total = 0;
+};
+
+int device_attribute(cudaDeviceAttr attr, int device) {
+  int value = 0;
+  SA_CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, device));
+  return value;
+}
+
+// Automatic bucket: one group per row when the rows alone give at least 2 CTAs per CTA slot;
+// otherwise about 4 work items per slot, assuming every query block lists min(K_max, N_kv)
+// blocks (at least 4 entries per group). Shapes and the GPU's size only.
+int32_t auto_bucket(const BsaBwdProblem& p) {
+  const BsaDims& d = p.dims;
+  const int sms = device_attribute(cudaDevAttrMultiProcessorCount, p.device_index);
+  const int64_t slots = static_cast<int64_t>(sms) * (d.block == 128 ? 1 : 2);
+  const int64_t rows = d.B * d.Hkv * d.Nkv;
+  if (rows >= 2 * slots) return 0;
+  const int64_t expected = ceil_div(d.B * d.Hq * d.Nq * std::min(d.Kmax, d.Nkv), rows);
+  const int64_t groups = ceil_div(4 * slots, rows);
+  constexpr int64_t kMinBucket = 4;
+  const int64_t bucket = std::max(kMinBucket, ceil_div(expected, groups));
+  return bucket >= d.group() * d.Nq ? 0 : static_cast<int32_t>(bucket);
+}
+
+Plan make_plan(const BsaBwdProblem& p) {
+  const BsaDims& d = p.dims;
+  Plan plan;
+  if (p.options.bucket_size > 0)
+    plan.bucket = p.options.bucket_size >= d.group() * d.Nq ? 0 : p.options.bucket_size;
+  else
+    plan.bucket = auto_bucket(p);
+  plan.several_owners = plan.bucket > 0;
+  plan.Sq_pad = d.Nq * d.block;
+  plan.Skv_pad = d.Nkv * d.block;
+  size_t at = 0;
+  auto take = [&at](size_t bytes) {
+    const size_t start = at;
+    at = align_up(at + std::max<size_t>(bytes, 1));
+    return start;
+  };
+  const size_t stats = static_cast<size_t>(d.B * d.Hq * plan.Sq_pad) * sizeof(float);
+  plan.lse2 = take(stats);
+  plan.delta = take(stats);
+  plan.dq_bytes = static_cast<size_t>(d.B * d.Hq * plan.Sq_pad * d.D) * sizeof(float);
+  plan.dq_accum = take(plan.dq_bytes);
+  if (plan.several_owners) {
+    plan.dkv_bytes = static_cast<size_t>(d.B * d.Hkv * plan.Skv_pad * d.D) * sizeof(float);
+    plan.dk_accum = take(plan.dkv_bytes);
+    plan.dv_accum = take(plan.dkv_bytes);
+  }
+  plan.map_bytes = portable::reverse_map_workspace_bytes(d, plan.bucket);
+  plan.map = take(plan.map_bytes);
+  plan.total = at + kAlign;
+  return plan;
+}
+
+}  // namespace
+
+std::string bsa_backward_unsupported(const BsaBwdProblem& p) {
+  const BsaDims& d = p.dims;
+  std::ostringstream os;
+  if (p.dtype != SA_DTYPE_BF16) {
+    os << "dtype " << dtype_name(p.dtype) << " (sm90 backward supports bf16)";
+    return os.str();
+  }
+  if (d.D != d.Dv || (d.D != 64 && d.D != 128)) {
+    os << "D = " << d.D << ", D_v = " << d.Dv << " (sm90 backward supports D == D_v in {64, 128})";
+    return os.str();
+  }
+  if (d.block != 64 && d.block != 128) {
+    os << "block size " << d.block << " (sm90 backward supports 64 and 128)";
+    return os.str();
+  }
+  if (p.options.deterministic) return "deterministic mode (sm90 backward does not support it)";
+  constexpr int64_t kMaxSeq = std::numeric_limits<int32_t>::max() - 256;
+  constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
+  if (d.Sq > kMaxSeq || d.Skv > kMaxSeq) {
+    os << "S_q = " << d.Sq << ", S_kv = " << d.Skv << " (sm90 backward supports at most "
+       << kMaxSeq << ")";
+    return os.str();
+  }
+  if (d.B > kMaxInt || d.Hq > kMaxInt || d.B * d.Hq * d.Nq * d.block > kMaxInt ||
+      d.B * d.Hkv * d.Nkv > kMaxInt) {
+    os << "B = " << d.B << ", H_q = " << d.Hq << ", S_q = " << d.Sq
+       << " (sm90 backward indexes rows of all heads with int32)";
+    return os.str();
+  }
+  for (std::string why : {check_tma_tensor("q", p.q, d.B, d.Hq, d.Sq),
+                          check_tma_tensor("dout", p.dout, d.B, d.Hq, d.Sq),
+                          check_tma_tensor("k", p.k, d.B, d.Hkv, d.Skv),
+                          check_tma_tensor("v", p.v, d.B, d.Hkv, d.Skv),
+                          portable::check_tensor_addressing("o", p.o, d.B, d.Hq, d.Sq),
+                          portable::check_tensor_addressing("dq", p.dq, d.B, d.Hq, d.Sq),
+                          portable::check_tensor_addressing("dk", p.dk, d.B, d.Hkv, d.Skv),
+                          portable::check_tensor_addressing("dv", p.dv, d.B, d.Hkv, d.Skv)}) {
+    if (!why.empty()) return why;
+  }
+  if (p.lse == nullptr) return "lse is missing";
+  int optin = 0;
+  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_index) !=
+      cudaSuccess) {
+    (void)cudaGetLastError();
+    return "cannot query the shared memory of CUDA device " + std::to_string(p.device_index);
+  }
+  const size_t need = main_kernel_smem(d.block, d.D);
+  if (need > static_cast<size_t>(optin)) {
+    os << "block " << d.block << ", D = " << d.D << " needs " << need
+       << " bytes of shared memory per block, device " << p.device_index << " has " << optin;
+    return os.str();
+  }
+  return "";
+}
+
+size_t bsa_backward_workspace_bytes(const BsaBwdProblem& p) { return make_plan(p).total; }
+
+void bsa_backward(const BsaBwdProblem& p, void* workspace, size_t workspace_bytes,
+                  cudaStream_t stream) {
+  const std::string why = bsa_backward_unsupported(p);
+  SA_CHECK(why.empty(), SA_ERROR_UNSUPPORTED, "sm90 bsa_backward: " << why);
+  const BsaDims& d = p.dims;
+  const Plan plan = make_plan(p);
+  SA_CHECK(workspace != nullptr && workspace_bytes >= plan.total, SA_ERROR_WORKSPACE,
+           "sm90 bsa_backward: workspace of " << workspace_bytes << " bytes, expected at least "
+                                              << plan.total);
+  uint8_t* base = reinterpret_cast<uint8_t*>(align_up(reinterpret_cast<uintptr_t>(workspace)));
+  float* lse2 = reinterpret_cast<float*>(base + plan.lse2);
+  float* delta = reinterpret_cast<float*>(base + plan.delta);
+  float* dq_accum = reinterpret_cast<float*>(base + plan.dq_accum);
+  float* dk_accum = plan.several_owners ? reinterpret_cast<float*>(base + plan.dk_accum) : nullptr;
+  float* dv_accum = plan.several_owners ? reinterpret_cast<float*>(base + plan.dv_accum) : nullptr;
+
+  // 1. Accumulators, delta, lse2 (the portable preprocess).
+  SA_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, plan.dq_bytes, stream));
+  if (plan.several_owners) {
+    SA_CUDA_CHECK(cudaMemsetAsync(dk_accum, 0, plan.dkv_bytes, stream));
+    SA_CUDA_CHECK(cudaMemsetAsync(dv_accum, 0, plan.dkv_bytes, stream));
+  }
+  portable::launch_bwd_preprocess(p, plan.Sq_pad, lse2, delta, stream);
+
+  // 2. The reverse map (GPU, no host synchronisation).
+  const portable::ReverseMapDevice map = portable::build_reverse_map_gpu(
+      d, p.meta, plan.bucket, base + plan.map, plan.map_bytes, stream);
+
+  // 3. The main kernel: dK, dV, and dQ into its accumulator.
+  BsaBwdSm90Params params{};
+  params.tma_q = make_tensor_map("q", p.q, d.B, d.Hq, d.Sq, d.D, 64);
+  params.tma_do = make_tensor_map("dout", p.dout, d.B, d.Hq, d.Sq, d.D, 64);
+  params.tma_k = make_tensor_map("k", p.k, d.B, d.Hkv, d.Skv, d.D, d.block);
+  params.tma_v = make_tensor_map("v", p.v, d.B, d.Hkv, d.Skv, d.Dv, d.block);
+  params.dk = p.dk;
+  params.dv = p.dv;
+  params.lse2 = lse2;
+  params.delta = delta;
+  params.dq_accum = dq_accum;
+  params.dk_accum = dk_accum;
+  params.dv_accum = dv_accum;
+  params.entries = map.entries;
+  params.row_groups = map.row_groups;
+  params.item_row = map.item_row;
+  params.item_begin = map.item_begin;
+  params.item_end = map.item_end;
+  params.num_items = map.num_items;
+  params.dims = d;
+  params.meta = p.meta;
+  params.Sq = narrow_i32(d.Sq, "S_q");
+  params.Skv = narrow_i32(d.Skv, "S_kv");
+  params.Sq_pad = narrow_i32(plan.Sq_pad, "S_q padded");
+  params.Skv_pad = narrow_i32(plan.Skv_pad, "S_kv padded");
+  params.group = narrow_i32(d.group(), "H_q / H_kv");
+  params.Hq = narrow_i32(d.Hq, "H_q");
+  params.Hkv = narrow_i32(d.Hkv, "H_kv");
+  params.Nq = narrow_i32(d.Nq, "N_q");
+  params.Nkv = narrow_i32(d.Nkv, "N_kv");
+  params.scale = p.scale;
+  params.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
+  if (map.max_items > 0) dispatch_main(params, d.block, d.D, map.max_items, stream);
+
+  // 4. dq = scale * dQ accumulator.
+  portable::launch_bwd_convert_dq(p, plan.Sq_pad, dq_accum, stream);
+  // 5. dk, dv of the rows with several groups.
+  if (plan.several_owners)
+    portable::launch_bwd_convert_dkv(p, plan.Skv_pad, dk_accum, dv_accum, map.row_groups, stream);
+}
+
+}  // namespace sa::sm90

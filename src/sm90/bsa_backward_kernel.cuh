@@ -1,0 +1,526 @@
+// The Hopper (sm_90a) BSA backward main kernel: TMA + wgmma + mbarrier pipeline, warp-specialized.
+// Device code only; bsa_backward.cu builds the TMA descriptors, runs the shared steps (preprocess,
+// reverse map, conversions: src/portable/bsa_backward_aux.hpp, reverse_map_gpu.hpp) and
+// instantiates it. NOT YET RUN ON HARDWARE: sm90_impl.cpp only uses it when the caller forces
+// options.impl = SA_IMPL_SM90.
+//
+// A CTA owns one work item of the key-to-query reverse map, like the portable kernel: KV block n of
+// (batch b, KV head hk), kBlockN (= the block size) keys loaded once by TMA, and the entries
+// [begin, end) of its reverse row, each a (query head hl of the group, query block m). It walks
+// those query blocks as tiles of kBlockM = 64 query rows (a 128-row block is two tiles), keeps dK
+// and dV of its keys in fp32 wgmma accumulators for the whole walk, and adds each tile's dQ into
+// the fp32 dQ workspace with red.global.add.v2.f32.
+//
+// Roles (warpgroups):
+//   kProducer  warpgroup 0 (setmaxnreg down); lane 0 of warp 0 issues every load: K and V once,
+//              then per tile Q, dO (TMA, box 64 x 64 per 64-column panel) and lse2, delta (bulk
+//              copies of 256 bytes from the preprocess buffers) into a kStages ring.
+//   kConsumer0 warpgroup 1 (and kConsumer1, warpgroup 2, when kBlockN = 128; setmaxnreg up): each
+//              owns 64 keys of the block. All GEMMs are computed "transposed" (keys as M) so that
+//              P^T and dS^T come out of the accumulators in the A-operand register layout:
+//     [1] S^T  = K Q^T         SS  M = 64 keys, N = 64 rows, K = D
+//     [2] dP^T = V dO^T        SS
+//     [3] P^T  = 2^(S^T scale log2e - lse2[row]) -> bf16, forced to 0 for padded keys (select)
+//     [4] dV  += P^T dO        RS  M = 64 keys, N = D, K = 64 rows (dO^T view of the dO tile);
+//              issued before [2] is waited for
+//         dS^T = P^T (dP^T - delta[row]) with P^T from its bf16 copy; 0 for padded keys (select,
+//              so garbage/NaN in padded K/V rows never propagates)
+//     [5] dK  += dS^T Q        RS
+//     [6] dS^T -> s.ds (the warpgroup's 64 x 64 part), between two named barriers of the
+//              consumers that share s.ds
+//     [7] dQ   = dS K         SS  M = 64 rows, N = 64 columns (a panel) of D, K = keys;
+//              red.global.add.v2.f32 into dq_accum. Block 128 with D 128: warpgroup w takes
+//              panel w over all 128 keys (both dS tiles in shared memory: barrier of all
+//              consumers). Block 64: the one warpgroup takes every panel. Block 128 with D 64:
+//              each warpgroup adds the partial of its own 64 keys (2x the reduction traffic).
+//   epilogue: single owner (row_groups == 1, empty rows included): dK * scale and dV -> bf16 ->
+//             straight from the accumulators to the caller's tensors (keys < S_kv; padded keys
+//             are zeros); several owners: fp32 red.global.add of keys < valid into dk/dv_accum.
+//
+// Timeline of one consumer (no intra-warpgroup overlap yet: the two consumers, and with block 64
+// the two CTAs of an SM, interleave on the tensor cores):
+//   producer |K V|Q0 dO0|Q1 dO1|Q2 dO2|  Q3 dO3 (block 128: 3 stages; waits for stage 0) ...
+//   WG       |S0 dP0|P|dV0 dS|dK0 st(dS)|dQ0..|red.add|S1 dP1|...            |epilogue|
+//
+// Pipeline objects (shared memory):
+//   kv_full        mbarrier, TMA -> consumers: K and V landed (one phase per CTA)
+//   q_full[s]      mbarrier, TMA -> consumers: stage s holds Q, dO, lse2, delta of a tile
+//   q_empty[s]     mbarrier, one arrive per consumer warp -> producer: stage s free
+//   named barrier 1 (all consumers; 1 + wg per warpgroup for block 128 with D 64): s.ds is free
+//                  (before [6]) / written (after [6]); the zeroing of padded K rows is done
+//
+// Memory safety: Q/dO rows >= S_q are zero (TMA fill) and have lse2 = +inf, delta = 0 (preprocess)
+// so their P, dS are exactly 0 (a tile wholly past S_q is skipped, never loaded); K rows >= valid
+// are zeroed in shared memory before any GEMM (they are the B operand of dQ); P and dS of padded
+// keys are selected to 0.
+//
+// Fragment and shared-layout facts this file relies on (checked on the host against CuTe for all
+// four instantiations when written, not yet on hardware): the S^T / dV / dK / dQ accumulator
+// element i of consumer thread ctid sits at row 64 wg + 16 warp + lane/4 + 8 ((i/2)%2), column
+// 8 (i/4) + 2 (lane%4) + i%2; element i of the RS A fragment (P^T, dS^T) is element i of the S^T
+// accumulator; SmemLayoutKV / Q / Qt / Ds are the TMA SWIZZLE_128B layout (byte row*128 +
+// ((chunk ^ row%8) << 4) within 1024-byte aligned 64-column panels).
+#pragma once
+
+#include <cuda.h>  // CUtensorMap (a type only)
+
+#include <cstdint>
+
+#include "common/problem.hpp"
+#include "sm90/bsa_forward_kernel.cuh"  // GmmaAtoms, gemm_issue, convert_p
+#include "sm90/hopper_primitives.cuh"
+
+namespace sa::sm90 {
+
+struct BsaBwdSm90Params {
+  CUtensorMap tma_q;   // q [B, Hq, Sq, D]: dims (D, Sq, Hq, B), box (64, 64, 1, 1), SW128
+  CUtensorMap tma_do;  // dout, like q
+  CUtensorMap tma_k;   // k [B, Hkv, Skv, D]: box (64, kBlockN, 1, 1), SW128
+  CUtensorMap tma_v;   // v, like k
+  Bhsd dk, dv;         // [B, Hkv, Skv, D] outputs of single-owner rows (4-byte stores)
+  const float* lse2;   // [B, Hq, Sq_pad]: lse * log2(e); +inf past S_q / for empty rows
+  const float* delta;  // [B, Hq, Sq_pad]: rowsum(dO * O); 0 past S_q
+  float* dq_accum;     // [B, Hq, Sq_pad, D] fp32, zeroed
+  float* dk_accum;     // [B, Hkv, Skv_pad, D] fp32, zeroed; null when every row has one owner
+  float* dv_accum;
+  // Reverse map (portable/reverse_map_gpu.hpp).
+  const int32_t* entries;
+  const int32_t* row_groups;
+  const int32_t* item_row;
+  const int32_t* item_begin;
+  const int32_t* item_end;
+  const int32_t* num_items;
+  BsaDims dims;
+  BsaMeta meta;
+  int32_t Sq, Skv, Sq_pad, Skv_pad, group, Hq, Hkv, Nq, Nkv;
+  float scale;       // softmax scale (dK factor; dQ is scaled by the conversion pass)
+  float scale_log2;  // scale * log2(e)
+};
+
+namespace bwd {
+
+template <int kBlockN_, int kHeadDim_>
+struct BwdTraits {
+  using Element = cutlass::bfloat16_t;
+  static constexpr int kBlockN = kBlockN_;    // keys per CTA = the block size
+  static constexpr int kBlockM = 64;          // query rows per tile
+  static constexpr int kHeadDim = kHeadDim_;  // D = D_v
+  static constexpr int kTilesPerEntry = kBlockN / kBlockM;
+  static constexpr int kConsumerWgs = kBlockN / 64;
+  static constexpr int kConsumerThreads = 128 * kConsumerWgs;
+  static constexpr int kConsumerWarps = 4 * kConsumerWgs;
+  static constexpr int kThreads = 128 + kConsumerThreads;
+  // Q / dO / lse2 / delta ring depth: 3 where shared memory allows (block 128: one CTA per SM,
+  // ~182 KB at D 128), 2 for block 64 (two CTAs of ~107 KB per SM at D 128).
+  static constexpr int kStages = kBlockN == 128 ? 3 : 2;
+  static constexpr int kCtasPerSm = kConsumerWgs == 1 ? 2 : 1;
+  // Register split (multiples of 8), per CTA 65536 / kCtasPerSm: the producer needs few; the
+  // consumers hold dK, dV (D/2 fp32 each), S^T, dP^T (32 each) or a dQ chunk (32).
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = kConsumerWgs == 2 ? 240 : 232;
+  static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536 / kCtasPerSm,
+                "register split exceeds the CTA's register file share");
+  static constexpr int kPanels = kHeadDim / 64;
+  static constexpr int kKvTileBytes = kBlockN * kHeadDim * 2;
+  static constexpr int kQTileBytes = kBlockM * kHeadDim * 2;
+  static constexpr int kStatBytes = kBlockM * 4;
+
+  using BlockNT = cute::Int<kBlockN>;
+  using BlockMT = cute::Int<kBlockM>;
+  using HeadT = cute::Int<kHeadDim>;
+  using StagesT = cute::Int<kStages>;
+  using WgLayout = cute::Layout<cute::Shape<cute::Int<kConsumerWgs>, cute::_1, cute::_1>>;
+  // [1], [2]: M = keys, N = query rows, K = D; both operands K-major.
+  using TiledMmaSdP = decltype(cute::make_tiled_mma(typename GmmaAtoms<64>::SS{}, WgLayout{}));
+  // [4], [5]: M = keys, N = D, K = query rows; A from registers, B (dO^T, Q^T) MN-major.
+  using TiledMmaKV =
+      decltype(cute::make_tiled_mma(typename GmmaAtoms<kHeadDim>::RS{}, WgLayout{}));
+  // [7]: one warpgroup; M = query rows, N = 64 columns of D, K = keys; A (dS) and B (K^T)
+  // MN-major. When the warpgroups divide the 64-column panels of D among themselves
+  // (kDqSplitPanels: block 128 with D 128, and block 64), a warpgroup computes its panels over all
+  // kBlockN keys (one reduction per dQ element and tile, but both warpgroups' dS must be in shared
+  // memory: a barrier of all consumers); otherwise (block 128 with D 64: one panel, two
+  // warpgroups) each computes all of dQ over its own 64 keys and both add their partials.
+  using TiledMmaDq = decltype(cute::make_tiled_mma(
+      cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::MN,
+                                                    cute::SM90::GMMA::Major::MN>{}));
+
+  // Shared tiles: 64-column panels of 128-byte rows, 128B swizzle, where TMA puts them.
+  using SmemLayoutKV = decltype(cute::tile_to_shape(
+      cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<BlockNT, HeadT>{}));
+  using SmemLayoutQ = decltype(cute::tile_to_shape(
+      cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<BlockMT, HeadT, StagesT>{}));
+  // The same Q / dO stages seen as (D, rows): the B operand of [4], [5].
+  using SmemLayoutQt = decltype(cute::tile_to_shape(
+      cute::SM90::GMMA::Layout_MN_SW128_Atom<Element>{}, cute::Shape<HeadT, BlockMT, StagesT>{},
+      cute::Step<cute::_2, cute::_1, cute::_3>{}));
+  // s.ds: dS^T of all consumers as (keys, rows), rows contiguous, 128-byte rows with the 128B
+  // swizzle (a K-major SW128 tile), written by [6] with explicit shared stores.
+  // One warpgroup's 64 x 64 part of s.ds seen as (rows, keys): the A operand of [7].
+  static constexpr bool kDqSplitPanels = kPanels % kConsumerWgs == 0;
+  static constexpr int kDqKeys = kDqSplitPanels ? kBlockN : 64;  // K extent of [7]
+  static constexpr int kDqPanels = kDqSplitPanels ? kPanels / kConsumerWgs : kPanels;  // per WG
+  static constexpr int kDsThreads = kDqSplitPanels ? kConsumerThreads : 128;  // share s.ds
+  using DqKeysT = cute::Int<kDqKeys>;
+  // The (rows, keys) part of s.ds that [7] reads: all keys, or the warpgroup's 64 (A of [7]).
+  using SmemLayoutDs = decltype(cute::tile_to_shape(
+      cute::SM90::GMMA::Layout_MN_SW128_Atom<Element>{}, cute::Shape<cute::_64, DqKeysT>{}));
+  // One 64-column panel of those K rows seen as (D columns, keys): B of [7].
+  using SmemLayoutKtPanel = SmemLayoutDs;
+};
+
+template <class T>
+struct alignas(1024) SharedStorage {
+  using Element = typename T::Element;
+  Element k[T::kBlockN * T::kHeadDim];
+  Element v[T::kBlockN * T::kHeadDim];
+  Element q[T::kStages * T::kBlockM * T::kHeadDim];
+  Element dout[T::kStages * T::kBlockM * T::kHeadDim];
+  Element ds[T::kBlockN * T::kBlockM];  // 64 x 64 per consumer warpgroup
+  float lse2[T::kStages][T::kBlockM];
+  float delta[T::kStages][T::kBlockM];
+  uint64_t kv_full;
+  uint64_t q_full[T::kStages];
+  uint64_t q_empty[T::kStages];
+};
+
+// The work item of this CTA.
+struct Item {
+  int row, begin, num_tiles, b, hk, key0, valid;
+};
+
+// Query head and first query row of tile t of the item.
+template <class T>
+__device__ __forceinline__ void tile_rows(const BsaBwdSm90Params& p, const Item& it, int t,
+                                          int& h, int& row0) {
+  const int e = p.entries[it.begin + t / T::kTilesPerEntry];
+  const int hl = e / p.Nq;
+  const int m = e - hl * p.Nq;
+  h = it.hk * p.group + hl;
+  row0 = m * T::kBlockN + (t % T::kTilesPerEntry) * T::kBlockM;
+}
+
+// 1-D bulk copy global -> shared, completion as transaction bytes on `bar` (16-byte multiples).
+__device__ __forceinline__ void bulk_load(void* smem_dst, const void* src, uint32_t bytes,
+                                          uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(smem_u32(smem_dst)),
+      "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+}
+
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
+}
+
+// ---- producer (lane 0 of warp 0) ----------------------------------------------------------------
+template <class T>
+__device__ __forceinline__ void producer_main(const BsaBwdSm90Params& p, SharedStorage<T>& s,
+                                              const Item& it) {
+  if (threadIdx.x != 0 || it.num_tiles == 0) return;
+  constexpr int kKvPanel = T::kBlockN * 64;
+  constexpr int kQPanel = T::kBlockM * 64;
+  prefetch_tensor_map(&p.tma_q);
+  prefetch_tensor_map(&p.tma_do);
+  // [P0] K and V of the block, once.
+  mbarrier_arrive_expect_tx(&s.kv_full, 2 * T::kKvTileBytes);
+#pragma unroll
+  for (int pnl = 0; pnl < T::kPanels; ++pnl) {
+    tma_load_4d(&p.tma_k, s.k + pnl * kKvPanel, &s.kv_full, pnl * 64, it.key0, it.hk, it.b);
+    tma_load_4d(&p.tma_v, s.v + pnl * kKvPanel, &s.kv_full, pnl * 64, it.key0, it.hk, it.b);
+  }
+  // [P1] Q, dO, lse2, delta of each tile, once its stage is free.
+  int stage = 0;
+  uint32_t phase = 0;
+#pragma unroll 1
+  for (int t = 0; t < it.num_tiles; ++t) {
+    int h, row0;
+    tile_rows<T>(p, it, t, h, row0);
+    if (row0 >= p.Sq) continue;  // a tile wholly past S_q (the consumers skip it too)
+    mbarrier_wait(&s.q_empty[stage], phase ^ 1);
+    mbarrier_arrive_expect_tx(&s.q_full[stage], 2 * T::kQTileBytes + 2 * T::kStatBytes);
+    typename T::Element* q_dst = s.q + stage * T::kBlockM * T::kHeadDim;
+    typename T::Element* do_dst = s.dout + stage * T::kBlockM * T::kHeadDim;
+#pragma unroll
+    for (int pnl = 0; pnl < T::kPanels; ++pnl) {
+      tma_load_4d(&p.tma_q, q_dst + pnl * kQPanel, &s.q_full[stage], pnl * 64, row0, h, it.b);
+      tma_load_4d(&p.tma_do, do_dst + pnl * kQPanel, &s.q_full[stage], pnl * 64, row0, h, it.b);
+    }
+    const int64_t stats = (static_cast<int64_t>(it.b) * p.Hq + h) * p.Sq_pad + row0;
+    bulk_load(s.lse2[stage], p.lse2 + stats, T::kStatBytes, &s.q_full[stage]);
+    bulk_load(s.delta[stage], p.delta + stats, T::kStatBytes, &s.q_full[stage]);
+    if (++stage == T::kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+}
+
+// ---- consumers ----------------------------------------------------------------------------------
+template <class T>
+__device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedStorage<T>& s,
+                                              const Item& it, int wg) {
+  using namespace cute;
+  using Element = typename T::Element;
+  constexpr int kBlockN = T::kBlockN;
+  constexpr int kHeadDim = T::kHeadDim;
+  const int ctid = threadIdx.x - 128;
+  const int wtid = ctid % 128;
+  const int lane = threadIdx.x % 32;
+  const int warp_in_wg = wtid / 32;
+  // Named barrier of the consumers that share dS (all of them, or the warpgroup).
+  const uint32_t ds_barrier = T::kDqSplitPanels ? 1u : 1u + static_cast<uint32_t>(wg);
+  const int dq_key0 = T::kDqSplitPanels ? 0 : wg * 64;  // first key of [7]
+
+  typename T::TiledMmaSdP mma_sdp;
+  typename T::TiledMmaKV mma_kv;
+  typename T::TiledMmaDq mma_dq;
+  auto thr_sdp = mma_sdp.get_thread_slice(ctid);
+  auto thr_kv = mma_kv.get_thread_slice(ctid);
+  auto thr_dq = mma_dq.get_thread_slice(wtid);
+
+  Tensor sK = make_tensor(make_smem_ptr(s.k), typename T::SmemLayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(s.v), typename T::SmemLayoutKV{});
+  Tensor sQ = make_tensor(make_smem_ptr(s.q), typename T::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(s.dout), typename T::SmemLayoutQ{});
+  Tensor sQt = make_tensor(make_smem_ptr(s.q), typename T::SmemLayoutQt{});
+  Tensor sdOt = make_tensor(make_smem_ptr(s.dout), typename T::SmemLayoutQt{});
+  Tensor sDs = make_tensor(make_smem_ptr(s.ds + dq_key0 * 64), typename T::SmemLayoutDs{});
+
+  Tensor tSrK = thr_sdp.partition_fragment_A(sK);     // descriptors (MMA, 1, D/16)
+  Tensor tSrV = thr_sdp.partition_fragment_A(sV);
+  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);     // (MMA, 1, D/16, stages)
+  Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
+  Tensor tKVrQt = thr_kv.partition_fragment_B(sQt);   // (MMA, 1, 64/16, stages)
+  Tensor tKVrdOt = thr_kv.partition_fragment_B(sdOt);
+  Tensor tQrDs = thr_dq.partition_fragment_A(sDs);    // (MMA, 1, kDqKeys/16)
+
+  Tensor tSrS = partition_fragment_C(mma_sdp, Shape<typename T::BlockNT, typename T::BlockMT>{});
+  Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<typename T::BlockNT, typename T::BlockMT>{});
+  Tensor tKVrP =
+      make_tensor<Element>(partition_shape_A(mma_kv, Shape<typename T::BlockNT, typename T::BlockMT>{}));
+  Tensor tKVrdS =
+      make_tensor<Element>(partition_shape_A(mma_kv, Shape<typename T::BlockNT, typename T::BlockMT>{}));
+  Tensor tdVrdV = partition_fragment_C(mma_kv, Shape<typename T::BlockNT, typename T::HeadT>{});
+  Tensor tdKrdK = partition_fragment_C(mma_kv, Shape<typename T::BlockNT, typename T::HeadT>{});
+  Tensor tQrdQ = partition_fragment_C(mma_dq, Shape<_64, _64>{});
+  static_assert(decltype(size(tKVrP))::value == decltype(size(tSrS))::value);
+  clear(tdVrdV);
+  clear(tdKrdK);
+
+  // Accumulator fragment of a 64 x N tile: row 16 warp + lane/4 + 8 ((i/2)%2), column
+  // 8 (i/4) + 2 (lane%4) + i%2 (see bsa_forward_kernel.cuh).
+  const int frag_row = 16 * warp_in_wg + lane / 4;
+  const int frag_col = 2 * (lane % 4);
+
+  if (it.num_tiles > 0) {
+    mbarrier_wait(&s.kv_full, 0);
+    if (it.valid < kBlockN) {
+      // Zero this warpgroup's K rows >= valid (whole 128-byte rows of every panel); [7] of the
+      // warpgroups that share dS reads them after the barrier.
+#pragma unroll
+      for (int pnl = 0; pnl < T::kPanels; ++pnl) {
+        for (int c = wtid; c < 64 * 8; c += 128) {
+          const int r = wg * 64 + c / 8;
+          if (r >= it.valid)
+            reinterpret_cast<uint4*>(s.k + pnl * kBlockN * 64 + r * 64)[c % 8] =
+                make_uint4(0u, 0u, 0u, 0u);
+        }
+      }
+      fence_proxy_async_shared();
+      named_barrier_sync(ds_barrier, T::kDsThreads);
+    }
+  }
+  // Keys (rows of S^T) of this thread: frag key k_r = wg*64 + frag_row + 8 r is padded when
+  // k_r >= valid.
+  const int key_lim = it.valid - (wg * 64 + frag_row);
+  const float scale_log2 = p.scale_log2;
+
+  int stage = 0;
+  uint32_t phase = 0;
+#pragma unroll 1
+  for (int t = 0; t < it.num_tiles; ++t) {
+    int h, row0;
+    tile_rows<T>(p, it, t, h, row0);
+    // A tile wholly past S_q (second half of a last 128-row block) adds nothing: not loaded.
+    if (row0 >= p.Sq) continue;
+    mbarrier_wait(&s.q_full[stage], phase);
+    // [1], [2]
+    gemm_issue<true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
+    gemm_issue<true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tSrdP);
+    // [3]
+    // lse2 / delta of this thread's columns 8 j + frag_col + {0, 1}: 8-byte shared loads.
+    const uint32_t lse2_addr = smem_u32(&s.lse2[stage][frag_col]);
+    const uint32_t delta_addr = smem_u32(&s.delta[stage][frag_col]);
+    warpgroup_wait<1>();
+    warpgroup_fence_operand(tSrS);
+    CUTE_UNROLL
+    for (int j = 0; j < size(tSrS) / 4; ++j) {
+      const float2 l2 = ld_shared_f32x2(lse2_addr + 32 * j);
+      CUTE_UNROLL
+      for (int u = 0; u < 4; ++u) {
+        const int i = 4 * j + u;
+        const float x = exp2_approx(fmaf(tSrS(i), scale_log2, -(u % 2 == 0 ? l2.x : l2.y)));
+        tSrS(i) = 8 * (u / 2) < key_lim ? x : 0.f;
+      }
+    }
+    convert_p(tSrS, tKVrP);
+    // [4] issued before dP^T is waited for: the fp32 S^T dies here, so S^T and dP^T are never
+    // live together with dK and dV (that spilled at 232 registers).
+    gemm_issue<false>(mma_kv, tKVrP, tKVrdOt(_, _, _, stage), tdVrdV);
+    warpgroup_wait<1>();  // dP^T is ready; [4] may still run
+    warpgroup_fence_operand(tSrdP);
+    CUTE_UNROLL
+    for (int j = 0; j < size(tSrdP) / 4; ++j) {
+      const float2 dl = ld_shared_f32x2(delta_addr + 32 * j);
+      CUTE_UNROLL
+      for (int u = 0; u < 4; ++u) {
+        const int i = 4 * j + u;
+        // P from its bf16 copy (the A operand of [4], only read here).
+        const float ds =
+            static_cast<float>(tKVrP(i)) * (tSrdP(i) - (u % 2 == 0 ? dl.x : dl.y));
+        tSrdP(i) = 8 * (u / 2) < key_lim ? ds : 0.f;
+      }
+    }
+    convert_p(tSrdP, tKVrdS);
+    // [5]
+    gemm_issue<false>(mma_kv, tKVrdS, tKVrQt(_, _, _, stage), tdKrdK);
+    // [6] The previous tile's dQ GEMMs of every warp are done with the dS tile.
+    named_barrier_sync(ds_barrier, T::kDsThreads);
+    {
+      // dS^T (key, row) -> byte key * 128 + ((row / 8) ^ (key % 8)) * 16 + (row % 8) * 2 of the
+      // K-major 128B-swizzled tile (see SmemLayoutDs); a thread's pair of rows is one 4-byte store,
+      // and a warp's 32 stores of one j hit 32 different banks.
+      const auto ds32 = recast<uint32_t>(tKVrdS);
+      const uint32_t ds_base =
+          smem_u32(s.ds) + (wg * 64 + frag_row) * 128 + 4 * (lane % 4);
+      CUTE_UNROLL
+      for (int j = 0; j < size(ds32); ++j)
+        st_shared_u32(ds_base + 8 * 128 * (j % 2) + (((j / 2) ^ (frag_row % 8)) << 4), ds32(j));
+    }
+    fence_proxy_async_shared();
+    named_barrier_sync(ds_barrier, T::kDsThreads);
+    // [7]
+    float* dq_rows = p.dq_accum +
+                     ((static_cast<int64_t>(it.b) * p.Hq + h) * p.Sq_pad + row0 + frag_row) *
+                         kHeadDim +
+                     frag_col;
+    CUTE_UNROLL
+    for (int j = 0; j < T::kDqPanels; ++j) {
+      const int c = T::kDqSplitPanels ? wg * T::kDqPanels + j : j;  // panel of D
+      Tensor sKt = make_tensor(make_smem_ptr(s.k + c * kBlockN * 64 + dq_key0 * 64),
+                               typename T::SmemLayoutKtPanel{});
+      Tensor tQrKt = thr_dq.partition_fragment_B(sKt);
+      gemm_issue<true>(mma_dq, tQrDs, tQrKt, tQrdQ);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tQrdQ);
+      if (j == 0) {
+        // [4], [5] are complete too: the Q / dO stage is free.
+        warpgroup_fence_operand(tKVrP);
+        warpgroup_fence_operand(tKVrdS);
+        warpgroup_fence_operand(tdVrdV);
+        warpgroup_fence_operand(tdKrdK);
+        if (lane == 0) mbarrier_arrive(&s.q_empty[stage]);
+      }
+      CUTE_UNROLL
+      for (int i = 0; i < size(tQrdQ); i += 2)
+        red_add_f32x2(dq_rows + 8 * ((i / 2) % 2) * kHeadDim + c * 64 + 8 * (i / 4), tQrdQ(i),
+                      tQrdQ(i + 1));
+    }
+    if (++stage == T::kStages) {
+      stage = 0;
+      phase ^= 1;
+    }
+  }
+
+  // [8] Epilogue.
+  const int key_base = wg * 64 + frag_row;  // + 8 r
+  if (p.row_groups[it.row] == 1) {
+    const int rows = min(kBlockN, p.Skv - it.key0);  // padded keys included (zeros)
+    Element* dk = static_cast<Element*>(p.dk.data) + it.b * p.dk.sb + it.hk * p.dk.sh +
+                  static_cast<int64_t>(it.key0) * p.dk.ss + frag_col;
+    Element* dv = static_cast<Element*>(p.dv.data) + it.b * p.dv.sb + it.hk * p.dv.sh +
+                  static_cast<int64_t>(it.key0) * p.dv.ss + frag_col;
+    const float scale = p.scale;
+    CUTE_UNROLL
+    for (int i = 0; i < size(tdKrdK); i += 2) {
+      const int key = key_base + 8 * ((i / 2) % 2);
+      const int col = 8 * (i / 4);
+      if (key < rows) {
+        *reinterpret_cast<uint32_t*>(dk + key * p.dk.ss + col) =
+            pack_bf16x2(tdKrdK(i) * scale, tdKrdK(i + 1) * scale);
+        *reinterpret_cast<uint32_t*>(dv + key * p.dv.ss + col) =
+            pack_bf16x2(tdVrdV(i), tdVrdV(i + 1));
+      }
+    }
+  } else {
+    const int64_t row_base =
+        (static_cast<int64_t>(it.b) * p.Hkv + it.hk) * p.Skv_pad + it.key0;
+    CUTE_UNROLL
+    for (int i = 0; i < size(tdKrdK); i += 2) {
+      const int key = key_base + 8 * ((i / 2) % 2);
+      if (key < it.valid) {
+        const int64_t off = (row_base + key) * kHeadDim + 8 * (i / 4) + frag_col;
+        red_add_f32x2(p.dk_accum + off, tdKrdK(i), tdKrdK(i + 1));
+        red_add_f32x2(p.dv_accum + off, tdVrdV(i), tdVrdV(i + 1));
+      }
+    }
+  }
+}
+
+}  // namespace bwd
+
+// ---- kernel -------------------------------------------------------------------------------------
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
+    bsa_backward_sm90_kernel(const __grid_constant__ BsaBwdSm90Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  const int item = blockIdx.x;
+  if (item >= *p.num_items) return;  // the grid is the shapes' upper bound on work items
+  extern __shared__ uint8_t smem_raw[];
+  bwd::SharedStorage<T>& s = *reinterpret_cast<bwd::SharedStorage<T>*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+
+  if (threadIdx.x == 0) {
+    mbarrier_init(&s.kv_full, 1);
+#pragma unroll
+    for (int i = 0; i < T::kStages; ++i) {
+      mbarrier_init(&s.q_full[i], 1);
+      mbarrier_init(&s.q_empty[i], T::kConsumerWarps);
+    }
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  bwd::Item it;
+  it.row = p.item_row[item];
+  it.begin = p.item_begin[item];
+  it.num_tiles = (p.item_end[item] - it.begin) * T::kTilesPerEntry;
+  const int n = it.row % p.Nkv;
+  it.hk = (it.row / p.Nkv) % p.Hkv;
+  it.b = it.row / (p.Nkv * p.Hkv);
+  it.key0 = n * T::kBlockN;
+  it.valid = min(p.meta.block_len(it.b, n, p.dims), p.Skv - it.key0);
+
+  const Role role = static_cast<Role>(__shfl_sync(0xffffffffu, threadIdx.x / 128, 0));
+  if (role == Role::kProducer) {
+    setmaxnreg_dec<T::kProducerRegs>();
+    bwd::producer_main<T>(p, s, it);
+  } else {
+    setmaxnreg_inc<T::kConsumerRegs>();
+    bwd::consumer_main<T>(p, s, it, static_cast<int>(role) - static_cast<int>(Role::kConsumer0));
+  }
+#endif
+}
+
+}  // namespace sa::sm90

@@ -1,0 +1,135 @@
+// Hopper DSA forward, host side: support checks, kernel arguments, launch, and the two
+// instantiations of the kernel in dsa_forward_kernel.cuh: D_qk in {512, 576} (H 64 and 128 share
+// them: H / 64 CTAs per token), bf16.
+#include "sm90/dsa_forward.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <sstream>
+
+#include "common/cuda_check.hpp"
+#include "common/host_numeric.hpp"
+#include "common/narrow.hpp"
+#include "sm90/dsa_forward_kernel.cuh"
+
+namespace sa::sm90 {
+namespace {
+
+using dsa_fwd::DsaFwdSm90Params;
+using dsa_fwd::DsaFwdTraits;
+using dsa_fwd::SharedStorage;
+
+// Opt-in shared memory limit of sm_90 (227 KB).
+constexpr size_t kMaxSmemSm90 = 232448;
+
+template <int kDqk>
+constexpr size_t smem_bytes() {
+  // +1024: the kernel aligns its shared storage to 1024 bytes (128-byte swizzle atoms).
+  return sizeof(SharedStorage<DsaFwdTraits<kDqk>>) + 1024;
+}
+static_assert(smem_bytes<576>() <= kMaxSmemSm90, "sm90 DSA forward exceeds 227 KB of smem");
+static_assert(smem_bytes<512>() <= kMaxSmemSm90, "sm90 DSA forward exceeds 227 KB of smem");
+
+template <int kDqk>
+void launch(const DsaFwdSm90Params& params, int64_t grid, cudaStream_t stream) {
+  using Traits = DsaFwdTraits<kDqk>;
+  constexpr size_t kSmem = smem_bytes<kDqk>();
+  auto* kernel = &dsa_fwd::dsa_forward_sm90_kernel<Traits>;
+  // Every launch (cheap, and right for whichever device is current).
+  SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(kSmem)));
+  kernel<<<static_cast<unsigned>(grid), Traits::kThreads, kSmem, stream>>>(params);
+  SA_CUDA_CHECK_LAUNCH();
+}
+
+bool aligned(const void* ptr, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
+}
+
+}  // namespace
+
+std::string dsa_forward_unsupported(const DsaFwdProblem& p) {
+  const DsaDims& d = p.dims;
+  std::ostringstream os;
+  if (p.device != SA_DEVICE_CUDA) return "needs CUDA tensors";
+  if (p.dtype != SA_DTYPE_BF16) {
+    os << "dtype " << dtype_name(p.dtype) << " (sm90 DSA forward supports bf16)";
+    return os.str();
+  }
+  if (d.Dqk != 512 && d.Dqk != 576) {
+    os << "D_qk = " << d.Dqk << " (sm90 DSA forward supports 512, 576)";
+    return os.str();
+  }
+  if (d.Dv != 512) {
+    os << "d_v = " << d.Dv << " (sm90 DSA forward supports 512)";
+    return os.str();
+  }
+  if (d.H != 64 && d.H != 128) {
+    os << "H = " << d.H << " (sm90 DSA forward supports 64, 128)";
+    return os.str();
+  }
+  constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
+  if (d.topk > kMaxInt - 64) {
+    os << "topk = " << d.topk << " (sm90 DSA forward supports < 2^31 - 64)";
+    return os.str();
+  }
+  if (d.Sq * (d.H / 64) > kMaxInt) {
+    os << "S_q = " << d.Sq << " (sm90 DSA forward supports S_q * H / 64 < 2^31)";
+    return os.str();
+  }
+  // 16-byte cp.async of q and kv rows, 4-byte stores of out pairs.
+  const bool layout_ok =
+      p.q.sd == 1 && p.kv.sd == 1 && p.out.sd == 1 && aligned(p.q.data, 16) &&
+      aligned(p.kv.data, 16) && aligned(p.out.data, 4) && p.q.sh % 8 == 0 &&
+      (p.q.ss % 8 == 0 || d.Sq == 1) && (p.kv.ss % 8 == 0 || d.Skv == 1) && p.out.sh % 2 == 0 &&
+      (p.out.ss % 2 == 0 || d.Sq == 1);
+  if (!layout_ok) {
+    return "q, kv, out: the last dimension must be contiguous and q/kv rows 16-byte aligned "
+           "(sm90 DSA forward)";
+  }
+  if (p.lse == nullptr) return "lse is missing";
+  return "";
+}
+
+void dsa_forward(const DsaFwdProblem& p, cudaStream_t stream) {
+  const std::string why = dsa_forward_unsupported(p);
+  SA_CHECK(why.empty(), SA_ERROR_UNSUPPORTED, "sm90 dsa_forward: " << why);
+  const DsaDims& d = p.dims;
+
+  DsaFwdSm90Params prm{};
+  prm.q = p.q.data;
+  prm.kv = p.kv.data;
+  prm.out = p.out.data;
+  prm.lse = p.lse;
+  prm.idx = p.meta.topk_idx.data;
+  prm.len = p.meta.topk_length.data;
+  prm.sink = p.meta.sink;
+  prm.q_ss = p.q.ss;
+  prm.q_sh = p.q.sh;
+  prm.kv_ss = p.kv.ss;
+  prm.o_ss = p.out.ss;
+  prm.o_sh = p.out.sh;
+  prm.lse_ss = p.lse_stride[0];
+  prm.lse_sh = p.lse_stride[1];
+  prm.idx_ss = p.meta.topk_idx.stride[0];
+  prm.idx_si = p.meta.topk_idx.stride[1];
+  prm.len_s = p.meta.topk_length.stride[0];
+  prm.sink_s = p.meta.sink_stride;
+  prm.skv = d.Skv;
+  prm.topk = narrow_i32(d.topk, "topk");
+  prm.head_groups = narrow_i32(d.H / 64, "H / 64");
+  prm.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
+
+  const int64_t grid = d.Sq * prm.head_groups;
+  if (grid == 0) return;
+  if (d.Dqk == 576) {
+    launch<576>(prm, grid, stream);
+  } else {
+    launch<512>(prm, grid, stream);
+  }
+}
+
+}  // namespace sa::sm90

@@ -1,0 +1,480 @@
+// The Hopper (sm_90a) DSA forward kernel (sparse MLA prefill, SPEC 2): cp.async gather of the
+// selected kv rows by a producer warpgroup, wgmma (SS) for S = Q K^T and O += P V, two consumer
+// warpgroups sharing S through shared memory (FlashMLA-style split of O's 512 columns).
+// Device code only; dsa_forward.cu checks the problem and instantiates it.
+//
+// NOT YET VALIDATED ON HARDWARE: written and compiled without a GPU; sm90_impl.cpp serves it only
+// when the caller forces SA_IMPL_SM90.
+//
+// Work split. One CTA per (query token t, group of 64 heads): H = 128 runs two CTAs per token
+// (one CTA of 128 heads would need 64 x 512 fp32 O accumulators per 64 heads twice over: 4
+// consumer warpgroups of 128 registers of O each, more than the register file). The token's
+// active slots are walked in chunks of 64 keys; each gathered kv row is the key (D_qk columns)
+// and, through its first 512 columns in the same buffer, the value.
+//
+// Roles (warpgroups, 384 threads):
+//   kProducer  warpgroup 0, setmaxnreg down to kProducerRegs: loads Q once and gathers each
+//              chunk's 64 kv rows with 16-byte cp.async (8 lanes per row, one 128-byte line per
+//              step); a chunk's indices are read lane-parallel (lane i of warp w: slot 16 w + i)
+//              and broadcast with __shfl_sync. Inactive slots are never dereferenced: cp.async
+//              with src-size 0 zero-fills the row, and the slot's bias is -inf.
+//   kConsumer0/1  warpgroups 1 and 2, setmaxnreg up to kConsumerRegs. Consumer w computes
+//              S[:, 32 w : 32 w + 32] = Q K^T for its 32 keys of the chunk (wgmma 64x32, 36 or
+//              32 k-steps), shares its row maxima and its half of P (bf16) through shared memory,
+//              and accumulates O[:, 256 w : 256 w + 256] += P V over all 64 keys (wgmma 64x256).
+//
+// Timeline of chunk c (stage st = c % 2):
+//
+//   producer  [P1] wait kv_empty[st]; indices of chunk c; cp.async rows -> stage st, bias[st];
+//             [P2] wait for its own copies; fence.proxy.async; arrive kv_full[st] (128 arrivals)
+//   consumer  [C1] wait kv_full[st]; issue S_c = Q K_half^T; issue O += P_{c-1} V_{c-1}
+//                  (sP, V[:, 256 wg : +256] of stage c-1); wait for S_c
+//             [C2] x = S * scale * log2(e) + bias; row max -> red_max[wg]   (P V still running)
+//             [C3] wait for P V; release stage c-1 (one arrive per warp); bar kMaxReady (256)
+//             [C4] m_new = max(m, both halves); P = 2^(x - m_new); l = l alpha + rowsum; O *= alpha
+//                  P -> bf16 -> sP[:, 32 wg : +32]; fence.proxy.async; bar kPReady (256)
+//             [C5] after the last chunk: O += P V of the last chunk
+//   epilogue  [C6] row sums of both halves (red_sum, bar kSumReady); lse = ln2 (m + log2 l)
+//                  (+inf if l == 0); out = O / (l (1 + e^(sink - lse))) (0 if l == 0 or the
+//                  exponential overflows: sink +inf or huge), bf16 pairs stored to rows < H.
+//
+//   producer  |gather 0|gather 1 ...........|gather 2 ...........|
+//   WG0/WG1            |S0|mx|P0|[S1 PV0]|mx|P1|[S2 PV1]|mx|P2 ...
+//
+// Shared memory (bytes), every operand tile in 64-column panels of 128-byte rows with the
+// 128-byte swizzle (chunk c of row r at c ^ (r % 8)), the layout wgmma descriptors expect:
+//   q_nope 64 x 512 (65,536), q_rope 64 x 64 (8,192, D_qk 576 only used), kv_nope 2 stages x
+//   64 x 512 (131,072), kv_rope 2 x 64 x 64 (16,384), P 64 x 64 (8,192), bias 2 x 64 fp32,
+//   red_max / red_sum 2 x 64 fp32 each, mbarriers: 229,376 + 1,568, rounded to 231,424 by the
+//   1024-byte alignment, + 1,024 slack to align the dynamic base = 232,448: exactly sm_90's 227 KB.
+//
+// Registers (ptxas 13.0, -v, both instantiations): 168 per thread at launch (384 threads, 1 CTA
+// per SM), producer setmaxnreg 56, consumers 224 (O 128 + S 16 + x 16 + state; SASS uses R0-R217);
+// no spills, no local memory, no C7508/C7515. Nothing is in flight across a loop iteration: an
+// in-flight P V batch across the back edge made ptxas serialize every wgmma (C7515).
+//
+// Numerics and edge cases follow the portable kernel (src/portable/dsa_forward_kernel.cuh): the
+// running max is over x (log2 units, scale folded in, so any sign of scale works); a chunk with no
+// active key gives P = 0 (max guarded: 2^(-inf - 0)); empty rows give out = 0, lse = +inf.
+#pragma once
+
+#include <cstdint>
+
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+#include "sm90/hopper_primitives.cuh"
+
+namespace sa::sm90::dsa_fwd {
+
+// Kernel arguments: typed pointers and element strides, resolved and checked on the host.
+struct DsaFwdSm90Params {
+  const void* q;       // [S_q, H, D_qk] bf16: (t, h, d) at t * q_ss + h * q_sh + d
+  const void* kv;      // [S_kv, D_qk] bf16: row j at j * kv_ss
+  void* out;           // [S_q, H, 512] bf16: (t, h, d) at t * o_ss + h * o_sh + d
+  float* lse;          // [S_q, H]: (t, h) at t * lse_ss + h * lse_sh
+  const int32_t* idx;  // [S_q, topk]: (t, i) at t * idx_ss + i * idx_si
+  const int32_t* len;  // [S_q] at t * len_s; may be null
+  const float* sink;   // [H] at h * sink_s; may be null
+  int64_t q_ss, q_sh, kv_ss, o_ss, o_sh, lse_ss, lse_sh, idx_ss, idx_si, len_s, sink_s;
+  int64_t skv;          // S_kv
+  int32_t topk;         // slots per row
+  int32_t head_groups;  // H / 64
+  float scale_log2;     // scale * log2(e)
+};
+
+// Warpgroup roles.
+enum class Role : int { kProducer = 0, kConsumer0 = 1, kConsumer1 = 2 };
+
+// Named barriers (id 0 is __syncthreads), all over the 256 consumer threads.
+enum class NamedBarrier : uint32_t { kMaxReady = 1, kPReady = 2, kSumReady = 3 };
+__device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint32_t>(b); }
+
+template <int kDqk_>
+struct DsaFwdTraits {
+  using Element = cutlass::bfloat16_t;
+  static constexpr int kDqk = kDqk_;  // 512 or 576
+  static constexpr bool kRope = kDqk == 576;
+  static constexpr int kDv = 512;
+  static constexpr int kHeads = 64;   // query rows (heads) per CTA
+  static constexpr int kBlockN = 64;  // keys per chunk
+  static constexpr int kStages = 2;
+  static constexpr int kThreads = 384;
+  static constexpr int kConsumerThreads = 256;
+  static constexpr int kConsumerWarps = 8;
+  static constexpr int kProducerThreads = 128;
+  static constexpr int kProducerRegs = 56;
+  static constexpr int kConsumerRegs = 224;
+  static_assert(kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536,
+                "register split exceeds the register file");
+  static constexpr int kPanelElems = 64 * 64;  // one 64-row x 64-column panel (8 KB)
+  static constexpr int kNopeElems = 64 * 512;  // 8 panels
+
+  using H64 = cute::Int<64>;
+  using D512 = cute::Int<512>;
+  using D64 = cute::Int<64>;
+  using StagesT = cute::Int<kStages>;
+  // Two consumer warpgroups tile N: keys of S, columns of O.
+  using WgLayout = cute::Layout<cute::Shape<cute::_1, cute::_2, cute::_1>>;
+  using AtomQK = cute::SM90::GMMA::MMA_64x32x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
+                                                               cute::SM90::GMMA::Major::K>;
+  using AtomPV = cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
+                                                                cute::SM90::GMMA::Major::MN>;
+  using TiledMmaQK = decltype(cute::make_tiled_mma(AtomQK{}, WgLayout{}));
+  using TiledMmaPV = decltype(cute::make_tiled_mma(AtomPV{}, WgLayout{}));
+
+  using SmemLayoutQNope = decltype(cute::tile_to_shape(
+      cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<H64, D512>{}));
+  using SmemLayoutQRope = decltype(cute::tile_to_shape(
+      cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<H64, D64>{}));
+  using SmemLayoutKNope = decltype(cute::tile_to_shape(
+      cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<H64, D512, StagesT>{}));
+  using SmemLayoutKRope = decltype(cute::tile_to_shape(
+      cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<H64, D64, StagesT>{}));
+  // V = the nope part of the K rows, seen as the (D_v, keys) B operand of P V.
+  using SmemLayoutVt = decltype(cute::tile_to_shape(
+      cute::SM90::GMMA::Layout_MN_SW128_Atom<Element>{}, cute::Shape<D512, H64, StagesT>{},
+      cute::Step<cute::_2, cute::_1, cute::_3>{}));
+  using SmemLayoutP = decltype(cute::tile_to_shape(
+      cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<H64, H64>{}));
+};
+
+template <class T>
+struct alignas(1024) SharedStorage {
+  using Element = typename T::Element;
+  Element q_nope[T::kNopeElems];
+  Element q_rope[T::kPanelElems];
+  Element kv_nope[T::kStages * T::kNopeElems];
+  Element kv_rope[T::kStages * T::kPanelElems];
+  Element p[T::kPanelElems];
+  float bias[T::kStages][64];  // 0 for an active slot, -inf otherwise
+  float red_max[2][64];        // per consumer warpgroup, per row
+  float red_sum[2][64];
+  uint64_t kv_full[T::kStages];
+  uint64_t kv_empty[T::kStages];
+};
+
+// Byte offset of 16-byte chunk `ch` (0..7) of row `r` inside a 128B-swizzled panel.
+__device__ __forceinline__ uint32_t swz(int r, int ch) {
+  return static_cast<uint32_t>(r * 128 + ((ch ^ (r & 7)) << 4));
+}
+
+// 16-byte cp.async, zero-filling the bytes past src_bytes (0: nothing is read).
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+// Active prefix of row `tok`: topk_length clamped to [0, topk].
+__device__ __forceinline__ int active_slots(const DsaFwdSm90Params& p, int64_t tok) {
+  int n = p.topk;
+  if (p.len != nullptr) {
+    const int32_t len = p.len[tok * p.len_s];
+    n = len <= 0 ? 0 : min(len, p.topk);
+  }
+  return n;
+}
+
+// ---- producer (warpgroup 0) ---------------------------------------------------------------------
+// Thread mapping of every copy: warp w owns rows [16 w, 16 w + 16), 4 rows per pass (8 lanes per
+// row, lane % 8 = the 16-byte chunk within each 128-byte panel row).
+template <class T>
+__device__ __forceinline__ void producer_main(const DsaFwdSm90Params& p, SharedStorage<T>& s,
+                                              int64_t tok, int h0, int n_slots) {
+  using Element = typename T::Element;
+  const int ptid = threadIdx.x;  // 0..127
+  const int warp = ptid / 32, lane = ptid % 32;
+  const int sub = lane % 8;
+  const int n_chunks = (n_slots + T::kBlockN - 1) / T::kBlockN;
+  if (n_chunks == 0) return;
+
+  // Copies one row of D_qk columns: 8 nope panels (+ the rope panel) at `row` of the tiles.
+  auto copy_row = [&](uint32_t nope, uint32_t rope, int row, const Element* src, int bytes) {
+#pragma unroll
+    for (int pnl = 0; pnl < 8; ++pnl)
+      cp_async_16(nope + pnl * T::kPanelElems * 2 + swz(row, sub), src + pnl * 64 + sub * 8,
+                  bytes);
+    if constexpr (T::kRope) cp_async_16(rope + swz(row, sub), src + 512 + sub * 8, bytes);
+  };
+
+  // [P0] Q (64 heads, all < H: H is a multiple of 64); lands with chunk 0's group.
+  const Element* q_tok = static_cast<const Element*>(p.q) + tok * p.q_ss;
+#pragma unroll 1
+  for (int pass = 0; pass < 4; ++pass) {
+    const int row = 16 * warp + 4 * pass + lane / 8;
+    copy_row(smem_u32(s.q_nope), smem_u32(s.q_rope), row, q_tok + (h0 + row) * p.q_sh, 16);
+  }
+
+  const Element* kv = static_cast<const Element*>(p.kv);
+  const int32_t* idx_row = p.idx + tok * p.idx_ss;
+#pragma unroll 1
+  for (int c = 0; c < n_chunks; ++c) {
+    const int st = c % T::kStages;
+    const uint32_t phase = (c / T::kStages) & 1;
+    // [P1] Indices of this warp's 16 slots (lanes 0..15), read before waiting for the stage.
+    const int slot = c * T::kBlockN + 16 * warp + (lane % 16);
+    int32_t j = -1;
+    if (lane < 16 && slot < n_slots) j = idx_row[slot * p.idx_si];
+    mbarrier_wait(&s.kv_empty[st], phase ^ 1);
+    const uint32_t nope = smem_u32(s.kv_nope + st * T::kNopeElems);
+    const uint32_t rope = smem_u32(s.kv_rope + st * T::kPanelElems);
+#pragma unroll 1
+    for (int pass = 0; pass < 4; ++pass) {
+      const int r_in_warp = 4 * pass + lane / 8;
+      const int32_t jr = __shfl_sync(0xffffffffu, j, r_in_warp);
+      const int row = 16 * warp + r_in_warp;
+      const bool active = jr >= 0 && jr < p.skv;
+      // Inactive: src-size 0, nothing read (kv's base is a valid address), the row is zeroed.
+      const Element* src = kv + (active ? jr * p.kv_ss : int64_t{0});
+      copy_row(nope, rope, row, src, active ? 16 : 0);
+      if (sub == 0) s.bias[st][row] = active ? 0.f : -INFINITY;
+    }
+    cp_async_commit();
+    // [P2] This thread's copies (and Q) have landed; make them visible to wgmma (async proxy)
+    // and publish (the arrive releases; 128 arrivals complete the phase).
+    cp_async_wait_all();
+    fence_proxy_async_shared();
+    mbarrier_arrive(&s.kv_full[st]);
+  }
+}
+
+// ---- consumer helpers ---------------------------------------------------------------------------
+// Appends C (+)= A B over the K extent of a and b to the current wgmma batch (no arrive/commit).
+template <class TiledMma, class TA, class TB, class TC>
+__device__ __forceinline__ void gemm_ss(TiledMma& mma, const TA& a, const TB& b, TC& c,
+                                        bool zero_init) {
+  using namespace cute;
+  mma.accumulate_ = zero_init ? SM90::GMMA::ScaleOut::Zero : SM90::GMMA::ScaleOut::One;
+  CUTE_UNROLL
+  for (int kb = 0; kb < size<2>(a); ++kb) {
+    cute::gemm(mma, a(_, _, kb), b(_, _, kb), c);
+    mma.accumulate_ = SM90::GMMA::ScaleOut::One;
+  }
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// ---- consumers (warpgroups 1, 2) ----------------------------------------------------------------
+// Accumulator fragments of a 64 x N wgmma tile (per thread, register index i):
+//   row = 16 * warp_in_warpgroup + lane / 4 + 8 * ((i / 2) % 2)   -> row slot r = (i / 2) % 2
+//   col = 8 * (i / 4) + 2 * (lane % 4) + i % 2                     (within the warpgroup's N)
+template <class T>
+__device__ __forceinline__ void consumer_main(const DsaFwdSm90Params& p, SharedStorage<T>& s,
+                                              int64_t tok, int h0, int n_slots, int wg) {
+  using namespace cute;
+  using Element = typename T::Element;
+  const int ctid = threadIdx.x - 128;  // 0..255
+  const int wtid = ctid % 128;
+  const int lane = threadIdx.x % 32;
+  const int warp_in_wg = wtid / 32;
+  const int frag_row = 16 * warp_in_wg + lane / 4;  // + 8 r
+  const int n_chunks = (n_slots + T::kBlockN - 1) / T::kBlockN;
+
+  typename T::TiledMmaQK mma_qk;
+  typename T::TiledMmaPV mma_pv;
+  auto thr_qk = mma_qk.get_thread_slice(ctid);
+  auto thr_pv = mma_pv.get_thread_slice(ctid);
+  Tensor sQn = make_tensor(make_smem_ptr(s.q_nope), typename T::SmemLayoutQNope{});
+  Tensor sQr = make_tensor(make_smem_ptr(s.q_rope), typename T::SmemLayoutQRope{});
+  Tensor sKn = make_tensor(make_smem_ptr(s.kv_nope), typename T::SmemLayoutKNope{});
+  Tensor sKr = make_tensor(make_smem_ptr(s.kv_rope), typename T::SmemLayoutKRope{});
+  Tensor sVt = make_tensor(make_smem_ptr(s.kv_nope), typename T::SmemLayoutVt{});
+  Tensor sP = make_tensor(make_smem_ptr(s.p), typename T::SmemLayoutP{});
+  Tensor tSrQn = thr_qk.partition_fragment_A(sQn);  // descriptors (MMA, 1, 32)
+  Tensor tSrQr = thr_qk.partition_fragment_A(sQr);  // (MMA, 1, 4)
+  Tensor tSrKn = thr_qk.partition_fragment_B(sKn);  // (MMA, 1, 32, stages): this WG's 32 keys
+  Tensor tSrKr = thr_qk.partition_fragment_B(sKr);  // (MMA, 1, 4, stages)
+  Tensor tOrP = thr_pv.partition_fragment_A(sP);    // (MMA, 1, 4)
+  Tensor tOrV = thr_pv.partition_fragment_B(sVt);   // (MMA, 1, 4, stages): this WG's 256 cols
+  Tensor tSrS = partition_fragment_C(mma_qk, Shape<typename T::H64, typename T::H64>{});  // 16
+  Tensor tOrO = partition_fragment_C(mma_pv, Shape<typename T::H64, typename T::D512>{});  // 128
+  static_assert(decltype(size(tSrS))::value == 16, "S fragment: 64 x 32 per warpgroup");
+  static_assert(decltype(size(tOrO))::value == 128, "O fragment: 64 x 256 per warpgroup");
+
+  const float scale_log2 = p.scale_log2;
+  const bool releaser = lane == 0;
+  float m_run[2] = {-INFINITY, -INFINITY};  // running row max of x (log2 units)
+  float l_run[2] = {0.f, 0.f};              // this thread's part of the row sums of P
+  clear(tOrO);
+  uint8_t* p_bytes = reinterpret_cast<uint8_t*>(s.p);
+
+  // O += P V of the chunk in stage `pv_st` (P in sP), one committed batch, not waited.
+  auto issue_pv = [&](int pv_st) {
+    warpgroup_fence_operand(tOrO);
+    warpgroup_arrive();
+    gemm_ss(mma_pv, tOrP, tOrV(_, _, _, pv_st), tOrO, false);
+    warpgroup_commit_batch();
+    warpgroup_fence_operand(tOrO);
+  };
+
+#pragma unroll 1
+  for (int c = 0; c < n_chunks; ++c) {
+    const int st = c % T::kStages;
+    const uint32_t phase = (c / T::kStages) & 1;
+    const int prev_st = (c + T::kStages - 1) % T::kStages;
+    // [C1] S_c = Q K^T over this warpgroup's 32 keys, then O += P_{c-1} V_{c-1}: both batches in
+    // flight together; nothing stays in flight across iterations (no C7515 serialization).
+    mbarrier_wait(&s.kv_full[st], phase);
+    warpgroup_fence_operand(tSrS);
+    warpgroup_arrive();
+    gemm_ss(mma_qk, tSrQn, tSrKn(_, _, _, st), tSrS, true);
+    if constexpr (T::kRope) gemm_ss(mma_qk, tSrQr, tSrKr(_, _, _, st), tSrS, false);
+    warpgroup_commit_batch();
+    warpgroup_fence_operand(tSrS);
+    if (c > 0) {
+      issue_pv(prev_st);
+      warpgroup_wait<1>();  // S_c is ready (batches complete in order)
+    } else {
+      warpgroup_wait<0>();
+    }
+    warpgroup_fence_operand(tSrS);
+
+    // [C2] Scale, mask, row max over this warpgroup's keys (while P_{c-1} V_{c-1} runs). x and
+    // P live in their own registers: S is only ever defined by wgmma.
+    const float* bias = s.bias[st] + 32 * wg + 2 * (lane % 4);
+    float x[16];
+    float mx[2] = {-INFINITY, -INFINITY};
+    CUTE_UNROLL
+    for (int i = 0; i < 16; ++i) {
+      x[i] = fmaf(tSrS(i), scale_log2, bias[8 * (i / 4) + (i % 2)]);
+      mx[(i / 2) % 2] = fmaxf(mx[(i / 2) % 2], x[i]);
+    }
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = quad_max(mx[r]);
+      if (lane % 4 == 0) s.red_max[wg][frag_row + 8 * r] = mx[r];
+    }
+    // [C3] P_{c-1} V_{c-1} is done: stage c-1 is free, and (after the barrier, for both
+    // warpgroups) so is sP.
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tOrO);
+    if (c > 0 && releaser) mbarrier_arrive(&s.kv_empty[prev_st]);
+    named_barrier_sync(id(NamedBarrier::kMaxReady), T::kConsumerThreads);
+
+    // [C4] Online softmax (both warpgroups compute the same m_new), P -> sP, O *= alpha.
+    float m_use[2], alpha[2];
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      const float m_new = fmaxf(m_run[r], fmaxf(mx[r], s.red_max[1 - wg][frag_row + 8 * r]));
+      m_use[r] = m_new == -INFINITY ? 0.f : m_new;  // no active key yet: 2^(-inf - 0) = 0
+      alpha[r] = exp2_approx(m_run[r] - m_use[r]);  // 0 while m_run is -inf
+      m_run[r] = m_new;
+    }
+    float rs[2] = {0.f, 0.f};
+    CUTE_UNROLL
+    for (int i = 0; i < 16; ++i) {
+      x[i] = exp2_approx(x[i] - m_use[(i / 2) % 2]);
+      rs[(i / 2) % 2] += x[i];
+    }
+    CUTE_UNROLL
+    for (int i = 0; i < 16; i += 2) {
+      const int row = frag_row + 8 * ((i / 2) % 2);
+      const int chunk = 4 * wg + i / 4;  // 8 keys per 16-byte chunk
+      *reinterpret_cast<uint32_t*>(p_bytes + swz(row, chunk) + 4 * (lane % 4)) =
+          pack_bf16x2(x[i], x[i + 1]);
+    }
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * alpha[r] + rs[r];
+    CUTE_UNROLL
+    for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= alpha[(i / 2) % 2];
+    fence_proxy_async_shared();  // sP is read by wgmma (async proxy)
+    named_barrier_sync(id(NamedBarrier::kPReady), T::kConsumerThreads);
+  }
+  // [C5] The last chunk's P V.
+  if (n_chunks > 0) {
+    issue_pv((n_chunks - 1) % T::kStages);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tOrO);
+  }
+
+  // [C6] Row sums of both halves, lse, sink, normalisation, stores.
+  float l_half[2];
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    l_half[r] = quad_sum(l_run[r]);
+    if (lane % 4 == 0) s.red_sum[wg][frag_row + 8 * r] = l_half[r];
+  }
+  named_barrier_sync(id(NamedBarrier::kSumReady), T::kConsumerThreads);
+  constexpr float kLn2 = 0.693147180559945309f;
+  float factor[2];
+  Element* out = static_cast<Element*>(p.out);
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const int row = frag_row + 8 * r;
+    // Both warpgroups add the halves in the same order: the same l, lse and factor.
+    const float l = s.red_sum[0][row] + s.red_sum[1][row];
+    const int h = h0 + row;
+    float lse = INFINITY;  // no active slot: out = 0, lse = +inf
+    factor[r] = 0.f;
+    if (l > 0.f) {
+      lse = (m_run[r] + log2f(l)) * kLn2;
+      // out = O / l / (1 + e^(sink - lse)): sink -inf gives e^-inf = 0; +inf or huge gives an
+      // infinite denominator, factor 0. Never NaN.
+      const float sink = p.sink != nullptr ? p.sink[h * p.sink_s] : -INFINITY;
+      factor[r] = 1.f / (l * (1.f + expf(sink - lse)));
+    }
+    if (wg == 0 && lane % 4 == 0) p.lse[tok * p.lse_ss + h * p.lse_sh] = lse;
+  }
+  CUTE_UNROLL
+  for (int i = 0; i < size(tOrO); i += 2) {
+    const int r = (i / 2) % 2;
+    const int h = h0 + frag_row + 8 * r;
+    const int col = 256 * wg + 8 * (i / 4) + 2 * (lane % 4);
+    *reinterpret_cast<uint32_t*>(out + tok * p.o_ss + h * p.o_sh + col) =
+        pack_bf16x2(tOrO(i) * factor[r], tOrO(i + 1) * factor[r]);
+  }
+}
+
+// ---- kernel -------------------------------------------------------------------------------------
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    dsa_forward_sm90_kernel(const __grid_constant__ DsaFwdSm90Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_raw[];
+  SharedStorage<T>& s = *reinterpret_cast<SharedStorage<T>*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+
+  const int64_t tok = blockIdx.x / p.head_groups;
+  const int h0 = (blockIdx.x % p.head_groups) * T::kHeads;
+  const int n_slots = active_slots(p, tok);
+
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int i = 0; i < T::kStages; ++i) {
+      mbarrier_init(&s.kv_full[i], T::kProducerThreads);
+      mbarrier_init(&s.kv_empty[i], T::kConsumerWarps);
+    }
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  const Role role = static_cast<Role>(__shfl_sync(0xffffffffu, threadIdx.x / 128, 0));
+  if (role == Role::kProducer) {
+    setmaxnreg_dec<T::kProducerRegs>();
+    producer_main<T>(p, s, tok, h0, n_slots);
+  } else {
+    setmaxnreg_inc<T::kConsumerRegs>();
+    consumer_main<T>(p, s, tok, h0, n_slots,
+                     static_cast<int>(role) - static_cast<int>(Role::kConsumer0));
+  }
+#endif
+}
+
+}  // namespace sa::sm90::dsa_fwd
