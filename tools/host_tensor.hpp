@@ -3,6 +3,8 @@
 // as a double, count NaNs.
 #pragma once
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -29,7 +31,8 @@ class HostTensor {
   double get(int64_t i) const;    // element i (row-major) as a double
   void set(int64_t i, double v);  // rounded to the dtype (nearest even)
   void fill(double v);
-  void fill_nan() { fill(NAN); }  // floating dtypes only
+  // Every bit set: a NaN in bf16, fp16, fp32 and fp64 (floating dtypes only).
+  void fill_nan() { std::fill(bytes_.begin(), bytes_.end(), uint8_t{0xff}); }
 
   sa_tensor view();  // contiguous CPU view (sa_tensor_none() when absent)
 

@@ -1,20 +1,44 @@
 #include "problems.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <iomanip>
 #include <numeric>
 #include <random>
 #include <sstream>
+#include <thread>
+#include <vector>
 
 #include "common/host_numeric.hpp"
 
 namespace sa_tool {
 namespace {
 
+// Uniform values in [lo, hi). Headline-sized inputs hold hundreds of millions of elements, so the
+// tensor is filled in fixed chunks of 2^20 elements, each with its own generator seeded from one
+// draw of `rng` and the chunk number, spread over the host's threads: the values depend on the
+// seed only, never on the number of threads.
 void fill_uniform(HostTensor& t, std::mt19937_64& rng, double lo, double hi) {
-  std::uniform_real_distribution<double> u(lo, hi);
-  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, u(rng));
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  const uint64_t base = rng();
+  const int64_t n = t.numel();
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::atomic<int64_t> next{0};
+  auto worker = [&] {
+    for (int64_t c = next++; c < chunks; c = next++) {
+      std::mt19937_64 gen(base ^ (0x9e3779b97f4a7c15ull * static_cast<uint64_t>(c + 1)));
+      std::uniform_real_distribution<double> u(lo, hi);
+      const int64_t end = std::min(n, (c + 1) * kChunk);
+      for (int64_t i = c * kChunk; i < end; ++i) t.set(i, u(gen));
+    }
+  };
+  const int threads = static_cast<int>(std::min<int64_t>(
+      std::max(1u, std::thread::hardware_concurrency()), std::max<int64_t>(chunks, 1)));
+  std::vector<std::thread> pool;
+  for (int i = 1; i < threads; ++i) pool.emplace_back(worker);
+  worker();
+  for (std::thread& th : pool) th.join();
 }
 
 // Writes `n` distinct values of [0, pool.size()) to out: a partial Fisher-Yates shuffle of `pool`
