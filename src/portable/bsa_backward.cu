@@ -13,6 +13,7 @@
 #include "common/cuda_check.hpp"
 #include "common/host_numeric.hpp"
 #include "portable/bsa_backward_aux.hpp"
+#include "portable/bsa_backward_plan.hpp"
 #include "portable/bsa_backward_dq_kernel.cuh"
 #include "portable/bsa_backward_kernel.cuh"
 #include "portable/launch_checks.hpp"
@@ -87,30 +88,16 @@ int main_kernel_smem(int block, int64_t D) {
                   : BwdKernelTraits<64, 64, Bf16>::kSmemBytes;
 }
 
-// ---- the plan ----------------------------------------------------------------------------------
-constexpr size_t kAlign = kReverseMapAlignment;  // every sub-buffer, and the slack for the base
-
-size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
-
-struct Plan {
-  int32_t bucket = 0;           // asked of the reverse map; 0: one group per row
-  bool several_owners = false;  // some row may have several groups: dK/dV accumulators
-  bool deterministic = false;   // dQ by the query-major kernel, no dQ accumulator
-  int64_t Sq_pad = 0, Skv_pad = 0;
-  // Byte offsets from the 256-byte aligned base.
-  size_t lse2 = 0, delta = 0, dq_accum = 0, dk_accum = 0, dv_accum = 0, map = 0;
-  size_t dq_bytes = 0, dkv_bytes = 0, map_bytes = 0;
-  size_t total = 0;  // what the caller provides: everything plus the alignment slack
-};
-
+// ---- the plan (bsa_backward_plan.hpp) ---------------------------------------------------------
 int device_attribute(cudaDeviceAttr attr, int device) {
   int value = 0;
   SA_CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, device));
   return value;
 }
 
-// The automatic bucket (bsa_backward.hpp): shapes and the GPU's size only.
-int32_t auto_bucket(const BsaBwdProblem& p) {
+// Main-kernel CTAs resident on the whole GPU: as many as fit an SM's shared memory, at most 1 per
+// SM at block 128 (8 warps, 255 registers) and 2 at block 64.
+int64_t cta_slots(const BsaBwdProblem& p) {
   const BsaDims& d = p.dims;
   const int sms = device_attribute(cudaDevAttrMultiProcessorCount, p.device_index);
   const int smem_per_sm =
@@ -119,54 +106,14 @@ int32_t auto_bucket(const BsaBwdProblem& p) {
       device_attribute(cudaDevAttrReservedSharedMemoryPerBlock, p.device_index);
   const int per_cta = main_kernel_smem(d.block, d.D) + reserved;
   const int fit = std::max(1, smem_per_sm / per_cta);
-  const int64_t slots = static_cast<int64_t>(sms) * std::min(fit, d.block == 128 ? 1 : 2);
-  const int64_t rows = d.B * d.Hkv * d.Nkv;
-  if (rows >= 2 * slots) return 0;
-  // Entries of a row if every query block listed min(K_max, N_kv) blocks.
-  const int64_t expected = ceil_div(d.B * d.Hq * d.Nq * std::min(d.Kmax, d.Nkv), rows);
-  const int64_t groups = ceil_div(4 * slots, rows);
-  constexpr int64_t kMinBucket = 4;
-  const int64_t bucket = std::max(kMinBucket, ceil_div(expected, groups));
-  return bucket >= d.group() * d.Nq ? 0 : static_cast<int32_t>(bucket);
+  return static_cast<int64_t>(sms) * std::min(fit, d.block == 128 ? 1 : 2);
 }
 
-Plan make_plan(const BsaBwdProblem& p) {
-  const BsaDims& d = p.dims;
-  Plan plan;
-  plan.deterministic = p.options.deterministic != 0;
-  if (plan.deterministic) {
-    plan.bucket = 0;
-  } else if (p.options.bucket_size > 0) {
-    plan.bucket = p.options.bucket_size >= d.group() * d.Nq ? 0 : p.options.bucket_size;
-  } else {
-    plan.bucket = auto_bucket(p);
-  }
-  plan.several_owners = plan.bucket > 0;
-  plan.Sq_pad = d.Nq * d.block;
-  plan.Skv_pad = d.Nkv * d.block;
-
-  size_t at = 0;
-  auto take = [&at](size_t bytes) {
-    const size_t start = at;
-    at = align_up(at + std::max<size_t>(bytes, 1));
-    return start;
-  };
-  const size_t stats = static_cast<size_t>(d.B * d.Hq * plan.Sq_pad) * sizeof(float);
-  plan.lse2 = take(stats);
-  plan.delta = take(stats);
-  if (!plan.deterministic) {
-    plan.dq_bytes = static_cast<size_t>(d.B * d.Hq * plan.Sq_pad * d.D) * sizeof(float);
-    plan.dq_accum = take(plan.dq_bytes);
-  }
-  if (plan.several_owners) {
-    plan.dkv_bytes = static_cast<size_t>(d.B * d.Hkv * plan.Skv_pad * d.D) * sizeof(float);
-    plan.dk_accum = take(plan.dkv_bytes);
-    plan.dv_accum = take(plan.dkv_bytes);
-  }
-  plan.map_bytes = reverse_map_workspace_bytes(d, plan.bucket);
-  plan.map = take(plan.map_bytes);
-  plan.total = at + kAlign;
-  return plan;
+// Deterministic mode: one owner per row and dQ from the query-major kernel (no accumulator).
+BsaBwdPlan make_plan(const BsaBwdProblem& p) {
+  const bool deterministic = p.options.deterministic != 0;
+  const bool auto_bucket = !deterministic && p.options.bucket_size <= 0;
+  return make_bsa_backward_plan(p, auto_bucket ? cta_slots(p) : 0, deterministic, !deterministic);
 }
 
 }  // namespace
@@ -234,28 +181,22 @@ void bsa_backward(const BsaBwdProblem& p, void* workspace, size_t workspace_byte
   const std::string why = bsa_backward_unsupported(p);
   SA_CHECK(why.empty(), SA_ERROR_UNSUPPORTED, "portable bsa_backward: " << why);
   const BsaDims& d = p.dims;
-  const Plan plan = make_plan(p);
-  SA_CHECK(workspace != nullptr && workspace_bytes >= plan.total, SA_ERROR_WORKSPACE,
-           "portable bsa_backward: workspace of " << workspace_bytes << " bytes, expected at least "
-                                                  << plan.total);
-  uint8_t* base = reinterpret_cast<uint8_t*>(align_up(reinterpret_cast<uintptr_t>(workspace)));
-  float* lse2 = reinterpret_cast<float*>(base + plan.lse2);
-  float* delta = reinterpret_cast<float*>(base + plan.delta);
-  float* dq_accum = plan.deterministic ? nullptr : reinterpret_cast<float*>(base + plan.dq_accum);
-  float* dk_accum = plan.several_owners ? reinterpret_cast<float*>(base + plan.dk_accum) : nullptr;
-  float* dv_accum = plan.several_owners ? reinterpret_cast<float*>(base + plan.dv_accum) : nullptr;
+  const BsaBwdPlan plan = make_plan(p);
+  const BsaBwdBuffers buf =
+      carve_bsa_backward_workspace(plan, workspace, workspace_bytes, "portable bsa_backward");
+  float* const lse2 = buf.lse2;
+  float* const delta = buf.delta;
+  float* const dq_accum = buf.dq_accum;
+  float* const dk_accum = buf.dk_accum;
+  float* const dv_accum = buf.dv_accum;
 
   // 1. Accumulators, delta, lse2.
-  if (dq_accum != nullptr) SA_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, plan.dq_bytes, stream));
-  if (plan.several_owners) {
-    SA_CUDA_CHECK(cudaMemsetAsync(dk_accum, 0, plan.dkv_bytes, stream));
-    SA_CUDA_CHECK(cudaMemsetAsync(dv_accum, 0, plan.dkv_bytes, stream));
-  }
+  zero_bsa_backward_accumulators(plan, buf, stream);
   launch_bwd_preprocess(p, plan.Sq_pad, lse2, delta, stream);
 
   // 2. The reverse map.
   const ReverseMapDevice map =
-      build_reverse_map_gpu(d, p.meta, plan.bucket, base + plan.map, plan.map_bytes, stream);
+      build_reverse_map_gpu(d, p.meta, plan.bucket, buf.map, plan.map_bytes, stream);
 
   // 3. dK, dV (and dQ unless deterministic).
   BsaBwdParams params{};
@@ -294,7 +235,7 @@ void bsa_backward(const BsaBwdProblem& p, void* workspace, size_t workspace_byte
   dispatch_main(params, map.max_items, stream);
 
   // 4. dq.
-  if (plan.deterministic)
+  if (!plan.dq_accumulator)
     dispatch_dq(params, stream);
   else
     launch_bwd_convert_dq(p, plan.Sq_pad, dq_accum, stream);

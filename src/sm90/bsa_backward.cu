@@ -16,6 +16,7 @@
 #include "common/host_numeric.hpp"
 #include "common/narrow.hpp"
 #include "portable/bsa_backward_aux.hpp"
+#include "portable/bsa_backward_plan.hpp"
 #include "portable/launch_checks.hpp"
 #include "portable/reverse_map_gpu.hpp"
 #include "sm90/bsa_backward_kernel.cuh"
@@ -23,8 +24,6 @@
 
 namespace sa::sm90 {
 namespace {
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // ---- the instantiations ------------------------------------------------------------------------
 template <int kBlock, int kHeadDim>
@@ -62,72 +61,17 @@ size_t main_kernel_smem(int block, int64_t D) {
   return D == 128 ? Kernel<64, 128>::kSmem : Kernel<64, 64>::kSmem;
 }
 
-// ---- the plan (as the portable backward's, bsa_backward.hpp there) -----------------------------
-constexpr size_t kAlign = portable::kReverseMapAlignment;
-
-size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
-
-struct Plan {
-  int32_t bucket = 0;           // asked of the reverse map; 0: one group per row
-  bool several_owners = false;  // some row may have several groups: dK/dV accumulators
-  int64_t Sq_pad = 0, Skv_pad = 0;
-  size_t lse2 = 0, delta = 0, dq_accum = 0, dk_accum = 0, dv_accum = 0, map = 0;
-  size_t dq_bytes = 0, dkv_bytes = 0, map_bytes = 0;
-  size_t total = 0;
-};
-
-int device_attribute(cudaDeviceAttr attr, int device) {
-  int value = 0;
-  SA_CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, device));
-  return value;
+// ---- the plan (portable/bsa_backward_plan.hpp) --------------------------------------------------
+// Main-kernel CTAs resident on the whole GPU: 1 per SM at block 128, 2 at block 64.
+int64_t cta_slots(const BsaBwdProblem& p) {
+  int sms = 0;
+  SA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device_index));
+  return static_cast<int64_t>(sms) * (p.dims.block == 128 ? 1 : 2);
 }
 
-// Automatic bucket: one group per row when the rows alone give at least 2 CTAs per CTA slot;
-// otherwise about 4 work items per slot, assuming every query block lists min(K_max, N_kv)
-// blocks (at least 4 entries per group). Shapes and the GPU's size only.
-int32_t auto_bucket(const BsaBwdProblem& p) {
-  const BsaDims& d = p.dims;
-  const int sms = device_attribute(cudaDevAttrMultiProcessorCount, p.device_index);
-  const int64_t slots = static_cast<int64_t>(sms) * (d.block == 128 ? 1 : 2);
-  const int64_t rows = d.B * d.Hkv * d.Nkv;
-  if (rows >= 2 * slots) return 0;
-  const int64_t expected = ceil_div(d.B * d.Hq * d.Nq * std::min(d.Kmax, d.Nkv), rows);
-  const int64_t groups = ceil_div(4 * slots, rows);
-  constexpr int64_t kMinBucket = 4;
-  const int64_t bucket = std::max(kMinBucket, ceil_div(expected, groups));
-  return bucket >= d.group() * d.Nq ? 0 : static_cast<int32_t>(bucket);
-}
-
-Plan make_plan(const BsaBwdProblem& p) {
-  const BsaDims& d = p.dims;
-  Plan plan;
-  if (p.options.bucket_size > 0)
-    plan.bucket = p.options.bucket_size >= d.group() * d.Nq ? 0 : p.options.bucket_size;
-  else
-    plan.bucket = auto_bucket(p);
-  plan.several_owners = plan.bucket > 0;
-  plan.Sq_pad = d.Nq * d.block;
-  plan.Skv_pad = d.Nkv * d.block;
-  size_t at = 0;
-  auto take = [&at](size_t bytes) {
-    const size_t start = at;
-    at = align_up(at + std::max<size_t>(bytes, 1));
-    return start;
-  };
-  const size_t stats = static_cast<size_t>(d.B * d.Hq * plan.Sq_pad) * sizeof(float);
-  plan.lse2 = take(stats);
-  plan.delta = take(stats);
-  plan.dq_bytes = static_cast<size_t>(d.B * d.Hq * plan.Sq_pad * d.D) * sizeof(float);
-  plan.dq_accum = take(plan.dq_bytes);
-  if (plan.several_owners) {
-    plan.dkv_bytes = static_cast<size_t>(d.B * d.Hkv * plan.Skv_pad * d.D) * sizeof(float);
-    plan.dk_accum = take(plan.dkv_bytes);
-    plan.dv_accum = take(plan.dkv_bytes);
-  }
-  plan.map_bytes = portable::reverse_map_workspace_bytes(d, plan.bucket);
-  plan.map = take(plan.map_bytes);
-  plan.total = at + kAlign;
-  return plan;
+portable::BsaBwdPlan make_plan(const BsaBwdProblem& p) {
+  const bool auto_bucket = p.options.bucket_size <= 0;
+  return portable::make_bsa_backward_plan(p, auto_bucket ? cta_slots(p) : 0, false, true);
 }
 
 }  // namespace
@@ -194,28 +138,22 @@ void bsa_backward(const BsaBwdProblem& p, void* workspace, size_t workspace_byte
   const std::string why = bsa_backward_unsupported(p);
   SA_CHECK(why.empty(), SA_ERROR_UNSUPPORTED, "sm90 bsa_backward: " << why);
   const BsaDims& d = p.dims;
-  const Plan plan = make_plan(p);
-  SA_CHECK(workspace != nullptr && workspace_bytes >= plan.total, SA_ERROR_WORKSPACE,
-           "sm90 bsa_backward: workspace of " << workspace_bytes << " bytes, expected at least "
-                                              << plan.total);
-  uint8_t* base = reinterpret_cast<uint8_t*>(align_up(reinterpret_cast<uintptr_t>(workspace)));
-  float* lse2 = reinterpret_cast<float*>(base + plan.lse2);
-  float* delta = reinterpret_cast<float*>(base + plan.delta);
-  float* dq_accum = reinterpret_cast<float*>(base + plan.dq_accum);
-  float* dk_accum = plan.several_owners ? reinterpret_cast<float*>(base + plan.dk_accum) : nullptr;
-  float* dv_accum = plan.several_owners ? reinterpret_cast<float*>(base + plan.dv_accum) : nullptr;
+  const portable::BsaBwdPlan plan = make_plan(p);
+  const portable::BsaBwdBuffers buf =
+      portable::carve_bsa_backward_workspace(plan, workspace, workspace_bytes, "sm90 bsa_backward");
+  float* const lse2 = buf.lse2;
+  float* const delta = buf.delta;
+  float* const dq_accum = buf.dq_accum;
+  float* const dk_accum = buf.dk_accum;
+  float* const dv_accum = buf.dv_accum;
 
   // 1. Accumulators, delta, lse2 (the portable preprocess).
-  SA_CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, plan.dq_bytes, stream));
-  if (plan.several_owners) {
-    SA_CUDA_CHECK(cudaMemsetAsync(dk_accum, 0, plan.dkv_bytes, stream));
-    SA_CUDA_CHECK(cudaMemsetAsync(dv_accum, 0, plan.dkv_bytes, stream));
-  }
+  portable::zero_bsa_backward_accumulators(plan, buf, stream);
   portable::launch_bwd_preprocess(p, plan.Sq_pad, lse2, delta, stream);
 
   // 2. The reverse map (GPU, no host synchronisation).
   const portable::ReverseMapDevice map = portable::build_reverse_map_gpu(
-      d, p.meta, plan.bucket, base + plan.map, plan.map_bytes, stream);
+      d, p.meta, plan.bucket, buf.map, plan.map_bytes, stream);
 
   // 3. The main kernel: dK, dV, and dQ into its accumulator.
   BsaBwdSm90Params params{};
