@@ -41,6 +41,7 @@
 #include "portable/dsa_backward.hpp"
 #include "portable/dsa_backward_aux.hpp"
 #include "portable/dsa_backward_launch.cuh"
+#include "portable/launch_checks.hpp"
 
 namespace sa::portable {
 namespace {
@@ -176,22 +177,8 @@ std::string dsa_backward_unsupported(const DsaBwdProblem& p) {
     os << "dtype " << dtype_name(p.dtype) << " (portable DSA backward supports bf16)";
     return os.str();
   }
-  if (d.Dqk != 512 && d.Dqk != 576) {
-    os << "D_qk = " << d.Dqk << " (portable DSA backward supports 512, 576)";
-    return os.str();
-  }
-  if (d.Dv != 512) {
-    os << "d_v = " << d.Dv << " (portable DSA backward supports 512)";
-    return os.str();
-  }
-  if (d.H < 16 || d.H % 16 != 0) {
-    os << "H = " << d.H << " (portable DSA backward supports multiples of 16: 16, 32, 64, 128)";
-    return os.str();
-  }
-  if (d.topk > INT32_MAX - 64 || d.H > INT32_MAX) {
-    os << "topk = " << d.topk << ", H = " << d.H << " (portable DSA backward supports < 2^31 - 64)";
-    return os.str();
-  }
+  const std::string sizes = dsa_sizes_unsupported(d, "portable DSA backward");
+  if (!sizes.empty()) return sizes;
   if (d.Skv > INT32_MAX) {
     os << "S_kv = " << d.Skv << " (portable DSA backward supports < 2^31)";
     return os.str();

@@ -13,6 +13,7 @@
 
 #include "common/cuda_check.hpp"
 #include "common/host_numeric.hpp"
+#include "portable/launch_checks.hpp"
 #include "portable/dsa_forward_kernel.cuh"
 
 namespace sa::portable {
@@ -77,22 +78,8 @@ std::string dsa_forward_unsupported(const DsaFwdProblem& p) {
     os << "dtype " << dtype_name(p.dtype) << " (portable DSA forward supports bf16, fp16)";
     return os.str();
   }
-  if (d.Dqk != 512 && d.Dqk != 576) {
-    os << "D_qk = " << d.Dqk << " (portable DSA forward supports 512, 576)";
-    return os.str();
-  }
-  if (d.Dv != 512) {
-    os << "d_v = " << d.Dv << " (portable DSA forward supports 512)";
-    return os.str();
-  }
-  if (d.H < 16 || d.H % 16 != 0) {
-    os << "H = " << d.H << " (portable DSA forward supports multiples of 16: 16, 32, 64, 128)";
-    return os.str();
-  }
-  if (d.topk > INT32_MAX - 64 || d.H > INT32_MAX) {
-    os << "topk = " << d.topk << ", H = " << d.H << " (portable DSA forward supports < 2^31 - 64)";
-    return os.str();
-  }
+  const std::string sizes = dsa_sizes_unsupported(d, "portable DSA forward");
+  if (!sizes.empty()) return sizes;
   const int64_t groups = (d.H + 63) / 64;
   if (d.Sq * groups > INT32_MAX) {
     os << "S_q = " << d.Sq << " (portable DSA forward supports S_q * ceil(H / 64) < 2^31)";

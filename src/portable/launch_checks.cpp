@@ -21,4 +21,18 @@ std::string check_tensor_addressing(const char* name, const Bhsd& t, int64_t B, 
   return os.str();
 }
 
+std::string dsa_sizes_unsupported(const DsaDims& d, const char* path) {
+  std::ostringstream os;
+  if (d.Dqk != 512 && d.Dqk != 576) {
+    os << "D_qk = " << d.Dqk << " (" << path << " supports 512, 576)";
+  } else if (d.Dv != 512) {
+    os << "d_v = " << d.Dv << " (" << path << " supports 512)";
+  } else if (d.H < 16 || d.H % 16 != 0) {
+    os << "H = " << d.H << " (" << path << " supports multiples of 16: 16, 32, 64, 128)";
+  } else if (d.topk > INT32_MAX - 64 || d.H > INT32_MAX) {
+    os << "topk = " << d.topk << ", H = " << d.H << " (" << path << " supports < 2^31 - 64)";
+  }
+  return os.str();
+}
+
 }  // namespace sa::portable

@@ -1,5 +1,5 @@
-// Host-side checks that the portable BSA launchers (bsa_forward.cu, bsa_backward.cu) share before
-// they accept a problem. No device code.
+// Host-side checks that the portable launchers share before they accept a problem. No device
+// code.
 #pragma once
 
 #include <cstdint>
@@ -12,5 +12,10 @@ namespace sa::portable {
 // "" when the tensor's addressing suits 16-byte vector access, else the reason.
 std::string check_tensor_addressing(const char* name, const Bhsd& t, int64_t B, int64_t H,
                                     int64_t S);
+
+// "" when the portable DSA kernels serve these sizes (D_qk 512 or 576, d_v 512, H a multiple of
+// 16, topk and H in int32 range), else the reason; `path` names the kernel in the message
+// ("portable DSA forward").
+std::string dsa_sizes_unsupported(const DsaDims& d, const char* path);
 
 }  // namespace sa::portable
