@@ -2,13 +2,12 @@
 // kernels are not written yet have no entry, so the dispatcher reports "not implemented".
 #include <cuda_runtime_api.h>
 
-#include <mutex>
 #include <sstream>
 #include <string>
-#include <unordered_map>
 
 #include "api/implementation.hpp"
 #include "common/cuda_check.hpp"
+#include "common/cuda_device.hpp"
 #include "portable/bsa_backward.hpp"
 #include "portable/bsa_forward.hpp"
 #include "portable/bsa_metadata_check.hpp"
@@ -17,55 +16,6 @@
 
 namespace sa {
 namespace {
-
-// Compute capability of a CUDA device, queried once per device. "" on success, else the reason.
-std::string device_capability(int32_t device, int* major, int* minor) {
-  struct Entry {
-    cudaError_t status;
-    int major, minor;
-  };
-  static std::mutex mutex;
-  static std::unordered_map<int32_t, Entry> cache;
-  Entry e{};
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = cache.find(device);
-    if (it != cache.end()) {
-      e = it->second;
-    } else {
-      cudaDeviceProp prop{};
-      e.status = cudaGetDeviceProperties(&prop, device);
-      if (e.status != cudaSuccess) (void)cudaGetLastError();  // do not leave the error pending
-      e.major = prop.major;
-      e.minor = prop.minor;
-      cache.emplace(device, e);
-    }
-  }
-  if (e.status != cudaSuccess)
-    return "cannot query CUDA device " + std::to_string(device) + " (" +
-           cudaGetErrorString(e.status) + ")";
-  *major = e.major;
-  *minor = e.minor;
-  return "";
-}
-
-// Makes `device` current for the scope of a call, restoring the caller's device after.
-class DeviceScope {
- public:
-  explicit DeviceScope(int32_t device) {
-    SA_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) SA_CUDA_CHECK(cudaSetDevice(device));
-  }
-  ~DeviceScope() {
-    int now = previous_;
-    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) (void)cudaSetDevice(previous_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int previous_ = 0;
-};
 
 // ---- the checks every entry makes before its path's own ----------------------------------------
 // "" when the portable path can run on a problem's device (CUDA tensors on a device of compute

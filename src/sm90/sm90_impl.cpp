@@ -5,13 +5,12 @@
 #if SA_HAVE_SM90
 #include <cuda_runtime_api.h>
 
-#include <mutex>
 #include <sstream>
 #include <string>
-#include <unordered_map>
 
 #include "api/implementation.hpp"
 #include "common/cuda_check.hpp"
+#include "common/cuda_device.hpp"
 #include "portable/bsa_metadata_check.hpp"
 #include "sm90/bsa_backward.hpp"
 #include "sm90/bsa_forward.hpp"
@@ -21,56 +20,18 @@ namespace sa {
 namespace {
 
 // "" when `device` has compute capability exactly 9.0 (the sm_90a objects run nowhere else),
-// else the reason. Queried once per device.
+// else the reason.
 std::string check_sm90_device(int32_t device) {
-  struct Entry {
-    cudaError_t status;
-    int major, minor;
-  };
-  static std::mutex mutex;
-  static std::unordered_map<int32_t, Entry> cache;
-  Entry e{};
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = cache.find(device);
-    if (it != cache.end()) {
-      e = it->second;
-    } else {
-      e.status = cudaDeviceGetAttribute(&e.major, cudaDevAttrComputeCapabilityMajor, device);
-      if (e.status == cudaSuccess)
-        e.status = cudaDeviceGetAttribute(&e.minor, cudaDevAttrComputeCapabilityMinor, device);
-      if (e.status != cudaSuccess) (void)cudaGetLastError();  // do not leave the error pending
-      cache.emplace(device, e);
-    }
-  }
-  if (e.status != cudaSuccess)
-    return "cannot query CUDA device " + std::to_string(device) + " (" +
-           cudaGetErrorString(e.status) + ")";
-  if (e.major != 9 || e.minor != 0) {
+  int major = 0, minor = 0;
+  const std::string why = device_capability(device, &major, &minor);
+  if (!why.empty()) return why;
+  if (major != 9 || minor != 0) {
     std::ostringstream os;
-    os << "needs an sm_90 GPU (found sm_" << e.major << e.minor << ")";
+    os << "needs an sm_90 GPU (found sm_" << major << minor << ")";
     return os.str();
   }
   return "";
 }
-
-// Makes `device` current for the scope of a call, restoring the caller's device after.
-class DeviceScope {
- public:
-  explicit DeviceScope(int32_t device) {
-    SA_CUDA_CHECK(cudaGetDevice(&previous_));
-    if (previous_ != device) SA_CUDA_CHECK(cudaSetDevice(device));
-  }
-  ~DeviceScope() {
-    int now = previous_;
-    if (cudaGetDevice(&now) == cudaSuccess && now != previous_) (void)cudaSetDevice(previous_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int previous_ = 0;
-};
 
 // ---- BSA forward ------------------------------------------------------------------------------
 std::string bsa_fwd_unsupported(const BsaFwdProblem& p) {
