@@ -38,6 +38,22 @@ std::string device_capability(int32_t device, int* major, int* minor) {
   return "";
 }
 
+int max_smem_optin(int32_t device) {
+  static std::mutex mutex;
+  static std::unordered_map<int32_t, int> cache;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(device);
+  if (it != cache.end()) return it->second;
+  int bytes = 0;
+  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
+      cudaSuccess) {
+    (void)cudaGetLastError();
+    bytes = 0;
+  }
+  cache.emplace(device, bytes);
+  return bytes;
+}
+
 DeviceScope::DeviceScope(int32_t device) {
   SA_CUDA_CHECK(cudaGetDevice(&previous_));
   if (previous_ != device) SA_CUDA_CHECK(cudaSetDevice(device));

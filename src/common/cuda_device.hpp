@@ -10,6 +10,10 @@ namespace sa {
 // success, else the reason ("cannot query CUDA device 3 (...)"); no CUDA error is left pending.
 std::string device_capability(int32_t device, int* major, int* minor);
 
+// Largest dynamic shared memory (bytes) a block may opt into on `device`, queried once per device;
+// 0 when the query fails (reads as "unsupported"; no CUDA error is left pending).
+int max_smem_optin(int32_t device);
+
 // Makes `device` current for the scope of a call, restoring the caller's device after.
 class DeviceScope {
  public:

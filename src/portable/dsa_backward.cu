@@ -32,11 +32,10 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
-#include <mutex>
 #include <sstream>
-#include <unordered_map>
 
 #include "common/cuda_check.hpp"
+#include "common/cuda_device.hpp"
 #include "common/host_numeric.hpp"
 #include "portable/dsa_backward.hpp"
 #include "portable/dsa_backward_aux.hpp"
@@ -52,23 +51,6 @@ using dsa_bwd::DsaBwdParams;
 // Partial dkv rows of one deterministic slice: at most this many bytes (at least one token).
 constexpr int64_t kPartialBytesCap = int64_t{2} << 30;
 constexpr size_t kAlign = 256;
-
-// Largest dynamic shared memory a block may opt into on `device`, queried once per device.
-int max_smem_optin(int device) {
-  static std::mutex mutex;
-  static std::unordered_map<int, int> cache;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(device);
-  if (it != cache.end()) return it->second;
-  int bytes = 0;
-  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-      cudaSuccess) {
-    (void)cudaGetLastError();  // do not leave the error pending; 0 reads as "unsupported"
-    bytes = 0;
-  }
-  cache.emplace(device, bytes);
-  return bytes;
-}
 
 bool aligned(const void* ptr, uintptr_t bytes) {
   return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;

@@ -7,11 +7,10 @@
 
 #include <climits>
 #include <cstdint>
-#include <mutex>
 #include <sstream>
-#include <unordered_map>
 
 #include "common/cuda_check.hpp"
+#include "common/cuda_device.hpp"
 #include "common/host_numeric.hpp"
 #include "portable/launch_checks.hpp"
 #include "portable/dsa_forward_kernel.cuh"
@@ -24,23 +23,6 @@ using dsa_fwd::DsaFwdParams;
 
 constexpr int kSmemBlockN32 = DsaFwdConfig<__nv_bfloat16, 32>::kSmemBytes;
 constexpr int kSmemBlockN64 = DsaFwdConfig<__nv_bfloat16, 64>::kSmemBytes;
-
-// Largest dynamic shared memory a block may opt into on `device`, queried once per device.
-int max_smem_optin(int device) {
-  static std::mutex mutex;
-  static std::unordered_map<int, int> cache;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(device);
-  if (it != cache.end()) return it->second;
-  int bytes = 0;
-  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-      cudaSuccess) {
-    (void)cudaGetLastError();  // do not leave the error pending; 0 reads as "unsupported"
-    bytes = 0;
-  }
-  cache.emplace(device, bytes);
-  return bytes;
-}
 
 template <class Cfg>
 void launch(const DsaFwdParams& prm, int64_t grid, cudaStream_t stream) {
