@@ -8,10 +8,15 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <memory>
+#include <ostream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -282,6 +287,441 @@ inline void expect_bsa_forward_matches_reference(const BsaShape& s, BsaPattern& 
   EXPECT_TRUE(all_close(lse_gpu.to_double(), lse_ref.to_double(), 1e-4, 0.0)) << "lse";
 }
 
+// ---- BSA backward: cases, one problem, a run, the checks -------------------------------------
+// The portable and sm90 backward suites share these; each passes the implementation it requests
+// (options.impl) and the one that must run.
+constexpr int32_t kBsaBwdSingleOwner = 1 << 30;  // a bucket no row reaches: one group per row
+
+struct GpuBsaBwdCase {
+  std::string name;
+  BsaShape shape;
+  BsaPatternSpec spec;
+  int32_t bucket = 0;  // options.bucket_size: 0 automatic, kBsaBwdSingleOwner, or a split size
+  bool deterministic = false;
+  float scale = 0.f;   // 0: 1/sqrt(D)
+  int64_t pad = 8;     // extra elements per innermost row of the device tensors
+  bool nan_padded_keys = false;  // K, V of padded keys inside the tensor := NaN
+};
+
+inline void PrintTo(const GpuBsaBwdCase& c, std::ostream* os) { *os << c.name; }
+
+inline GpuBsaBwdCase gpu_bsa_bwd_case(std::string name, BsaShape shape, BsaPatternSpec spec,
+                                      int32_t bucket, bool deterministic = false,
+                                      float scale = 0.f, int64_t pad = 8) {
+  GpuBsaBwdCase c;
+  c.name = std::move(name);
+  c.shape = shape;
+  c.spec = spec;
+  c.bucket = bucket;
+  c.deterministic = deterministic;
+  c.scale = scale;
+  c.pad = pad;
+  return c;
+}
+
+// The cases of the backward suite of `impl`, in that suite's order: SA_IMPL_PORTABLE (options.impl
+// automatic, the portable backward must run) or SA_IMPL_SM90 (forced; K and V of padded keys
+// := NaN). Deterministic mode is the portable backward's alone.
+inline std::vector<GpuBsaBwdCase> gpu_bsa_backward_cases(sa_impl impl) {
+  constexpr sa_layout kBshd = SA_LAYOUT_BSHD;
+  constexpr int32_t kSingleOwner = kBsaBwdSingleOwner;
+  constexpr unsigned kPortable = 1, kSm90 = 2, kBoth = kPortable | kSm90;  // the suites of a case
+  const auto make = [](auto&&... a) { return gpu_bsa_bwd_case(a...); };
+  struct Tagged {
+    unsigned suites;
+    GpuBsaBwdCase c;
+  };
+  const Tagged all[] = {
+      // block 128 (portable: 8-warp CTAs of 128 keys; sm90: two consumer warpgroups of 64 keys,
+      // Q tiles of 64 rows: two per query block)
+      {kBoth, make("Block128D128MhaBhsdSingleOwner", shape_of(1, 2, 2, 256, 384, 128, 128, 3),
+                   spec_of(true, -1, false, false), kSingleOwner)},
+      {kBoth, make("Block128D128GqaBshdPartialEmptyRowsUnattendedBucket1",
+                   shape_of(2, 4, 2, 300, 333, 128, 128, 3, kBshd),
+                   spec_of(true, -1, true, true, true, 1), 1)},
+      {kBoth, make("Block128D128GqaPartialEmptyRowsUnattendedSingleOwner",
+                   shape_of(2, 4, 2, 300, 333, 128, 128, 3),
+                   spec_of(true, -1, true, true, false, 1), kSingleOwner)},
+      {kBoth, make("Block128D64MqaFixedCountPartialBucket2",
+                   shape_of(1, 3, 1, 200, 300, 64, 128, 2), spec_of(false, 2, false, true), 2)},
+      {kBoth, make("Block128D64GqaBshdEmptyRowsAuto",
+                   shape_of(2, 4, 2, 257, 256, 64, 128, 2, kBshd), spec_of(true, -1, true, false),
+                   0)},
+      {kPortable, make("Block128D128MqaAutoSplit", shape_of(1, 8, 1, 512, 512, 128, 128, 4),
+                       spec_of(true, -1, true, true, false, 2), 0)},
+      {kSm90, make("Block128D128MqaAutoSplitUnattended", shape_of(1, 8, 1, 512, 512, 128, 128, 4),
+                   spec_of(true, -1, true, true, false, 2), 0)},
+      // block 64 (portable: 4-warp CTAs of 64 keys; sm90: one consumer warpgroup, two CTAs per SM)
+      {kBoth, make("Block64D128GqaBshdPartialEmptyRowsSingleOwner",
+                   shape_of(1, 4, 2, 130, 200, 128, 64, 3, kBshd), spec_of(true, -1, true, true),
+                   kSingleOwner)},
+      {kBoth, make("Block64D128MhaBucket1", shape_of(2, 2, 2, 192, 256, 128, 64, 4),
+                   spec_of(true, -1, false, false), 1)},
+      {kBoth, make("Block64D64MqaPartialLenPerBatchBucket2", shape_of(2, 2, 1, 190, 250, 64, 64, 4),
+                   spec_of(true, -1, true, true, true), 2)},
+      {kBoth, make("Block64D64GqaBshdFixedCountAuto", shape_of(1, 6, 3, 100, 320, 64, 64, 5, kBshd),
+                   spec_of(false, -1, false, false), 0)},
+      {kBoth, make("Block64D128MqaAutoSplitUnattended", shape_of(1, 8, 1, 512, 512, 128, 64, 8),
+                   spec_of(true, -1, true, true, false, 3), 0)},
+      // contiguous tensors, a negative scale, long reverse rows, every row empty
+      {kBoth, make("Block128D128Contiguous", shape_of(1, 2, 1, 200, 256, 128, 128, 2),
+                   spec_of(true, -1, false, true), kSingleOwner, false, 0.f, 0)},
+      {kBoth, make("Block128D128NegativeScaleBucket1", shape_of(1, 2, 2, 200, 256, 128, 128, 2),
+                   spec_of(true, -1, false, true), 1, false, -0.2f)},
+      {kBoth, make("Block64D64RowOf150Blocks", shape_of(1, 1, 1, 64, 64 * 150, 64, 64, 150),
+                   spec_of(false, 150, false, true), 0)},
+      {kPortable, make("Block64D64LongReverseRows", shape_of(1, 16, 1, 1024, 256, 64, 64, 4),
+                       spec_of(true, -1, true, false), kSingleOwner)},
+      {kSm90, make("Block64D64LongReverseRowsSingleOwner", shape_of(1, 16, 1, 1024, 256, 64, 64, 4),
+                   spec_of(true, -1, true, false), kSingleOwner)},
+      {kSm90, make("Block128D128LongReverseRowsSingleOwner",
+                   shape_of(1, 8, 1, 1024, 512, 128, 128, 4), spec_of(true, -1, true, true),
+                   kSingleOwner)},
+      {kBoth, make("Block128D128CountZero", shape_of(1, 2, 2, 200, 256, 128, 128, 2),
+                   spec_of(false, 0, false, false), 0)},
+      // deterministic mode (one owner per row whatever the bucket, query-major dQ): portable only
+      {kPortable, make("Block128D128GqaPartialEmptyRowsDeterministic",
+                       shape_of(2, 4, 2, 300, 333, 128, 128, 3, kBshd),
+                       spec_of(true, -1, true, true), 1, true)},
+      {kPortable, make("Block64D64MqaDeterministic", shape_of(1, 4, 1, 190, 250, 64, 64, 4),
+                       spec_of(true, -1, true, true, false, 1), 0, true)},
+      {kPortable, make("Block64D128MhaDeterministic", shape_of(1, 2, 2, 130, 260, 128, 64, 3),
+                       spec_of(true, -1, false, true), 2, true)},
+      {kPortable, make("Block128D64MqaDeterministic", shape_of(1, 3, 1, 200, 300, 64, 128, 2),
+                       spec_of(false, 2, false, true), 0, true)},
+  };
+  const unsigned suite = impl == SA_IMPL_SM90 ? kSm90 : kPortable;
+  std::vector<GpuBsaBwdCase> cases;
+  for (const Tagged& t : all) {
+    if ((t.suites & suite) == 0) continue;
+    cases.push_back(t.c);
+    cases.back().nan_padded_keys = impl == SA_IMPL_SM90;
+  }
+  return cases;
+}
+
+// K and V of every padded key inside the tensor (past kv_block_len, below S_kv) := NaN.
+inline void poison_bsa_bwd_padded_keys(const BsaShape& s, const BsaPattern& pat, BsaTensors& t) {
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t n = 0; n < s.Nkv(); ++n)
+      for (int64_t j = n * s.block + pat.block_len(s, b, n);
+           j < std::min<int64_t>((n + 1) * s.block, s.Skv); ++j)
+        for (int64_t hk = 0; hk < s.Hkv; ++hk) {
+          for (int64_t x = 0; x < s.D; ++x) t.k.set(bsa_index(t.k, s.layout, b, hk, j, x), NAN);
+          for (int64_t x = 0; x < s.Dv; ++x) t.v.set(bsa_index(t.v, s.layout, b, hk, j, x), NAN);
+        }
+}
+
+// One problem: host values, options with options.impl = `impl` (the implementation requested).
+struct GpuBsaBwdProblem {
+  GpuBsaBwdCase c;
+  sa_impl impl;
+  BsaPattern pat;
+  BsaTensors t;  // bf16; o and lse from the CPU reference forward
+
+  GpuBsaBwdProblem(const GpuBsaBwdCase& c_, sa_impl impl_) : c(c_), impl(impl_) {
+    std::mt19937_64 rng(std::hash<std::string>{}(c.name));
+    pat = random_bsa_pattern(c.shape, c.spec, rng);
+    t = make_bsa_tensors(c.shape, SA_DTYPE_BF16, rng);
+    if (c.nan_padded_keys) poison_bsa_bwd_padded_keys(c.shape, pat, t);
+  }
+
+  sa_bsa_options options() const {
+    sa_bsa_options o = sa_bsa_options_default();
+    o.scale = c.scale;
+    o.layout = c.shape.layout;
+    o.block_size = c.shape.block;
+    o.count = pat.has_count ? -1 : pat.fixed_count;
+    o.bucket_size = c.bucket;
+    o.deterministic = c.deterministic ? 1 : 0;
+    o.impl = impl;
+    return o;
+  }
+
+  // o and lse of the current pattern, through the CPU reference (public API).
+  ::testing::AssertionResult forward() {
+    sa_bsa_fwd_args a{};
+    a.q = t.q.view();
+    a.k = t.k.view();
+    a.v = t.v.view();
+    a.o = t.o.view();
+    a.lse = t.lse.view();
+    a.sparsity = pat.sparsity();
+    a.options = options();
+    a.options.impl = SA_IMPL_REFERENCE;
+    if (sa_bsa_forward(&a, nullptr) != SA_OK)
+      return ::testing::AssertionFailure() << "reference forward: " << sa_last_error();
+    return ::testing::AssertionSuccess();
+  }
+
+  // dq, dk, dv of the current pattern in fp64 (logical BHSD order), through the reference.
+  ::testing::AssertionResult reference(std::vector<double>* dq, std::vector<double>* dk,
+                                       std::vector<double>* dv) {
+    HostTensor q = to_fp64(t.q), k = to_fp64(t.k), v = to_fp64(t.v), o = to_fp64(t.o),
+               dout = to_fp64(t.dout);
+    HostTensor gq(SA_DTYPE_FP64, t.q.shape()), gk(SA_DTYPE_FP64, t.k.shape()),
+        gv(SA_DTYPE_FP64, t.v.shape());
+    sa_bsa_bwd_args a{};
+    a.q = q.view();
+    a.k = k.view();
+    a.v = v.view();
+    a.o = o.view();
+    a.lse = t.lse.view();
+    a.dout = dout.view();
+    a.sparsity = pat.sparsity();
+    a.dq = gq.view();
+    a.dk = gk.view();
+    a.dv = gv.view();
+    a.options = options();
+    a.options.impl = SA_IMPL_REFERENCE;
+    if (sa_bsa_backward(&a, nullptr) != SA_OK)
+      return ::testing::AssertionFailure() << "reference backward: " << sa_last_error();
+    *dq = bhsd_doubles(gq, c.shape.layout);
+    *dk = bhsd_doubles(gk, c.shape.layout);
+    *dv = bhsd_doubles(gv, c.shape.layout);
+    return ::testing::AssertionSuccess();
+  }
+
+  // attended[(b * Hkv + hk) * Skv + j]: some query of the KV head's group attends key j.
+  std::vector<uint8_t> attended_keys() const {
+    const BsaShape& s = c.shape;
+    std::vector<uint8_t> out(static_cast<size_t>(s.B * s.Hkv * s.Skv), 0);
+    for (int64_t b = 0; b < s.B; ++b)
+      for (int64_t h = 0; h < s.Hq; ++h)
+        for (int64_t m = 0; m < s.Nq(); ++m)
+          for (int32_t slot = 0; slot < pat.count(b, h, m); ++slot) {
+            const int64_t n = pat.index(b, h, m, slot);
+            for (int64_t j = n * s.block; j < n * s.block + pat.block_len(s, b, n) && j < s.Skv;
+                 ++j)
+              out[static_cast<size_t>((b * s.Hkv + h / s.group()) * s.Skv + j)] = 1;
+          }
+    return out;
+  }
+};
+
+// The device side of a GpuBsaBwdProblem: inputs, metadata and outputs, with the call's arguments.
+struct GpuBsaBwdDevice {
+  DeviceTensor q, k, v, o, dout, lse, index, count, block_len, dq, dk, dv;
+
+  explicit GpuBsaBwdDevice(const GpuBsaBwdProblem& p)
+      : q(p.t.q, p.c.pad, 0),
+        k(p.t.k, p.c.pad, 0),
+        v(p.t.v, p.c.pad, 0),
+        o(p.t.o, p.c.pad, 0),
+        dout(p.t.dout, p.c.pad, 0),
+        lse(p.t.lse, 0, 0),
+        index(p.pat.q2k_index, 0, 0),
+        count(p.pat.has_count ? p.pat.q2k_count : HostTensor(SA_DTYPE_INT32, {1}), 0, 0),
+        block_len(p.pat.has_block_len ? p.pat.kv_block_len : HostTensor(SA_DTYPE_INT32, {1}), 0,
+                  0),
+        dq(p.t.dq, p.c.pad, 64 * p.c.shape.D),
+        dk(p.t.dk, p.c.pad, 64 * p.c.shape.D),
+        dv(p.t.dv, p.c.pad, 64 * p.c.shape.Dv) {}
+
+  bool ok() const {
+    return q.ok() && k.ok() && v.ok() && o.ok() && dout.ok() && lse.ok() && index.ok() &&
+           count.ok() && block_len.ok() && dq.ok() && dk.ok() && dv.ok();
+  }
+
+  sa_bsa_bwd_args args(const GpuBsaBwdProblem& p) const {
+    sa_bsa_bwd_args a{};
+    a.q = q.view();
+    a.k = k.view();
+    a.v = v.view();
+    a.o = o.view();
+    a.lse = lse.view();
+    a.dout = dout.view();
+    a.sparsity.q2k_index = index.view();
+    a.sparsity.q2k_count = p.pat.has_count ? count.view() : sa_tensor_none();
+    a.sparsity.kv_block_len = p.pat.has_block_len ? block_len.view() : sa_tensor_none();
+    a.dq = dq.view();
+    a.dk = dk.view();
+    a.dv = dv.view();
+    a.options = p.options();
+    return a;
+  }
+
+  // New metadata values and forward outputs (same shapes).
+  bool upload(const GpuBsaBwdProblem& p) {
+    return index.upload(p.pat.q2k_index) && o.upload(p.t.o) && lse.upload(p.t.lse) &&
+           (!p.pat.has_count || count.upload(p.pat.q2k_count)) &&
+           (!p.pat.has_block_len || block_len.upload(p.pat.kv_block_len));
+  }
+
+  bool poison_outputs(cudaStream_t stream) {
+    return dq.poison(stream) && dk.poison(stream) && dv.poison(stream);
+  }
+};
+
+struct GpuBsaBwdGradients {
+  HostTensor dq, dk, dv;
+};
+
+inline ::testing::AssertionResult download_bsa_gradients(const GpuBsaBwdDevice& d,
+                                                         const GpuBsaBwdProblem& p,
+                                                         GpuBsaBwdGradients* g) {
+  g->dq = HostTensor(SA_DTYPE_BF16, p.t.dq.shape());
+  g->dk = HostTensor(SA_DTYPE_BF16, p.t.dk.shape());
+  g->dv = HostTensor(SA_DTYPE_BF16, p.t.dv.shape());
+  ::testing::AssertionResult r = d.dq.download(g->dq);
+  if (!r) return r << " (dq)";
+  r = d.dk.download(g->dk);
+  if (!r) return r << " (dk)";
+  r = d.dv.download(g->dv);
+  if (!r) return r << " (dv)";
+  return ::testing::AssertionSuccess();
+}
+
+// One sa_bsa_backward on the default stream with a queried workspace; the outputs poisoned first.
+// `expect_used`: the implementation that must have run.
+inline ::testing::AssertionResult run_bsa_backward(GpuBsaBwdDevice& d, const GpuBsaBwdProblem& p,
+                                                   sa_impl expect_used, GpuBsaBwdGradients* g) {
+  if (!d.poison_outputs(nullptr)) return ::testing::AssertionFailure() << "poison failed";
+  const sa_bsa_bwd_args a = d.args(p);
+  size_t bytes = 0;
+  if (sa_bsa_backward_workspace_size(&a, &bytes) != SA_OK)
+    return ::testing::AssertionFailure() << "workspace size: " << sa_last_error();
+  DeviceBuffer workspace(bytes);
+  if (!workspace.ok()) return ::testing::AssertionFailure() << "cudaMalloc failed";
+  // Garbage in the workspace: the backward must not rely on its contents.
+  if (bytes > 0 && cudaMemset(workspace.get(), 0xff, bytes) != cudaSuccess)
+    return ::testing::AssertionFailure() << "cudaMemset failed";
+  sa_impl used = SA_IMPL_AUTO;
+  sa_context ctx = sa_context_default();
+  ctx.workspace = workspace.get();
+  ctx.workspace_bytes = bytes;
+  ctx.impl_used = &used;
+  if (sa_bsa_backward(&a, &ctx) != SA_OK)
+    return ::testing::AssertionFailure() << "sa_bsa_backward: " << sa_last_error();
+  const cudaError_t err = cudaDeviceSynchronize();
+  if (err != cudaSuccess)
+    return ::testing::AssertionFailure() << "kernel failed: " << cudaGetErrorString(err);
+  if (used != expect_used)
+    return ::testing::AssertionFailure()
+           << "ran " << sa_impl_name(used) << ", not " << sa_impl_name(expect_used);
+  return download_bsa_gradients(d, p, g);
+}
+
+// The checks every run must pass against the reference of the problem's current pattern.
+// Pass: no NaN; rel L2 of dq, dk, dv below 1e-2; dk = dv = 0 exactly for every key no query
+// attends; dq = 0 exactly in the query rows of blocks that list nothing.
+inline void expect_bsa_backward_matches_reference(GpuBsaBwdProblem& p,
+                                                  const GpuBsaBwdGradients& g) {
+  std::vector<double> want_dq, want_dk, want_dv;
+  ASSERT_TRUE(p.reference(&want_dq, &want_dk, &want_dv));
+  const BsaShape& s = p.c.shape;
+  const std::vector<double> dq = bhsd_doubles(g.dq, s.layout);
+  const std::vector<double> dk = bhsd_doubles(g.dk, s.layout);
+  const std::vector<double> dv = bhsd_doubles(g.dv, s.layout);
+  EXPECT_FALSE(any_nan(dq)) << "NaN in dq";
+  EXPECT_FALSE(any_nan(dk)) << "NaN in dk";
+  EXPECT_FALSE(any_nan(dv)) << "NaN in dv";
+  EXPECT_LT(rel_l2(dq, want_dq), 1e-2) << "rel L2 of dq";
+  EXPECT_LT(rel_l2(dk, want_dk), 1e-2) << "rel L2 of dk";
+  EXPECT_LT(rel_l2(dv, want_dv), 1e-2) << "rel L2 of dv";
+  // Keys nobody attends: exactly 0.
+  const std::vector<uint8_t> attended = p.attended_keys();
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t hk = 0; hk < s.Hkv; ++hk)
+      for (int64_t j = 0; j < s.Skv; ++j) {
+        if (attended[static_cast<size_t>((b * s.Hkv + hk) * s.Skv + j)]) continue;
+        for (int64_t x = 0; x < s.D; ++x) {
+          const size_t i = static_cast<size_t>(((b * s.Hkv + hk) * s.Skv + j) * s.D + x);
+          ASSERT_EQ(dk[i], 0.0) << "dk of an unattended key, b=" << b << " hk=" << hk
+                                << " j=" << j;
+          ASSERT_EQ(dv[i], 0.0) << "dv of an unattended key, b=" << b << " hk=" << hk
+                                << " j=" << j;
+        }
+      }
+  // Query rows of blocks that list nothing: dq exactly 0.
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t h = 0; h < s.Hq; ++h)
+      for (int64_t i = 0; i < s.Sq; ++i) {
+        if (p.pat.count(b, h, i / s.block) != 0) continue;
+        for (int64_t x = 0; x < s.D; ++x)
+          ASSERT_EQ(dq[static_cast<size_t>(((b * s.Hq + h) * s.Sq + i) * s.D + x)], 0.0)
+              << "dq of an empty row, b=" << b << " h=" << h << " i=" << i;
+      }
+}
+
+// A case of a MatchesReference suite: the problem of case `c` with options.impl = `impl`, the
+// forward through the reference, one run on the device (`expect_used` must run), the checks.
+inline void expect_bsa_backward_case_matches_reference(const GpuBsaBwdCase& c, sa_impl impl,
+                                                       sa_impl expect_used) {
+  GpuBsaBwdProblem p(c, impl);
+  if (p.c.spec.empty_rows) {
+    ASSERT_TRUE(p.pat.has_empty_row(p.c.shape));
+  }
+  ASSERT_TRUE(p.forward());
+  GpuBsaBwdDevice d(p);
+  ASSERT_TRUE(d.ok());
+  GpuBsaBwdGradients g;
+  ASSERT_TRUE(run_bsa_backward(d, p, expect_used, &g));
+  expect_bsa_backward_matches_reference(p, g);
+}
+
+// A CUDA graph captured once on a non-default stream (workspace preallocated), options.impl =
+// `impl`, follows new metadata values on replay: the whole backward, reverse map included, reads
+// them on the device. Buckets 0, single owner and 2; K and V of padded keys as generated (replay
+// 2's block lengths make other keys padded).
+inline void expect_bsa_backward_graph_replay_follows_new_metadata(sa_impl impl) {
+  for (const int32_t bucket : {0, kBsaBwdSingleOwner, 2}) {
+    SCOPED_TRACE("bucket " + std::to_string(bucket));
+    const BsaShape s = shape_of(1, 4, 2, 384, 512, 128, 128, 3);
+    GpuBsaBwdProblem p(
+        gpu_bsa_bwd_case("GraphFirst", s, spec_of(true, -1, true, true, false, 1), bucket), impl);
+    ASSERT_TRUE(p.forward());
+    GpuBsaBwdDevice d(p);
+    ASSERT_TRUE(d.ok());
+
+    cudaStream_t stream = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    const sa_bsa_bwd_args a = d.args(p);
+    size_t bytes = 0;
+    ASSERT_EQ(sa_bsa_backward_workspace_size(&a, &bytes), SA_OK) << sa_last_error();
+    DeviceBuffer workspace(bytes);
+    ASSERT_TRUE(workspace.ok());
+    sa_context ctx = sa_context_default();
+    ctx.stream = stream;
+    ctx.workspace = workspace.get();
+    ctx.workspace_bytes = bytes;
+    // One eager call first (the call works outside a capture too; nothing is cached).
+    ASSERT_EQ(sa_bsa_backward(&a, &ctx), SA_OK) << sa_last_error();
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    const sa_status status = sa_bsa_backward(&a, &ctx);
+    const cudaError_t end = cudaStreamEndCapture(stream, &graph);
+    ASSERT_EQ(status, SA_OK) << sa_last_error();
+    ASSERT_EQ(end, cudaSuccess) << "capture invalidated: " << cudaGetErrorString(end);
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+
+    // Replay 1: the captured pattern. Replay 2: new index/count/block-length values (same
+    // shapes) and the forward outputs that go with them.
+    for (int replay = 0; replay < 2; ++replay) {
+      SCOPED_TRACE("replay " + std::to_string(replay));
+      if (replay == 1) {
+        std::mt19937_64 rng(77);
+        p.pat = random_bsa_pattern(s, spec_of(true, -1, true, true, false, 3), rng);
+        ASSERT_TRUE(p.forward());
+        ASSERT_TRUE(d.upload(p));
+      }
+      ASSERT_TRUE(d.poison_outputs(stream));
+      ASSERT_EQ(cudaMemsetAsync(workspace.get(), 0xff, bytes, stream), cudaSuccess);
+      ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      GpuBsaBwdGradients g;
+      ASSERT_TRUE(download_bsa_gradients(d, p, &g));
+      expect_bsa_backward_matches_reference(p, g);
+    }
+    EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+    EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+    EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+  }
+}
+
 // ---- DSA cases -------------------------------------------------------------------------------
 inline DsaShape shape_of(int64_t Sq, int64_t Skv, int64_t H, int64_t Dqk, int64_t topk) {
   DsaShape s;
@@ -352,6 +792,228 @@ inline void run_dsa_reference_forward(const DsaHostCase& c, HostTensor& q, HostT
   ASSERT_EQ(used, SA_IMPL_REFERENCE);
   *out_result = std::move(out);
   *lse_result = std::move(lse);
+}
+
+// ---- DSA forward: the GPU cases, one device run, the checks against the fp64 reference -------
+// The portable and sm90 forward suites share these; each passes the implementation it forces.
+struct GpuDsaFwdCase {
+  std::string name;
+  DsaShape shape;
+  DsaMetaSpec spec;
+  sa_dtype dtype = SA_DTYPE_BF16;
+};
+
+// The cases of the suite of `impl` (SA_IMPL_PORTABLE or SA_IMPL_SM90), in that suite's order. The
+// sm90 forward serves H 64 and 128 in bf16 only; the portable one also H 16, 32, 80 and fp16.
+inline std::vector<GpuDsaFwdCase> gpu_dsa_forward_cases(sa_impl impl) {
+  using L = DsaLengths;
+  using S = DsaSink;
+  const sa_dtype kFp16 = SA_DTYPE_FP16;
+  constexpr unsigned kPortable = 1, kSm90 = 2, kBoth = kPortable | kSm90;  // the suites of a case
+  struct Tagged {
+    unsigned suites;
+    GpuDsaFwdCase c;
+  };
+  const Tagged all[] = {
+      {kPortable, {"H16_D576_K64_Plain", shape_of(8, 256, 16, 576, 64),
+                  spec_of(L::kNone, false, false, S::kNone)}},
+      {kSm90, {"H64_D576_K64_Plain", shape_of(8, 256, 64, 576, 64),
+              spec_of(L::kNone, false, false, S::kNone)}},
+      {kPortable, {"H32_D512_K7_Lengths", shape_of(8, 64, 32, 512, 7),
+                  spec_of(L::kMixed, false, false, S::kFinite)}},
+      {kSm90, {"H64_D512_K7_Lengths", shape_of(8, 64, 64, 512, 7),
+              spec_of(L::kMixed, false, false, S::kFinite)}},
+      {kBoth, {"H64_D576_K100_LengthsInvalid", shape_of(8, 400, 64, 576, 100),
+              spec_of(L::kMixed, true, false, S::kFinite)}},
+      {kBoth, {"H128_D576_K2048_Everything", shape_of(5, 5000, 128, 576, 2048),
+              spec_of(L::kMixed, true, true, S::kMixed)}},
+      {kBoth, {"H128_D512_K2048_Plain", shape_of(4, 4096, 128, 512, 2048),
+              spec_of(L::kNone, false, false, S::kNone)}},
+      {kBoth, {"H64_D512_K1_LengthsInvalid", shape_of(8, 50, 64, 512, 1),
+              spec_of(L::kMixed, true, false, S::kNone)}},
+      {kPortable, {"H16_D576_K1_Plain", shape_of(6, 10, 16, 576, 1),
+                  spec_of(L::kNone, false, false, S::kNone)}},
+      {kSm90, {"H128_D576_K1_Plain", shape_of(6, 10, 128, 576, 1),
+              spec_of(L::kNone, false, false, S::kNone)}},
+      {kPortable, {"H32_D576_K100_TopkAboveSkv", shape_of(8, 40, 32, 576, 100),
+                  spec_of(L::kMixed, false, false, S::kFinite)}},
+      {kSm90, {"H64_D576_K100_TopkAboveSkv", shape_of(8, 40, 64, 576, 100),
+              spec_of(L::kMixed, false, false, S::kFinite)}},
+      {kBoth, {"H64_D576_K70_TopkAboveSkvDuplicates", shape_of(8, 30, 64, 576, 70),
+              spec_of(L::kNone, false, true, S::kNone)}},
+      {kBoth, {"H64_D576_K64_Duplicates", shape_of(8, 300, 64, 576, 64),
+              spec_of(L::kNone, false, true, S::kFinite)}},
+      {kBoth, {"H64_D576_K96_SinkPosInf", shape_of(8, 300, 64, 576, 96),
+              spec_of(L::kMixed, true, false, S::kPosInf)}},
+      {kBoth, {"H64_D576_K96_SinkNegInf", shape_of(8, 300, 64, 576, 96),
+              spec_of(L::kMixed, true, false, S::kNegInf)}},
+      {kBoth, {"H64_D576_K96_SinkHuge", shape_of(8, 300, 64, 576, 96),
+              spec_of(L::kMixed, true, false, S::kHuge)}},
+      {kBoth, {"H64_D512_K96_SinkLarge", shape_of(8, 300, 64, 512, 96),
+              spec_of(L::kNone, false, false, S::kLarge)}},
+      {kBoth, {"H128_D576_K160_SinkMixed", shape_of(6, 700, 128, 576, 160),
+              spec_of(L::kMixed, true, true, S::kMixed)}},
+      {kPortable, {"H80_D576_K96_PartialHeadGroup", shape_of(6, 300, 80, 576, 96),
+                  spec_of(L::kMixed, true, false, S::kMixed)}},
+      {kBoth, {"H128_D576_K96_ManyTokens", shape_of(40, 1024, 128, 576, 96),
+              spec_of(L::kMixed, true, false, S::kFinite)}},
+      {kPortable, {"H16_D512_K33_ManyTokens", shape_of(300, 512, 16, 512, 33),
+                  spec_of(L::kMixed, true, false, S::kFinite)}},
+      {kSm90, {"H128_D512_K600_LengthsInvalid", shape_of(4, 1500, 128, 512, 600),
+              spec_of(L::kMixed, true, false, S::kMixed)}},
+      {kPortable, {"H64_D576_K100_Fp16", shape_of(8, 400, 64, 576, 100),
+                  spec_of(L::kMixed, true, true, S::kFinite), kFp16}},
+      {kPortable, {"H128_D512_K600_Fp16", shape_of(4, 1500, 128, 512, 600),
+                  spec_of(L::kMixed, true, false, S::kMixed), kFp16}},
+  };
+  const unsigned suite = impl == SA_IMPL_SM90 ? kSm90 : kPortable;
+  std::vector<GpuDsaFwdCase> cases;
+  for (const Tagged& t : all)
+    if ((t.suites & suite) != 0) cases.push_back(t.c);
+  return cases;
+}
+
+struct DsaFwdOutputs {
+  HostTensor out, lse;
+};
+
+// The device copies of one DSA forward run: the case's inputs, out and lse.
+struct DsaFwdDeviceBuffers {
+  const DeviceBuffer &q, &kv, &idx, &len, &sink, &out, &lse;
+};
+
+// sa_dsa_forward through the public API on `d` with options.impl = `impl`; `expect_used` is the
+// implementation that must have run.
+inline void launch_dsa_forward_public_api(const DsaHostCase& c, const DsaFwdDeviceBuffers& d,
+                                          sa_impl impl, sa_impl expect_used) {
+  const DsaShape& s = c.shape;
+  sa_dsa_fwd_args a{};
+  a.q = view_of(d.q.get(), c.dtype, {s.Sq, s.H, s.Dqk}, SA_DEVICE_CUDA);
+  a.kv = view_of(d.kv.get(), c.dtype, {s.Skv, s.Dqk}, SA_DEVICE_CUDA);
+  a.topk_idx = view_of(d.idx.get(), SA_DTYPE_INT32, {s.Sq, s.topk}, SA_DEVICE_CUDA);
+  a.topk_length = c.has_length ? view_of(d.len.get(), SA_DTYPE_INT32, {s.Sq}, SA_DEVICE_CUDA)
+                               : sa_tensor_none();
+  a.sink =
+      c.has_sink ? view_of(d.sink.get(), SA_DTYPE_FP32, {s.H}, SA_DEVICE_CUDA) : sa_tensor_none();
+  a.out = view_of(d.out.get(), c.dtype, {s.Sq, s.H, s.Dv}, SA_DEVICE_CUDA);
+  a.lse = view_of(d.lse.get(), SA_DTYPE_FP32, {s.Sq, s.H}, SA_DEVICE_CUDA);
+  a.options = sa_dsa_options_default();
+  a.options.scale = c.scale;
+  a.options.d_v = static_cast<int32_t>(s.Dv);
+  a.options.impl = impl;
+  sa_context ctx = sa_context_default();
+  sa_impl used = SA_IMPL_AUTO;
+  ctx.impl_used = &used;
+  ASSERT_EQ(sa_dsa_forward(&a, &ctx), SA_OK) << sa_last_error();
+  ASSERT_EQ(used, expect_used);
+}
+
+// A kernel on device copies of the case's inputs, out and lse starting as NaN: `launch`, called
+// with the buffers, runs it (a fatal failure inside stops the run); then out and lse come back.
+template <class Launch>
+void run_dsa_forward_on_device(const DsaHostCase& c, Launch&& launch, DsaFwdOutputs* result) {
+  const DsaShape& s = c.shape;
+  HostTensor out(c.dtype, {s.Sq, s.H, s.Dv}), lse(SA_DTYPE_FP32, {s.Sq, s.H});
+  out.poison();
+  lse.poison();
+  DeviceBuffer q(c.q), kv(c.kv), idx(c.topk_idx), len(c.topk_length), sink(c.sink), d_out(out),
+      d_lse(lse);
+  for (const DeviceBuffer* b : {&q, &kv, &idx, &len, &sink, &d_out, &d_lse})
+    ASSERT_TRUE(b->ok()) << "device allocation or copy failed";
+  const DsaFwdDeviceBuffers d{q, kv, idx, len, sink, d_out, d_lse};
+  ASSERT_NO_FATAL_FAILURE(launch(d));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+  ASSERT_TRUE(d_out.download(out));
+  ASSERT_TRUE(d_lse.download(lse));
+  result->out = std::move(out);
+  result->lse = std::move(lse);
+}
+
+// The public API on device copies of the case's inputs (out and lse start as NaN); `impl` is the
+// implementation forced, `expect_used` the one that must have run.
+inline void run_dsa_forward_public_api(const DsaHostCase& c, sa_impl impl, sa_impl expect_used,
+                                       DsaFwdOutputs* result) {
+  run_dsa_forward_on_device(
+      c,
+      [&](const DsaFwdDeviceBuffers& d) { launch_dsa_forward_public_api(c, d, impl, expect_used); },
+      result);
+}
+
+// The fp64 reference through the public API on fp64 copies of the case's (16-bit) host values.
+inline void run_dsa_forward_fp64_reference(const DsaHostCase& c, DsaFwdOutputs* result) {
+  HostTensor q = to_fp64(c.q), kv = to_fp64(c.kv);
+  run_dsa_reference_forward(c, q, kv, SA_DTYPE_FP64, &result->out, &result->lse);
+}
+
+// Pass: no NaN anywhere; rel L2 of out < 1e-2 (recorded as property rel_l2[_what]); lse within
+// 1e-4 and +inf at the same positions; exactly 0 in rows that are empty or whose head has a sink
+// of +inf (or above 1e38). `what` (null: none) prefixes the messages.
+inline void expect_dsa_forward_matches(const DsaHostCase& c, const DsaFwdOutputs& got,
+                                       const DsaFwdOutputs& want, const char* what) {
+  const std::string prefix = what != nullptr ? std::string(what) + ": " : std::string();
+  const DsaShape& s = c.shape;
+  const std::vector<double> out = got.out.to_double(), lse = got.lse.to_double();
+  const std::vector<double> ref_out = want.out.to_double(), ref_lse = want.lse.to_double();
+  ASSERT_FALSE(any_nan(ref_out)) << "reference out holds NaN";
+  EXPECT_FALSE(any_nan(out)) << prefix << "NaN in out";
+  EXPECT_FALSE(any_nan(lse)) << prefix << "NaN in lse";
+
+  double ref_norm = 0.0;
+  for (double v : ref_out) ref_norm += v * v;
+  if (ref_norm > 0.0) {
+    const double err = rel_l2(out, ref_out);
+    EXPECT_LT(err, 1e-2) << prefix << "rel L2 of out";
+    ::testing::Test::RecordProperty(
+        what != nullptr ? std::string("rel_l2_") + what : std::string("rel_l2"),
+        std::to_string(err));
+  }
+  EXPECT_TRUE(all_close(lse, ref_lse, 1e-4, 0.0)) << prefix << "lse";
+
+  // Rows that must be exactly zero: empty rows, heads whose sink takes the whole softmax.
+  const double inf = std::numeric_limits<double>::infinity();
+  for (int64_t t = 0; t < s.Sq; ++t) {
+    for (int64_t h = 0; h < s.H; ++h) {
+      const double sink = c.sink_at(h);
+      if (!(c.row_empty(t) || sink == inf || sink > 1e38)) continue;
+      for (int64_t d = 0; d < s.Dv; ++d) {
+        const double v = out[static_cast<size_t>((t * s.H + h) * s.Dv + d)];
+        ASSERT_EQ(v, 0.0) << prefix << "out[" << t << ", " << h << ", " << d
+                          << "] must be 0 (empty row or infinite sink)";
+      }
+    }
+  }
+}
+
+// Forces `impl` on a small DSA forward (S_q 2, S_kv 4, topk 2, no lengths or sinks) with H, D_qk,
+// d_v and dtype as given, on uninitialised device tensors: it must be refused
+// (SA_ERROR_UNSUPPORTED) with `reason` in the message.
+inline void expect_dsa_forward_refused(sa_impl impl, int64_t H, int64_t Dqk, int64_t Dv,
+                                       sa_dtype dtype, const char* reason) {
+  const int64_t Sq = 2, Skv = 4, topk = 2;
+  const int64_t esize = dtype == SA_DTYPE_FP32 ? 4 : 2;
+  void *q = nullptr, *kv = nullptr, *idx = nullptr, *out = nullptr, *lse = nullptr;
+  ASSERT_EQ(cudaMalloc(&q, Sq * H * Dqk * esize), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&kv, Skv * Dqk * esize), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&idx, Sq * topk * 4), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&out, Sq * H * Dv * esize), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&lse, Sq * H * 4), cudaSuccess);
+  sa_dsa_fwd_args a{};
+  a.q = view_of(q, dtype, {Sq, H, Dqk}, SA_DEVICE_CUDA);
+  a.kv = view_of(kv, dtype, {Skv, Dqk}, SA_DEVICE_CUDA);
+  a.topk_idx = view_of(idx, SA_DTYPE_INT32, {Sq, topk}, SA_DEVICE_CUDA);
+  a.topk_length = sa_tensor_none();
+  a.sink = sa_tensor_none();
+  a.out = view_of(out, dtype, {Sq, H, Dv}, SA_DEVICE_CUDA);
+  a.lse = view_of(lse, SA_DTYPE_FP32, {Sq, H}, SA_DEVICE_CUDA);
+  a.options = sa_dsa_options_default();
+  a.options.d_v = static_cast<int32_t>(Dv);
+  a.options.impl = impl;
+  const sa_status st = sa_dsa_forward(&a, nullptr);
+  const std::string message = sa_last_error();
+  EXPECT_EQ(st, SA_ERROR_UNSUPPORTED) << message;
+  EXPECT_NE(message.find(reason), std::string::npos)
+      << "expected \"" << reason << "\" in: " << message;
+  for (void* ptr : {q, kv, idx, out, lse}) (void)cudaFree(ptr);
 }
 
 }  // namespace sa_test
