@@ -1,8 +1,8 @@
 // The Hopper BSA backward (src/sm90/bsa_backward.cu) against the fp64 reference (SPEC 1).
 //
 // Same method as test_gpu_bsa_backward.cpp (the portable backward), with options.impl forced to
-// SA_IMPL_SM90 (the automatic choice never picks the sm90 backward until it has been validated on
-// hardware: GpuSm90BsaBackwardGating checks that). Random inputs and sparsity pattern on the host
+// SA_IMPL_SM90 (GpuSm90BsaBackwardDispatch checks that AUTO picks it on an sm_90 device). Random
+// inputs and sparsity pattern on the host
 // (bsa_problem_builder.hpp), o and lse from the CPU reference forward, device tensors with padded
 // rows and a NaN guard region that must come back untouched, dq/dk/dv poisoned with NaN, the
 // oracle the reference backward on fp64 copies. Cases: block 64 and 128, D 64 and 128, MHA, GQA,
@@ -66,9 +66,8 @@ TEST(GpuSm90BsaBackwardGraph, ReplayFollowsNewMetadataValues) {
   expect_bsa_backward_graph_replay_follows_new_metadata(SA_IMPL_SM90);
 }
 
-// Until validated on hardware the automatic choice never picks the sm90 backward: AUTO runs the
-// portable one (on any GPU), and the sm90 entry's reason says how to force it.
-TEST(GpuSm90BsaBackwardGating, AutoRunsPortable) {
+// The automatic choice: the sm90 backward on an sm_90 device, the portable one on any other GPU.
+TEST(GpuSm90BsaBackwardDispatch, AutoPicksSm90OnHopper) {
   SA_SKIP_WITHOUT_GPU();
   GpuBsaBwdProblem p(make_case("GatingAuto", shape_of(1, 2, 1, 200, 256, 64, 64, 2),
                                spec_of(true, -1, false, true), 0),
@@ -89,7 +88,8 @@ TEST(GpuSm90BsaBackwardGating, AutoRunsPortable) {
   ctx.impl_used = &used;
   ASSERT_EQ(sa_bsa_backward(&a, &ctx), SA_OK) << sa_last_error();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_EQ(used, SA_IMPL_PORTABLE) << "ran " << sa_impl_name(used);
+  const sa_impl want = device_is_sm90() ? SA_IMPL_SM90 : SA_IMPL_PORTABLE;
+  EXPECT_EQ(used, want) << "ran " << sa_impl_name(used);
 }
 
 // Deterministic mode is not served by the sm90 backward: forcing it is refused with the reason.

@@ -51,14 +51,14 @@ INSTANTIATE_TEST_SUITE_P(Cases, Sm90DsaForward,
                            return info.param.name;
                          });
 
-// Until it has run on hardware, AUTO does not pick the sm90 forward.
-TEST(Sm90DsaForwardDispatch, AutoKeepsThePortableForward) {
+// On an sm_90 device AUTO picks the sm90 forward for the shapes it serves.
+TEST(Sm90DsaForwardDispatch, AutoPicksSm90) {
   SA_SKIP_UNLESS_SM90();
   DsaHostCase c = make_dsa_host_case(shape_of(4, 300, 64, 576, 96),
                                      spec_of(DsaLengths::kMixed, true, false, DsaSink::kFinite),
                                      SA_DTYPE_BF16, seed_of(0x5390d5a, "auto"));
   DsaFwdOutputs got;
-  ASSERT_NO_FATAL_FAILURE(run_dsa_forward_public_api(c, SA_IMPL_AUTO, SA_IMPL_PORTABLE, &got));
+  ASSERT_NO_FATAL_FAILURE(run_dsa_forward_public_api(c, SA_IMPL_AUTO, SA_IMPL_SM90, &got));
 }
 
 // Shapes the sm90 forward does not serve are refused by name when it is forced.

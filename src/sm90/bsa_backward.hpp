@@ -1,8 +1,6 @@
 // Hopper (sm_90a) block-sparse attention backward (SPEC 1, "Backward"): the portable backward's
 // steps (preprocess, GPU reverse map, conversions: src/portable/bsa_backward.hpp) around a main
 // kernel with TMA loads, wgmma and a producer warp (bsa_backward_kernel.cuh has the design).
-// NOT YET RUN ON HARDWARE: src/sm90/sm90_impl.cpp serves it only when the caller forces
-// options.impl = SA_IMPL_SM90.
 #pragma once
 
 #include <cuda_runtime_api.h>

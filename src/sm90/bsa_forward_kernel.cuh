@@ -27,8 +27,9 @@
 //
 // Pipeline objects (shared memory):
 //   q_full            mbarrier, TMA -> consumers: Q landed (one phase per tile that has blocks)
-//   k_full/v_full[s]  mbarriers, TMA -> consumers: stage s holds the block's K / V; s_valid[s] is
-//                     its number of valid keys (written by the producer before the arrive)
+//   k_full/v_full[s]  mbarriers, TMA -> consumers: stage s holds the block's K / V (producer and
+//                     consumers each read the block's number of valid keys from the metadata:
+//                     no shared word handed over through the mbarrier)
 //   k_empty/v_empty[s] mbarriers, one arrive per consumer warp -> producer: stage s is free
 //   v_pad             mbarrier, TMA -> producer: V of a block whose padded keys lie inside the
 //                     tensor landed; the producer zeroes those rows, then arrives on v_full[s]
@@ -168,7 +169,6 @@ struct alignas(1024) SharedStorage {
   uint64_t v_full[T::kStages];
   uint64_t v_empty[T::kStages];
   uint64_t v_pad;
-  int32_t valid[T::kStages];  // valid keys of the block in each stage
 };
 
 struct TileCoord {
@@ -181,6 +181,23 @@ __device__ __forceinline__ TileCoord tile_coord(const BsaFwdSm90Params& p, int t
   c.h = bh % p.Hq;
   c.b = bh / p.Hq;
   return c;
+}
+
+// KV block of slot j of a tile and its valid keys: block_len (when given) clipped to the keys inside
+// the tensor, S_kv - first key.
+struct BlockKeys {
+  int blk, valid, in_tensor;
+};
+template <int kBlock>
+__device__ __forceinline__ BlockKeys block_keys(const BsaFwdSm90Params& p, const TileCoord& tc,
+                                                int j) {
+  BlockKeys k;
+  k.blk = p.meta.q2k_index.at(tc.b, tc.h, tc.m, j);
+  k.in_tensor = min(kBlock, p.Skv - k.blk * kBlock);
+  k.valid = k.in_tensor;
+  if (p.meta.kv_block_len.data != nullptr)
+    k.valid = min(static_cast<int>(p.meta.kv_block_len.at(tc.b, k.blk)), k.in_tensor);
+  return k;
 }
 
 // ---- producer (warp 0) --------------------------------------------------------------------------
@@ -199,7 +216,6 @@ __device__ __forceinline__ void producer_load_k(const BsaFwdSm90Params& p, Share
   constexpr int kPanelElems = T::kBlock * 64;
   mbarrier_wait(&s.k_empty[slot.stage], slot.phase ^ 1);
   if (lane == 0) {
-    s.valid[slot.stage] = slot.info & (kPadFlag - 1);  // published by the arrive below (release)
     mbarrier_arrive_expect_tx(&s.k_full[slot.stage], T::kTileBytes);
 #pragma unroll
     for (int pnl = 0; pnl < T::kPanels; ++pnl)
@@ -285,12 +301,9 @@ __device__ __forceinline__ void producer_main(const BsaFwdSm90Params& p, SharedS
       // Lane i reads slot first + i: its KV block and valid keys.
       int blk = 0, info = 0;
       if (first + lane < count) {
-        blk = p.meta.q2k_index.at(tc.b, tc.h, tc.m, first + lane);
-        const int in_tensor = min(kBlock, p.Skv - blk * kBlock);
-        int len = in_tensor;
-        if (p.meta.kv_block_len.data != nullptr)
-          len = min(static_cast<int>(p.meta.kv_block_len.at(tc.b, blk)), in_tensor);
-        info = len | (len < in_tensor ? kPadFlag : 0);
+        const BlockKeys bk = block_keys<kBlock>(p, tc, first + lane);
+        blk = bk.blk;
+        info = bk.valid | (bk.valid < bk.in_tensor ? kPadFlag : 0);
       }
       const int n = min(32, count - first);
 #pragma unroll 1
@@ -519,8 +532,8 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
     // [C1] First block: S = Q K^T, softmax, P.
     mbarrier_wait(&s.q_full, q_phase);
     q_phase ^= 1;
+    int valid = block_keys<kBlock>(p, tc, 0).valid;  // used after the S GEMM: latency hidden
     mbarrier_wait(&s.k_full[stage], phase);
-    int valid = s.valid[stage];
     gemm_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tSrS);
@@ -541,8 +554,8 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
     // S_j runs while the P V GEMM does.
 #pragma unroll 1
     for (int j = 1; j < count; ++j) {
+      valid = block_keys<kBlock>(p, tc, j).valid;
       mbarrier_wait(&s.k_full[stage], phase);
-      valid = s.valid[stage];
       if constexpr (kPingPong) named_barrier_sync(id(my_schedule), 256);
       gemm_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS);
       mbarrier_wait(&s.v_full[v_stage], v_phase);

@@ -1,6 +1,6 @@
 // Hopper (sm_90a) DSA forward, top-k sparse MLA prefill (SPEC 2): a producer warpgroup gathers
 // the selected kv rows with cp.async, two consumer warpgroups run wgmma on them
-// (dsa_forward_kernel.cuh has the design and its timeline). NOT YET VALIDATED ON HARDWARE.
+// (dsa_forward_kernel.cuh has the design and its timeline).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -3,9 +3,6 @@
 // warpgroups sharing S through shared memory (FlashMLA-style split of O's 512 columns).
 // Device code only; dsa_forward.cu checks the problem and instantiates it.
 //
-// NOT YET VALIDATED ON HARDWARE: written and compiled without a GPU; sm90_impl.cpp serves it only
-// when the caller forces SA_IMPL_SM90.
-//
 // Work split. One CTA per (query token t, group of 64 heads): H = 128 runs two CTAs per token
 // (one CTA of 128 heads would need 64 x 512 fp32 O accumulators per 64 heads twice over: 4
 // consumer warpgroups of 128 registers of O each, more than the register file). The token's

@@ -1,6 +1,6 @@
 // The Hopper (sm_90a) fast path as the dispatcher sees it. Operations whose kernels are not
-// written yet have no entry, so the dispatcher reports "not implemented". The BSA backward is
-// served only when the caller forces options.impl = SA_IMPL_SM90 until it has run on hardware.
+// written yet have no entry, so the dispatcher reports "not implemented" and falls back to the
+// portable path.
 // Compiled only with the Hopper objects (SA_HAVE_SM90): this file calls into src/sm90/*.cu.
 #if SA_HAVE_SM90
 #include <cuda_runtime_api.h>
@@ -49,17 +49,11 @@ void bsa_fwd_run(const BsaFwdProblem& p, const ExecContext& ctx) {
 }
 
 // ---- BSA backward ------------------------------------------------------------------------------
-// Not yet run on hardware: AUTO never picks it (the dispatcher then falls back to the portable
-// backward); a caller that forces SA_IMPL_SM90 gets it.
 std::string bsa_bwd_unsupported(const BsaBwdProblem& p) {
   if (p.device != SA_DEVICE_CUDA) return "needs CUDA tensors";
-  std::string why = check_sm90_device(p.device_index);
+  const std::string why = check_sm90_device(p.device_index);
   if (!why.empty()) return why;
-  why = sm90::bsa_backward_unsupported(p);
-  if (!why.empty()) return why;
-  if (p.options.impl != SA_IMPL_SM90)
-    return "not yet validated on hardware (set options.impl = SA_IMPL_SM90 to use it)";
-  return "";
+  return sm90::bsa_backward_unsupported(p);
 }
 
 size_t bsa_bwd_workspace_bytes(const BsaBwdProblem& p) {
@@ -75,17 +69,11 @@ void bsa_bwd_run(const BsaBwdProblem& p, const ExecContext& ctx) {
 }
 
 // ---- DSA forward ------------------------------------------------------------------------------
-// Not yet run on hardware: AUTO never picks it (the dispatcher then falls back to the portable
-// forward); a caller that forces SA_IMPL_SM90 gets it.
 std::string dsa_fwd_unsupported(const DsaFwdProblem& p) {
   if (p.device != SA_DEVICE_CUDA) return "needs CUDA tensors";
-  std::string why = check_sm90_device(p.device_index);
+  const std::string why = check_sm90_device(p.device_index);
   if (!why.empty()) return why;
-  why = sm90::dsa_forward_unsupported(p);
-  if (!why.empty()) return why;
-  if (p.options.impl != SA_IMPL_SM90)
-    return "not yet validated on hardware (set options.impl = SA_IMPL_SM90 to use it)";
-  return "";
+  return sm90::dsa_forward_unsupported(p);
 }
 
 void dsa_fwd_run(const DsaFwdProblem& p, const ExecContext& ctx) {
