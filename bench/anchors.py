@@ -8,6 +8,8 @@ per useful FLOP) and, for DSA, a PyTorch gather-and-softmax implementation chunk
 
 Method (BENCHMARKING.md): CUDA events; 10 warm-up calls; rounds of 20 calls; ours and the anchor
 alternate round by round, 5 rounds each, then a second pass in reverse order; the median round.
+"Ours" is each implementation of --impls (default: the dispatcher's choice and the portable path
+forced, timed once when they coincide), all in the same pairing as the anchor.
 Before timing, our outputs are poisoned with NaN by running into fresh tensors and checked for
 NaN, and compared with the anchor's outputs (rel L2) — the fp64 reference comparison is done by
 the C++ suite and `sparse-attention bench`.
@@ -40,6 +42,9 @@ def parse():
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--budget-s", type=float, default=1e9,
                     help="start no new shape after this many seconds")
+    ap.add_argument("--impls", default="auto,portable",
+                    help="our implementations to time beside each anchor (auto, portable, sm90); "
+                         "one that resolves to an implementation already listed is timed once")
     return ap.parse_args()
 
 
@@ -132,6 +137,43 @@ def impl_name():
     return getattr(_abi, "LAST_IMPL_NAME", None) or "auto"
 
 
+_FORCE = "SPARSE_ATTENTION_FORCE_IMPL"
+
+
+def ours_variants(fn):
+    """[(implementation name, callable)] for --impls: `fn` with the package's implementation
+    pinned (auto: the dispatcher's choice), each implementation once, in --impls order."""
+    out, seen = [], set()
+    for impl in ARGS.impls.split(","):
+        def call(impl=impl):
+            if impl == "auto":
+                os.environ.pop(_FORCE, None)
+            else:
+                os.environ[_FORCE] = impl
+            try:
+                return fn()
+            finally:
+                os.environ.pop(_FORCE, None)
+        try:
+            call()
+            torch.cuda.synchronize()
+        except (RuntimeError, ValueError, NotImplementedError) as e:
+            print(f"  impl {impl} unavailable: {str(e)[:160]}")
+            continue
+        name = impl_name()
+        if name not in seen:
+            seen.add(name)
+            out.append((name, call))
+    return out
+
+
+def paired_record(op, shape, flops, ours, anchor, anchor_fn, errs):
+    """Our implementations and one anchor in one pairing (alternating rounds); one record each."""
+    meds, spreads = paired([f for _, f in ours] + [anchor_fn])
+    for (impl, _), ms, sp, err in zip(ours, meds, spreads, errs):
+        record(op, shape, ms, flops, anchor, meds[-1], err, impl, sp)
+
+
 # ---- BSA ----------------------------------------------------------------------------------------
 def bsa_inputs(B, H, S, D, block, density, seed):
     g = torch.Generator(device=DEV).manual_seed(seed)
@@ -200,12 +242,12 @@ def bench_bsa(B, H, S, D, block, density, ops, seed=0):
     anchors["cudnn_dense"] = dense
 
     if "bsa_fwd" in ops:
+        ours = ours_variants(ours_fwd)
         for name, fn in anchors.items():
             # Dense attention computes another function: no output comparison against it.
-            err = rel_l2(o, fn()) if name == "flex" else None
-            (ours_ms, anchor_ms), (sp, _) = paired([ours_fwd, fn])
-            record("bsa_fwd", shape, ours_ms, flops, name, anchor_ms,
-                   err, impl_name(), sp)
+            ref = fn() if name == "flex" else None
+            errs = [None if ref is None else rel_l2(f()[0], ref) for _, f in ours]
+            paired_record("bsa_fwd", shape, flops, ours, name, fn, errs)
     if "bsa_bwd" in ops:
         try:
             dq, dk, dv = ours_bwd()
@@ -228,9 +270,13 @@ def bench_bsa(B, H, S, D, block, density, ops, seed=0):
             except Exception as e:  # noqa: BLE001
                 print(f"  {name} backward unavailable: {type(e).__name__}: {str(e)[:200]}")
                 continue
-            err = max(rel_l2(dq, adq), rel_l2(dk, adk), rel_l2(dv, adv)) if name == "flex" else None
-            (ours_ms, anchor_ms), (sp, _) = paired([ours_bwd, anchor_bwd])
-            record("bsa_bwd", shape, ours_ms, 2.5 * flops, name, anchor_ms, err, impl_name(), sp)
+            ours = ours_variants(ours_bwd)
+            errs = []
+            for _, f in ours:
+                g = f()
+                errs.append(max(rel_l2(g[0], adq), rel_l2(g[1], adk), rel_l2(g[2], adv))
+                            if name == "flex" else None)
+            paired_record("bsa_bwd", shape, 2.5 * flops, ours, name, anchor_bwd, errs)
 
 
 # ---- DSA ----------------------------------------------------------------------------------------
@@ -274,10 +320,11 @@ def bench_dsa(S, H, Dqk, topk, ops, seed=0):
     assert not torch.isnan(out).any(), "NaN in our forward"
     anchor_fwd = lambda: gather_dsa(q, kv, idx, sink, scale, Dv)  # noqa: E731
     if "dsa_fwd" in ops:
-        err = rel_l2(out, anchor_fwd())
-        (ours_ms, anchor_ms), (sp, _) = paired([ours_fwd, anchor_fwd])
-        record("dsa_fwd", shape, ours_ms, 2.0 * pairs * (Dqk + Dv), "torch_gather", anchor_ms,
-               err, impl_name(), sp)
+        ref = anchor_fwd()
+        ours = ours_variants(ours_fwd)
+        errs = [rel_l2(f()[0], ref) for _, f in ours]
+        paired_record("dsa_fwd", shape, 2.0 * pairs * (Dqk + Dv), ours, "torch_gather",
+                      anchor_fwd, errs)
     if "dsa_bwd" in ops:
         def ours_bwd():
             return OPS.dsa_bwd(do, q, kv, out, lse, idx, None, sink, Dv, scale, False)
@@ -293,10 +340,13 @@ def bench_dsa(S, H, Dqk, topk, ops, seed=0):
         def anchor_bwd():
             return torch.autograd.grad(ref, (qq, kk, ss), do, retain_graph=True)
         adq, adkv, adsink = anchor_bwd()
-        err = max(rel_l2(dq, adq), rel_l2(dkv, adkv), rel_l2(dsink, adsink))
-        (ours_ms, anchor_ms), (sp, _) = paired([ours_bwd, anchor_bwd])
-        record("dsa_bwd", shape, ours_ms, 2.0 * pairs * (3 * Dqk + 2 * Dv), "torch_gather",
-               anchor_ms, err, impl_name(), sp)
+        ours = ours_variants(ours_bwd)
+        errs = []
+        for _, f in ours:
+            g = f()
+            errs.append(max(rel_l2(g[0], adq), rel_l2(g[1], adkv), rel_l2(g[2], adsink)))
+        paired_record("dsa_bwd", shape, 2.0 * pairs * (3 * Dqk + 2 * Dv), ours, "torch_gather",
+                      anchor_bwd, errs)
 
 
 def main():

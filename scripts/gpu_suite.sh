@@ -8,9 +8,9 @@
 # Logs and results go to $OUT (the device tool's output folder; /tmp/sa_gpu_out elsewhere).
 # Environment:
 #   SAN_FILTER      gtest filter for compute-sanitizer (default: one small case per GPU kernel)
-#   BENCH_FULL=1    every headline shape in `sparse-attention bench` (default: the paired A/B
-#                   of each optimisation at the headline shape)
-#   ANCHORS_ARGS    extra arguments of bench/anchors.py (default: --budget-s 50)
+#   BENCH_FULL=1    also block 64, density 12.5%, S 32768 and the other DSA shapes (default: the
+#                   paired A/Bs at the headline shapes)
+#   ANCHORS_ARGS    extra arguments of bench/anchors.py (default: --budget-s 60)
 #   PY_TESTS        pytest targets (default: python/tests/test_cuda.py)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,6 +43,11 @@ if has sanitize; then
   DEFAULT_SAN+="Cases/DsaForwardGpu.MatchesReference/H64_D576_K100_LengthsInvalid:"
   DEFAULT_SAN+="Cases/DsaBackwardGpu.MatchesReference/H64_D576_K100_LengthsInvalid:"
   DEFAULT_SAN+="Cases/Sm90BsaForward.MatchesReference/Block64D64MqaPartialLenPerBatch:"
+  DEFAULT_SAN+="Cases/GpuSm90BsaBackward.MatchesReference/Block128D128MhaBhsdSingleOwner:"
+  DEFAULT_SAN+="Cases/GpuSm90BsaBackward.MatchesReference/Block128D64MqaFixedCountPartialBucket2:"
+  DEFAULT_SAN+="Cases/GpuSm90BsaBackward.MatchesReference/Block64D128GqaBshdPartialEmptyRowsSingleOwner:"
+  DEFAULT_SAN+="Cases/GpuSm90BsaBackward.MatchesReference/Block64D64LongReverseRowsSingleOwner:"
+  DEFAULT_SAN+="Cases/Sm90DsaForward.MatchesReference/H64_D576_K100_LengthsInvalid:"
   DEFAULT_SAN+="GpuReverseMapGraph.*"
   SAN_FILTER="${SAN_FILTER:-$DEFAULT_SAN}"
   : > "$OUT/sanitizer.log"
@@ -80,20 +85,29 @@ if has bench; then
             >> "$OUT/bench.log" 2>&1 || rc=$?; verdict "bench $*" $rc; }
   BSA=(--batch 1 --heads 32 --kv-heads 32 --seq 8192 --dim 128)
   DSA=(--dsa-seq 4096 --topk 2048 --topk-length off --sink on)
+  PS="impl=portable/impl=sm90"
+  # The portable path against the Hopper path, and one owner against forced several owners, at
+  # the headline shapes (BENCHMARKING.md).
+  run --op bsa_fwd "${BSA[@]}" --block 128 --density 0.5 --variants "$PS"
+  run --op bsa_bwd "${BSA[@]}" --block 128 --density 0.5 --variants "$PS"
+  run --op bsa_bwd "${BSA[@]}" --block 128 --density 0.5 \
+    --variants "impl=sm90,bucket=0/impl=sm90,bucket=1"
+  run --op dsa_fwd "${DSA[@]}" --dsa-heads 128 --dsa-dqk 576 --rounds 3 --calls 10 --variants "$PS"
+  run --op dsa_bwd "${DSA[@]}" --dsa-heads 128 --dsa-dqk 576 --rounds 2 --calls 5 \
+    --variants "deterministic=0/deterministic=1"
   if [ "${BENCH_FULL:-0}" = 1 ]; then
-    for op in bsa_fwd bsa_bwd; do for block in 128 64; do for density in 0.5 0.25 0.125; do
-      run --op "$op" "${BSA[@]}" --block "$block" --density "$density"
-    done; done; done
+    # The other rows of the Hopper targets: block 64, density 12.5%, S 32768, and DSA shapes.
+    for op in bsa_fwd bsa_bwd; do
+      run --op "$op" "${BSA[@]}" --block 64 --density 0.5 --variants "$PS"
+      run --op "$op" "${BSA[@]}" --block 128 --density 0.125 --variants "$PS"
+    done
+    for op in bsa_fwd bsa_bwd; do
+      run --op "$op" --batch 1 --heads 32 --kv-heads 32 --seq 32768 --dim 128 --block 128 \
+        --density 0.5 --variants impl=sm90 --rounds 3 --calls 5
+    done
     for op in dsa_fwd dsa_bwd; do for h in 128 64; do for dqk in 576 512; do
-      run --op "$op" "${DSA[@]}" --dsa-heads "$h" --dsa-dqk "$dqk"
+      run --op "$op" "${DSA[@]}" --dsa-heads "$h" --dsa-dqk "$dqk" --rounds 2 --calls 5
     done; done; done
-  else
-    # One paired A/B per optimisation at the headline shape.
-    run --op bsa_fwd "${BSA[@]}" --block 128 --density 0.5 --variants "impl=portable/impl=sm90"
-    run --op bsa_bwd "${BSA[@]}" --block 128 --density 0.5 --variants "bucket=0/bucket=1"
-    run --op dsa_fwd "${DSA[@]}" --dsa-heads 128 --dsa-dqk 576 --rounds 3 --calls 10
-    run --op dsa_bwd "${DSA[@]}" --dsa-heads 128 --dsa-dqk 576 --rounds 2 --calls 5 \
-      --variants "deterministic=0/deterministic=1"
   fi
   grep -E "^\[|^  [a-z]" "$OUT/bench.log" | tail -40
 fi
@@ -101,7 +115,7 @@ fi
 if has anchors && [ -f bench/anchors.py ]; then
   note "anchors (python, same process as our library)"
   PYTHONUNBUFFERED=1 timeout 400 python3 bench/anchors.py --lib "$BIN/libsparse_attention.so" \
-    ${ANCHORS_ARGS:---budget-s 50} --out "$OUT" > "$OUT/anchors.log" 2>&1; verdict anchors $?
+    ${ANCHORS_ARGS:---budget-s 60} --out "$OUT" > "$OUT/anchors.log" 2>&1; verdict anchors $?
   grep -E "^\[|^  (bsa|dsa)|wrote|budget" "$OUT/anchors.log" | tail -40
 fi
 note "done, status $status"

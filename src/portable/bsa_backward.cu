@@ -238,7 +238,7 @@ void bsa_backward(const BsaBwdProblem& p, void* workspace, size_t workspace_byte
   if (!plan.dq_accumulator)
     dispatch_dq(params, stream);
   else
-    launch_bwd_convert_dq(p, plan.Sq_pad, dq_accum, stream);
+    launch_bwd_convert_dq(p, plan.Sq_pad, dq_accum, /*tiled=*/false, stream);
 
   // 5. dk, dv of the rows with several groups.
   if (plan.several_owners)

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "common/cuda_check.hpp"
+#include "common/dq_tile_layout.hpp"
 
 namespace sa::portable {
 namespace {
@@ -108,6 +109,7 @@ struct ConvertDqArgs {
   int32_t Hq, Sq, Sq_pad, D;
   float scale;
   bool bf16;
+  bool tiled;  // acc in the fragment-tile order of common/dq_tile_layout.hpp
 };
 
 __global__ void __launch_bounds__(kThreads) bwd_convert_dq_kernel(const ConvertDqArgs a) {
@@ -120,8 +122,9 @@ __global__ void __launch_bounds__(kThreads) bwd_convert_dq_kernel(const ConvertD
   const int64_t bh = row / a.Sq;
   const int h = static_cast<int>(bh % a.Hq);
   const int64_t b = bh / a.Hq;
-  const float4* src =
-      reinterpret_cast<const float4*>(a.acc + ((bh * a.Sq_pad + s) * a.D + 8 * c));
+  const int64_t at = a.tiled ? dq_tiled_index(bh, a.Sq_pad, s, a.D, 8 * c)
+                            : (bh * a.Sq_pad + s) * a.D + 8 * c;
+  const float4* src = reinterpret_cast<const float4*>(a.acc + at);
   void* dst = static_cast<uint8_t*>(a.dq.data) + 2 * a.dq.offset(b, h, s, 8 * c);
   store8(dst, a.bf16, src[0], src[1], a.scale);
 }
@@ -188,7 +191,7 @@ void launch_bwd_preprocess(const BsaBwdProblem& p, int64_t Sq_pad, float* lse2, 
 }
 
 void launch_bwd_convert_dq(const BsaBwdProblem& p, int64_t Sq_pad, const float* dq_accum,
-                           cudaStream_t stream) {
+                           bool tiled, cudaStream_t stream) {
   ConvertDqArgs a{};
   a.dq = p.dq;
   a.acc = dq_accum;
@@ -199,6 +202,7 @@ void launch_bwd_convert_dq(const BsaBwdProblem& p, int64_t Sq_pad, const float* 
   a.D = static_cast<int32_t>(p.dims.D);
   a.scale = p.scale;
   a.bf16 = p.dtype == SA_DTYPE_BF16;
+  a.tiled = tiled;
   bwd_convert_dq_kernel<<<blocks_for(a.chunks), kThreads, 0, stream>>>(a);
   SA_CUDA_CHECK_LAUNCH();
 }

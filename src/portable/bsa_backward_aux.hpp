@@ -18,9 +18,10 @@ namespace sa::portable {
 void launch_bwd_preprocess(const BsaBwdProblem& p, int64_t Sq_pad, float* lse2, float* delta,
                            cudaStream_t stream);
 
-// dq[b, h, s, :] = scale * dq_accum[b, h, s, :] for s < S_q (dq_accum is [B, H_q, Sq_pad, D]).
+// dq[b, h, s, :] = scale * dq_accum[b, h, s, :] for s < S_q (dq_accum is [B, H_q, Sq_pad, D],
+// row-major, or with `tiled` each 64-row tile in the order of common/dq_tile_layout.hpp).
 void launch_bwd_convert_dq(const BsaBwdProblem& p, int64_t Sq_pad, const float* dq_accum,
-                           cudaStream_t stream);
+                           bool tiled, cudaStream_t stream);
 
 // For every reverse row r = (b, hk, n) with row_groups[r] > 1 (read on the device): the keys
 // j < S_kv of block n get dk = scale * dk_accum, dv = dv_accum ([B, H_kv, Skv_pad, D]). Rows with

@@ -190,8 +190,8 @@ void bsa_backward(const BsaBwdProblem& p, void* workspace, size_t workspace_byte
   params.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
   if (map.max_items > 0) dispatch_main(params, d.block, d.D, map.max_items, stream);
 
-  // 4. dq = scale * dQ accumulator.
-  portable::launch_bwd_convert_dq(p, plan.Sq_pad, dq_accum, stream);
+  // 4. dq = scale * dQ accumulator (block 128: in the fragment-tile order of the bulk reduction).
+  portable::launch_bwd_convert_dq(p, plan.Sq_pad, dq_accum, bwd::dq_bulk(d.block), stream);
   // 5. dk, dv of the rows with several groups.
   if (plan.several_owners)
     portable::launch_bwd_convert_dkv(p, plan.Skv_pad, dk_accum, dv_accum, map.row_groups, stream);

@@ -1,8 +1,7 @@
 // The Hopper (sm_90a) BSA backward main kernel: TMA + wgmma + mbarrier pipeline, warp-specialized.
 // Device code only; bsa_backward.cu builds the TMA descriptors, runs the shared steps (preprocess,
 // reverse map, conversions: src/portable/bsa_backward_aux.hpp, reverse_map_gpu.hpp) and
-// instantiates it. NOT YET RUN ON HARDWARE: sm90_impl.cpp only uses it when the caller forces
-// options.impl = SA_IMPL_SM90.
+// instantiates it.
 //
 // A CTA owns one work item of the key-to-query reverse map, like the portable kernel: KV block n of
 // (batch b, KV head hk), kBlockN (= the block size) keys loaded once by TMA, and the entries
@@ -13,8 +12,11 @@
 //
 // Roles (warpgroups):
 //   kProducer  warpgroup 0 (setmaxnreg down); lane 0 of warp 0 issues every load: K and V once,
-//              then per tile Q, dO (TMA, box 64 x 64 per 64-column panel) and lse2, delta (bulk
-//              copies of 256 bytes from the preprocess buffers) into a kStages ring.
+//              then per tile Q and dO (TMA, box 64 x 64 per 64-column panel) into a kStages
+//              ring. lse2 and delta do not travel through it: each consumer warpgroup loads the
+//              next tile's 64 + 64 values (one per thread, at the start of a tile) and stores
+//              them into its own double buffer between the two dS barriers, so that [3] reads
+//              them from shared memory one tile later, ordered by named barriers only.
 //   kConsumer0 warpgroup 1 (and kConsumer1, warpgroup 2, when kBlockN = 128; setmaxnreg up): each
 //              owns 64 keys of the block. All GEMMs are computed "transposed" (keys as M) so that
 //              P^T and dS^T come out of the accumulators in the A-operand register layout:
@@ -28,8 +30,14 @@
 //     [5] dK  += dS^T Q        RS
 //     [6] dS^T -> s.ds (the warpgroup's 64 x 64 part), between two named barriers of the
 //              consumers that share s.ds
-//     [7] dQ   = dS K         SS  M = 64 rows, N = 64 columns (a panel) of D, K = keys;
-//              red.global.add.v2.f32 into dq_accum. Block 128 with D 128: warpgroup w takes
+//     [7] dQ   = dS K         SS  M = 64 rows, N = 64 columns (a panel) of D, K = keys.
+//              Block 128 (dq_bulk): the fp32 panel goes to shared memory in fragment order
+//              (common/dq_tile_layout.hpp: conflict-free 8-byte stores), and one thread of the
+//              warpgroup adds it to dq_accum with one 16 KB bulk reduction
+//              (cp.reduce.async.bulk .add.f32), waited for (.read) only before the next tile
+//              rewrites the buffer; the consumers issue no per-element atomics. Block 64 (no
+//              shared memory left for the buffer at two CTAs per SM): red.global.add.v2.f32 of
+//              the fragments, dq_accum row-major. Block 128 with D 128: warpgroup w takes
 //              panel w over all 128 keys (both dS tiles in shared memory: barrier of all
 //              consumers). Block 64: the one warpgroup takes every panel. Block 128 with D 64:
 //              each warpgroup adds the partial of its own 64 keys (2x the reduction traffic).
@@ -44,7 +52,7 @@
 //
 // Pipeline objects (shared memory):
 //   kv_full        mbarrier, TMA -> consumers: K and V landed (one phase per CTA)
-//   q_full[s]      mbarrier, TMA -> consumers: stage s holds Q, dO, lse2, delta of a tile
+//   q_full[s]      mbarrier, TMA -> consumers: stage s holds Q and dO of a tile
 //   q_empty[s]     mbarrier, one arrive per consumer warp -> producer: stage s free
 //   named barrier 1 (all consumers; 1 + wg per warpgroup for block 128 with D 64): s.ds is free
 //                  (before [6]) / written (after [6]); the zeroing of padded K rows is done
@@ -55,7 +63,7 @@
 // keys are selected to 0.
 //
 // Fragment and shared-layout facts this file relies on (checked on the host against CuTe for all
-// four instantiations when written, not yet on hardware): the S^T / dV / dK / dQ accumulator
+// four instantiations, and by the GPU suite on the H200): the S^T / dV / dK / dQ accumulator
 // element i of consumer thread ctid sits at row 64 wg + 16 warp + lane/4 + 8 ((i/2)%2), column
 // 8 (i/4) + 2 (lane%4) + i%2; element i of the RS A fragment (P^T, dS^T) is element i of the S^T
 // accumulator; SmemLayoutKV / Q / Qt / Ds are the TMA SWIZZLE_128B layout (byte row*128 +
@@ -66,6 +74,7 @@
 
 #include <cstdint>
 
+#include "common/dq_tile_layout.hpp"
 #include "common/problem.hpp"
 #include "sm90/bsa_forward_kernel.cuh"  // GmmaAtoms, gemm_issue, convert_p
 #include "sm90/hopper_primitives.cuh"
@@ -99,6 +108,10 @@ struct BsaBwdSm90Params {
 
 namespace bwd {
 
+// Whether the block size's kernel reduces dQ with bulk copies from shared memory (dq_accum then
+// in the fragment-tile order of common/dq_tile_layout.hpp) instead of per-element atomics.
+constexpr bool dq_bulk(int block) { return block == 128 || block == 64; }
+
 template <int kBlockN_, int kHeadDim_>
 struct BwdTraits {
   using Element = cutlass::bfloat16_t;
@@ -110,9 +123,9 @@ struct BwdTraits {
   static constexpr int kConsumerThreads = 128 * kConsumerWgs;
   static constexpr int kConsumerWarps = 4 * kConsumerWgs;
   static constexpr int kThreads = 128 + kConsumerThreads;
-  // Q / dO / lse2 / delta ring depth: 3 where shared memory allows (block 128: one CTA per SM,
+  // Q / dO ring depth: 3 where shared memory allows (block 128: one CTA per SM,
   // ~182 KB at D 128), 2 for block 64 (two CTAs of ~107 KB per SM at D 128).
-  static constexpr int kStages = kBlockN == 128 ? 3 : 2;
+  static constexpr int kStages = kBlockN == 128 ? 3 : 1;
   static constexpr int kCtasPerSm = kConsumerWgs == 1 ? 2 : 1;
   // Register split (multiples of 8), per CTA 65536 / kCtasPerSm: the producer needs few; the
   // consumers hold dK, dV (D/2 fp32 each), S^T, dP^T (32 each) or a dQ chunk (32).
@@ -123,7 +136,6 @@ struct BwdTraits {
   static constexpr int kPanels = kHeadDim / 64;
   static constexpr int kKvTileBytes = kBlockN * kHeadDim * 2;
   static constexpr int kQTileBytes = kBlockM * kHeadDim * 2;
-  static constexpr int kStatBytes = kBlockM * 4;
 
   using BlockNT = cute::Int<kBlockN>;
   using BlockMT = cute::Int<kBlockM>;
@@ -162,6 +174,9 @@ struct BwdTraits {
   static constexpr int kDqPanels = kDqSplitPanels ? kPanels / kConsumerWgs : kPanels;  // per WG
   static constexpr int kDsThreads = kDqSplitPanels ? kConsumerThreads : 128;  // share s.ds
   using DqKeysT = cute::Int<kDqKeys>;
+  static constexpr bool kDqBulk = dq_bulk(kBlockN);
+  // fp32 dQ staging of the bulk reduction: kDqPanels panels of 64 x 64 per warpgroup.
+  static constexpr int kDqStageFloats = kDqBulk ? kConsumerWgs * kDqPanels * kDqPanelFloats : 4;
   // The (rows, keys) part of s.ds that [7] reads: all keys, or the warpgroup's 64 (A of [7]).
   using SmemLayoutDs = decltype(cute::tile_to_shape(
       cute::SM90::GMMA::Layout_MN_SW128_Atom<Element>{}, cute::Shape<cute::_64, DqKeysT>{}));
@@ -177,8 +192,9 @@ struct alignas(1024) SharedStorage {
   Element q[T::kStages * T::kBlockM * T::kHeadDim];
   Element dout[T::kStages * T::kBlockM * T::kHeadDim];
   Element ds[T::kBlockN * T::kBlockM];  // 64 x 64 per consumer warpgroup
-  float lse2[T::kStages][T::kBlockM];
-  float delta[T::kStages][T::kBlockM];
+  float dq[T::kDqStageFloats];  // 16-byte aligned: follows whole 1024-byte-multiple tiles
+  // Per consumer warpgroup, double-buffered: lse2 (rows 0-63), then delta (rows 0-63) of a tile.
+  float stats[T::kConsumerWgs][2][2 * T::kBlockM];
   uint64_t kv_full;
   uint64_t q_full[T::kStages];
   uint64_t q_empty[T::kStages];
@@ -200,27 +216,42 @@ __device__ __forceinline__ void tile_rows(const BsaBwdSm90Params& p, const Item&
   row0 = m * T::kBlockN + (t % T::kTilesPerEntry) * T::kBlockM;
 }
 
-// 1-D bulk copy global -> shared, completion as transaction bytes on `bar` (16-byte multiples).
-__device__ __forceinline__ void bulk_load(void* smem_dst, const void* src, uint32_t bytes,
-                                          uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
-          "r"(smem_u32(smem_dst)),
-      "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(smem_u32(bar))
-      : "memory");
-}
-
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
+__device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
+}
+
 __device__ __forceinline__ float2 ld_shared_f32x2(uint32_t addr) {
   float2 v;
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
   return v;
 }
 
-__device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
+__device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
+}
+
+// global[i] += shared[i] for `bytes` / 4 floats (16-byte multiples), as one bulk async copy of the
+// executing thread's bulk group.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, const float* src, uint32_t bytes) {
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+          reinterpret_cast<uint64_t>(dst)),
+      "r"(smem_u32(src)), "r"(bytes)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_commit_group() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// The executing thread's bulk groups have finished reading shared memory.
+__device__ __forceinline__ void bulk_wait_read_all() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// ... and finished their writes.
+__device__ __forceinline__ void bulk_wait_all() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
 // ---- producer (lane 0 of warp 0) ----------------------------------------------------------------
@@ -239,7 +270,7 @@ __device__ __forceinline__ void producer_main(const BsaBwdSm90Params& p, SharedS
     tma_load_4d(&p.tma_k, s.k + pnl * kKvPanel, &s.kv_full, pnl * 64, it.key0, it.hk, it.b);
     tma_load_4d(&p.tma_v, s.v + pnl * kKvPanel, &s.kv_full, pnl * 64, it.key0, it.hk, it.b);
   }
-  // [P1] Q, dO, lse2, delta of each tile, once its stage is free.
+  // [P1] Q and dO of each tile, once its stage is free.
   int stage = 0;
   uint32_t phase = 0;
 #pragma unroll 1
@@ -248,7 +279,7 @@ __device__ __forceinline__ void producer_main(const BsaBwdSm90Params& p, SharedS
     tile_rows<T>(p, it, t, h, row0);
     if (row0 >= p.Sq) continue;  // a tile wholly past S_q (the consumers skip it too)
     mbarrier_wait(&s.q_empty[stage], phase ^ 1);
-    mbarrier_arrive_expect_tx(&s.q_full[stage], 2 * T::kQTileBytes + 2 * T::kStatBytes);
+    mbarrier_arrive_expect_tx(&s.q_full[stage], 2 * T::kQTileBytes);
     typename T::Element* q_dst = s.q + stage * T::kBlockM * T::kHeadDim;
     typename T::Element* do_dst = s.dout + stage * T::kBlockM * T::kHeadDim;
 #pragma unroll
@@ -256,9 +287,6 @@ __device__ __forceinline__ void producer_main(const BsaBwdSm90Params& p, SharedS
       tma_load_4d(&p.tma_q, q_dst + pnl * kQPanel, &s.q_full[stage], pnl * 64, row0, h, it.b);
       tma_load_4d(&p.tma_do, do_dst + pnl * kQPanel, &s.q_full[stage], pnl * 64, row0, h, it.b);
     }
-    const int64_t stats = (static_cast<int64_t>(it.b) * p.Hq + h) * p.Sq_pad + row0;
-    bulk_load(s.lse2[stage], p.lse2 + stats, T::kStatBytes, &s.q_full[stage]);
-    bulk_load(s.delta[stage], p.delta + stats, T::kStatBytes, &s.q_full[stage]);
     if (++stage == T::kStages) {
       stage = 0;
       phase ^= 1;
@@ -346,27 +374,56 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
   const int key_lim = it.valid - (wg * 64 + frag_row);
   const float scale_log2 = p.scale_log2;
 
+  // The first tile from t on that is not wholly past S_q (the second half of a last 128-row block
+  // adds nothing and is not loaded), with its query head and first row; num_tiles when none.
+  const auto live_tile = [&](int t, int& hh, int& rr) {
+    for (; t < it.num_tiles; ++t) {
+      tile_rows<T>(p, it, t, hh, rr);
+      if (rr < p.Sq) break;
+    }
+    return t;
+  };
+  // This thread's value of the stats of the tile at (query head hh, first row rr): lse2
+  // (wtid < 64) or delta of row wtid % 64.
+  const float* stat_src = wtid < 64 ? p.lse2 : p.delta;
+  const auto load_stat = [&](int hh, int rr) {
+    return __ldg(stat_src + (static_cast<int64_t>(it.b) * p.Hq + hh) * p.Sq_pad + rr + wtid % 64);
+  };
+  // Shared addresses (explicit ld/st.shared: a generic pointer into s.stats compiles to generic
+  // loads). stats_addr + 512 buf: this tile's buffer; + 4 r: lse2 of row r; + 256 + 4 r: delta.
+  const uint32_t stats_addr = smem_u32(&s.stats[wg][0][0]);
+  constexpr uint32_t kStatsBufBytes = 2 * T::kBlockM * 4;
+  int buf = 0;  // buffer of this tile's values
+  int h = 0, row0 = 0;
+  int t = live_tile(0, h, row0);
+  if (t < it.num_tiles) {
+    st_shared_u32(stats_addr + 4 * wtid, __float_as_uint(load_stat(h, row0)));
+    named_barrier_sync(3 + wg, 128);
+  }
+
   int stage = 0;
   uint32_t phase = 0;
 #pragma unroll 1
-  for (int t = 0; t < it.num_tiles; ++t) {
-    int h, row0;
-    tile_rows<T>(p, it, t, h, row0);
-    // A tile wholly past S_q (second half of a last 128-row block) adds nothing: not loaded.
-    if (row0 >= p.Sq) continue;
+  while (t < it.num_tiles) {
+    int h_next = 0, row0_next = 0;
+    const int t_next = live_tile(t + 1, h_next, row0_next);
+    // Stored into the other buffer between this tile's dS barriers (L2 latency hidden by [1]-[5]).
+    const float next_stat = t_next < it.num_tiles ? load_stat(h_next, row0_next) : 0.f;
     mbarrier_wait(&s.q_full[stage], phase);
     // [1], [2]
     gemm_issue<true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
     gemm_issue<true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tSrdP);
     // [3]
-    // lse2 / delta of this thread's columns 8 j + frag_col + {0, 1}: 8-byte shared loads.
-    const uint32_t lse2_addr = smem_u32(&s.lse2[stage][frag_col]);
-    const uint32_t delta_addr = smem_u32(&s.delta[stage][frag_col]);
+    // lse2 / delta of this thread's columns 8 j + frag_col + {0, 1} (query rows of the tile):
+    // 8-byte shared loads from this warpgroup's stats buffer.
+    constexpr int kColPairs = decltype(size(tSrS))::value / 4;
+    const uint32_t lse2_cols = stats_addr + kStatsBufBytes * buf + 4 * frag_col;
+    const uint32_t delta_cols = lse2_cols + 4 * T::kBlockM;
     warpgroup_wait<1>();
     warpgroup_fence_operand(tSrS);
     CUTE_UNROLL
-    for (int j = 0; j < size(tSrS) / 4; ++j) {
-      const float2 l2 = ld_shared_f32x2(lse2_addr + 32 * j);
+    for (int j = 0; j < kColPairs; ++j) {
+      const float2 l2 = ld_shared_f32x2(lse2_cols + 32 * j);
       CUTE_UNROLL
       for (int u = 0; u < 4; ++u) {
         const int i = 4 * j + u;
@@ -381,8 +438,8 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     warpgroup_wait<1>();  // dP^T is ready; [4] may still run
     warpgroup_fence_operand(tSrdP);
     CUTE_UNROLL
-    for (int j = 0; j < size(tSrdP) / 4; ++j) {
-      const float2 dl = ld_shared_f32x2(delta_addr + 32 * j);
+    for (int j = 0; j < kColPairs; ++j) {
+      const float2 dl = ld_shared_f32x2(delta_cols + 32 * j);
       CUTE_UNROLL
       for (int u = 0; u < 4; ++u) {
         const int i = 4 * j + u;
@@ -395,7 +452,9 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     convert_p(tSrdP, tKVrdS);
     // [5]
     gemm_issue<false>(mma_kv, tKVrdS, tKVrQt(_, _, _, stage), tdKrdK);
-    // [6] The previous tile's dQ GEMMs of every warp are done with the dS tile.
+    // [6] The previous tile's dQ GEMMs of every warp are done with the dS tile (and, dq_bulk,
+    // its bulk reduction with this warpgroup's dQ staging buffer).
+    if (T::kDqBulk && wtid == 0) bulk_wait_read_all();
     named_barrier_sync(ds_barrier, T::kDsThreads);
     {
       // dS^T (key, row) -> byte key * 128 + ((row / 8) ^ (key % 8)) * 16 + (row % 8) * 2 of the
@@ -408,6 +467,9 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
       for (int j = 0; j < size(ds32); ++j)
         st_shared_u32(ds_base + 8 * 128 * (j % 2) + (((j / 2) ^ (frag_row % 8)) << 4), ds32(j));
     }
+    // The next tile's stats: buffer buf ^ 1 was last read by [3] of the previous tile, before
+    // every thread of this warpgroup passed the first barrier above; the second makes it visible.
+    st_shared_u32(stats_addr + kStatsBufBytes * (buf ^ 1) + 4 * wtid, __float_as_uint(next_stat));
     fence_proxy_async_shared();
     named_barrier_sync(ds_barrier, T::kDsThreads);
     // [7]
@@ -432,16 +494,49 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
         warpgroup_fence_operand(tdKrdK);
         if (lane == 0) mbarrier_arrive(&s.q_empty[stage]);
       }
-      CUTE_UNROLL
-      for (int i = 0; i < size(tQrdQ); i += 2)
-        red_add_f32x2(dq_rows + 8 * ((i / 2) % 2) * kHeadDim + c * 64 + 8 * (i / 4), tQrdQ(i),
-                      tQrdQ(i + 1));
+      if constexpr (T::kDqBulk) {
+        // Pair i / 2 of this thread -> floats 2 (128 (i / 2) + wtid) of the panel's staging.
+        const uint32_t dst = smem_u32(s.dq + (wg * T::kDqPanels + j) * kDqPanelFloats) + 8 * wtid;
+        CUTE_UNROLL
+        for (int i = 0; i < size(tQrdQ); i += 2)
+          st_shared_f32x2(dst + 1024 * (i / 2), tQrdQ(i), tQrdQ(i + 1));
+      } else {
+        CUTE_UNROLL
+        for (int i = 0; i < size(tQrdQ); i += 2)
+          red_add_f32x2(dq_rows + 8 * ((i / 2) % 2) * kHeadDim + c * 64 + 8 * (i / 4), tQrdQ(i),
+                        tQrdQ(i + 1));
+      }
+    }
+    if constexpr (T::kDqBulk) {
+      // The staging is written: one thread adds each panel to the tile's run of dq_accum
+      // (64 * D floats from row0; panel c at c * 4096).
+      fence_proxy_async_shared();
+      named_barrier_sync(3 + wg, 128);
+      if (wtid == 0) {
+        float* tile = p.dq_accum +
+                      ((static_cast<int64_t>(it.b) * p.Hq + h) * p.Sq_pad + row0) * kHeadDim;
+        CUTE_UNROLL
+        for (int j = 0; j < T::kDqPanels; ++j) {
+          const int c = T::kDqSplitPanels ? wg * T::kDqPanels + j : j;
+          bulk_reduce_add_f32(tile + c * kDqPanelFloats,
+                              s.dq + (wg * T::kDqPanels + j) * kDqPanelFloats,
+                              kDqPanelFloats * 4);
+        }
+        bulk_commit_group();
+      }
     }
     if (++stage == T::kStages) {
       stage = 0;
       phase ^= 1;
     }
+    buf ^= 1;
+    t = t_next;
+    h = h_next;
+    row0 = row0_next;
   }
+
+  // Shared memory stays valid until the last bulk reduction has run.
+  if (T::kDqBulk && wtid == 0) bulk_wait_all();
 
   // [8] Epilogue.
   const int key_base = wg * 64 + frag_row;  // + 8 r
