@@ -30,14 +30,6 @@ namespace {
 // (gpu_test_util.hpp); here the portable backward is forced and must run.
 using GpuBwdCase = GpuBsaBwdCase;
 
-// K and V of padded keys as generated.
-GpuBwdCase make_case(std::string name, BsaShape shape, BsaPatternSpec spec, int32_t bucket,
-                     bool deterministic = false, float scale = 0.f, int64_t pad = 8) {
-  return gpu_bsa_bwd_case(std::move(name), shape, spec, bucket, deterministic, scale, pad);
-}
-
-constexpr sa_layout kBshd = SA_LAYOUT_BSHD;
-
 class GpuBsaBackward : public ::testing::TestWithParam<GpuBwdCase> {};
 
 TEST_P(GpuBsaBackward, MatchesReference) {
@@ -54,28 +46,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, GpuBsaBackward,
 // Deterministic mode: three runs, the same bytes (and a match with the reference).
 TEST(GpuBsaBackwardDeterministic, BitwiseIdenticalOverThreeRuns) {
   SA_SKIP_WITHOUT_GPU();
-  for (const GpuBwdCase& base :
-       {make_case("DetBlock128D128GqaPartialEmptyRows",
-                  shape_of(2, 8, 2, 700, 900, 128, 128, 5, kBshd),
-                  spec_of(true, -1, true, true, true, 2), 1, true),
-        make_case("DetBlock64D64Mqa", shape_of(1, 8, 1, 640, 512, 64, 64, 6),
-                  spec_of(true, -1, true, true), 0, true)}) {
-    SCOPED_TRACE(base.name);
-    GpuBsaBwdProblem p(base, SA_IMPL_AUTO);
-    ASSERT_TRUE(p.forward());
-    GpuBsaBwdDevice d(p);
-    ASSERT_TRUE(d.ok());
-    GpuBsaBwdGradients first;
-    ASSERT_TRUE(run_bsa_backward(d, p, SA_IMPL_PORTABLE, &first));
-    expect_bsa_backward_matches_reference(p, first);
-    for (int run = 1; run < 3; ++run) {
-      GpuBsaBwdGradients again;
-      ASSERT_TRUE(run_bsa_backward(d, p, SA_IMPL_PORTABLE, &again));
-      EXPECT_TRUE(bitwise_equal(again.dq, first.dq)) << "dq differs on run " << run;
-      EXPECT_TRUE(bitwise_equal(again.dk, first.dk)) << "dk differs on run " << run;
-      EXPECT_TRUE(bitwise_equal(again.dv, first.dv)) << "dv differs on run " << run;
-    }
-  }
+  expect_bsa_backward_deterministic_bitwise(SA_IMPL_PORTABLE);
 }
 
 // A CUDA graph captured once on a non-default stream (workspace preallocated) follows new

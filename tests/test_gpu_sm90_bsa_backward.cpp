@@ -10,7 +10,7 @@
 // V, which must not take part), S_q not a multiple of the block, empty rows, single owners and
 // forced several owners (bucket 1, 2), unattended KV blocks (dk = dv = 0 exactly), rows of many
 // query tiles (the Q/dO ring wraps), a negative scale; a CUDA graph replayed with new metadata
-// values; deterministic mode refused with its reason.
+// values; deterministic mode bitwise stable over three runs.
 // Pass: no NaN; rel L2 of dq, dk, dv below 1e-2; exact zeros where nothing attends.
 // Tests skip unless the device is sm_90.
 #include <cuda_runtime_api.h>
@@ -92,21 +92,11 @@ TEST(GpuSm90BsaBackwardDispatch, AutoPicksSm90OnHopper) {
   EXPECT_EQ(used, want) << "ran " << sa_impl_name(used);
 }
 
-// Deterministic mode is not served by the sm90 backward: forcing it is refused with the reason.
-TEST(GpuSm90BsaBackwardSupport, RefusesDeterministicWithReason) {
+// Deterministic mode (one owner per row, dQ from the query-major pass): three runs, the same bytes.
+TEST(GpuSm90BsaBackwardDeterministic, BitwiseIdenticalOverThreeRuns) {
   SA_SKIP_WITHOUT_GPU();
   SA_SKIP_UNLESS_SM90();
-  GpuBsaBwdProblem p(make_case("RefuseDeterministic", shape_of(1, 2, 1, 128, 128, 64, 64, 2),
-                               spec_of(false, 1, false, false), 0, true),
-                     SA_IMPL_SM90);
-  ASSERT_TRUE(p.forward());
-  GpuBsaBwdDevice d(p);
-  ASSERT_TRUE(d.ok());
-  const sa_bsa_bwd_args a = d.args(p);
-  size_t bytes = 0;
-  EXPECT_EQ(sa_bsa_backward_workspace_size(&a, &bytes), SA_ERROR_UNSUPPORTED);
-  EXPECT_NE(std::string(sa_last_error()).find("deterministic mode"), std::string::npos)
-      << sa_last_error();
+  expect_bsa_backward_deterministic_bitwise(SA_IMPL_SM90);
 }
 
 }  // namespace

@@ -109,6 +109,38 @@ int64_t cta_slots(const BsaBwdProblem& p) {
   return static_cast<int64_t>(sms) * std::min(fit, d.block == 128 ? 1 : 2);
 }
 
+// The parameters both kernels read that come from the problem and the preprocess buffers (the
+// main kernel's accumulators and reverse map are added by the caller).
+BsaBwdParams problem_params(const BsaBwdProblem& p, int64_t Sq_pad, int64_t Skv_pad,
+                            const float* lse2, const float* delta) {
+  const BsaDims& d = p.dims;
+  BsaBwdParams params{};
+  params.q = p.q;
+  params.k = p.k;
+  params.v = p.v;
+  params.dout = p.dout;
+  params.dq = p.dq;
+  params.dk = p.dk;
+  params.dv = p.dv;
+  params.lse2 = lse2;
+  params.delta = delta;
+  params.dims = d;
+  params.meta = p.meta;
+  params.Sq = static_cast<int32_t>(d.Sq);
+  params.Skv = static_cast<int32_t>(d.Skv);
+  params.Sq_pad = static_cast<int32_t>(Sq_pad);
+  params.Skv_pad = static_cast<int32_t>(Skv_pad);
+  params.block = d.block;
+  params.group = static_cast<int32_t>(d.group());
+  params.Hq = static_cast<int32_t>(d.Hq);
+  params.Hkv = static_cast<int32_t>(d.Hkv);
+  params.Nq = static_cast<int32_t>(d.Nq);
+  params.Nkv = static_cast<int32_t>(d.Nkv);
+  params.scale = p.scale;
+  params.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
+  return params;
+}
+
 // Deterministic mode: one owner per row and dQ from the query-major kernel (no accumulator).
 BsaBwdPlan make_plan(const BsaBwdProblem& p) {
   const bool deterministic = p.options.deterministic != 0;
@@ -199,16 +231,7 @@ void bsa_backward(const BsaBwdProblem& p, void* workspace, size_t workspace_byte
       build_reverse_map_gpu(d, p.meta, plan.bucket, buf.map, plan.map_bytes, stream);
 
   // 3. dK, dV (and dQ unless deterministic).
-  BsaBwdParams params{};
-  params.q = p.q;
-  params.k = p.k;
-  params.v = p.v;
-  params.dout = p.dout;
-  params.dq = p.dq;
-  params.dk = p.dk;
-  params.dv = p.dv;
-  params.lse2 = lse2;
-  params.delta = delta;
+  BsaBwdParams params = problem_params(p, plan.Sq_pad, plan.Skv_pad, lse2, delta);
   params.dq_accum = dq_accum;
   params.dk_accum = dk_accum;
   params.dv_accum = dv_accum;
@@ -218,20 +241,6 @@ void bsa_backward(const BsaBwdProblem& p, void* workspace, size_t workspace_byte
   params.item_begin = map.item_begin;
   params.item_end = map.item_end;
   params.num_items = map.num_items;
-  params.dims = d;
-  params.meta = p.meta;
-  params.Sq = static_cast<int32_t>(d.Sq);
-  params.Skv = static_cast<int32_t>(d.Skv);
-  params.Sq_pad = static_cast<int32_t>(plan.Sq_pad);
-  params.Skv_pad = static_cast<int32_t>(plan.Skv_pad);
-  params.block = d.block;
-  params.group = static_cast<int32_t>(d.group());
-  params.Hq = static_cast<int32_t>(d.Hq);
-  params.Hkv = static_cast<int32_t>(d.Hkv);
-  params.Nq = static_cast<int32_t>(d.Nq);
-  params.Nkv = static_cast<int32_t>(d.Nkv);
-  params.scale = p.scale;
-  params.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
   dispatch_main(params, map.max_items, stream);
 
   // 4. dq.
@@ -243,6 +252,11 @@ void bsa_backward(const BsaBwdProblem& p, void* workspace, size_t workspace_byte
   // 5. dk, dv of the rows with several groups.
   if (plan.several_owners)
     launch_bwd_convert_dkv(p, plan.Skv_pad, dk_accum, dv_accum, map.row_groups, stream);
+}
+
+void bsa_backward_dq_query_major(const BsaBwdProblem& p, int64_t Sq_pad, const float* lse2,
+                                 const float* delta, cudaStream_t stream) {
+  dispatch_dq(problem_params(p, Sq_pad, /*Skv_pad=*/0, lse2, delta), stream);
 }
 
 }  // namespace sa::portable

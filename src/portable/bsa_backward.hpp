@@ -48,4 +48,11 @@ size_t bsa_backward_workspace_bytes(const BsaBwdProblem& p);
 void bsa_backward(const BsaBwdProblem& p, void* workspace, size_t workspace_bytes,
                   cudaStream_t stream);
 
+// Deterministic mode's dQ alone: dq from the query-major kernel (bsa_backward_dq_kernel.cuh),
+// without atomics, given lse2 and delta ([B, H_q, Sq_pad] from launch_bwd_preprocess). The Hopper
+// backward's deterministic mode uses it beside its own dK/dV kernel. Same limits as bsa_backward
+// (bsa_backward_unsupported); launches on `stream`, no host sync.
+void bsa_backward_dq_query_major(const BsaBwdProblem& p, int64_t Sq_pad, const float* lse2,
+                                 const float* delta, cudaStream_t stream);
+
 }  // namespace sa::portable

@@ -15,6 +15,7 @@
 #include "common/cuda_check.hpp"
 #include "common/host_numeric.hpp"
 #include "common/narrow.hpp"
+#include "portable/bsa_backward.hpp"
 #include "portable/bsa_backward_aux.hpp"
 #include "portable/bsa_backward_plan.hpp"
 #include "portable/launch_checks.hpp"
@@ -69,9 +70,14 @@ int64_t cta_slots(const BsaBwdProblem& p) {
   return static_cast<int64_t>(sms) * (p.dims.block == 128 ? 1 : 2);
 }
 
+// Deterministic mode (as the portable backward): one owner per row (dK/dV accumulated by one CTA
+// in a fixed order and written directly) and no dQ accumulator: dQ from the portable query-major
+// kernel, without atomics.
 portable::BsaBwdPlan make_plan(const BsaBwdProblem& p) {
-  const bool auto_bucket = p.options.bucket_size <= 0;
-  return portable::make_bsa_backward_plan(p, auto_bucket ? cta_slots(p) : 0, false, true);
+  const bool deterministic = p.options.deterministic != 0;
+  const bool auto_bucket = !deterministic && p.options.bucket_size <= 0;
+  return portable::make_bsa_backward_plan(p, auto_bucket ? cta_slots(p) : 0, deterministic,
+                                          !deterministic);
 }
 
 }  // namespace
@@ -91,7 +97,11 @@ std::string bsa_backward_unsupported(const BsaBwdProblem& p) {
     os << "block size " << d.block << " (sm90 backward supports 64 and 128)";
     return os.str();
   }
-  if (p.options.deterministic) return "deterministic mode (sm90 backward does not support it)";
+  if (p.options.deterministic) {
+    // The query-major dQ pass is the portable one: its limits apply too.
+    const std::string why = portable::bsa_backward_unsupported(p);
+    if (!why.empty()) return "deterministic mode: " + why;
+  }
   constexpr int64_t kMaxSeq = std::numeric_limits<int32_t>::max() - 256;
   constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
   if (d.Sq > kMaxSeq || d.Skv > kMaxSeq) {
@@ -190,8 +200,12 @@ void bsa_backward(const BsaBwdProblem& p, void* workspace, size_t workspace_byte
   params.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
   if (map.max_items > 0) dispatch_main(params, d.block, d.D, map.max_items, stream);
 
-  // 4. dq = scale * dQ accumulator (block 128: in the fragment-tile order of the bulk reduction).
-  portable::launch_bwd_convert_dq(p, plan.Sq_pad, dq_accum, bwd::dq_bulk(d.block), stream);
+  // 4. dq = scale * dQ accumulator (in the fragment-tile order of the bulk reduction), or, in
+  // deterministic mode, from the query-major kernel.
+  if (plan.dq_accumulator)
+    portable::launch_bwd_convert_dq(p, plan.Sq_pad, dq_accum, bwd::dq_bulk(d.block), stream);
+  else
+    portable::bsa_backward_dq_query_major(p, plan.Sq_pad, lse2, delta, stream);
   // 5. dk, dv of the rows with several groups.
   if (plan.several_owners)
     portable::launch_bwd_convert_dkv(p, plan.Skv_pad, dk_accum, dv_accum, map.row_groups, stream);

@@ -13,7 +13,7 @@
 namespace sa::sm90 {
 
 // "" when bsa_backward serves `p` (a CUDA problem on an sm_90 device, which the caller checks),
-// otherwise the reason, e.g. "deterministic mode (sm90 backward does not support it)".
+// otherwise the reason, e.g. "block size 96 (sm90 backward supports 64 and 128)".
 std::string bsa_backward_unsupported(const BsaBwdProblem& p);
 
 // Device workspace bytes for `p` (shapes and options only). Call with p.device_index current.

@@ -41,6 +41,9 @@
 //              panel w over all 128 keys (both dS tiles in shared memory: barrier of all
 //              consumers). Block 64: the one warpgroup takes every panel. Block 128 with D 64:
 //              each warpgroup adds the partial of its own 64 keys (2x the reduction traffic).
+//   Deterministic mode (no dQ accumulator, p.dq_accum null): [6]'s dS stores and [7] are
+//   skipped (dQ comes from the portable query-major pass); rows have one owner, so dK and dV
+//   are accumulated by one CTA in a fixed order and written directly.
 //   epilogue: single owner (row_groups == 1, empty rows included): dK * scale and dV -> bf16 ->
 //             straight from the accumulators to the caller's tensors (keys < S_kv; padded keys
 //             are zeros); several owners: fp32 red.global.add of keys < valid into dk/dv_accum.
@@ -373,6 +376,8 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
   // k_r >= valid.
   const int key_lim = it.valid - (wg * 64 + frag_row);
   const float scale_log2 = p.scale_log2;
+  // Deterministic mode leaves dQ to the query-major pass (no accumulator): [6] and [7] skipped.
+  const bool with_dq = p.dq_accum != nullptr;
 
   // The first tile from t on that is not wholly past S_q (the second half of a last 128-row block
   // adds nothing and is not loaded), with its query head and first row; num_tiles when none.
@@ -456,7 +461,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     // its bulk reduction with this warpgroup's dQ staging buffer).
     if (T::kDqBulk && wtid == 0) bulk_wait_read_all();
     named_barrier_sync(ds_barrier, T::kDsThreads);
-    {
+    if (with_dq) {
       // dS^T (key, row) -> byte key * 128 + ((row / 8) ^ (key % 8)) * 16 + (row % 8) * 2 of the
       // K-major 128B-swizzled tile (see SmemLayoutDs); a thread's pair of rows is one 4-byte store,
       // and a warp's 32 stores of one j hit 32 different banks.
@@ -472,58 +477,68 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     st_shared_u32(stats_addr + kStatsBufBytes * (buf ^ 1) + 4 * wtid, __float_as_uint(next_stat));
     fence_proxy_async_shared();
     named_barrier_sync(ds_barrier, T::kDsThreads);
-    // [7]
-    float* dq_rows = p.dq_accum +
-                     ((static_cast<int64_t>(it.b) * p.Hq + h) * p.Sq_pad + row0 + frag_row) *
-                         kHeadDim +
-                     frag_col;
-    CUTE_UNROLL
-    for (int j = 0; j < T::kDqPanels; ++j) {
-      const int c = T::kDqSplitPanels ? wg * T::kDqPanels + j : j;  // panel of D
-      Tensor sKt = make_tensor(make_smem_ptr(s.k + c * kBlockN * 64 + dq_key0 * 64),
-                               typename T::SmemLayoutKtPanel{});
-      Tensor tQrKt = thr_dq.partition_fragment_B(sKt);
-      gemm_issue<true>(mma_dq, tQrDs, tQrKt, tQrdQ);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tQrdQ);
-      if (j == 0) {
-        // [4], [5] are complete too: the Q / dO stage is free.
-        warpgroup_fence_operand(tKVrP);
-        warpgroup_fence_operand(tKVrdS);
-        warpgroup_fence_operand(tdVrdV);
-        warpgroup_fence_operand(tdKrdK);
-        if (lane == 0) mbarrier_arrive(&s.q_empty[stage]);
+    if (with_dq) {
+      // [7]
+      float* dq_rows = p.dq_accum +
+                       ((static_cast<int64_t>(it.b) * p.Hq + h) * p.Sq_pad + row0 + frag_row) *
+                           kHeadDim +
+                       frag_col;
+      CUTE_UNROLL
+      for (int j = 0; j < T::kDqPanels; ++j) {
+        const int c = T::kDqSplitPanels ? wg * T::kDqPanels + j : j;  // panel of D
+        Tensor sKt = make_tensor(make_smem_ptr(s.k + c * kBlockN * 64 + dq_key0 * 64),
+                                 typename T::SmemLayoutKtPanel{});
+        Tensor tQrKt = thr_dq.partition_fragment_B(sKt);
+        gemm_issue<true>(mma_dq, tQrDs, tQrKt, tQrdQ);
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tQrdQ);
+        if (j == 0) {
+          // [4], [5] are complete too: the Q / dO stage is free.
+          warpgroup_fence_operand(tKVrP);
+          warpgroup_fence_operand(tKVrdS);
+          warpgroup_fence_operand(tdVrdV);
+          warpgroup_fence_operand(tdKrdK);
+          if (lane == 0) mbarrier_arrive(&s.q_empty[stage]);
+        }
+        if constexpr (T::kDqBulk) {
+          // Pair i / 2 of this thread -> floats 2 (128 (i / 2) + wtid) of the panel's staging.
+          const uint32_t dst = smem_u32(s.dq + (wg * T::kDqPanels + j) * kDqPanelFloats) + 8 * wtid;
+          CUTE_UNROLL
+          for (int i = 0; i < size(tQrdQ); i += 2)
+            st_shared_f32x2(dst + 1024 * (i / 2), tQrdQ(i), tQrdQ(i + 1));
+        } else {
+          CUTE_UNROLL
+          for (int i = 0; i < size(tQrdQ); i += 2)
+            red_add_f32x2(dq_rows + 8 * ((i / 2) % 2) * kHeadDim + c * 64 + 8 * (i / 4), tQrdQ(i),
+                          tQrdQ(i + 1));
+        }
       }
       if constexpr (T::kDqBulk) {
-        // Pair i / 2 of this thread -> floats 2 (128 (i / 2) + wtid) of the panel's staging.
-        const uint32_t dst = smem_u32(s.dq + (wg * T::kDqPanels + j) * kDqPanelFloats) + 8 * wtid;
-        CUTE_UNROLL
-        for (int i = 0; i < size(tQrdQ); i += 2)
-          st_shared_f32x2(dst + 1024 * (i / 2), tQrdQ(i), tQrdQ(i + 1));
-      } else {
-        CUTE_UNROLL
-        for (int i = 0; i < size(tQrdQ); i += 2)
-          red_add_f32x2(dq_rows + 8 * ((i / 2) % 2) * kHeadDim + c * 64 + 8 * (i / 4), tQrdQ(i),
-                        tQrdQ(i + 1));
-      }
-    }
-    if constexpr (T::kDqBulk) {
-      // The staging is written: one thread adds each panel to the tile's run of dq_accum
-      // (64 * D floats from row0; panel c at c * 4096).
-      fence_proxy_async_shared();
-      named_barrier_sync(3 + wg, 128);
-      if (wtid == 0) {
-        float* tile = p.dq_accum +
-                      ((static_cast<int64_t>(it.b) * p.Hq + h) * p.Sq_pad + row0) * kHeadDim;
-        CUTE_UNROLL
-        for (int j = 0; j < T::kDqPanels; ++j) {
-          const int c = T::kDqSplitPanels ? wg * T::kDqPanels + j : j;
-          bulk_reduce_add_f32(tile + c * kDqPanelFloats,
-                              s.dq + (wg * T::kDqPanels + j) * kDqPanelFloats,
-                              kDqPanelFloats * 4);
+        // The staging is written: one thread adds each panel to the tile's run of dq_accum
+        // (64 * D floats from row0; panel c at c * 4096).
+        fence_proxy_async_shared();
+        named_barrier_sync(3 + wg, 128);
+        if (wtid == 0) {
+          float* tile = p.dq_accum +
+                        ((static_cast<int64_t>(it.b) * p.Hq + h) * p.Sq_pad + row0) * kHeadDim;
+          CUTE_UNROLL
+          for (int j = 0; j < T::kDqPanels; ++j) {
+            const int c = T::kDqSplitPanels ? wg * T::kDqPanels + j : j;
+            bulk_reduce_add_f32(tile + c * kDqPanelFloats,
+                                s.dq + (wg * T::kDqPanels + j) * kDqPanelFloats,
+                                kDqPanelFloats * 4);
+          }
+          bulk_commit_group();
         }
-        bulk_commit_group();
       }
+    } else {
+      // Deterministic mode: dQ comes from the query-major pass; [4], [5] finish the tile.
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tKVrP);
+      warpgroup_fence_operand(tKVrdS);
+      warpgroup_fence_operand(tdVrdV);
+      warpgroup_fence_operand(tdKrdK);
+      if (lane == 0) mbarrier_arrive(&s.q_empty[stage]);
     }
     if (++stage == T::kStages) {
       stage = 0;
