@@ -94,7 +94,7 @@ std::vector<GpuDsaBwdCase> gpu_dsa_bwd_cases() {
 }
 
 // ---- runs ------------------------------------------------------------------------------------
-enum class Variant { kPublicApi, kBlockM32, kBlockM64, kSlices5 };
+enum class Variant { kPublicApi, kBlockM32, kBlockM64, kSlices5, kSm90 };
 
 const char* variant_name(Variant v) {
   switch (v) {
@@ -106,6 +106,8 @@ const char* variant_name(Variant v) {
       return "block_m_64";
     case Variant::kSlices5:
       return "deterministic_slices_of_5_tokens";
+    case Variant::kSm90:
+      return "sm90_public_api";
   }
   return "?";
 }
@@ -173,7 +175,8 @@ void run_gpu(const DsaHostCase& c, const Inputs& in, Variant variant, bool deter
        {&q, &kv, &idx, &len, &sink, &out, &lse, &dout, &d_dq, &d_dkv, &d_ds})
     ASSERT_TRUE(b->ok()) << "device allocation or copy failed";
 
-  if (variant == Variant::kPublicApi) {
+  if (variant == Variant::kPublicApi || variant == Variant::kSm90) {
+    const sa_impl impl = variant == Variant::kSm90 ? SA_IMPL_SM90 : SA_IMPL_PORTABLE;
     sa_dsa_bwd_args a{};
     a.q = view_of(q.get(), c.dtype, {s.Sq, s.H, s.Dqk}, SA_DEVICE_CUDA);
     a.kv = view_of(kv.get(), c.dtype, {s.Skv, s.Dqk}, SA_DEVICE_CUDA);
@@ -192,7 +195,7 @@ void run_gpu(const DsaHostCase& c, const Inputs& in, Variant variant, bool deter
     a.options.scale = c.scale;
     a.options.d_v = static_cast<int32_t>(s.Dv);
     a.options.deterministic = deterministic ? 1 : 0;
-    a.options.impl = SA_IMPL_PORTABLE;
+    a.options.impl = impl;
     size_t bytes = 0;
     ASSERT_EQ(sa_dsa_backward_workspace_size(&a, &bytes), SA_OK) << sa_last_error();
     DeviceBuffer workspace(bytes);
@@ -203,7 +206,7 @@ void run_gpu(const DsaHostCase& c, const Inputs& in, Variant variant, bool deter
     sa_impl used = SA_IMPL_AUTO;
     ctx.impl_used = &used;
     ASSERT_EQ(sa_dsa_backward(&a, &ctx), SA_OK) << sa_last_error();
-    ASSERT_EQ(used, SA_IMPL_PORTABLE);
+    ASSERT_EQ(used, impl);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
   } else {
     DsaPointers ptr;
@@ -427,6 +430,96 @@ INSTANTIATE_TEST_SUITE_P(Cases, DsaBackwardGpu, ::testing::ValuesIn(gpu_dsa_bwd_
                          [](const ::testing::TestParamInfo<GpuDsaBwdCase>& info) {
                            return info.param.name;
                          });
+
+// The Hopper backward (src/sm90/dsa_backward.cu), options.impl forced, on the cases it serves
+// (H 64 or 128, not deterministic); same inputs, oracle and checks. Skips unless the device is
+// sm_90.
+class Sm90DsaBackward : public ::testing::TestWithParam<GpuDsaBwdCase> {};
+
+bool sm90_serves(const GpuDsaBwdCase& p) {
+  return (p.shape.H == 64 || p.shape.H == 128) && !p.deterministic;
+}
+
+TEST_P(Sm90DsaBackward, MatchesReference) {
+  SA_SKIP_WITHOUT_GPU();
+  SA_SKIP_UNLESS_SM90();
+  const GpuDsaBwdCase& p = GetParam();
+  DsaHostCase c = make_dsa_host_case(p.shape, p.spec, SA_DTYPE_BF16, seed_of(0xdb5a, p.name));
+  RecordProperty("poisoned_kv_rows", poison_unselected_kv_rows(c));
+  Inputs in;
+  ASSERT_NO_FATAL_FAILURE(run_reference_forward(c, &in));
+  Grads want;
+  ASSERT_NO_FATAL_FAILURE(run_reference_backward(c, in, &want));
+  Grads got;
+  ASSERT_NO_FATAL_FAILURE(run_gpu(c, in, Variant::kSm90, false, &got));
+  expect_matches(c, in, got, want, variant_name(Variant::kSm90));
+}
+
+std::vector<GpuDsaBwdCase> sm90_dsa_bwd_cases() {
+  std::vector<GpuDsaBwdCase> out;
+  for (const GpuDsaBwdCase& p : gpu_dsa_bwd_cases())
+    if (sm90_serves(p)) out.push_back(p);
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, Sm90DsaBackward, ::testing::ValuesIn(sm90_dsa_bwd_cases()),
+                         [](const ::testing::TestParamInfo<GpuDsaBwdCase>& info) {
+                           return info.param.name;
+                         });
+
+// Until it has run on hardware AUTO does not pick the Hopper backward; forcing it on a shape it
+// does not serve names the reason.
+TEST(Sm90DsaBackwardDispatch, AutoKeepsThePortableBackwardAndRefusalsNameTheReason) {
+  SA_SKIP_WITHOUT_GPU();
+  SA_SKIP_UNLESS_SM90();
+  const GpuDsaBwdCase p{"H64_D576_K64_Auto", shape_of(4, 300, 64, 576, 64),
+                        spec_of(DsaLengths::kMixed, true, false, DsaSink::kFinite)};
+  DsaHostCase c = make_dsa_host_case(p.shape, p.spec, SA_DTYPE_BF16, seed_of(0xdb5a, p.name));
+  Inputs in;
+  ASSERT_NO_FATAL_FAILURE(run_reference_forward(c, &in));
+  Grads got;
+  // kPublicApi forces the portable path; here AUTO must choose it too: the public API call with
+  // options.impl = AUTO reports the implementation that ran.
+  const DsaShape& s = c.shape;
+  DeviceBuffer q(c.q), kv(c.kv), idx(c.topk_idx), len(c.topk_length), sink(c.sink), out(in.out),
+      lse(in.lse), dout(c.dout);
+  HostTensor dq(c.dtype, {s.Sq, s.H, s.Dqk}), dkv(c.dtype, {s.Skv, s.Dqk}),
+      d_sink(SA_DTYPE_FP32, {s.H});
+  DeviceBuffer d_dq(dq), d_dkv(dkv), d_ds(d_sink);
+  sa_dsa_bwd_args a{};
+  a.q = view_of(q.get(), c.dtype, {s.Sq, s.H, s.Dqk}, SA_DEVICE_CUDA);
+  a.kv = view_of(kv.get(), c.dtype, {s.Skv, s.Dqk}, SA_DEVICE_CUDA);
+  a.topk_idx = view_of(idx.get(), SA_DTYPE_INT32, {s.Sq, s.topk}, SA_DEVICE_CUDA);
+  a.topk_length = view_of(len.get(), SA_DTYPE_INT32, {s.Sq}, SA_DEVICE_CUDA);
+  a.sink = view_of(sink.get(), SA_DTYPE_FP32, {s.H}, SA_DEVICE_CUDA);
+  a.out = view_of(out.get(), c.dtype, {s.Sq, s.H, s.Dv}, SA_DEVICE_CUDA);
+  a.lse = view_of(lse.get(), SA_DTYPE_FP32, {s.Sq, s.H}, SA_DEVICE_CUDA);
+  a.dout = view_of(dout.get(), c.dtype, {s.Sq, s.H, s.Dv}, SA_DEVICE_CUDA);
+  a.dq = view_of(d_dq.get(), c.dtype, {s.Sq, s.H, s.Dqk}, SA_DEVICE_CUDA);
+  a.dkv = view_of(d_dkv.get(), c.dtype, {s.Skv, s.Dqk}, SA_DEVICE_CUDA);
+  a.d_sink = view_of(d_ds.get(), SA_DTYPE_FP32, {s.H}, SA_DEVICE_CUDA);
+  a.options = sa_dsa_options_default();
+  a.options.scale = c.scale;
+  a.options.d_v = static_cast<int32_t>(s.Dv);
+  size_t bytes = 0;
+  ASSERT_EQ(sa_dsa_backward_workspace_size(&a, &bytes), SA_OK) << sa_last_error();
+  DeviceBuffer workspace(bytes);
+  ASSERT_TRUE(workspace.ok());
+  sa_context ctx = sa_context_default();
+  ctx.workspace = workspace.get();
+  ctx.workspace_bytes = bytes;
+  sa_impl used = SA_IMPL_AUTO;
+  ctx.impl_used = &used;
+  ASSERT_EQ(sa_dsa_backward(&a, &ctx), SA_OK) << sa_last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(used, SA_IMPL_PORTABLE) << "ran " << sa_impl_name(used);
+  // Forced on a shape it does not serve (deterministic mode): refused with the reason.
+  a.options.impl = SA_IMPL_SM90;
+  a.options.deterministic = 1;
+  EXPECT_EQ(sa_dsa_backward_workspace_size(&a, &bytes), SA_ERROR_UNSUPPORTED);
+  EXPECT_NE(std::string(sa_last_error()).find("deterministic mode"), std::string::npos)
+      << sa_last_error();
+}
 
 // Shapes the portable backward does not serve are refused by name when it is forced.
 TEST(DsaBackwardGpuRefusals, UnsupportedShapesNameTheReason) {

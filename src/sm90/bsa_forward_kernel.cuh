@@ -346,18 +346,6 @@ __device__ __forceinline__ void gemm_issue(TiledMma& mma, TA& a, const TB& b, TC
   if constexpr (kRegA) warpgroup_fence_operand(a);
 }
 
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_min(float x) {
-  x = fminf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fminf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
 
 // Accumulator fragments of a 64 x N wgmma tile (per thread, linear register index i):
 //   row = 16 * warp_in_warpgroup + lane / 4 + 8 * ((i / 2) % 2)   -> "row slot" r = (i / 2) % 2

@@ -63,6 +63,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
+#include "sm90/dsa_common.cuh"
 #include "sm90/hopper_primitives.cuh"
 
 namespace sa::sm90::dsa_fwd {
@@ -154,24 +155,6 @@ struct alignas(1024) SharedStorage {
   uint64_t kv_empty[T::kStages];
 };
 
-// Byte offset of 16-byte chunk `ch` (0..7) of row `r` inside a 128B-swizzled panel.
-__device__ __forceinline__ uint32_t swz(int r, int ch) {
-  return static_cast<uint32_t>(r * 128 + ((ch ^ (r & 7)) << 4));
-}
-
-// 16-byte cp.async, zero-filling the bytes past src_bytes (0: nothing is read).
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
-
 // Active prefix of row `tok`: topk_length clamped to [0, topk].
 __device__ __forceinline__ int active_slots(const DsaFwdSm90Params& p, int64_t tok) {
   int n = p.topk;
@@ -243,29 +226,6 @@ __device__ __forceinline__ void producer_main(const DsaFwdSm90Params& p, SharedS
     fence_proxy_async_shared();
     mbarrier_arrive(&s.kv_full[st]);
   }
-}
-
-// ---- consumer helpers ---------------------------------------------------------------------------
-// Appends C (+)= A B over the K extent of a and b to the current wgmma batch (no arrive/commit).
-template <class TiledMma, class TA, class TB, class TC>
-__device__ __forceinline__ void gemm_ss(TiledMma& mma, const TA& a, const TB& b, TC& c,
-                                        bool zero_init) {
-  using namespace cute;
-  mma.accumulate_ = zero_init ? SM90::GMMA::ScaleOut::Zero : SM90::GMMA::ScaleOut::One;
-  CUTE_UNROLL
-  for (int kb = 0; kb < size<2>(a); ++kb) {
-    cute::gemm(mma, a(_, _, kb), b(_, _, kb), c);
-    mma.accumulate_ = SM90::GMMA::ScaleOut::One;
-  }
-}
-
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
 // ---- consumers (warpgroups 1, 2) ----------------------------------------------------------------

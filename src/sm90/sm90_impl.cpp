@@ -1,6 +1,5 @@
-// The Hopper (sm_90a) fast path as the dispatcher sees it. Operations whose kernels are not
-// written yet have no entry, so the dispatcher reports "not implemented" and falls back to the
-// portable path.
+// The Hopper (sm_90a) fast path as the dispatcher sees it. The DSA backward is served only when
+// the caller forces options.impl = SA_IMPL_SM90 until it has run on hardware.
 // Compiled only with the Hopper objects (SA_HAVE_SM90): this file calls into src/sm90/*.cu.
 #if SA_HAVE_SM90
 #include <cuda_runtime_api.h>
@@ -14,6 +13,7 @@
 #include "portable/bsa_metadata_check.hpp"
 #include "sm90/bsa_backward.hpp"
 #include "sm90/bsa_forward.hpp"
+#include "sm90/dsa_backward.hpp"
 #include "sm90/dsa_forward.hpp"
 
 namespace sa {
@@ -81,6 +81,29 @@ void dsa_fwd_run(const DsaFwdProblem& p, const ExecContext& ctx) {
   sm90::dsa_forward(p, ctx.stream);
 }
 
+// ---- DSA backward ------------------------------------------------------------------------------
+// Not yet run on hardware: AUTO never picks it (the dispatcher then falls back to the portable
+// backward); a caller that forces SA_IMPL_SM90 gets it.
+std::string dsa_bwd_unsupported(const DsaBwdProblem& p) {
+  if (p.device != SA_DEVICE_CUDA) return "needs CUDA tensors";
+  const std::string why = check_sm90_device(p.device_index);
+  if (!why.empty()) return why;
+  const std::string shape = sm90::dsa_backward_unsupported(p);
+  if (!shape.empty()) return shape;
+  if (p.options.impl != SA_IMPL_SM90)
+    return "not yet validated on hardware (set options.impl = SA_IMPL_SM90 to use it)";
+  return "";
+}
+
+size_t dsa_bwd_workspace_bytes(const DsaBwdProblem& p) {
+  return sm90::dsa_backward_workspace_bytes(p);
+}
+
+void dsa_bwd_run(const DsaBwdProblem& p, const ExecContext& ctx) {
+  DeviceScope scope(p.device_index);
+  sm90::dsa_backward(p, ctx.workspace, ctx.workspace_bytes, ctx.stream);
+}
+
 }  // namespace
 
 extern const Implementation kSm90Implementation = {
@@ -89,7 +112,7 @@ extern const Implementation kSm90Implementation = {
     /*bsa_fwd=*/{&bsa_fwd_unsupported, nullptr, &bsa_fwd_run},
     /*bsa_bwd=*/{&bsa_bwd_unsupported, &bsa_bwd_workspace_bytes, &bsa_bwd_run},
     /*dsa_fwd=*/{&dsa_fwd_unsupported, nullptr, &dsa_fwd_run},
-    /*dsa_bwd=*/{},
+    /*dsa_bwd=*/{&dsa_bwd_unsupported, &dsa_bwd_workspace_bytes, &dsa_bwd_run},
 };
 
 }  // namespace sa

@@ -1,0 +1,30 @@
+// Hopper (sm_90a) DSA backward, top-k sparse MLA (SPEC 2): the main kernel (dq, and dkv into an
+// fp32 workspace by reductions; dsa_backward_kernel.cuh has the design) around the portable
+// backward's passes (dkv conversion, d_sink reduction: src/portable/dsa_backward_aux.hpp).
+// NOT YET RUN ON HARDWARE: src/sm90/sm90_impl.cpp serves it only when the caller forces
+// options.impl = SA_IMPL_SM90.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <string>
+
+#include "common/problem.hpp"
+
+namespace sa::sm90 {
+
+// "" when dsa_backward serves `p` (a CUDA problem on an sm_90 device, which the caller checks),
+// otherwise the reason, e.g. "H = 16 (sm90 DSA backward supports 64, 128)".
+std::string dsa_backward_unsupported(const DsaBwdProblem& p);
+
+// Device workspace bytes for `p`: the fp32 dkv accumulator and the d_sink terms.
+size_t dsa_backward_workspace_bytes(const DsaBwdProblem& p);
+
+// Writes every element of p.dq, p.dkv and p.d_sink (when given); launches on `stream` (device
+// p.device_index current), no host sync. Throws sa::Error (SA_ERROR_UNSUPPORTED) when
+// dsa_backward_unsupported(p) is not empty, SA_ERROR_WORKSPACE when the workspace is short.
+void dsa_backward(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes,
+                  cudaStream_t stream);
+
+}  // namespace sa::sm90

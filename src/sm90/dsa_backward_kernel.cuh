@@ -1,0 +1,518 @@
+// The Hopper (sm_90a) DSA backward kernel (sparse MLA, SPEC 2): a producer warpgroup gathers the
+// selected kv rows with cp.async, two consumer warpgroups run every product on wgmma. Device code
+// only; dsa_backward.cu checks the problem, runs the fp32 dkv conversion and the d_sink reduction
+// (the portable passes, portable/dsa_backward_aux.hpp) and instantiates it.
+//
+// NOT YET RUN ON HARDWARE: written and compiled without a GPU; sm90_impl.cpp serves it only when
+// the caller forces SA_IMPL_SM90 (AUTO keeps the portable backward).
+//
+// Work split (as the Hopper forward and the portable backward): one CTA per (query token t, group
+// of 64 heads); the token's active slots are walked in chunks of 64 keys. Per chunk, with Q
+// [64 x D_qk] and dO [64 x 512] resident in shared memory and the chunk's kv rows K [64 x D_qk]
+// gathered (V = their first 512 columns, the same buffer):
+//
+//   [1] S  = Q K^T       [2] dP = dO V^T            64 x 32 per warpgroup (its 32 keys)
+//   [3] P  = 2^(S scale log2e - L2 + bias),  dS' = scale P (dP - delta)  -> bf16 sP, sDs
+//   [4] dQ += dS' K                                 64 x 256 nope columns per warpgroup (fp32
+//                                                   registers, the whole loop); the rope panel
+//                                                   (D_qk 576): both, each over its 32 keys
+//   [5] dKV pieces: dS'^T Q_p + P^T dO_p            64 keys x one 64-column panel p at a time
+//                   (rope: dS'^T Q_rope),           -> red.global.add.v2.f32 into the fp32 dkv
+//                   panels split between the         rows of the chunk's active keys
+//                   warpgroups (nope 0-3 + rope: warpgroup 0; nope 4-7: warpgroup 1)
+//
+// The K buffer has one stage (Q, dO and K take 213 KB of the 227): [1], [2] and [4] are the only
+// products that read it, so they run first and the stage is released right after [4]; the gather
+// of the next chunk then overlaps [5] (the seed's "K-consuming MMAs first" order).
+//
+// Roles (warpgroups, 384 threads):
+//   kProducer  warpgroup 0, setmaxnreg down: Q and dO once, then each chunk's 64 kv rows with
+//              16-byte cp.async (8 lanes per row); a chunk's indices are read lane-parallel (lane i
+//              of warp w: slot 16 w + i) and broadcast with __shfl_sync when the row is copied.
+//              Inactive slots are never dereferenced: cp.async with src-size 0 zero-fills the
+//              row, its bias is -inf and its kidx -1. bias and kidx are double-buffered (chunk
+//              c % 2): the consumers read kidx in [5] after the K stage is already refilled.
+//   kConsumer0/1  warpgroups 1 and 2, setmaxnreg up.
+//
+// Per chunk c, consumers:
+//   wait kv_full (parity c % 2) | issue [1] [2] (one batch) | bar kPdsFree (everyone's [5] of
+//   chunk c - 1 is done with sP, sDs) | wait | [3] P, dS' -> bf16 sP, sDs | fence.proxy.async,
+//   bar kPdsReady | [4] one batch, wait | arrive kv_empty (8 warps) | [5] pieces: batch, wait,
+//   reduce
+// Nothing is in flight across a loop iteration (an accumulator in flight over the back edge made
+// ptxas serialize the wgmma of other kernels, C7515).
+//
+// Shared memory (bytes), operand tiles in 64-column panels of 128-byte rows with the 128-byte
+// swizzle (chunk c of row r at c ^ (r % 8)): q_nope 65,536, q_rope 8,192, dout 65,536, k_nope
+// 65,536, k_rope 8,192, P 8,192, dS' 8,192 = 229,376; bias, kidx 2 x 64 each (1,024), mbarriers;
+// 1024-aligned: 231,424, + 1,024 to align the dynamic base = 232,448 (sm_90's opt-in limit).
+//
+// Numerics and edge cases follow the portable kernel (src/portable/dsa_backward_kernel.cuh):
+// L2 = logaddexp(lse, sink) log2(e), +inf for rows that take no part (P = 0 exactly); delta =
+// rowsum(out * dO) in fp32 from the stored tensors; the d_sink term of (t, h) is
+// -exp(sink - L) delta when the token has an active slot and lse is finite, else 0.
+#pragma once
+
+#include <cstdint>
+
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+#include "portable/dsa_backward_params.cuh"
+#include "sm90/dsa_common.cuh"
+#include "sm90/hopper_primitives.cuh"
+
+namespace sa::sm90::dsa_bwd {
+
+using Params = portable::dsa_bwd::DsaBwdParams;
+
+// Warpgroup roles.
+enum class Role : int { kProducer = 0, kConsumer0 = 1, kConsumer1 = 2 };
+
+// Named barriers (id 0 is __syncthreads), over the 256 consumer threads.
+enum class NamedBarrier : uint32_t { kPdsFree = 1, kPdsReady = 2 };
+__device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint32_t>(b); }
+
+template <int kDqk_>
+struct DsaBwdTraits {
+  using Element = cutlass::bfloat16_t;
+  static constexpr int kDqk = kDqk_;  // 512 or 576
+  static constexpr bool kRope = kDqk == 576;
+  static constexpr int kDv = 512;
+  static constexpr int kHeads = 64;   // query rows (heads) per CTA
+  static constexpr int kBlockN = 64;  // keys per chunk
+  static constexpr int kThreads = 384;
+  static constexpr int kConsumerThreads = 256;
+  static constexpr int kConsumerWarps = 8;
+  static constexpr int kProducerThreads = 128;
+  static constexpr int kProducerRegs = 32;
+  static constexpr int kConsumerRegs = 240;
+  static_assert(kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536,
+                "register split exceeds the register file");
+  static constexpr int kPanelElems = 64 * 64;  // one 64-row x 64-column panel (8 KB)
+  static constexpr int kNopeElems = 64 * 512;  // 8 panels
+  static constexpr int kNopePanels = 8;
+
+  using H64 = cute::Int<64>;
+  using D512 = cute::Int<512>;
+  using D64 = cute::Int<64>;
+  using Major = cute::SM90::GMMA::Major;
+  // Two consumer warpgroups tile N: keys of S and dP, nope columns of dQ.
+  using WgLayout = cute::Layout<cute::Shape<cute::_1, cute::_2, cute::_1>>;
+  // [1], [2]: M = 64 heads, N = 32 keys per warpgroup, K = dims; both operands K-major.
+  using TiledMmaSdP = decltype(cute::make_tiled_mma(
+      cute::SM90::GMMA::MMA_64x32x16_F32BF16BF16_SS<Major::K, Major::K>{}, WgLayout{}));
+  // [4] nope: M = 64 heads, N = 256 dims per warpgroup, K = 64 keys; A = dS' (K-major), B = the K
+  // rows seen as (dims, keys) (MN-major).
+  using TiledMmaDq = decltype(cute::make_tiled_mma(
+      cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<Major::K, Major::MN>{}, WgLayout{}));
+  // [4] rope (warpgroup 1 alone): N = 64.
+  using TiledMmaDqRope = decltype(cute::make_tiled_mma(
+      cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<Major::K, Major::MN>{}));
+  // [5]: M = 64 keys, N = 64 dims, K = 64 heads; A = dS'^T or P^T, B = a Q or dO panel seen as
+  // (dims, heads); both MN-major views of the K-major tiles.
+  using TiledMmaKv = decltype(cute::make_tiled_mma(
+      cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<Major::MN, Major::MN>{}));
+
+  // 64 rows x 512 (Q nope, dO, K nope) and 64 x 64 (Q rope, K rope, P, dS'), K-major.
+  using SmemLayoutRows512 = decltype(cute::tile_to_shape(
+      cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<H64, D512>{}));
+  using SmemLayoutRows64 = decltype(cute::tile_to_shape(
+      cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<H64, D64>{}));
+  // The same bytes seen column-major: (512 columns, 64 rows) and (64 columns, 64 rows).
+  using SmemLayoutCols512 = decltype(cute::tile_to_shape(
+      cute::SM90::GMMA::Layout_MN_SW128_Atom<Element>{}, cute::Shape<D512, H64>{},
+      cute::Step<cute::_2, cute::_1>{}));
+  using SmemLayoutCols64 = decltype(cute::tile_to_shape(
+      cute::SM90::GMMA::Layout_MN_SW128_Atom<Element>{}, cute::Shape<D64, H64>{}));
+};
+
+template <class T>
+struct alignas(1024) SharedStorage {
+  using Element = typename T::Element;
+  Element q_nope[T::kNopeElems];
+  Element q_rope[T::kPanelElems];
+  Element dout[T::kNopeElems];
+  Element k_nope[T::kNopeElems];
+  Element k_rope[T::kPanelElems];
+  Element p[T::kPanelElems];   // P [head][key], bf16
+  Element ds[T::kPanelElems];  // dS' [head][key], bf16
+  float bias[2][64];           // per chunk parity: 0 for an active slot, -inf otherwise
+  int32_t kidx[2][64];         // per chunk parity: the slot's kv row, -1 when inactive
+  uint64_t kv_full;            // producer (128 arrivals) -> consumers: the chunk's rows landed
+  uint64_t kv_empty;           // consumers (8 warp arrivals) -> producer: the K stage is free
+};
+
+// Active prefix of row `tok`: topk_length clamped to [0, topk].
+__device__ __forceinline__ int active_slots(const Params& p, int64_t tok) {
+  int n = p.topk;
+  if (p.len != nullptr) {
+    const int32_t len = p.len[tok * p.len_s];
+    n = len <= 0 ? 0 : min(len, p.topk);
+  }
+  return n;
+}
+
+// ---- producer (warpgroup 0) ---------------------------------------------------------------------
+// Thread mapping of every copy: warp w owns rows [16 w, 16 w + 16), 4 rows per pass (8 lanes per
+// row, lane % 8 = the 16-byte chunk within each 128-byte panel row).
+template <class T>
+__device__ __forceinline__ void producer_main(const Params& p, SharedStorage<T>& s, int64_t tok,
+                                              int h0, int n_slots) {
+  using Element = typename T::Element;
+  const int ptid = threadIdx.x;  // 0..127
+  const int warp = ptid / 32, lane = ptid % 32;
+  const int sub = lane % 8;
+  const int n_chunks = (n_slots + T::kBlockN - 1) / T::kBlockN;
+  if (n_chunks == 0) return;
+
+  // One row: 8 nope panels at `nope`, the rope panel at `rope` when `with_rope`.
+  auto copy_row = [&](uint32_t nope, uint32_t rope, bool with_rope, int row, const Element* src,
+                      int bytes) {
+#pragma unroll
+    for (int pnl = 0; pnl < T::kNopePanels; ++pnl)
+      cp_async_16(nope + pnl * T::kPanelElems * 2 + swz(row, sub), src + pnl * 64 + sub * 8,
+                  bytes);
+    if (with_rope) cp_async_16(rope + swz(row, sub), src + 512 + sub * 8, bytes);
+  };
+
+  // [P0] Q and dO of the 64 heads (all < H: H is a multiple of 64); they land with chunk 0.
+  const Element* q_tok = static_cast<const Element*>(p.q) + tok * p.q_ss;
+  const Element* do_tok = static_cast<const Element*>(p.dout) + tok * p.do_ss;
+#pragma unroll 1
+  for (int pass = 0; pass < 4; ++pass) {
+    const int row = 16 * warp + 4 * pass + lane / 8;
+    copy_row(smem_u32(s.q_nope), smem_u32(s.q_rope), T::kRope, row,
+             q_tok + (h0 + row) * p.q_sh, 16);
+    copy_row(smem_u32(s.dout), 0u, false, row, do_tok + (h0 + row) * p.do_sh, 16);
+  }
+
+  const Element* kv = static_cast<const Element*>(p.kv);
+  const int32_t* idx_row = p.idx + tok * p.idx_ss;
+  const uint32_t nope = smem_u32(s.k_nope);
+  const uint32_t rope = smem_u32(s.k_rope);
+#pragma unroll 1
+  for (int c = 0; c < n_chunks; ++c) {
+    const int buf = c & 1;
+    // [P1] Indices of this warp's 16 slots (lanes 0..15), read before waiting for the stage.
+    const int slot = c * T::kBlockN + 16 * warp + (lane % 16);
+    int32_t j = -1;
+    if (lane < 16 && slot < n_slots) j = idx_row[slot * p.idx_si];
+    mbarrier_wait(&s.kv_empty, (c & 1) ^ 1);
+#pragma unroll 1
+    for (int pass = 0; pass < 4; ++pass) {
+      const int r_in_warp = 4 * pass + lane / 8;
+      const int32_t jr = __shfl_sync(0xffffffffu, j, r_in_warp);
+      const int row = 16 * warp + r_in_warp;
+      const bool active = jr >= 0 && jr < p.skv;
+      // Inactive: src-size 0, nothing read (kv's base is a valid address), the row is zeroed.
+      const Element* src = kv + (active ? jr * p.kv_ss : int64_t{0});
+      copy_row(nope, rope, T::kRope, row, src, active ? 16 : 0);
+      if (sub == 0) {
+        s.bias[buf][row] = active ? 0.f : -INFINITY;
+        s.kidx[buf][row] = active ? jr : -1;
+      }
+    }
+    cp_async_commit();
+    // [P2] This thread's copies (Q and dO too, the first time) have landed: visible to wgmma
+    // (async proxy), published by the arrive (128 arrivals complete the phase).
+    cp_async_wait_all();
+    fence_proxy_async_shared();
+    mbarrier_arrive(&s.kv_full);
+  }
+}
+
+// ---- consumers (warpgroups 1, 2) ----------------------------------------------------------------
+// Accumulator fragments of a 64 x N wgmma tile (per thread, register index i):
+//   row = 16 * warp_in_warpgroup + lane / 4 + 8 * ((i / 2) % 2)
+//   col = 8 * (i / 4) + 2 * (lane % 4) + i % 2          (within the warpgroup's N)
+template <class T>
+__device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>& s, int64_t tok,
+                                              int h0, int n_slots, int wg) {
+  using namespace cute;
+  using Element = typename T::Element;
+  const int ctid = threadIdx.x - 128;  // 0..255
+  const int wtid = ctid % 128;
+  const int lane = threadIdx.x % 32;
+  const int warp_in_wg = wtid / 32;
+  const int frag_row = 16 * warp_in_wg + lane / 4;  // + 8 r
+  const int n_chunks = (n_slots + T::kBlockN - 1) / T::kBlockN;
+
+  typename T::TiledMmaSdP mma_sdp;
+  typename T::TiledMmaDq mma_dq;
+  typename T::TiledMmaDqRope mma_dqr;
+  typename T::TiledMmaKv mma_kv;
+  auto thr_sdp = mma_sdp.get_thread_slice(ctid);
+  auto thr_dq = mma_dq.get_thread_slice(ctid);
+  auto thr_dqr = mma_dqr.get_thread_slice(wtid);
+  auto thr_kv = mma_kv.get_thread_slice(wtid);
+
+  Tensor sQn = make_tensor(make_smem_ptr(s.q_nope), typename T::SmemLayoutRows512{});
+  Tensor sQr = make_tensor(make_smem_ptr(s.q_rope), typename T::SmemLayoutRows64{});
+  Tensor sdO = make_tensor(make_smem_ptr(s.dout), typename T::SmemLayoutRows512{});
+  Tensor sKn = make_tensor(make_smem_ptr(s.k_nope), typename T::SmemLayoutRows512{});
+  Tensor sKr = make_tensor(make_smem_ptr(s.k_rope), typename T::SmemLayoutRows64{});
+  Tensor sKnT = make_tensor(make_smem_ptr(s.k_nope), typename T::SmemLayoutCols512{});
+  Tensor sKrT = make_tensor(make_smem_ptr(s.k_rope), typename T::SmemLayoutCols64{});
+  Tensor sDs = make_tensor(make_smem_ptr(s.ds), typename T::SmemLayoutRows64{});
+  Tensor sDsT = make_tensor(make_smem_ptr(s.ds), typename T::SmemLayoutCols64{});
+  Tensor sPT = make_tensor(make_smem_ptr(s.p), typename T::SmemLayoutCols64{});
+
+  // [1], [2]
+  Tensor tSrQn = thr_sdp.partition_fragment_A(sQn);  // descriptors (MMA, 1, 32)
+  Tensor tSrQr = thr_sdp.partition_fragment_A(sQr);  // (MMA, 1, 4)
+  Tensor tSrdO = thr_sdp.partition_fragment_A(sdO);  // (MMA, 1, 32)
+  Tensor tSrKn = thr_sdp.partition_fragment_B(sKn);  // (MMA, 1, 32): this warpgroup's 32 keys
+  Tensor tSrKr = thr_sdp.partition_fragment_B(sKr);  // (MMA, 1, 4)
+  Tensor tSrS = partition_fragment_C(mma_sdp, Shape<typename T::H64, typename T::H64>{});
+  Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<typename T::H64, typename T::H64>{});
+  static_assert(decltype(size(tSrS))::value == 16, "S fragment: 64 x 32 per warpgroup");
+  // [4]
+  Tensor tQrDs = thr_dq.partition_fragment_A(sDs);    // (MMA, 1, 4)
+  Tensor tQrKt = thr_dq.partition_fragment_B(sKnT);   // (MMA, 1, 4): this warpgroup's 256 dims
+  Tensor tQrdQ = partition_fragment_C(mma_dq, Shape<typename T::H64, typename T::D512>{});
+  static_assert(decltype(size(tQrdQ))::value == 128, "dQ fragment: 64 x 256 per warpgroup");
+  Tensor tRrDs = thr_dqr.partition_fragment_A(sDs);   // (MMA, 1, 4)
+  Tensor tRrKt = thr_dqr.partition_fragment_B(sKrT);  // (MMA, 1, 4)
+  Tensor tRrdQ = partition_fragment_C(mma_dqr, Shape<typename T::H64, typename T::D64>{});
+  // [5]
+  Tensor tKrDsT = thr_kv.partition_fragment_A(sDsT);  // (MMA, 1, 4)
+  Tensor tKrPT = thr_kv.partition_fragment_A(sPT);    // (MMA, 1, 4)
+  Tensor tKrAcc = partition_fragment_C(mma_kv, Shape<typename T::D64, typename T::D64>{});
+  static_assert(decltype(size(tKrAcc))::value == 32, "dKV piece: 64 x 64 per warpgroup");
+
+  // L2 (log2 units) and delta of this thread's rows frag_row + 8 r (both warpgroups compute them:
+  // no shared hand-off). delta: the quad's 4 lanes each sum 128 columns, then a quad sum.
+  float l2[2], delta[2];
+  const float kInf = INFINITY;
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const int h = h0 + frag_row + 8 * r;
+    const Element* o_row = static_cast<const Element*>(p.out) + tok * p.o_ss + h * p.o_sh;
+    const Element* d_row = static_cast<const Element*>(p.dout) + tok * p.do_ss + h * p.do_sh;
+    float acc = 0.f;
+#pragma unroll 4
+    for (int k = 0; k < 16; ++k) {
+      const int col = 128 * (lane % 4) + 8 * k;
+      const uint4 a = *reinterpret_cast<const uint4*>(o_row + col);
+      const uint4 b = *reinterpret_cast<const uint4*>(d_row + col);
+      const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
+      CUTE_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const float2 af = unpack_bf16x2(aw[e]), bf = unpack_bf16x2(bw[e]);
+        acc = fmaf(af.x, bf.x, acc);
+        acc = fmaf(af.y, bf.y, acc);
+      }
+    }
+    delta[r] = quad_sum(acc);
+    const float lse = p.lse[tok * p.lse_ss + h * p.lse_sh];
+    const float sink = p.sink != nullptr ? p.sink[h * p.sink_s] : -kInf;
+    l2[r] = portable::dsa_bwd::row_log2_normalizer(lse, sink);
+  }
+
+  const float scale_log2 = p.scale_log2;
+  const float scale = p.scale;
+  const bool releaser = lane == 0;
+  bool saw_active = false;
+  clear(tQrdQ);
+  clear(tRrdQ);
+  uint8_t* p_bytes = reinterpret_cast<uint8_t*>(s.p);
+  uint8_t* ds_bytes = reinterpret_cast<uint8_t*>(s.ds);
+  const int dqk = T::kDqk;
+
+  // [5] one piece: dKV[keys, panel] = dS'^T Q_panel (+ P^T dO_panel for a nope panel), reduced
+  // into the dkv rows of the chunk's active keys.
+  auto kv_piece = [&](int buf, int panel, auto rope_tag) {
+    constexpr bool rope = decltype(rope_tag)::value;
+    Tensor sQT = make_tensor(make_smem_ptr(rope ? s.q_rope : s.q_nope + panel * T::kPanelElems),
+                             typename T::SmemLayoutCols64{});
+    Tensor sdOT =
+        make_tensor(make_smem_ptr(s.dout + (rope ? 0 : panel) * T::kPanelElems),
+                    typename T::SmemLayoutCols64{});
+    Tensor tKrQ = thr_kv.partition_fragment_B(sQT);  // (MMA, 1, 4)
+    Tensor tKrdO = thr_kv.partition_fragment_B(sdOT);
+    warpgroup_fence_operand(tKrAcc);
+    warpgroup_arrive();
+    gemm_ss(mma_kv, tKrDsT, tKrQ, tKrAcc, true);
+    if constexpr (!rope) gemm_ss(mma_kv, tKrPT, tKrdO, tKrAcc, false);
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tKrAcc);
+    int32_t j[2];
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) j[r] = s.kidx[buf][frag_row + 8 * r];
+    const int col0 = 64 * panel + 2 * (lane % 4);
+    CUTE_UNROLL
+    for (int i = 0; i < size(tKrAcc); i += 2) {
+      const int r = (i / 2) % 2;
+      if (j[r] >= 0)
+        red_add_f32x2(p.dkv_acc + static_cast<int64_t>(j[r]) * dqk + col0 + 8 * (i / 4),
+                      tKrAcc(i), tKrAcc(i + 1));
+    }
+  };
+
+#pragma unroll 1
+  for (int c = 0; c < n_chunks; ++c) {
+    const int buf = c & 1;
+    mbarrier_wait(&s.kv_full, c & 1);
+    // [1] S, alone: S and dP are never allocated together (with dQ's 160 fp32 at D_qk 576 that
+    // spilled).
+    warpgroup_fence_operand(tSrS);
+    warpgroup_arrive();
+    gemm_ss(mma_sdp, tSrQn, tSrKn, tSrS, true);
+    if constexpr (T::kRope) gemm_ss(mma_sdp, tSrQr, tSrKr, tSrS, false);
+    warpgroup_commit_batch();
+    // Whether the chunk has an active slot (for the d_sink term), while the batch runs.
+    saw_active |= __any_sync(0xffffffffu, s.bias[buf][lane] == 0.f || s.bias[buf][32 + lane] == 0.f);
+    // Every consumer's [5] of the previous chunk is done with sP and sDs (waited there).
+    named_barrier_sync(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrS);
+
+    // [3a] P of this warpgroup's 32 keys -> bf16 sP; the bf16 pairs stay for dS'.
+    const float* bias = s.bias[buf] + 32 * wg + 2 * (lane % 4);
+    uint32_t p_pk[8];
+    CUTE_UNROLL
+    for (int i = 0; i < 16; i += 2) {
+      const int r = (i / 2) % 2;
+      float pv[2];
+      CUTE_UNROLL
+      for (int e = 0; e < 2; ++e) {
+        const float off = bias[8 * (i / 4) + e] - l2[r];  // -inf for inactive keys, L2 = +inf
+        pv[e] = exp2_approx(fmaf(tSrS(i + e), scale_log2, off));
+      }
+      p_pk[i / 2] = pack_bf16x2(pv[0], pv[1]);
+      const uint32_t at = swz(frag_row + 8 * r, 4 * wg + i / 4) + 4 * (lane % 4);
+      *reinterpret_cast<uint32_t*>(p_bytes + at) = p_pk[i / 2];
+    }
+    // [2] dP.
+    warpgroup_fence_operand(tSrdP);
+    warpgroup_arrive();
+    gemm_ss(mma_sdp, tSrdO, tSrKn, tSrdP, true);
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrdP);
+    // [3b] dS' = scale P (dP - delta) from P's bf16 copy (the operand of dKV's P^T dO) -> sDs.
+    CUTE_UNROLL
+    for (int i = 0; i < 16; i += 2) {
+      const int r = (i / 2) % 2;
+      const float2 pv = unpack_bf16x2(p_pk[i / 2]);
+      const float d0 = scale * pv.x * (tSrdP(i) - delta[r]);
+      const float d1 = scale * pv.y * (tSrdP(i + 1) - delta[r]);
+      const uint32_t at = swz(frag_row + 8 * r, 4 * wg + i / 4) + 4 * (lane % 4);
+      *reinterpret_cast<uint32_t*>(ds_bytes + at) = pack_bf16x2(d0, d1);
+    }
+    fence_proxy_async_shared();  // sP, sDs are read by wgmma (async proxy)
+    named_barrier_sync(id(NamedBarrier::kPdsReady), T::kConsumerThreads);
+
+    // [4] dQ += dS' K: the last product that reads the K stage.
+    warpgroup_fence_operand(tQrdQ);
+    if constexpr (T::kRope) warpgroup_fence_operand(tRrdQ);
+    warpgroup_arrive();
+    gemm_ss(mma_dq, tQrDs, tQrKt, tQrdQ, false);
+    if constexpr (T::kRope) {
+      // The rope columns split by keys: each warpgroup adds its own 32 keys' part (k-blocks
+      // 2 wg, 2 wg + 1); the epilogue adds the two partials. Same code on both warpgroups (a
+      // warpgroup-dependent wgmma inside a batch makes ptxas inject waits).
+      mma_dqr.accumulate_ = SM90::GMMA::ScaleOut::One;
+      CUTE_UNROLL
+      for (int k = 0; k < 2; ++k)
+        cute::gemm(mma_dqr, tRrDs(_, _, 2 * wg + k), tRrKt(_, _, 2 * wg + k), tRrdQ);
+    }
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tQrdQ);
+    if constexpr (T::kRope) warpgroup_fence_operand(tRrdQ);
+    if (releaser) mbarrier_arrive(&s.kv_empty);  // the producer may gather the next chunk
+
+    // [5] This warpgroup's dKV pieces (the next chunk's gather runs meanwhile).
+    const int first = 4 * wg;
+#pragma unroll 1
+    for (int panel = first; panel < first + 4; ++panel) kv_piece(buf, panel, cute::false_type{});
+    if constexpr (T::kRope) {
+      if (wg == 0) kv_piece(buf, T::kNopePanels, cute::true_type{});
+    }
+  }
+
+  // Epilogue: dQ (scale is in dS') -> dq, bf16 pairs; the d_sink terms.
+  Element* dq = static_cast<Element*>(p.dq);
+  CUTE_UNROLL
+  for (int i = 0; i < size(tQrdQ); i += 2) {
+    const int h = h0 + frag_row + 8 * ((i / 2) % 2);
+    const int col = 256 * wg + 8 * (i / 4) + 2 * (lane % 4);
+    *reinterpret_cast<uint32_t*>(dq + tok * p.dq_ss + h * p.dq_sh + col) =
+        pack_bf16x2(tQrdQ(i), tQrdQ(i + 1));
+  }
+  if constexpr (T::kRope) {
+    // Rope columns: warpgroup 0's partial through shared memory (the P and dS' tiles, 16 KB,
+    // free once both warpgroups' last [5] is done; same fragment order on both sides), warpgroup
+    // 1 adds it to its own and stores.
+    const uint32_t part = smem_u32(s.p) + 8 * wtid;  // pair i / 2 at + 1024 (i / 2)
+    named_barrier_sync(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
+    if (wg == 0) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(tRrdQ); i += 2)
+        st_shared_f32x2(part + 1024 * (i / 2), tRrdQ(i), tRrdQ(i + 1));
+    }
+    named_barrier_sync(id(NamedBarrier::kPdsReady), T::kConsumerThreads);
+    if (wg == 1) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(tRrdQ); i += 2) {
+        const float2 o = ld_shared_f32x2(part + 1024 * (i / 2));
+        const int h = h0 + frag_row + 8 * ((i / 2) % 2);
+        const int col = 512 + 8 * (i / 4) + 2 * (lane % 4);
+        *reinterpret_cast<uint32_t*>(dq + tok * p.dq_ss + h * p.dq_sh + col) =
+            pack_bf16x2(tRrdQ(i) + o.x, tRrdQ(i + 1) + o.y);
+      }
+    }
+  }
+  if (p.sink_terms != nullptr && wg == 0 && lane % 4 == 0) {
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      const int h = h0 + frag_row + 8 * r;
+      float term = 0.f;
+      if (saw_active && p.sink != nullptr) {
+        const float lse = p.lse[tok * p.lse_ss + h * p.lse_sh];
+        if (lse < kInf) term = -portable::dsa_bwd::sink_share(lse, p.sink[h * p.sink_s]) * delta[r];
+      }
+      p.sink_terms[h * p.sq + tok] = term;
+    }
+  }
+}
+
+// ---- kernel -------------------------------------------------------------------------------------
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 1)
+    dsa_backward_sm90_kernel(const __grid_constant__ Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_raw[];
+  SharedStorage<T>& s = *reinterpret_cast<SharedStorage<T>*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+
+  const int64_t tok = blockIdx.x / p.head_groups;
+  const int h0 = (blockIdx.x % p.head_groups) * T::kHeads;
+  const int n_slots = active_slots(p, tok);
+
+  if (threadIdx.x == 0) {
+    mbarrier_init(&s.kv_full, T::kProducerThreads);
+    mbarrier_init(&s.kv_empty, T::kConsumerWarps);
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  const Role role = static_cast<Role>(__shfl_sync(0xffffffffu, threadIdx.x / 128, 0));
+  if (role == Role::kProducer) {
+    setmaxnreg_dec<T::kProducerRegs>();
+    producer_main<T>(p, s, tok, h0, n_slots);
+  } else {
+    setmaxnreg_inc<T::kConsumerRegs>();
+    consumer_main<T>(p, s, tok, h0, n_slots,
+                     static_cast<int>(role) - static_cast<int>(Role::kConsumer0));
+  }
+#endif
+}
+
+}  // namespace sa::sm90::dsa_bwd
