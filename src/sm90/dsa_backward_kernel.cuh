@@ -146,76 +146,36 @@ struct alignas(1024) SharedStorage {
   uint64_t kv_empty;           // consumers (8 warp arrivals) -> producer: the K stage is free
 };
 
-// Active prefix of row `tok`: topk_length clamped to [0, topk].
-__device__ __forceinline__ int active_slots(const Params& p, int64_t tok) {
-  int n = p.topk;
-  if (p.len != nullptr) {
-    const int32_t len = p.len[tok * p.len_s];
-    n = len <= 0 ? 0 : min(len, p.topk);
-  }
-  return n;
-}
-
 // ---- producer (warpgroup 0) ---------------------------------------------------------------------
-// Thread mapping of every copy: warp w owns rows [16 w, 16 w + 16), 4 rows per pass (8 lanes per
-// row, lane % 8 = the 16-byte chunk within each 128-byte panel row).
+// The gather pieces are the forward's (dsa_common.cuh).
 template <class T>
 __device__ __forceinline__ void producer_main(const Params& p, SharedStorage<T>& s, int64_t tok,
                                               int h0, int n_slots) {
-  using Element = typename T::Element;
-  const int ptid = threadIdx.x;  // 0..127
-  const int warp = ptid / 32, lane = ptid % 32;
-  const int sub = lane % 8;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;  // threads 0..127
   const int n_chunks = (n_slots + T::kBlockN - 1) / T::kBlockN;
   if (n_chunks == 0) return;
 
-  // One row: 8 nope panels at `nope`, the rope panel at `rope` when `with_rope`.
-  auto copy_row = [&](uint32_t nope, uint32_t rope, bool with_rope, int row, const Element* src,
-                      int bytes) {
-#pragma unroll
-    for (int pnl = 0; pnl < T::kNopePanels; ++pnl)
-      cp_async_16(nope + pnl * T::kPanelElems * 2 + swz(row, sub), src + pnl * 64 + sub * 8,
-                  bytes);
-    if (with_rope) cp_async_16(rope + swz(row, sub), src + 512 + sub * 8, bytes);
-  };
-
   // [P0] Q and dO of the 64 heads (all < H: H is a multiple of 64); they land with chunk 0.
-  const Element* q_tok = static_cast<const Element*>(p.q) + tok * p.q_ss;
-  const Element* do_tok = static_cast<const Element*>(p.dout) + tok * p.do_ss;
-#pragma unroll 1
-  for (int pass = 0; pass < 4; ++pass) {
-    const int row = 16 * warp + 4 * pass + lane / 8;
-    copy_row(smem_u32(s.q_nope), smem_u32(s.q_rope), T::kRope, row,
-             q_tok + (h0 + row) * p.q_sh, 16);
-    copy_row(smem_u32(s.dout), 0u, false, row, do_tok + (h0 + row) * p.do_sh, 16);
-  }
-
-  const Element* kv = static_cast<const Element*>(p.kv);
+  gather_head_rows<T::kRope>(smem_u32(s.q_nope), smem_u32(s.q_rope),
+                             static_cast<const DsaElement*>(p.q) + tok * p.q_ss, p.q_sh, h0, warp,
+                             lane);
+  gather_head_rows<false>(smem_u32(s.dout), 0u,
+                          static_cast<const DsaElement*>(p.dout) + tok * p.do_ss, p.do_sh, h0,
+                          warp, lane);
+  const DsaElement* kv = static_cast<const DsaElement*>(p.kv);
   const int32_t* idx_row = p.idx + tok * p.idx_ss;
-  const uint32_t nope = smem_u32(s.k_nope);
-  const uint32_t rope = smem_u32(s.k_rope);
 #pragma unroll 1
   for (int c = 0; c < n_chunks; ++c) {
     const int buf = c & 1;
-    // [P1] Indices of this warp's 16 slots (lanes 0..15), read before waiting for the stage.
-    const int slot = c * T::kBlockN + 16 * warp + (lane % 16);
-    int32_t j = -1;
-    if (lane < 16 && slot < n_slots) j = idx_row[slot * p.idx_si];
+    // [P1] Indices of this warp's 16 slots, read before waiting for the stage; the rows, their
+    // bias and kv row (double-buffered: the consumers still reduce chunk c - 1's pieces).
+    const int32_t j = chunk_slot_index(idx_row, p.idx_si, n_slots, c, warp, lane);
     mbarrier_wait(&s.kv_empty, (c & 1) ^ 1);
-#pragma unroll 1
-    for (int pass = 0; pass < 4; ++pass) {
-      const int r_in_warp = 4 * pass + lane / 8;
-      const int32_t jr = __shfl_sync(0xffffffffu, j, r_in_warp);
-      const int row = 16 * warp + r_in_warp;
-      const bool active = jr >= 0 && jr < p.skv;
-      // Inactive: src-size 0, nothing read (kv's base is a valid address), the row is zeroed.
-      const Element* src = kv + (active ? jr * p.kv_ss : int64_t{0});
-      copy_row(nope, rope, T::kRope, row, src, active ? 16 : 0);
-      if (sub == 0) {
-        s.bias[buf][row] = active ? 0.f : -INFINITY;
-        s.kidx[buf][row] = active ? jr : -1;
-      }
-    }
+    gather_chunk<T::kRope>(smem_u32(s.k_nope), smem_u32(s.k_rope), kv, p.kv_ss, p.skv, j, warp,
+                           lane, [&](int row, bool active, int32_t jr) {
+                             s.bias[buf][row] = active ? 0.f : -INFINITY;
+                             s.kidx[buf][row] = active ? jr : -1;
+                           });
     cp_async_commit();
     // [P2] This thread's copies (Q and dO too, the first time) have landed: visible to wgmma
     // (async proxy), published by the arrive (128 arrivals complete the phase).
@@ -494,7 +454,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   const int64_t tok = blockIdx.x / p.head_groups;
   const int h0 = (blockIdx.x % p.head_groups) * T::kHeads;
-  const int n_slots = active_slots(p, tok);
+  const int n_slots = dsa_active_slots(p.len, p.len_s, p.topk, tok);
 
   if (threadIdx.x == 0) {
     mbarrier_init(&s.kv_full, T::kProducerThreads);

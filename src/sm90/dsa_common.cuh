@@ -1,6 +1,6 @@
 // Device helpers of the Hopper DSA kernels (dsa_forward_kernel.cuh, dsa_backward_kernel.cuh):
-// the 128-byte swizzle of a 64-column panel, the 16-byte cp.async gather, a wgmma batch over a K
-// extent.
+// the 128-byte swizzle of a 64-column panel, the producer warpgroup's gather of kv rows (and of
+// Q / dO rows) into 64-column panels, a wgmma batch over a K extent.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +9,9 @@
 #include <cute/atom/mma_atom.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+#include "portable/dsa_mma.hpp"  // cp.async wrappers
 
 namespace sa::sm90 {
 
@@ -17,17 +20,77 @@ __device__ __forceinline__ uint32_t swz(int r, int ch) {
   return static_cast<uint32_t>(r * 128 + ((ch ^ (r & 7)) << 4));
 }
 
-// 16-byte cp.async, zero-filling the bytes past src_bytes (0: nothing is read).
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes)
-               : "memory");
+using portable::dsa::cp_async_16_zfill;
+using portable::dsa::cp_async_commit;
+using portable::dsa::cp_async_wait_all;
+
+// Active prefix of row `tok`: topk_length clamped to [0, topk] (len null: topk).
+__device__ __forceinline__ int dsa_active_slots(const int32_t* len, int64_t len_s, int topk,
+                                                int64_t tok) {
+  int n = topk;
+  if (len != nullptr) {
+    const int32_t l = len[tok * len_s];
+    n = l <= 0 ? 0 : min(l, topk);
+  }
+  return n;
 }
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
+
+// ---- the producer warpgroup's gather (128 threads) ----------------------------------------------
+// Thread mapping of every copy: warp w owns rows [16 w, 16 w + 16), 4 rows per pass (8 lanes per
+// row, lane % 8 = the 16-byte chunk within each 128-byte panel row).
+using DsaElement = cutlass::bfloat16_t;
+
+// Row `row` of the destination: 8 nope panels at `nope` (+ the rope panel at `rope` when kRope)
+// from `src` (512 or 576 columns), 16 bytes per lane; bytes 0 zero-fills and reads nothing.
+template <bool kRope>
+__device__ __forceinline__ void gather_row(uint32_t nope, uint32_t rope, int row,
+                                           const DsaElement* src, int bytes, int lane) {
+  const int sub = lane % 8;
+#pragma unroll
+  for (int pnl = 0; pnl < 8; ++pnl)
+    cp_async_16_zfill(nope + pnl * 64 * 64 * 2 + swz(row, sub), src + pnl * 64 + sub * 8, bytes);
+  if constexpr (kRope) cp_async_16_zfill(rope + swz(row, sub), src + 512 + sub * 8, bytes);
 }
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+
+// 64 rows of one token's heads [h0, h0 + 64) (Q or dO; all < H), into panels at nope / rope.
+template <bool kRope>
+__device__ __forceinline__ void gather_head_rows(uint32_t nope, uint32_t rope,
+                                                 const DsaElement* tok_rows, int64_t head_stride,
+                                                 int h0, int warp, int lane) {
+#pragma unroll 1
+  for (int pass = 0; pass < 4; ++pass) {
+    const int row = 16 * warp + 4 * pass + lane / 8;
+    gather_row<kRope>(nope, rope, row, tok_rows + (h0 + row) * head_stride, 16, lane);
+  }
+}
+
+// The kv row index of this lane's slot of chunk c (lanes 0..15 of warp w: slot 64 c + 16 w +
+// lane), -1 past the active prefix and for lanes 16..31. Read lane-parallel before the producer
+// waits for the stage; gather_chunk broadcasts each with __shfl_sync.
+__device__ __forceinline__ int32_t chunk_slot_index(const int32_t* idx_row, int64_t idx_si,
+                                                    int n_slots, int c, int warp, int lane) {
+  const int slot = c * 64 + 16 * warp + (lane % 16);
+  return lane < 16 && slot < n_slots ? idx_row[slot * idx_si] : -1;
+}
+
+// The 64 kv rows of a chunk (this lane's index j from chunk_slot_index): active rows
+// (0 <= index < skv) copied, inactive rows zero-filled without a read. mark(row, active, index)
+// runs once per row (on lane % 8 == 0) for the chunk's per-row metadata.
+template <bool kRope, class Mark>
+__device__ __forceinline__ void gather_chunk(uint32_t nope, uint32_t rope, const DsaElement* kv,
+                                             int64_t kv_ss, int64_t skv, int32_t j, int warp,
+                                             int lane, Mark mark) {
+#pragma unroll 1
+  for (int pass = 0; pass < 4; ++pass) {
+    const int r_in_warp = 4 * pass + lane / 8;
+    const int32_t jr = __shfl_sync(0xffffffffu, j, r_in_warp);
+    const int row = 16 * warp + r_in_warp;
+    const bool active = jr >= 0 && jr < skv;
+    // Inactive: src-size 0, nothing read (kv's base is a valid address), the row is zeroed.
+    const DsaElement* src = kv + (active ? jr * kv_ss : int64_t{0});
+    gather_row<kRope>(nope, rope, row, src, active ? 16 : 0, lane);
+    if (lane % 8 == 0) mark(row, active, jr);
+  }
 }
 
 // Appends C (+)= A B over the K extent of a and b to the current wgmma batch (no arrive/commit).
