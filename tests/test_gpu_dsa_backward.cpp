@@ -94,7 +94,7 @@ std::vector<GpuDsaBwdCase> gpu_dsa_bwd_cases() {
 }
 
 // ---- runs ------------------------------------------------------------------------------------
-enum class Variant { kPublicApi, kBlockM32, kBlockM64, kSlices5, kSm90 };
+enum class Variant { kPublicApi, kBlockM32, kBlockM64, kSlices5, kSm90, kAuto };
 
 const char* variant_name(Variant v) {
   switch (v) {
@@ -108,6 +108,8 @@ const char* variant_name(Variant v) {
       return "deterministic_slices_of_5_tokens";
     case Variant::kSm90:
       return "sm90_public_api";
+    case Variant::kAuto:
+      return "auto_public_api";
   }
   return "?";
 }
@@ -175,8 +177,13 @@ void run_gpu(const DsaHostCase& c, const Inputs& in, Variant variant, bool deter
        {&q, &kv, &idx, &len, &sink, &out, &lse, &dout, &d_dq, &d_dkv, &d_ds})
     ASSERT_TRUE(b->ok()) << "device allocation or copy failed";
 
-  if (variant == Variant::kPublicApi || variant == Variant::kSm90) {
-    const sa_impl impl = variant == Variant::kSm90 ? SA_IMPL_SM90 : SA_IMPL_PORTABLE;
+  if (variant == Variant::kPublicApi || variant == Variant::kSm90 || variant == Variant::kAuto) {
+    // The implementation asked for, and the one that must run (AUTO: the portable backward until
+    // the Hopper one has run on hardware).
+    const sa_impl impl = variant == Variant::kSm90   ? SA_IMPL_SM90
+                         : variant == Variant::kAuto ? SA_IMPL_AUTO
+                                                     : SA_IMPL_PORTABLE;
+    const sa_impl expect_used = impl == SA_IMPL_AUTO ? SA_IMPL_PORTABLE : impl;
     sa_dsa_bwd_args a{};
     a.q = view_of(q.get(), c.dtype, {s.Sq, s.H, s.Dqk}, SA_DEVICE_CUDA);
     a.kv = view_of(kv.get(), c.dtype, {s.Skv, s.Dqk}, SA_DEVICE_CUDA);
@@ -206,7 +213,7 @@ void run_gpu(const DsaHostCase& c, const Inputs& in, Variant variant, bool deter
     sa_impl used = SA_IMPL_AUTO;
     ctx.impl_used = &used;
     ASSERT_EQ(sa_dsa_backward(&a, &ctx), SA_OK) << sa_last_error();
-    ASSERT_EQ(used, impl);
+    ASSERT_EQ(used, expect_used) << "ran " << sa_impl_name(used);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
   } else {
     DsaPointers ptr;
@@ -467,9 +474,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, Sm90DsaBackward, ::testing::ValuesIn(sm90_dsa_bw
                            return info.param.name;
                          });
 
-// Until it has run on hardware AUTO does not pick the Hopper backward; forcing it on a shape it
-// does not serve names the reason.
-TEST(Sm90DsaBackwardDispatch, AutoKeepsThePortableBackwardAndRefusalsNameTheReason) {
+// Until it has run on hardware AUTO does not pick the Hopper backward (on an sm_90 device too).
+TEST(Sm90DsaBackwardDispatch, AutoKeepsThePortableBackward) {
   SA_SKIP_WITHOUT_GPU();
   SA_SKIP_UNLESS_SM90();
   const GpuDsaBwdCase p{"H64_D576_K64_Auto", shape_of(4, 300, 64, 576, 64),
@@ -477,65 +483,34 @@ TEST(Sm90DsaBackwardDispatch, AutoKeepsThePortableBackwardAndRefusalsNameTheReas
   DsaHostCase c = make_dsa_host_case(p.shape, p.spec, SA_DTYPE_BF16, seed_of(0xdb5a, p.name));
   Inputs in;
   ASSERT_NO_FATAL_FAILURE(run_reference_forward(c, &in));
-  Grads got;
-  // kPublicApi forces the portable path; here AUTO must choose it too: the public API call with
-  // options.impl = AUTO reports the implementation that ran.
-  const DsaShape& s = c.shape;
-  DeviceBuffer q(c.q), kv(c.kv), idx(c.topk_idx), len(c.topk_length), sink(c.sink), out(in.out),
-      lse(in.lse), dout(c.dout);
-  HostTensor dq(c.dtype, {s.Sq, s.H, s.Dqk}), dkv(c.dtype, {s.Skv, s.Dqk}),
-      d_sink(SA_DTYPE_FP32, {s.H});
-  DeviceBuffer d_dq(dq), d_dkv(dkv), d_ds(d_sink);
-  sa_dsa_bwd_args a{};
-  a.q = view_of(q.get(), c.dtype, {s.Sq, s.H, s.Dqk}, SA_DEVICE_CUDA);
-  a.kv = view_of(kv.get(), c.dtype, {s.Skv, s.Dqk}, SA_DEVICE_CUDA);
-  a.topk_idx = view_of(idx.get(), SA_DTYPE_INT32, {s.Sq, s.topk}, SA_DEVICE_CUDA);
-  a.topk_length = view_of(len.get(), SA_DTYPE_INT32, {s.Sq}, SA_DEVICE_CUDA);
-  a.sink = view_of(sink.get(), SA_DTYPE_FP32, {s.H}, SA_DEVICE_CUDA);
-  a.out = view_of(out.get(), c.dtype, {s.Sq, s.H, s.Dv}, SA_DEVICE_CUDA);
-  a.lse = view_of(lse.get(), SA_DTYPE_FP32, {s.Sq, s.H}, SA_DEVICE_CUDA);
-  a.dout = view_of(dout.get(), c.dtype, {s.Sq, s.H, s.Dv}, SA_DEVICE_CUDA);
-  a.dq = view_of(d_dq.get(), c.dtype, {s.Sq, s.H, s.Dqk}, SA_DEVICE_CUDA);
-  a.dkv = view_of(d_dkv.get(), c.dtype, {s.Skv, s.Dqk}, SA_DEVICE_CUDA);
-  a.d_sink = view_of(d_ds.get(), SA_DTYPE_FP32, {s.H}, SA_DEVICE_CUDA);
-  a.options = sa_dsa_options_default();
-  a.options.scale = c.scale;
-  a.options.d_v = static_cast<int32_t>(s.Dv);
-  size_t bytes = 0;
-  ASSERT_EQ(sa_dsa_backward_workspace_size(&a, &bytes), SA_OK) << sa_last_error();
-  DeviceBuffer workspace(bytes);
-  ASSERT_TRUE(workspace.ok());
-  sa_context ctx = sa_context_default();
-  ctx.workspace = workspace.get();
-  ctx.workspace_bytes = bytes;
-  sa_impl used = SA_IMPL_AUTO;
-  ctx.impl_used = &used;
-  ASSERT_EQ(sa_dsa_backward(&a, &ctx), SA_OK) << sa_last_error();
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_EQ(used, SA_IMPL_PORTABLE) << "ran " << sa_impl_name(used);
-  // Forced on a shape it does not serve (deterministic mode): refused with the reason.
-  a.options.impl = SA_IMPL_SM90;
-  a.options.deterministic = 1;
-  EXPECT_EQ(sa_dsa_backward_workspace_size(&a, &bytes), SA_ERROR_UNSUPPORTED);
-  EXPECT_NE(std::string(sa_last_error()).find("deterministic mode"), std::string::npos)
-      << sa_last_error();
+  Grads want, got;
+  ASSERT_NO_FATAL_FAILURE(run_reference_backward(c, in, &want));
+  ASSERT_NO_FATAL_FAILURE(run_gpu(c, in, Variant::kAuto, false, &got));
+  expect_matches(c, in, got, want, variant_name(Variant::kAuto));
 }
 
 // Shapes the portable backward does not serve are refused by name when it is forced.
+// The same for the Hopper backward (on an sm_90 device): the shapes and modes it leaves to the
+// portable one.
 TEST(DsaBackwardGpuRefusals, UnsupportedShapesNameTheReason) {
   SA_SKIP_WITHOUT_GPU();
   struct Refusal {
     int64_t H, Dqk, Dv;
     sa_dtype dtype;
     const char* reason;
+    sa_impl impl = SA_IMPL_PORTABLE;
+    bool deterministic = false;
   };
   const Refusal cases[] = {
       {16, 128, 128, SA_DTYPE_BF16, "D_qk = 128"},
       {8, 576, 512, SA_DTYPE_BF16, "H = 8"},
       {16, 576, 256, SA_DTYPE_BF16, "d_v = 256"},
       {16, 576, 512, SA_DTYPE_FP16, "dtype fp16"},
+      {16, 576, 512, SA_DTYPE_BF16, "H = 16", SA_IMPL_SM90},
+      {64, 576, 512, SA_DTYPE_BF16, "deterministic mode", SA_IMPL_SM90, true},
   };
   for (const Refusal& r : cases) {
+    if (r.impl == SA_IMPL_SM90 && !device_is_sm90()) continue;
     const int64_t Sq = 2, Skv = 4, topk = 2, esize = 2;
     void *q = nullptr, *kv = nullptr, *idx = nullptr, *out = nullptr, *lse = nullptr,
          *dout = nullptr, *dq = nullptr, *dkv = nullptr;
@@ -561,7 +536,8 @@ TEST(DsaBackwardGpuRefusals, UnsupportedShapesNameTheReason) {
     a.d_sink = sa_tensor_none();
     a.options = sa_dsa_options_default();
     a.options.d_v = static_cast<int32_t>(r.Dv);
-    a.options.impl = SA_IMPL_PORTABLE;
+    a.options.impl = r.impl;
+    a.options.deterministic = r.deterministic ? 1 : 0;
     const sa_status st = sa_dsa_backward(&a, nullptr);
     const std::string message = sa_last_error();
     EXPECT_EQ(st, SA_ERROR_UNSUPPORTED) << message;

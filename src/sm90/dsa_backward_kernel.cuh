@@ -69,39 +69,23 @@ namespace sa::sm90::dsa_bwd {
 
 using Params = portable::dsa_bwd::DsaBwdParams;
 
-// Warpgroup roles.
-enum class Role : int { kProducer = 0, kConsumer0 = 1, kConsumer1 = 2 };
-
 // Named barriers (id 0 is __syncthreads), over the 256 consumer threads.
 enum class NamedBarrier : uint32_t { kPdsFree = 1, kPdsReady = 2 };
 __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint32_t>(b); }
 
 template <int kDqk_>
-struct DsaBwdTraits {
-  using Element = cutlass::bfloat16_t;
-  static constexpr int kDqk = kDqk_;  // 512 or 576
-  static constexpr bool kRope = kDqk == 576;
-  static constexpr int kDv = 512;
-  static constexpr int kHeads = 64;   // query rows (heads) per CTA
-  static constexpr int kBlockN = 64;  // keys per chunk
-  static constexpr int kThreads = 384;
-  static constexpr int kConsumerThreads = 256;
-  static constexpr int kConsumerWarps = 8;
-  static constexpr int kProducerThreads = 128;
-  static constexpr int kProducerRegs = 32;
+struct DsaBwdTraits : DsaCta<kDqk_> {
+  using Base = DsaCta<kDqk_>;
+  using Element = typename Base::Element;
+  using H64 = typename Base::H64;
+  using D512 = typename Base::D512;
+  using D64 = typename Base::D64;
+  using WgLayout = typename Base::WgLayout;
+  // Register split of the CTA's pool, 384 threads x 168 at launch (the split must not exceed it:
+  // a consumer's setmaxnreg.inc would wait forever); FA3's for two consumer warpgroups.
+  static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
-  static_assert(kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536,
-                "register split exceeds the register file");
-  static constexpr int kPanelElems = 64 * 64;  // one 64-row x 64-column panel (8 KB)
-  static constexpr int kNopeElems = 64 * 512;  // 8 panels
-  static constexpr int kNopePanels = 8;
-
-  using H64 = cute::Int<64>;
-  using D512 = cute::Int<512>;
-  using D64 = cute::Int<64>;
   using Major = cute::SM90::GMMA::Major;
-  // Two consumer warpgroups tile N: keys of S and dP, nope columns of dQ.
-  using WgLayout = cute::Layout<cute::Shape<cute::_1, cute::_2, cute::_1>>;
   // [1], [2]: M = 64 heads, N = 32 keys per warpgroup, K = dims; both operands K-major.
   using TiledMmaSdP = decltype(cute::make_tiled_mma(
       cute::SM90::GMMA::MMA_64x32x16_F32BF16BF16_SS<Major::K, Major::K>{}, WgLayout{}));
@@ -109,7 +93,7 @@ struct DsaBwdTraits {
   // rows seen as (dims, keys) (MN-major).
   using TiledMmaDq = decltype(cute::make_tiled_mma(
       cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<Major::K, Major::MN>{}, WgLayout{}));
-  // [4] rope (warpgroup 1 alone): N = 64.
+  // [4] rope: N = 64, each warpgroup over its own 32 keys (k-blocks 2 wg, 2 wg + 1).
   using TiledMmaDqRope = decltype(cute::make_tiled_mma(
       cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<Major::K, Major::MN>{}));
   // [5]: M = 64 keys, N = 64 dims, K = 64 heads; A = dS'^T or P^T, B = a Q or dO panel seen as
@@ -463,15 +447,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   }
   __syncthreads();
 
-  const Role role = static_cast<Role>(__shfl_sync(0xffffffffu, threadIdx.x / 128, 0));
-  if (role == Role::kProducer) {
-    setmaxnreg_dec<T::kProducerRegs>();
-    producer_main<T>(p, s, tok, h0, n_slots);
-  } else {
-    setmaxnreg_inc<T::kConsumerRegs>();
-    consumer_main<T>(p, s, tok, h0, n_slots,
-                     static_cast<int>(role) - static_cast<int>(Role::kConsumer0));
-  }
+  run_roles<T>([&] { producer_main<T>(p, s, tok, h0, n_slots); },
+               [&](int wg) { consumer_main<T>(p, s, tok, h0, n_slots, wg); });
 #endif
 }
 

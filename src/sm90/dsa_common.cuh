@@ -12,12 +12,63 @@
 #include <cutlass/numeric_types.h>
 
 #include "portable/dsa_mma.hpp"  // cp.async wrappers
+#include "sm90/hopper_primitives.cuh"
 
 namespace sa::sm90 {
 
 // Byte offset of 16-byte chunk `ch` (0..7) of row `r` inside a 128B-swizzled panel.
 __device__ __forceinline__ uint32_t swz(int r, int ch) {
   return static_cast<uint32_t>(r * 128 + ((ch ^ (r & 7)) << 4));
+}
+
+// ---- the CTA both kernels run ------------------------------------------------------------------
+// One query token x 64 heads, the token's active slots in chunks of 64 gathered kv rows (the key:
+// D_qk columns; the value: their first 512), a producer warpgroup and two consumer warpgroups.
+template <int kDqk_>
+struct DsaCta {
+  using Element = cutlass::bfloat16_t;
+  static constexpr int kDqk = kDqk_;  // 512 or 576
+  static constexpr bool kRope = kDqk == 576;
+  static constexpr int kDv = 512;
+  static constexpr int kHeads = 64;   // query rows (heads) per CTA
+  static constexpr int kBlockN = 64;  // keys per chunk
+  static constexpr int kThreads = 384;
+  static constexpr int kConsumerThreads = 256;
+  static constexpr int kConsumerWarps = 8;
+  static constexpr int kProducerThreads = 128;
+  static constexpr int kPanelElems = 64 * 64;  // one 64-row x 64-column panel (8 KB)
+  static constexpr int kNopeElems = 64 * 512;  // 8 panels
+  static constexpr int kNopePanels = 8;
+  using H64 = cute::Int<64>;
+  using D512 = cute::Int<512>;
+  using D64 = cute::Int<64>;
+  // Two consumer warpgroups tile N of the products they share.
+  using WgLayout = cute::Layout<cute::Shape<cute::_1, cute::_2, cute::_1>>;
+};
+
+// Warpgroup roles: warpgroup 0 produces, 1 and 2 consume.
+enum class Role : int { kProducer = 0, kConsumer0 = 1, kConsumer1 = 2 };
+
+// The role split of a kernel's threads: the producer warpgroup lowers its registers to
+// T::kProducerRegs and runs producer(), a consumer raises them to T::kConsumerRegs and runs
+// consumer(wg) with wg = 0 or 1.
+template <class T, class Producer, class Consumer>
+__device__ __forceinline__ void run_roles(Producer producer, Consumer consumer) {
+  // The CTA's pool is kThreads x the launch allocation (65536 / kThreads rounded down to a
+  // multiple of 8: 168 at 384 threads, one CTA per SM); a split above it makes the last
+  // setmaxnreg.inc wait forever.
+  static_assert(T::kProducerThreads * T::kProducerRegs +
+                        T::kConsumerThreads * T::kConsumerRegs <=
+                    T::kThreads * (65536 / T::kThreads / 8 * 8),
+                "register split exceeds the CTA's register pool");
+  const Role role = static_cast<Role>(__shfl_sync(0xffffffffu, threadIdx.x / 128, 0));
+  if (role == Role::kProducer) {
+    setmaxnreg_dec<T::kProducerRegs>();
+    producer();
+  } else {
+    setmaxnreg_inc<T::kConsumerRegs>();
+    consumer(static_cast<int>(role) - static_cast<int>(Role::kConsumer0));
+  }
 }
 
 using portable::dsa::cp_async_16_zfill;

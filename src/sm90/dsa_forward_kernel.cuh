@@ -84,39 +84,22 @@ struct DsaFwdSm90Params {
   float scale_log2;     // scale * log2(e)
 };
 
-// Warpgroup roles.
-enum class Role : int { kProducer = 0, kConsumer0 = 1, kConsumer1 = 2 };
-
 // Named barriers (id 0 is __syncthreads), all over the 256 consumer threads.
 enum class NamedBarrier : uint32_t { kMaxReady = 1, kPReady = 2, kSumReady = 3 };
 __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint32_t>(b); }
 
 template <int kDqk_>
-struct DsaFwdTraits {
-  using Element = cutlass::bfloat16_t;
-  static constexpr int kDqk = kDqk_;  // 512 or 576
-  static constexpr bool kRope = kDqk == 576;
-  static constexpr int kDv = 512;
-  static constexpr int kHeads = 64;   // query rows (heads) per CTA
-  static constexpr int kBlockN = 64;  // keys per chunk
+struct DsaFwdTraits : DsaCta<kDqk_> {
+  using Base = DsaCta<kDqk_>;
+  using Element = typename Base::Element;
+  using H64 = typename Base::H64;
+  using D512 = typename Base::D512;
+  using D64 = typename Base::D64;
+  using WgLayout = typename Base::WgLayout;
   static constexpr int kStages = 2;
-  static constexpr int kThreads = 384;
-  static constexpr int kConsumerThreads = 256;
-  static constexpr int kConsumerWarps = 8;
-  static constexpr int kProducerThreads = 128;
   static constexpr int kProducerRegs = 56;
   static constexpr int kConsumerRegs = 224;
-  static_assert(kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536,
-                "register split exceeds the register file");
-  static constexpr int kPanelElems = 64 * 64;  // one 64-row x 64-column panel (8 KB)
-  static constexpr int kNopeElems = 64 * 512;  // 8 panels
-
-  using H64 = cute::Int<64>;
-  using D512 = cute::Int<512>;
-  using D64 = cute::Int<64>;
   using StagesT = cute::Int<kStages>;
-  // Two consumer warpgroups tile N: keys of S, columns of O.
-  using WgLayout = cute::Layout<cute::Shape<cute::_1, cute::_2, cute::_1>>;
   using AtomQK = cute::SM90::GMMA::MMA_64x32x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
                                                                cute::SM90::GMMA::Major::K>;
   using AtomPV = cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
@@ -386,15 +369,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   }
   __syncthreads();
 
-  const Role role = static_cast<Role>(__shfl_sync(0xffffffffu, threadIdx.x / 128, 0));
-  if (role == Role::kProducer) {
-    setmaxnreg_dec<T::kProducerRegs>();
-    producer_main<T>(p, s, tok, h0, n_slots);
-  } else {
-    setmaxnreg_inc<T::kConsumerRegs>();
-    consumer_main<T>(p, s, tok, h0, n_slots,
-                     static_cast<int>(role) - static_cast<int>(Role::kConsumer0));
-  }
+  run_roles<T>([&] { producer_main<T>(p, s, tok, h0, n_slots); },
+               [&](int wg) { consumer_main<T>(p, s, tok, h0, n_slots, wg); });
 #endif
 }
 
