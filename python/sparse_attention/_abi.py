@@ -307,6 +307,57 @@ def validate_shapes(op: str, args) -> None:
     check(getattr(LIB, "sa_%s_workspace_size" % op)(ctypes.byref(args), ctypes.byref(nbytes)))
 
 
+# Workspace sizes by call shape: the size depends on shapes, strides, dtypes, devices, options and
+# which optional tensors are present, never on data pointers or values, so a repeated call shape
+# skips the size query (one full validation of the arguments, cudaPointerGetAttributes per tensor,
+# instead of two per call; the call itself still validates everything).
+_WS_CACHE: dict = {}
+_WS_CACHE_MAX = 256
+_DATA_OFFSETS: dict = {}
+
+
+def _data_offsets(struct_t) -> list:
+    """Byte offsets of every sa_tensor.data pointer inside an argument struct type."""
+    if struct_t not in _DATA_OFFSETS:
+        out = []
+
+        def walk(t, base):
+            for name, ftype in t._fields_:
+                off = base + getattr(t, name).offset
+                if ftype is sa_tensor:
+                    out.append(off + sa_tensor.data.offset)
+                elif isinstance(ftype, type) and issubclass(ftype, ctypes.Structure):
+                    walk(ftype, off)
+
+        walk(struct_t, 0)
+        _DATA_OFFSETS[struct_t] = out
+    return _DATA_OFFSETS[struct_t]
+
+
+def _call_shape_key(op: str, args) -> tuple:
+    """The call's bytes with each data pointer reduced to present / absent."""
+    raw = bytearray(ctypes.string_at(ctypes.addressof(args), ctypes.sizeof(args)))
+    size = ctypes.sizeof(ctypes.c_void_p)
+    for off in _data_offsets(type(args)):
+        present = any(raw[off:off + size])
+        raw[off:off + size] = bytes([1 if present else 0]) + bytes(size - 1)
+    return (op, bytes(raw))
+
+
+def workspace_bytes(op: str, args) -> int:
+    """`sa_<op>_workspace_size` for this call shape (cached; errors are raised, not cached)."""
+    key = _call_shape_key(op, args)
+    nbytes = _WS_CACHE.get(key)
+    if nbytes is None:
+        out = ctypes.c_size_t(0)
+        check(getattr(LIB, "sa_%s_workspace_size" % op)(ctypes.byref(args), ctypes.byref(out)))
+        nbytes = out.value
+        if len(_WS_CACHE) >= _WS_CACHE_MAX:
+            _WS_CACHE.pop(next(iter(_WS_CACHE)))
+        _WS_CACHE[key] = nbytes
+    return nbytes
+
+
 def run(op: str, args, device: torch.device) -> None:
     """Runs `sa_<op>` with workspace from PyTorch's allocator, on the current CUDA stream of
     `device` (CPU tensors: the reference, no stream). No host synchronisation."""
@@ -318,15 +369,14 @@ def run(op: str, args, device: torch.device) -> None:
     with guard:
         if device.type == "cuda":
             ctx.stream = torch.cuda.current_stream(device).cuda_stream
-        nbytes = ctypes.c_size_t(0)
-        check(getattr(LIB, "sa_%s_workspace_size" % op)(ctypes.byref(args), ctypes.byref(nbytes)))
+        nbytes = workspace_bytes(op, args)
         workspace = None
-        if nbytes.value > 0:
+        if nbytes > 0:
             # Stream-ordered by the caching allocator: back in the pool (for this stream) when the
             # call returns; while a CUDA graph captures, the graph's pool keeps it.
-            workspace = torch.empty(nbytes.value, dtype=torch.uint8, device=device)
+            workspace = torch.empty(nbytes, dtype=torch.uint8, device=device)
             ctx.workspace = workspace.data_ptr()
-            ctx.workspace_bytes = nbytes.value
+            ctx.workspace_bytes = nbytes
         used = ctypes.c_int(0)
         ctx.impl_used = ctypes.pointer(used)
         check(getattr(LIB, "sa_%s" % op)(ctypes.byref(args), ctypes.byref(ctx)))
