@@ -88,10 +88,11 @@ struct Plan {
   size_t total = 0;  // including the slack to align the caller's pointer
 };
 
-Plan make_plan(const DsaBwdProblem& p, const DsaBackwardTuning& tuning) {
+// `block_m`: heads per CTA of the main kernel; `slice_tokens` > 0 pins the deterministic slice.
+Plan make_plan(const DsaBwdProblem& p, int block_m, int64_t slice_tokens) {
   const DsaDims& d = p.dims;
   Plan plan;
-  plan.block_m = choose_block_m(p, tuning);
+  plan.block_m = block_m;
   plan.groups = (d.H + plan.block_m - 1) / plan.block_m;
   plan.deterministic = p.options.deterministic != 0;
   size_t at = 0;
@@ -104,9 +105,7 @@ Plan make_plan(const DsaBwdProblem& p, const DsaBackwardTuning& tuning) {
   if (p.d_sink != nullptr) plan.terms = take(d.H * d.Sq * 4);
   if (plan.deterministic) {
     const int64_t per_token = plan.groups * d.topk * d.Dqk * 4;
-    plan.slice = tuning.deterministic_slice_tokens > 0
-                     ? tuning.deterministic_slice_tokens
-                     : std::max<int64_t>(1, kPartialBytesCap / per_token);
+    plan.slice = slice_tokens > 0 ? slice_tokens : std::max<int64_t>(1, kPartialBytesCap / per_token);
     plan.slice = std::min<int64_t>({plan.slice, d.Sq, INT32_MAX / d.topk});
     const int64_t items = plan.slice * d.topk;
     plan.part = take(plan.slice * per_token);
@@ -125,20 +124,87 @@ Plan make_plan(const DsaBwdProblem& p, const DsaBackwardTuning& tuning) {
   return plan;
 }
 
-void launch_main(const Plan& plan, int dqk, const DsaBwdParams& prm, int64_t grid, int device,
-                 cudaStream_t stream) {
-  if (dqk == 576) {
-    if (plan.block_m == 64) {
-      dsa_bwd::launch_main<576, 64>(prm, grid, device, stream);
-    } else {
-      dsa_bwd::launch_main<576, 32>(prm, grid, device, stream);
-    }
+Plan make_plan(const DsaBwdProblem& p, const DsaBackwardTuning& tuning) {
+  return make_plan(p, choose_block_m(p, tuning), tuning.deterministic_slice_tokens);
+}
+
+// The portable main kernels, by (D_qk, heads per CTA).
+void launch_portable_main_d576_m64(const DsaBwdParams& prm, int64_t grid, int device,
+                                   cudaStream_t stream) {
+  dsa_bwd::launch_main<576, 64>(prm, grid, device, stream);
+}
+void launch_portable_main_d576_m32(const DsaBwdParams& prm, int64_t grid, int device,
+                                   cudaStream_t stream) {
+  dsa_bwd::launch_main<576, 32>(prm, grid, device, stream);
+}
+void launch_portable_main_d512_m64(const DsaBwdParams& prm, int64_t grid, int device,
+                                   cudaStream_t stream) {
+  dsa_bwd::launch_main<512, 64>(prm, grid, device, stream);
+}
+void launch_portable_main_d512_m32(const DsaBwdParams& prm, int64_t grid, int device,
+                                   cudaStream_t stream) {
+  dsa_bwd::launch_main<512, 32>(prm, grid, device, stream);
+}
+DsaBackwardMainKernel portable_main(int dqk, int block_m) {
+  if (dqk == 576)
+    return block_m == 64 ? &launch_portable_main_d576_m64 : &launch_portable_main_d576_m32;
+  return block_m == 64 ? &launch_portable_main_d512_m64 : &launch_portable_main_d512_m32;
+}
+
+// Every pass of the backward around `main` (see the top of this file), on a checked problem.
+void run_passes(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes,
+                cudaStream_t stream, const Plan& plan, DsaBackwardMainKernel main,
+                const char* op) {
+  int current = -1;
+  SA_CUDA_CHECK(cudaGetDevice(&current));
+  SA_CHECK(current == p.device_index, SA_ERROR_INTERNAL,
+           op << ": device " << p.device_index << " is not current (" << current << " is)");
+  const DsaDims& d = p.dims;
+  SA_CHECK(workspace != nullptr && workspace_bytes >= plan.total, SA_ERROR_WORKSPACE,
+           op << ": needs " << plan.total << " bytes of workspace, got " << workspace_bytes
+              << (workspace == nullptr ? " (null)" : ""));
+  uint8_t* base = reinterpret_cast<uint8_t*>(align_up(reinterpret_cast<uintptr_t>(workspace)));
+  float* acc = reinterpret_cast<float*>(base + plan.acc);
+
+  DsaBwdParams prm = dsa_bwd::make_params(p, plan.block_m);
+  prm.dkv_acc = acc;
+  prm.sink_terms = p.d_sink != nullptr ? reinterpret_cast<float*>(base + plan.terms) : nullptr;
+  const int dqk = static_cast<int>(d.Dqk);
+
+  SA_CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<size_t>(d.Skv * d.Dqk) * 4, stream));
+  if (!plan.deterministic) {
+    prm.tok_begin = 0;
+    main(prm, d.Sq * plan.groups, p.device_index, stream);
   } else {
-    if (plan.block_m == 64) {
-      dsa_bwd::launch_main<512, 64>(prm, grid, device, stream);
-    } else {
-      dsa_bwd::launch_main<512, 32>(prm, grid, device, stream);
+    auto* keys_in = reinterpret_cast<uint32_t*>(base + plan.keys_in);
+    auto* keys_out = reinterpret_cast<uint32_t*>(base + plan.keys_out);
+    auto* vals_in = reinterpret_cast<uint32_t*>(base + plan.vals_in);
+    auto* vals_out = reinterpret_cast<uint32_t*>(base + plan.vals_out);
+    prm.dkv_part = reinterpret_cast<float*>(base + plan.part);
+    dsa_bwd::SlotKeyArgs keys{};
+    keys.idx = prm.idx;
+    keys.len = prm.len;
+    keys.idx_ss = prm.idx_ss;
+    keys.idx_si = prm.idx_si;
+    keys.len_s = prm.len_s;
+    keys.skv = d.Skv;
+    keys.topk = prm.topk;
+    for (int64_t t0 = 0; t0 < d.Sq; t0 += plan.slice) {
+      const int64_t tokens = std::min(plan.slice, d.Sq - t0);
+      const int items = static_cast<int>(tokens * d.topk);
+      dsa_bwd::slot_keys(keys, t0, tokens, keys_in, vals_in, stream);
+      dsa_bwd::sort_slots(base + plan.cub, plan.cub_bytes, keys_in, keys_out, vals_in, vals_out,
+                          items, plan.end_bit, stream);
+      prm.tok_begin = t0;
+      main(prm, tokens * plan.groups, p.device_index, stream);
+      dsa_bwd::reduce_partials(keys_out, vals_out, items, prm.dkv_part, acc, d.Skv, dqk, prm.topk,
+                               static_cast<int>(plan.groups), stream);
     }
+  }
+  dsa_bwd::convert_dkv(acc, p.dkv.data, p.dtype, d.Skv, dqk, p.dkv.ss, stream);
+  if (p.d_sink != nullptr) {
+    dsa_bwd::reduce_d_sink(prm.sink_terms, d.Sq, d.H, p.d_sink, p.d_sink_stride,
+                           p.meta.sink != nullptr, stream);
   }
 }
 
@@ -203,60 +269,19 @@ void dsa_backward(const DsaBwdProblem& p, void* workspace, size_t workspace_byte
                   cudaStream_t stream, const DsaBackwardTuning& tuning) {
   const std::string why = dsa_backward_unsupported(p);
   SA_CHECK(why.empty(), SA_ERROR_UNSUPPORTED, "dsa_backward (portable): " << why);
-  int current = -1;
-  SA_CUDA_CHECK(cudaGetDevice(&current));
-  SA_CHECK(current == p.device_index, SA_ERROR_INTERNAL,
-           "dsa_backward (portable): device " << p.device_index << " is not current (" << current
-                                              << " is)");
-  const DsaDims& d = p.dims;
   const Plan plan = make_plan(p, tuning);
-  SA_CHECK(workspace != nullptr && workspace_bytes >= plan.total, SA_ERROR_WORKSPACE,
-           "dsa_backward (portable): needs " << plan.total << " bytes of workspace, got "
-                                             << workspace_bytes
-                                             << (workspace == nullptr ? " (null)" : ""));
-  uint8_t* base = reinterpret_cast<uint8_t*>(align_up(reinterpret_cast<uintptr_t>(workspace)));
-  float* acc = reinterpret_cast<float*>(base + plan.acc);
+  run_passes(p, workspace, workspace_bytes, stream, plan,
+             portable_main(static_cast<int>(p.dims.Dqk), plan.block_m), "dsa_backward (portable)");
+}
 
-  DsaBwdParams prm = dsa_bwd::make_params(p, plan.block_m);
-  prm.dkv_acc = acc;
-  prm.sink_terms = p.d_sink != nullptr ? reinterpret_cast<float*>(base + plan.terms) : nullptr;
-  const int dqk = static_cast<int>(d.Dqk);
+size_t dsa_backward_workspace_bytes_around(const DsaBwdProblem& p, int heads_per_cta) {
+  return make_plan(p, heads_per_cta, 0).total;
+}
 
-  SA_CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<size_t>(d.Skv * d.Dqk) * 4, stream));
-  if (!plan.deterministic) {
-    prm.tok_begin = 0;
-    launch_main(plan, dqk, prm, d.Sq * plan.groups, p.device_index, stream);
-  } else {
-    auto* keys_in = reinterpret_cast<uint32_t*>(base + plan.keys_in);
-    auto* keys_out = reinterpret_cast<uint32_t*>(base + plan.keys_out);
-    auto* vals_in = reinterpret_cast<uint32_t*>(base + plan.vals_in);
-    auto* vals_out = reinterpret_cast<uint32_t*>(base + plan.vals_out);
-    prm.dkv_part = reinterpret_cast<float*>(base + plan.part);
-    dsa_bwd::SlotKeyArgs keys{};
-    keys.idx = prm.idx;
-    keys.len = prm.len;
-    keys.idx_ss = prm.idx_ss;
-    keys.idx_si = prm.idx_si;
-    keys.len_s = prm.len_s;
-    keys.skv = d.Skv;
-    keys.topk = prm.topk;
-    for (int64_t t0 = 0; t0 < d.Sq; t0 += plan.slice) {
-      const int64_t tokens = std::min(plan.slice, d.Sq - t0);
-      const int items = static_cast<int>(tokens * d.topk);
-      dsa_bwd::slot_keys(keys, t0, tokens, keys_in, vals_in, stream);
-      dsa_bwd::sort_slots(base + plan.cub, plan.cub_bytes, keys_in, keys_out, vals_in, vals_out,
-                          items, plan.end_bit, stream);
-      prm.tok_begin = t0;
-      launch_main(plan, dqk, prm, tokens * plan.groups, p.device_index, stream);
-      dsa_bwd::reduce_partials(keys_out, vals_out, items, prm.dkv_part, acc, d.Skv, dqk, prm.topk,
-                               static_cast<int>(plan.groups), stream);
-    }
-  }
-  dsa_bwd::convert_dkv(acc, p.dkv.data, p.dtype, d.Skv, dqk, p.dkv.ss, stream);
-  if (p.d_sink != nullptr) {
-    dsa_bwd::reduce_d_sink(prm.sink_terms, d.Sq, d.H, p.d_sink, p.d_sink_stride,
-                           p.meta.sink != nullptr, stream);
-  }
+void dsa_backward_around(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes,
+                         cudaStream_t stream, int heads_per_cta, DsaBackwardMainKernel main,
+                         const char* op) {
+  run_passes(p, workspace, workspace_bytes, stream, make_plan(p, heads_per_cta, 0), main, op);
 }
 
 }  // namespace sa::portable

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "common/problem.hpp"
+#include "portable/dsa_backward_params.hpp"
 
 namespace sa::portable {
 
@@ -44,5 +45,25 @@ size_t dsa_backward_workspace_bytes(const DsaBwdProblem& p,
 // problem is unsupported or the workspace is too small.
 void dsa_backward(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes,
                   cudaStream_t stream, const DsaBackwardTuning& tuning = DsaBackwardTuning{});
+
+// ---- this backward's passes around another implementation's main kernel (the Hopper one) ----
+// A main kernel: `grid` CTAs over `prm` (tok_begin and the workspace pointers set) on `stream`,
+// device `device` current. Its contract is the portable kernel's: CTA b is token
+// prm.tok_begin + b / head_groups and heads [M (b % head_groups), +M), M heads per CTA; it writes dq,
+// the d_sink terms (when prm.sink_terms) and each active slot's head-reduced dkv row, reduced
+// into prm.dkv_acc, or in deterministic mode stored to its partial row
+// ((t - tok_begin) * head_groups + group) * topk + slot of prm.dkv_part.
+using DsaBackwardMainKernel = void (*)(const dsa_bwd::DsaBwdParams& prm, int64_t grid, int device,
+                                       cudaStream_t stream);
+
+// Workspace of dsa_backward_around for a main kernel of `heads_per_cta` heads per CTA.
+size_t dsa_backward_workspace_bytes_around(const DsaBwdProblem& p, int heads_per_cta);
+
+// Every pass of dsa_backward (memset, deterministic slices with their sorts and fixed-order
+// reductions, the dkv conversion, d_sink) around `main`; `op` names the caller in errors. The
+// caller checks support first (dsa_backward_unsupported covers these passes' needs).
+void dsa_backward_around(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes,
+                         cudaStream_t stream, int heads_per_cta, DsaBackwardMainKernel main,
+                         const char* op);
 
 }  // namespace sa::portable

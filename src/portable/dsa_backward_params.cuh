@@ -1,82 +1,15 @@
 // What the DSA backward kernels (portable: dsa_backward_kernel.cuh; Hopper:
-// src/sm90/dsa_backward_kernel.cuh) share: their argument struct, built from a validated problem,
-// and the per-row normalizer and sink share of SPEC 2's backward.
+// src/sm90/dsa_backward_kernel.cuh) share on the device: the per-row normalizer and sink share of
+// SPEC 2's backward (their argument struct: dsa_backward_params.hpp).
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
 #include "common/problem.hpp"
+#include "portable/dsa_backward_params.hpp"
 
 namespace sa::portable::dsa_bwd {
-
-// Kernel arguments: typed pointers and element strides, everything resolved on the host.
-struct DsaBwdParams {
-  const void* q;       // [S_q, H, D_qk]: (t, h, d) at t * q_ss + h * q_sh + d
-  const void* kv;      // [S_kv, D_qk]: row j at j * kv_ss
-  const void* out;     // [S_q, H, 512]: (t, h, d) at t * o_ss + h * o_sh + d
-  const void* dout;    // [S_q, H, 512]: (t, h, d) at t * do_ss + h * do_sh + d
-  void* dq;            // [S_q, H, D_qk]: (t, h, d) at t * dq_ss + h * dq_sh + d
-  const float* lse;    // [S_q, H]: (t, h) at t * lse_ss + h * lse_sh
-  const int32_t* idx;  // [S_q, topk]: (t, i) at t * idx_ss + i * idx_si
-  const int32_t* len;  // [S_q] at t * len_s; may be null
-  const float* sink;   // [H] at h * sink_s; may be null
-  float* dkv_acc;      // [S_kv, D_qk] fp32, row j at j * D_qk: reduction target (atomic mode)
-  float* dkv_part;     // deterministic mode: [tokens of the launch, head_groups, topk, D_qk] fp32
-                       // partial rows, (t - tok_begin, group, slot) -> its own row; else null
-  float* sink_terms;   // [H, S_q]: (h, t) at h * sq + t, -exp(sink - L) * delta; may be null
-  int64_t q_ss, q_sh, kv_ss, o_ss, o_sh, do_ss, do_sh, dq_ss, dq_sh, lse_ss, lse_sh, idx_ss, idx_si,
-      len_s, sink_s;
-  int64_t skv;            // S_kv
-  int64_t sq;             // S_q (the row length of sink_terms)
-  int64_t tok_begin;      // token of blockIdx.x = 0
-  int32_t H;              // heads (a multiple of 16)
-  int32_t topk;           // slots per row
-  int32_t head_groups;    // ceil(H / M)
-  int32_t deterministic;  // nonzero: store partial rows instead of reducing into dkv_acc
-  float scale;            // softmax scale
-  float scale_log2;       // scale * log2(e)
-};
-
-// Kernel arguments of a validated problem (the host checks support first). The workspace
-// pointers and tok_begin are filled by the caller.
-inline DsaBwdParams make_params(const DsaBwdProblem& p, int block_m) {
-  const DsaDims& d = p.dims;
-  DsaBwdParams prm{};
-  prm.q = p.q.data;
-  prm.kv = p.kv.data;
-  prm.out = p.out.data;
-  prm.dout = p.dout.data;
-  prm.dq = p.dq.data;
-  prm.lse = p.lse;
-  prm.idx = p.meta.topk_idx.data;
-  prm.len = p.meta.topk_length.data;
-  prm.sink = p.meta.sink;
-  prm.q_ss = p.q.ss;
-  prm.q_sh = p.q.sh;
-  prm.kv_ss = p.kv.ss;
-  prm.o_ss = p.out.ss;
-  prm.o_sh = p.out.sh;
-  prm.do_ss = p.dout.ss;
-  prm.do_sh = p.dout.sh;
-  prm.dq_ss = p.dq.ss;
-  prm.dq_sh = p.dq.sh;
-  prm.lse_ss = p.lse_stride[0];
-  prm.lse_sh = p.lse_stride[1];
-  prm.idx_ss = p.meta.topk_idx.stride[0];
-  prm.idx_si = p.meta.topk_idx.stride[1];
-  prm.len_s = p.meta.topk_length.stride[0];
-  prm.sink_s = p.meta.sink_stride;
-  prm.skv = d.Skv;
-  prm.sq = d.Sq;
-  prm.H = static_cast<int32_t>(d.H);
-  prm.topk = static_cast<int32_t>(d.topk);
-  prm.head_groups = static_cast<int32_t>((d.H + block_m - 1) / block_m);
-  prm.deterministic = p.options.deterministic != 0;
-  prm.scale = p.scale;
-  prm.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
-  return prm;
-}
 
 // L = logaddexp(lse, sink) in log2 units, or +inf when the row takes no part (lse = +inf: empty
 // row; sink = +inf: P = 0; a huge finite sink overflows L * log2(e) to +inf, the same). Never NaN

@@ -1,13 +1,8 @@
-// Hopper DSA backward, host side: support checks, workspace plan, the two instantiations of the
-// kernel in dsa_backward_kernel.cuh (D_qk in {512, 576}; H 64 and 128 share them: H / 64 CTAs per
-// token; bf16), and the portable passes around it.
-//
-//   1. memset of the fp32 dkv accumulator [S_kv, D_qk] (workspace)
-//   2. the main kernel: dq written directly, dkv by red.global.add, d_sink terms [H, S_q]
-//   3. dkv = accumulator -> bf16, d_sink = fixed-order sum of the terms  (portable passes)
-//
-// Deterministic mode is the portable backward's (AUTO falls back to it): here dkv order depends
-// on the reductions' arrival.
+// Hopper DSA backward, host side: support checks and the two instantiations of the main kernel
+// in dsa_backward_kernel.cuh (D_qk in {512, 576}; H 64 and 128 share them: H / 64 CTAs per
+// token; bf16). Every other pass is the portable backward's (portable::dsa_backward_around): the
+// fp32 dkv accumulator, deterministic mode's token slices (slot keys, sort, fixed-order reduction
+// of the partial rows this kernel stores), the dkv conversion and the d_sink reduction.
 #include "sm90/dsa_backward.hpp"
 
 #include <cuda_runtime_api.h>
@@ -22,7 +17,6 @@
 #include "common/host_numeric.hpp"
 #include "common/narrow.hpp"
 #include "portable/dsa_backward.hpp"
-#include "portable/dsa_backward_aux.hpp"
 #include "portable/dsa_backward_params.cuh"
 #include "sm90/dsa_backward_kernel.cuh"
 
@@ -55,22 +49,14 @@ void launch(const dsa_bwd::Params& params, int64_t grid, cudaStream_t stream) {
   SA_CUDA_CHECK_LAUNCH();
 }
 
-// Workspace: the fp32 dkv accumulator, then the d_sink terms; byte offsets from the 256-aligned
-// base.
-struct Plan {
-  size_t acc = 0, terms = 0, total = 0;
-};
-
-size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
-
-Plan make_plan(const DsaBwdProblem& p) {
-  const DsaDims& d = p.dims;
-  Plan plan;
-  plan.acc = 0;
-  plan.terms = round_up(static_cast<size_t>(d.Skv * d.Dqk) * 4, 256);
-  const size_t terms_bytes = p.d_sink != nullptr ? static_cast<size_t>(d.H * d.Sq) * 4 : 0;
-  plan.total = plan.terms + terms_bytes + 256;  // + the alignment slack of the base
-  return plan;
+// The main kernel for portable::dsa_backward_around.
+void launch_main(const dsa_bwd::Params& prm, int64_t grid, int /*device*/, cudaStream_t stream) {
+  if (grid == 0) return;
+  if (prm.dqk == 576) {
+    launch<576>(prm, grid, stream);
+  } else {
+    launch<512>(prm, grid, stream);
+  }
 }
 
 }  // namespace
@@ -95,8 +81,6 @@ std::string dsa_backward_unsupported(const DsaBwdProblem& p) {
     os << "H = " << d.H << " (sm90 DSA backward supports 64, 128)";
     return os.str();
   }
-  if (p.options.deterministic)
-    return "deterministic mode (the portable DSA backward serves it)";
   constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
   if (d.Sq * (d.H / 64) > kMaxInt) {
     os << "S_q = " << d.Sq << " (sm90 DSA backward supports S_q * H / 64 < 2^31)";
@@ -114,41 +98,16 @@ std::string dsa_backward_unsupported(const DsaBwdProblem& p) {
   return "";
 }
 
-size_t dsa_backward_workspace_bytes(const DsaBwdProblem& p) { return make_plan(p).total; }
+size_t dsa_backward_workspace_bytes(const DsaBwdProblem& p) {
+  return portable::dsa_backward_workspace_bytes_around(p, DsaBwdTraits<576>::kHeads);
+}
 
 void dsa_backward(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes,
                   cudaStream_t stream) {
   const std::string why = dsa_backward_unsupported(p);
   SA_CHECK(why.empty(), SA_ERROR_UNSUPPORTED, "sm90 dsa_backward: " << why);
-  const DsaDims& d = p.dims;
-  const Plan plan = make_plan(p);
-  SA_CHECK(workspace != nullptr && workspace_bytes >= plan.total, SA_ERROR_WORKSPACE,
-           "sm90 dsa_backward: needs " << plan.total << " bytes of workspace, got "
-                                       << workspace_bytes << (workspace == nullptr ? " (null)" : ""));
-  uint8_t* base = reinterpret_cast<uint8_t*>(round_up(reinterpret_cast<uintptr_t>(workspace), 256));
-  float* acc = reinterpret_cast<float*>(base + plan.acc);
-
-  dsa_bwd::Params prm = portable::dsa_bwd::make_params(p, DsaBwdTraits<576>::kHeads);
-  prm.dkv_acc = acc;
-  prm.dkv_part = nullptr;
-  prm.sink_terms = p.d_sink != nullptr ? reinterpret_cast<float*>(base + plan.terms) : nullptr;
-  prm.tok_begin = 0;
-
-  SA_CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<size_t>(d.Skv * d.Dqk) * 4, stream));
-  const int64_t grid = d.Sq * prm.head_groups;
-  if (grid > 0) {
-    if (d.Dqk == 576) {
-      launch<576>(prm, grid, stream);
-    } else {
-      launch<512>(prm, grid, stream);
-    }
-  }
-  const int dqk = static_cast<int>(d.Dqk);
-  portable::dsa_bwd::convert_dkv(acc, p.dkv.data, p.dtype, d.Skv, dqk, p.dkv.ss, stream);
-  if (p.d_sink != nullptr) {
-    portable::dsa_bwd::reduce_d_sink(prm.sink_terms, d.Sq, d.H, p.d_sink, p.d_sink_stride,
-                                     p.meta.sink != nullptr, stream);
-  }
+  portable::dsa_backward_around(p, workspace, workspace_bytes, stream, DsaBwdTraits<576>::kHeads,
+                                &launch_main, "sm90 dsa_backward");
 }
 
 }  // namespace sa::sm90

@@ -1,6 +1,7 @@
-// Hopper (sm_90a) DSA backward, top-k sparse MLA (SPEC 2): the main kernel (dq, and dkv into an
-// fp32 workspace by reductions; dsa_backward_kernel.cuh has the design) around the portable
-// backward's passes (dkv conversion, d_sink reduction: src/portable/dsa_backward_aux.hpp).
+// Hopper (sm_90a) DSA backward, top-k sparse MLA (SPEC 2): the main kernel (dq, and dkv rows
+// into an fp32 workspace by reductions or, deterministic mode, into per-slot partial rows;
+// dsa_backward_kernel.cuh has the design) around the portable backward's passes
+// (portable::dsa_backward_around: accumulator, deterministic slices, dkv conversion, d_sink).
 // NOT YET RUN ON HARDWARE: src/sm90/sm90_impl.cpp serves it only when the caller forces
 // options.impl = SA_IMPL_SM90.
 #pragma once
@@ -18,7 +19,7 @@ namespace sa::sm90 {
 // otherwise the reason, e.g. "H = 16 (sm90 DSA backward supports 64, 128)".
 std::string dsa_backward_unsupported(const DsaBwdProblem& p);
 
-// Device workspace bytes for `p`: the fp32 dkv accumulator and the d_sink terms.
+// Device workspace bytes for `p` (the portable passes' plan at 64 heads per CTA).
 size_t dsa_backward_workspace_bytes(const DsaBwdProblem& p);
 
 // Writes every element of p.dq, p.dkv and p.d_sink (when given); launches on `stream` (device

@@ -6,6 +6,10 @@
 // NOT YET RUN ON HARDWARE: written and compiled without a GPU; sm90_impl.cpp serves it only when
 // the caller forces SA_IMPL_SM90 (AUTO keeps the portable backward).
 //
+// The passes around it are the portable backward's (portable::dsa_backward_around), and so is
+// deterministic mode: there each piece is stored to its slot's own partial row instead of being
+// reduced, and the portable passes sum the partial rows of each key in a fixed order.
+//
 // Work split (as the Hopper forward and the portable backward): one CTA per (query token t, group
 // of 64 heads); the token's active slots are walked in chunks of 64 keys. Per chunk, with Q
 // [64 x D_qk] and dO [64 x 512] resident in shared memory and the chunk's kv rows K [64 x D_qk]
@@ -19,6 +23,7 @@
 //   [5] dKV pieces: dS'^T Q_p + P^T dO_p            64 keys x one 64-column panel p at a time
 //                   (rope: dS'^T Q_rope),           -> red.global.add.v2.f32 into the fp32 dkv
 //                   panels split between the         rows of the chunk's active keys
+//                                                   (deterministic: stored to partial rows)
 //                   warpgroups (nope 0-3 + rope: warpgroup 0; nope 4-7: warpgroup 1)
 //
 // The K buffer has one stage (Q, dO and K take 213 KB of the 227): [1], [2] and [4] are the only
@@ -268,8 +273,12 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
   const int dqk = T::kDqk;
 
   // [5] one piece: dKV[keys, panel] = dS'^T Q_panel (+ P^T dO_panel for a nope panel), reduced
-  // into the dkv rows of the chunk's active keys.
-  auto kv_piece = [&](int buf, int panel, auto rope_tag) {
+  // into the dkv rows of the chunk's active keys, or (deterministic mode) stored to the partial
+  // rows of their slots: ((t - tok_begin) * head_groups + group) * topk + slot, for the portable
+  // passes' fixed-order reduction.
+  const int64_t part_tok =
+      ((tok - p.tok_begin) * p.head_groups + h0 / T::kHeads) * static_cast<int64_t>(p.topk);
+  auto kv_piece = [&](int c, int buf, int panel, auto rope_tag) {
     constexpr bool rope = decltype(rope_tag)::value;
     Tensor sQT = make_tensor(make_smem_ptr(rope ? s.q_rope : s.q_nope + panel * T::kPanelElems),
                              typename T::SmemLayoutCols64{});
@@ -289,12 +298,23 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) j[r] = s.kidx[buf][frag_row + 8 * r];
     const int col0 = 64 * panel + 2 * (lane % 4);
-    CUTE_UNROLL
-    for (int i = 0; i < size(tKrAcc); i += 2) {
-      const int r = (i / 2) % 2;
-      if (j[r] >= 0)
-        red_add_f32x2(p.dkv_acc + static_cast<int64_t>(j[r]) * dqk + col0 + 8 * (i / 4),
-                      tKrAcc(i), tKrAcc(i + 1));
+    if (p.deterministic) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(tKrAcc); i += 2) {
+        const int r = (i / 2) % 2;
+        const int64_t slot = int64_t{c} * T::kBlockN + frag_row + 8 * r;
+        if (j[r] >= 0)
+          *reinterpret_cast<float2*>(p.dkv_part + (part_tok + slot) * dqk + col0 + 8 * (i / 4)) =
+              make_float2(tKrAcc(i), tKrAcc(i + 1));
+      }
+    } else {
+      CUTE_UNROLL
+      for (int i = 0; i < size(tKrAcc); i += 2) {
+        const int r = (i / 2) % 2;
+        if (j[r] >= 0)
+          red_add_f32x2(p.dkv_acc + static_cast<int64_t>(j[r]) * dqk + col0 + 8 * (i / 4),
+                        tKrAcc(i), tKrAcc(i + 1));
+      }
     }
   };
 
@@ -375,9 +395,10 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
     // [5] This warpgroup's dKV pieces (the next chunk's gather runs meanwhile).
     const int first = 4 * wg;
 #pragma unroll 1
-    for (int panel = first; panel < first + 4; ++panel) kv_piece(buf, panel, cute::false_type{});
+    for (int panel = first; panel < first + 4; ++panel)
+      kv_piece(c, buf, panel, cute::false_type{});
     if constexpr (T::kRope) {
-      if (wg == 0) kv_piece(buf, T::kNopePanels, cute::true_type{});
+      if (wg == 0) kv_piece(c, buf, T::kNopePanels, cute::true_type{});
     }
   }
 
@@ -436,7 +457,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   SharedStorage<T>& s = *reinterpret_cast<SharedStorage<T>*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
 
-  const int64_t tok = blockIdx.x / p.head_groups;
+  const int64_t tok = p.tok_begin + blockIdx.x / p.head_groups;
   const int h0 = (blockIdx.x % p.head_groups) * T::kHeads;
   const int n_slots = dsa_active_slots(p.len, p.len_s, p.topk, tok);
 
