@@ -1,5 +1,6 @@
 // Hopper BSA forward, host side: problem checks, TMA descriptors, launch configuration and the
-// instantiations of the kernel in bsa_forward_kernel.cuh: {block 64, 128} x {D 64, 128}, bf16.
+// instantiations of the kernel in bsa_forward_kernel.cuh: {block 64, 128} x {D 64, 128} x
+// {bf16, fp16}.
 #include "sm90/bsa_forward.hpp"
 
 #include <cuda.h>
@@ -20,9 +21,9 @@
 namespace sa::sm90 {
 namespace {
 
-template <int kBlock, int kHeadDim>
+template <int kBlock, int kHeadDim, class Element>
 void launch(const BsaFwdSm90Params& params, cudaStream_t stream) {
-  using Traits = FwdTraits<kBlock, kHeadDim>;
+  using Traits = FwdTraits<kBlock, kHeadDim, Element>;
   // +1024: the kernel aligns its shared storage to 1024 bytes (128-byte swizzle atoms).
   constexpr size_t kSmem = sizeof(SharedStorage<Traits>) + 1024;
   auto* kernel = &bsa_forward_sm90_kernel<Traits>;
@@ -40,13 +41,28 @@ void launch(const BsaFwdSm90Params& params, cudaStream_t stream) {
   SA_CUDA_CHECK_LAUNCH();
 }
 
+template <class Element>
+void launch_for(const BsaDims& d, const BsaFwdSm90Params& params, cudaStream_t stream) {
+  if (d.block == 128) {
+    if (d.D == 128)
+      launch<128, 128, Element>(params, stream);
+    else
+      launch<128, 64, Element>(params, stream);
+  } else {
+    if (d.D == 128)
+      launch<64, 128, Element>(params, stream);
+    else
+      launch<64, 64, Element>(params, stream);
+  }
+}
+
 }  // namespace
 
 std::string bsa_forward_unsupported(const BsaFwdProblem& p) {
   const BsaDims& d = p.dims;
   std::ostringstream os;
-  if (p.dtype != SA_DTYPE_BF16) {
-    os << "dtype " << dtype_name(p.dtype) << " (sm90 forward supports bf16)";
+  if (p.dtype != SA_DTYPE_BF16 && p.dtype != SA_DTYPE_FP16) {
+    os << "dtype " << dtype_name(p.dtype) << " (sm90 forward supports bf16, fp16)";
     return os.str();
   }
   if (d.D != d.Dv || (d.D != 64 && d.D != 128)) {
@@ -91,9 +107,9 @@ void bsa_forward(const BsaFwdProblem& p, cudaStream_t stream) {
 
   BsaFwdSm90Params params{};
   constexpr const char* kOp = "sm90 bsa_forward";
-  params.tma_q = make_tensor_map(kOp, "q", p.q, d.B, d.Hq, d.Sq, d.D, d.block);
-  params.tma_k = make_tensor_map(kOp, "k", p.k, d.B, d.Hkv, d.Skv, d.D, d.block);
-  params.tma_v = make_tensor_map(kOp, "v", p.v, d.B, d.Hkv, d.Skv, d.Dv, d.block);
+  params.tma_q = make_tensor_map(kOp, "q", p.q, d.B, d.Hq, d.Sq, d.D, d.block, p.dtype);
+  params.tma_k = make_tensor_map(kOp, "k", p.k, d.B, d.Hkv, d.Skv, d.D, d.block, p.dtype);
+  params.tma_v = make_tensor_map(kOp, "v", p.v, d.B, d.Hkv, d.Skv, d.Dv, d.block, p.dtype);
   params.o = p.o;
   params.lse = p.lse;
   for (int i = 0; i < 3; ++i) params.lse_stride[i] = p.lse_stride[i];
@@ -107,17 +123,10 @@ void bsa_forward(const BsaFwdProblem& p, cudaStream_t stream) {
   params.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
   params.masked_score = params.scale_log2 > 0.f ? -INFINITY : INFINITY;
 
-  if (d.block == 128) {
-    if (d.D == 128)
-      launch<128, 128>(params, stream);
-    else
-      launch<128, 64>(params, stream);
-  } else {
-    if (d.D == 128)
-      launch<64, 128>(params, stream);
-    else
-      launch<64, 64>(params, stream);
-  }
+  if (p.dtype == SA_DTYPE_FP16)
+    launch_for<cutlass::half_t>(d, params, stream);
+  else
+    launch_for<cutlass::bfloat16_t>(d, params, stream);
 }
 
 }  // namespace sa::sm90

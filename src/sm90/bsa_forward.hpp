@@ -12,7 +12,7 @@
 namespace sa::sm90 {
 
 // "" when bsa_forward serves `p` (a CUDA problem on an sm_90 device, which the caller checks),
-// otherwise the reason, e.g. "dtype fp16 (sm90 forward supports bf16)".
+// otherwise the reason, e.g. "D = 96, D_v = 96 (sm90 forward supports D == D_v in {64, 128})".
 std::string bsa_forward_unsupported(const BsaFwdProblem& p);
 
 // Writes every element of p.o (rows < S_q) and p.lse; launches on `stream`, no host sync.

@@ -23,7 +23,7 @@
 //   WG1       |S0|sm0|        |[S1 PV0]|sm1 |        |[S2 PV1]|sm2 | ... |PVn|epilogue|
 //   tensor    |  S0  |  WG0   |  WG1   |    |  WG0   |  WG1   |    |
 //              [..] = the GEMMs one consumer issues back to back between its schedule barriers;
-//              smj  = mask (partial block only), online softmax, P -> bf16, O *= alpha.
+//              smj  = mask (partial block only), online softmax, P -> 16-bit, O *= alpha.
 //
 // Pipeline objects (shared memory):
 //   q_full            mbarrier, TMA -> consumers: Q landed (one phase per tile that has blocks)
@@ -94,26 +94,42 @@ __device__ __forceinline__ NamedBarrier offset(NamedBarrier b, int i) {
   return static_cast<NamedBarrier>(static_cast<uint32_t>(b) + static_cast<uint32_t>(i));
 }
 
-template <int N>
+// wgmma atoms of M = 64, N = N, K = 16 for the 16-bit type Element: SS (both operands K-major in
+// shared memory) and RS (A in registers, B MN-major).
+template <int N, class Element = cutlass::bfloat16_t>
 struct GmmaAtoms;
 template <>
-struct GmmaAtoms<64> {
+struct GmmaAtoms<64, cutlass::bfloat16_t> {
   using SS = cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
                                                            cute::SM90::GMMA::Major::K>;
   using RS = cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K,
                                                            cute::SM90::GMMA::Major::MN>;
 };
 template <>
-struct GmmaAtoms<128> {
+struct GmmaAtoms<128, cutlass::bfloat16_t> {
   using SS = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
                                                             cute::SM90::GMMA::Major::K>;
   using RS = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K,
                                                             cute::SM90::GMMA::Major::MN>;
 };
+template <>
+struct GmmaAtoms<64, cutlass::half_t> {
+  using SS = cute::SM90::GMMA::MMA_64x64x16_F32F16F16_SS<cute::SM90::GMMA::Major::K,
+                                                         cute::SM90::GMMA::Major::K>;
+  using RS = cute::SM90::GMMA::MMA_64x64x16_F32F16F16_RS<cute::SM90::GMMA::Major::K,
+                                                         cute::SM90::GMMA::Major::MN>;
+};
+template <>
+struct GmmaAtoms<128, cutlass::half_t> {
+  using SS = cute::SM90::GMMA::MMA_64x128x16_F32F16F16_SS<cute::SM90::GMMA::Major::K,
+                                                          cute::SM90::GMMA::Major::K>;
+  using RS = cute::SM90::GMMA::MMA_64x128x16_F32F16F16_RS<cute::SM90::GMMA::Major::K,
+                                                          cute::SM90::GMMA::Major::MN>;
+};
 
-template <int kBlock_, int kHeadDim_>
+template <int kBlock_, int kHeadDim_, class Element_ = cutlass::bfloat16_t>
 struct FwdTraits {
-  using Element = cutlass::bfloat16_t;
+  using Element = Element_;  // bf16 or fp16
   static constexpr int kBlock = kBlock_;        // query rows per tile = keys per KV block
   static constexpr int kHeadDim = kHeadDim_;    // D = D_v
   static constexpr int kConsumerWgs = kBlock / 64;
@@ -139,10 +155,11 @@ struct FwdTraits {
   using StagesT = cute::Int<kStages>;
   using WgLayout = cute::Layout<cute::Shape<cute::Int<kConsumerWgs>, cute::_1, cute::_1>>;
   // S = Q K^T: M = query rows (64 per warpgroup), N = keys, K = D; both operands K-major.
-  using TiledMmaQK = decltype(cute::make_tiled_mma(typename GmmaAtoms<kBlock>::SS{}, WgLayout{}));
+  using TiledMmaQK =
+      decltype(cute::make_tiled_mma(typename GmmaAtoms<kBlock, Element>::SS{}, WgLayout{}));
   // O += P V: M = query rows, N = D, K = keys; P from registers, V N-major (D contiguous).
   using TiledMmaPV =
-      decltype(cute::make_tiled_mma(typename GmmaAtoms<kHeadDim>::RS{}, WgLayout{}));
+      decltype(cute::make_tiled_mma(typename GmmaAtoms<kHeadDim, Element>::RS{}, WgLayout{}));
 
   // Shared tiles, all the same physical layout: 64-column panels of 128-byte rows, 128B swizzle,
   // exactly where a TMA box (64, kBlock) with CU_TENSOR_MAP_SWIZZLE_128B puts them.
@@ -426,9 +443,10 @@ __device__ __forceinline__ void online_softmax(Frag& s, RowStats& st, float scal
 
 template <class FragS, class FragP>
 __device__ __forceinline__ void convert_p(const FragS& s, FragP& p) {
+  using Element = typename FragP::value_type;
   auto p32 = cute::recast<uint32_t>(p);
   CUTE_UNROLL
-  for (int j = 0; j < cute::size(p32); ++j) p32(j) = pack_bf16x2(s(2 * j), s(2 * j + 1));
+  for (int j = 0; j < cute::size(p32); ++j) p32(j) = pack_x2<Element>(s(2 * j), s(2 * j + 1));
 }
 
 template <class FragO>
@@ -578,7 +596,7 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
     warpgroup_fence_operand(tOrP);
     if (releaser) mbarrier_arrive(&s.v_empty[v_stage]);
 
-    // [C4] Epilogue: O / rowsum -> bf16 -> staging smem (16-byte chunks XOR-swizzled by row) ->
+    // [C4] Epilogue: O / rowsum -> 16-bit -> staging smem (16-byte chunks XOR-swizzled by row) ->
     // 16-byte stores of the rows < S_q; LSE = (m + log2(rowsum)) * ln 2.
     float inv[2], lse[2];
     CUTE_UNROLL
@@ -595,7 +613,7 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
       const int r = (i / 2) % 2;
       const int row = frag_row + 8 * r;
       const int chunk = i / 4;  // 8 columns per chunk
-      const uint32_t packed = pack_bf16x2(tOrO(i) * inv[r], tOrO(i + 1) * inv[r]);
+      const uint32_t packed = pack_x2<Element>(tOrO(i) * inv[r], tOrO(i + 1) * inv[r]);
       *reinterpret_cast<uint32_t*>(s_o + row * T::kRowBytes + ((chunk ^ (row & 7)) << 4) +
                                    4 * (lane % 4)) = packed;
     }

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include <cutlass/numeric_types.h>
+
 namespace sa::sm90 {
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -147,6 +149,25 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   uint32_t r;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
+}
+
+// Two floats -> packed fp16x2 (round to nearest even); `lo` in the low half.
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
+// Two floats -> a packed pair of the 16-bit type Element (bf16 or fp16).
+template <class Element>
+__device__ __forceinline__ uint32_t pack_x2(float lo, float hi);
+template <>
+__device__ __forceinline__ uint32_t pack_x2<cutlass::bfloat16_t>(float lo, float hi) {
+  return pack_bf16x2(lo, hi);
+}
+template <>
+__device__ __forceinline__ uint32_t pack_x2<cutlass::half_t>(float lo, float hi) {
+  return pack_f16x2(lo, hi);
 }
 
 }  // namespace sa::sm90

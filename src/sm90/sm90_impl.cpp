@@ -34,11 +34,17 @@ std::string check_sm90_device(int32_t device) {
 }
 
 // ---- BSA forward ------------------------------------------------------------------------------
+// fp16 is not yet run on hardware: AUTO sends it to the portable forward; a caller that forces
+// SA_IMPL_SM90 gets it.
 std::string bsa_fwd_unsupported(const BsaFwdProblem& p) {
   if (p.device != SA_DEVICE_CUDA) return "needs CUDA tensors";
   const std::string why = check_sm90_device(p.device_index);
   if (!why.empty()) return why;
-  return sm90::bsa_forward_unsupported(p);
+  const std::string shape = sm90::bsa_forward_unsupported(p);
+  if (!shape.empty()) return shape;
+  if (p.dtype == SA_DTYPE_FP16 && p.options.impl != SA_IMPL_SM90)
+    return "fp16: not yet validated on hardware (set options.impl = SA_IMPL_SM90 to use it)";
+  return "";
 }
 
 void bsa_fwd_run(const BsaFwdProblem& p, const ExecContext& ctx) {

@@ -67,7 +67,9 @@ std::string check_tma_tensor(const char* name, const Bhsd& t, int64_t B, int64_t
 // Dims (D, S, H, B) of a BHSD-strided tensor; box (64, box_rows, 1, 1) with 128-byte swizzle, so
 // that a box lands as one 64-column panel of the kernel's shared tiles. Rows past S read as 0.
 CUtensorMap make_tensor_map(const char* op, const char* name, const Bhsd& t, int64_t B, int64_t H,
-                            int64_t S, int64_t D, int box_rows) {
+                            int64_t S, int64_t D, int box_rows, sa_dtype dtype) {
+  SA_CHECK(dtype == SA_DTYPE_BF16 || dtype == SA_DTYPE_FP16, SA_ERROR_INTERNAL,
+           op << ": TMA descriptor of " << name << " for a dtype that is not 16-bit");
   const EncodeTiledFn encode = encode_tiled();
   SA_CHECK(encode != nullptr, SA_ERROR_CUDA,
            op << ": cuTensorMapEncodeTiled is not available from the CUDA driver");
@@ -88,7 +90,10 @@ CUtensorMap make_tensor_map(const char* op, const char* name, const Bhsd& t, int
   const cuuint32_t elem_strides[4] = {1u, 1u, 1u, 1u};
   CUtensorMap map;
   const CUresult res =
-      encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, t.data, dims, stride_bytes, box,
+      encode(&map,
+             dtype == SA_DTYPE_FP16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                    : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+             4, t.data, dims, stride_bytes, box,
              elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   SA_CHECK(res == CUDA_SUCCESS, SA_ERROR_CUDA,
