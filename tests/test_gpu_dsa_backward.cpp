@@ -27,6 +27,9 @@
 #include "dsa_problem_builder.hpp"
 #include "gpu_test_util.hpp"
 #include "portable/dsa_backward.hpp"
+#if SA_HAVE_SM90
+#include "sm90/dsa_backward.hpp"
+#endif
 #include "test_util.hpp"
 
 namespace sa_test {
@@ -90,11 +93,13 @@ std::vector<GpuDsaBwdCase> gpu_dsa_bwd_cases() {
        spec_of(L::kNone, false, true, S::kFinite), kDet},
       {"H64_D576_K2048_Deterministic", shape_of(8, 3000, 64, 576, 2048),
        spec_of(L::kMixed, false, false, S::kFinite), kDet},
+      {"H128_D512_K300_Deterministic", shape_of(16, 900, 128, 512, 300),
+       spec_of(L::kMixed, true, true, S::kMixed), kDet},
   };
 }
 
 // ---- runs ------------------------------------------------------------------------------------
-enum class Variant { kPublicApi, kBlockM32, kBlockM64, kSlices5, kSm90, kAuto };
+enum class Variant { kPublicApi, kBlockM32, kBlockM64, kSlices5, kSm90, kAuto, kSm90Slices5 };
 
 const char* variant_name(Variant v) {
   switch (v) {
@@ -110,6 +115,8 @@ const char* variant_name(Variant v) {
       return "sm90_public_api";
     case Variant::kAuto:
       return "auto_public_api";
+    case Variant::kSm90Slices5:
+      return "sm90_deterministic_slices_of_5_tokens";
   }
   return "?";
 }
@@ -230,6 +237,27 @@ void run_gpu(const DsaHostCase& c, const Inputs& in, Variant variant, bool deter
     ptr.d_sink = static_cast<float*>(d_ds.get());
     sa::DsaBwdProblem p = make_dsa_bwd_problem(s, c.dtype, c.scale, ptr, SA_DEVICE_CUDA, 0);
     p.options.deterministic = deterministic ? 1 : 0;
+#if SA_HAVE_SM90
+    if (variant == Variant::kSm90Slices5) {
+      // The Hopper main kernel with deterministic mode's slices pinned to 5 tokens (tok_begin > 0).
+      try {
+        const size_t bytes = sa::sm90::dsa_backward_workspace_bytes(p, 5);
+        DeviceBuffer workspace(bytes);
+        ASSERT_TRUE(workspace.ok()) << "workspace allocation of " << bytes << " bytes failed";
+        sa::sm90::dsa_backward(p, workspace.get(), bytes, nullptr, 5);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
+      } catch (const std::exception& e) {
+        FAIL() << "sm90 dsa_backward threw: " << e.what();
+      }
+      ASSERT_TRUE(d_dq.download(dq));
+      ASSERT_TRUE(d_dkv.download(dkv));
+      ASSERT_TRUE(d_ds.download(d_sink));
+      result->dq = std::move(dq);
+      result->dkv = std::move(dkv);
+      result->d_sink = std::move(d_sink);
+      return;
+    }
+#endif
     sa::portable::DsaBackwardTuning tuning;
     tuning.block_m = variant == Variant::kBlockM64 ? 64 : 32;
     if (variant == Variant::kSlices5) tuning.deterministic_slice_tokens = 5;
@@ -455,16 +483,21 @@ TEST_P(Sm90DsaBackward, MatchesReference) {
   ASSERT_NO_FATAL_FAILURE(run_reference_forward(c, &in));
   Grads want;
   ASSERT_NO_FATAL_FAILURE(run_reference_backward(c, in, &want));
-  Grads got;
-  ASSERT_NO_FATAL_FAILURE(run_gpu(c, in, Variant::kSm90, p.deterministic, &got));
-  expect_matches(c, in, got, want, variant_name(Variant::kSm90));
-  if (!p.deterministic) return;
-  for (int run = 1; run < 3; ++run) {
-    Grads again;
-    ASSERT_NO_FATAL_FAILURE(run_gpu(c, in, Variant::kSm90, true, &again));
-    EXPECT_TRUE(bitwise_equal(again.dkv, got.dkv)) << "dkv differs on run " << run + 1;
-    EXPECT_TRUE(bitwise_equal(again.d_sink, got.d_sink)) << "d_sink differs on run " << run + 1;
-    EXPECT_TRUE(bitwise_equal(again.dq, got.dq)) << "dq differs on run " << run + 1;
+  std::vector<Variant> variants = {Variant::kSm90};
+  if (p.deterministic) variants.push_back(Variant::kSm90Slices5);
+  for (Variant v : variants) {
+    SCOPED_TRACE(variant_name(v));
+    Grads got;
+    ASSERT_NO_FATAL_FAILURE(run_gpu(c, in, v, p.deterministic, &got));
+    expect_matches(c, in, got, want, variant_name(v));
+    if (!p.deterministic) continue;
+    for (int run = 1; run < 3; ++run) {
+      Grads again;
+      ASSERT_NO_FATAL_FAILURE(run_gpu(c, in, v, true, &again));
+      EXPECT_TRUE(bitwise_equal(again.dkv, got.dkv)) << "dkv differs on run " << run + 1;
+      EXPECT_TRUE(bitwise_equal(again.d_sink, got.d_sink)) << "d_sink differs on run " << run + 1;
+      EXPECT_TRUE(bitwise_equal(again.dq, got.dq)) << "dq differs on run " << run + 1;
+    }
   }
 }
 

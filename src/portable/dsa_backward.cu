@@ -274,14 +274,16 @@ void dsa_backward(const DsaBwdProblem& p, void* workspace, size_t workspace_byte
              portable_main(static_cast<int>(p.dims.Dqk), plan.block_m), "dsa_backward (portable)");
 }
 
-size_t dsa_backward_workspace_bytes_around(const DsaBwdProblem& p, int heads_per_cta) {
-  return make_plan(p, heads_per_cta, 0).total;
+size_t dsa_backward_workspace_bytes_around(const DsaBwdProblem& p, int heads_per_cta,
+                                           int64_t slice_tokens) {
+  return make_plan(p, heads_per_cta, slice_tokens).total;
 }
 
 void dsa_backward_around(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes,
                          cudaStream_t stream, int heads_per_cta, DsaBackwardMainKernel main,
-                         const char* op) {
-  run_passes(p, workspace, workspace_bytes, stream, make_plan(p, heads_per_cta, 0), main, op);
+                         const char* op, int64_t slice_tokens) {
+  run_passes(p, workspace, workspace_bytes, stream, make_plan(p, heads_per_cta, slice_tokens),
+             main, op);
 }
 
 }  // namespace sa::portable

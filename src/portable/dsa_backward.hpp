@@ -56,14 +56,16 @@ void dsa_backward(const DsaBwdProblem& p, void* workspace, size_t workspace_byte
 using DsaBackwardMainKernel = void (*)(const dsa_bwd::DsaBwdParams& prm, int64_t grid, int device,
                                        cudaStream_t stream);
 
-// Workspace of dsa_backward_around for a main kernel of `heads_per_cta` heads per CTA.
-size_t dsa_backward_workspace_bytes_around(const DsaBwdProblem& p, int heads_per_cta);
+// Workspace of dsa_backward_around for a main kernel of `heads_per_cta` heads per CTA;
+// `slice_tokens` > 0 pins deterministic mode's token slice (tests), as in DsaBackwardTuning.
+size_t dsa_backward_workspace_bytes_around(const DsaBwdProblem& p, int heads_per_cta,
+                                           int64_t slice_tokens = 0);
 
 // Every pass of dsa_backward (memset, deterministic slices with their sorts and fixed-order
 // reductions, the dkv conversion, d_sink) around `main`; `op` names the caller in errors. The
 // caller checks support first (dsa_backward_unsupported covers these passes' needs).
 void dsa_backward_around(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes,
                          cudaStream_t stream, int heads_per_cta, DsaBackwardMainKernel main,
-                         const char* op);
+                         const char* op, int64_t slice_tokens = 0);
 
 }  // namespace sa::portable

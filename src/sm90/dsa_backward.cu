@@ -98,16 +98,17 @@ std::string dsa_backward_unsupported(const DsaBwdProblem& p) {
   return "";
 }
 
-size_t dsa_backward_workspace_bytes(const DsaBwdProblem& p) {
-  return portable::dsa_backward_workspace_bytes_around(p, DsaBwdTraits<576>::kHeads);
+size_t dsa_backward_workspace_bytes(const DsaBwdProblem& p, int64_t slice_tokens) {
+  return portable::dsa_backward_workspace_bytes_around(p, DsaBwdTraits<576>::kHeads,
+                                                       slice_tokens);
 }
 
 void dsa_backward(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, int64_t slice_tokens) {
   const std::string why = dsa_backward_unsupported(p);
   SA_CHECK(why.empty(), SA_ERROR_UNSUPPORTED, "sm90 dsa_backward: " << why);
   portable::dsa_backward_around(p, workspace, workspace_bytes, stream, DsaBwdTraits<576>::kHeads,
-                                &launch_main, "sm90 dsa_backward");
+                                &launch_main, "sm90 dsa_backward", slice_tokens);
 }
 
 }  // namespace sa::sm90

@@ -19,13 +19,15 @@ namespace sa::sm90 {
 // otherwise the reason, e.g. "H = 16 (sm90 DSA backward supports 64, 128)".
 std::string dsa_backward_unsupported(const DsaBwdProblem& p);
 
-// Device workspace bytes for `p` (the portable passes' plan at 64 heads per CTA).
-size_t dsa_backward_workspace_bytes(const DsaBwdProblem& p);
+// Device workspace bytes for `p` (the portable passes' plan at 64 heads per CTA; call with
+// p.device_index current: CUB sizes deterministic mode's sort for it). `slice_tokens` > 0 pins
+// deterministic mode's token slice (tests).
+size_t dsa_backward_workspace_bytes(const DsaBwdProblem& p, int64_t slice_tokens = 0);
 
 // Writes every element of p.dq, p.dkv and p.d_sink (when given); launches on `stream` (device
 // p.device_index current), no host sync. Throws sa::Error (SA_ERROR_UNSUPPORTED) when
 // dsa_backward_unsupported(p) is not empty, SA_ERROR_WORKSPACE when the workspace is short.
 void dsa_backward(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes,
-                  cudaStream_t stream);
+                  cudaStream_t stream, int64_t slice_tokens = 0);
 
 }  // namespace sa::sm90

@@ -102,6 +102,7 @@ std::string dsa_bwd_unsupported(const DsaBwdProblem& p) {
 }
 
 size_t dsa_bwd_workspace_bytes(const DsaBwdProblem& p) {
+  DeviceScope scope(p.device_index);  // CUB sizes deterministic mode's sort for the current device
   return sm90::dsa_backward_workspace_bytes(p);
 }
 
