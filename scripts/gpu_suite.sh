@@ -13,7 +13,7 @@
 # Logs and results go to $OUT (the device tool's output folder; /tmp/sa_gpu_out elsewhere).
 # Environment:
 #   GATED           gtest filter of the gated kernels' tests (default:
-#                   *Sm90DsaBackward*:*Sm90BsaForwardFp16*; empty: none)
+#                   *Sm90DsaBackward*:*Sm90BsaForwardFp16*:*DqPartials*; empty: none)
 #   SAN_FILTER      gtest filter for compute-sanitizer (default: one small case per GPU kernel)
 #   BENCH_FULL=1    also block 64, density 12.5%, S 32768 and the other DSA shapes (default: the
 #                   paired A/Bs at the headline shapes)
@@ -36,7 +36,7 @@ verdict() { if [ "$2" -eq 0 ]; then SUMMARY+=("$1: ok"); else SUMMARY+=("$1: FAI
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu \
   --format=csv > "$OUT/gpu_tests.log" 2>&1 || true
 
-GATED="${GATED-*Sm90DsaBackward*:*Sm90BsaForwardFp16*}"
+GATED="${GATED-*Sm90DsaBackward*:*Sm90BsaForwardFp16*:*DqPartials*}"
 gated_ok=0
 if has gated && [ -n "$GATED" ]; then
   note "gated kernels' tests first: $GATED"
@@ -115,8 +115,12 @@ if has bench; then
   run --op dsa_bwd "${DSA[@]}" --dsa-heads 128 --dsa-dqk 576 --rounds 2 --calls 5 \
     --variants "deterministic=0/deterministic=1"
   if [ $gated_ok -eq 1 ]; then
-    # The gated Hopper DSA backward (forced) against the portable one.
+    # The gated Hopper DSA backward (forced) against the portable one; the Hopper BSA backward's
+    # per-warpgroup dQ partials (experiment knob) against the portable one, to compare with the
+    # default kernel's ratio above.
     run --op dsa_bwd "${DSA[@]}" --dsa-heads 128 --dsa-dqk 576 --rounds 2 --calls 5 --variants "$PS"
+    SA_TUNE_SM90_BWD_DQ_PARTIALS=1 run --op bsa_bwd "${BSA[@]}" --block 128 --density 0.5 \
+      --variants "$PS"
   fi
   if [ "${BENCH_FULL:-0}" = 1 ]; then
     # The other rows of the Hopper targets: block 64, density 12.5%, S 32768, and DSA shapes.
