@@ -17,6 +17,8 @@
 #   SAN_FILTER      gtest filter for compute-sanitizer (default: one small case per GPU kernel)
 #   BENCH_FULL=1    also block 64, density 12.5%, S 32768 and the other DSA shapes (default: the
 #                   paired A/Bs at the headline shapes)
+#   BENCH_EXPERIMENTS=1  also the experiment knobs (SA_TUNE_*: bench/NOTES.md) against the
+#                   portable path, when the gated tests passed
 #   ANCHORS_ARGS    extra arguments of bench/anchors.py (default: --budget-s 60)
 #   PY_TESTS        pytest targets (default: python/tests/test_cuda.py)
 set -uo pipefail
@@ -44,7 +46,8 @@ if has gated && [ -n "$GATED" ]; then
     2>&1 || rc=$?
   verdict gated $rc
   grep -E "FAILED|PASSED|tests ran" "$OUT/gpu_tests.log" | tail -12
-  if [ $rc -eq 0 ]; then gated_ok=1; else export GTEST_FILTER="-$GATED"; fi
+  [ $rc -eq 0 ] && gated_ok=1
+  export GTEST_FILTER="-$GATED"  # they ran (or failed) here: the main step leaves them out
 fi
 
 if has tests; then
@@ -115,10 +118,20 @@ if has bench; then
   run --op dsa_bwd "${DSA[@]}" --dsa-heads 128 --dsa-dqk 576 --rounds 2 --calls 5 \
     --variants "deterministic=0/deterministic=1"
   if [ $gated_ok -eq 1 ]; then
-    # The gated Hopper DSA backward (forced) against the portable one; the Hopper BSA backward's
-    # per-warpgroup dQ partials (experiment knob) against the portable one, to compare with the
-    # default kernel's ratio above.
+    # The gated Hopper DSA backward (forced) against the portable one.
     run --op dsa_bwd "${DSA[@]}" --dsa-heads 128 --dsa-dqk 576 --rounds 2 --calls 5 --variants "$PS"
+  fi
+  if [ $gated_ok -eq 1 ] && [ "${BENCH_EXPERIMENTS:-0}" = 1 ]; then
+    # The Hopper DSA backward's seed techniques one at a time (SA_TUNE_SM90_DSA_BWD bits, dsa_backward_kernel.cuh): late
+    # K release (1), per-row index loads (2), staged dQ epilogue (4), each against portable.
+    for bits in 1 2 4; do
+      echo "#### SA_TUNE_SM90_DSA_BWD=$bits" >> "$OUT/bench.log"
+      SA_TUNE_SM90_DSA_BWD=$bits run --op dsa_bwd "${DSA[@]}" --dsa-heads 128 --dsa-dqk 576 \
+        --rounds 2 --calls 5 --variants "$PS"
+    done
+    # The Hopper BSA backward's per-warpgroup dQ partials, to compare with the default kernel's
+    # ratio against the portable backward above.
+    echo "#### SA_TUNE_SM90_BWD_DQ_PARTIALS=1" >> "$OUT/bench.log"
     SA_TUNE_SM90_BWD_DQ_PARTIALS=1 run --op bsa_bwd "${BSA[@]}" --block 128 --density 0.5 \
       --variants "$PS"
   fi
@@ -136,7 +149,7 @@ if has bench; then
       run --op "$op" "${DSA[@]}" --dsa-heads "$h" --dsa-dqk "$dqk" --rounds 2 --calls 5
     done; done; done
   fi
-  grep -E "^\[|^  [a-z]" "$OUT/bench.log" | tail -40
+  grep -E "^\[|^  [a-z]|^####" "$OUT/bench.log" | tail -60
 fi
 
 if has anchors && [ -f bench/anchors.py ]; then

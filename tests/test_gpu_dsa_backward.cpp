@@ -19,6 +19,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -512,6 +513,29 @@ INSTANTIATE_TEST_SUITE_P(Cases, Sm90DsaBackward, ::testing::ValuesIn(sm90_dsa_bw
                          [](const ::testing::TestParamInfo<GpuDsaBwdCase>& info) {
                            return info.param.name;
                          });
+
+// The Hopper kernel's experiment variants (SA_TUNE_SM90_DSA_BWD = 7: late K release, per-row
+// index loads, staged dQ epilogue; bench/NOTES.md) on three cases: the same results.
+TEST(Sm90DsaBackwardTuned, MatchesReference) {
+  SA_SKIP_WITHOUT_GPU();
+  SA_SKIP_UNLESS_SM90();
+  ASSERT_EQ(setenv("SA_TUNE_SM90_DSA_BWD", "7", 1), 0);
+  for (const GpuDsaBwdCase& p : gpu_dsa_bwd_cases()) {
+    if (p.name != "H64_D576_K100_LengthsInvalid" && p.name != "H128_D512_K2048_Plain" &&
+        p.name != "H128_D576_K160_SinkMixed")
+      continue;
+    SCOPED_TRACE(p.name);
+    DsaHostCase c = make_dsa_host_case(p.shape, p.spec, SA_DTYPE_BF16, seed_of(0xdb5a, p.name));
+    poison_unselected_kv_rows(c);
+    Inputs in;
+    ASSERT_NO_FATAL_FAILURE(run_reference_forward(c, &in));
+    Grads want, got;
+    ASSERT_NO_FATAL_FAILURE(run_reference_backward(c, in, &want));
+    ASSERT_NO_FATAL_FAILURE(run_gpu(c, in, Variant::kSm90, false, &got));
+    expect_matches(c, in, got, want, "sm90_tuned_7");
+  }
+  unsetenv("SA_TUNE_SM90_DSA_BWD");
+}
 
 // Until it has run on hardware AUTO does not pick the Hopper backward (on an sm_90 device too).
 TEST(Sm90DsaBackwardDispatch, AutoKeepsThePortableBackward) {

@@ -35,6 +35,7 @@ struct DsaBwdParams {
   float scale;            // softmax scale
   float scale_log2;       // scale * log2(e)
   int32_t dqk;            // D_qk (the kernels are compiled for one; launchers dispatch on it)
+  int32_t tune;           // Hopper kernel experiment bits (sm90/dsa_backward_kernel.cuh); 0
 };
 
 // Kernel arguments of a validated problem (the host checks support first). The workspace

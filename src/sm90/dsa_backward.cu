@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <sstream>
 
@@ -49,13 +50,27 @@ void launch(const dsa_bwd::Params& params, int64_t grid, cudaStream_t stream) {
   SA_CUDA_CHECK_LAUNCH();
 }
 
+// Experiment bits (dsa_backward_kernel.cuh, kTune*) from SA_TUNE_SM90_DSA_BWD, for measuring
+// the seed's techniques one at a time; 0 (the default kernel) when unset. The staged dQ epilogue
+// needs 16-byte aligned dq rows; without them the bit is dropped.
+int32_t tune_bits(const dsa_bwd::Params& prm) {
+  const char* v = std::getenv("SA_TUNE_SM90_DSA_BWD");
+  int32_t bits = v != nullptr ? static_cast<int32_t>(std::strtol(v, nullptr, 0)) & 7 : 0;
+  const bool rows16 = reinterpret_cast<uintptr_t>(prm.dq) % 16 == 0 && prm.dq_sh % 8 == 0 &&
+                      prm.dq_ss % 8 == 0;
+  if (!rows16) bits &= ~dsa_bwd::kTuneStagedDq;
+  return bits;
+}
+
 // The main kernel for portable::dsa_backward_around.
 void launch_main(const dsa_bwd::Params& prm, int64_t grid, int /*device*/, cudaStream_t stream) {
   if (grid == 0) return;
+  dsa_bwd::Params tuned = prm;
+  tuned.tune = tune_bits(prm);
   if (prm.dqk == 576) {
-    launch<576>(prm, grid, stream);
+    launch<576>(tuned, grid, stream);
   } else {
-    launch<512>(prm, grid, stream);
+    launch<512>(tuned, grid, stream);
   }
 }
 

@@ -74,6 +74,16 @@ namespace sa::sm90::dsa_bwd {
 
 using Params = portable::dsa_bwd::DsaBwdParams;
 
+// Params::tune bits, for measuring the seed's techniques one at a time (bench/NOTES.md; the host
+// sets them from SA_TUNE_SM90_DSA_BWD; 0 is the default kernel):
+//   kTuneLateRelease  release the K stage after the dKV pieces instead of right after dQ (the
+//                     order without the "K-consuming MMAs first" technique)
+//   kTuneRowIndex     each row's index loaded by its own lanes inside the gather loop instead of
+//                     lane-parallel before it (without the "lane-parallel index loads" technique)
+//   kTuneStagedDq     dQ through shared memory and 16-byte coalesced stores instead of 4-byte
+//                     stores from the fragments (the staged dQ epilogue)
+constexpr int32_t kTuneLateRelease = 1, kTuneRowIndex = 2, kTuneStagedDq = 4;
+
 // Named barriers (id 0 is __syncthreads), over the 256 consumer threads.
 enum class NamedBarrier : uint32_t { kPdsFree = 1, kPdsReady = 2 };
 __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint32_t>(b); }
@@ -158,13 +168,24 @@ __device__ __forceinline__ void producer_main(const Params& p, SharedStorage<T>&
     const int buf = c & 1;
     // [P1] Indices of this warp's 16 slots, read before waiting for the stage; the rows, their
     // bias and kv row (double-buffered: the consumers still reduce chunk c - 1's pieces).
-    const int32_t j = chunk_slot_index(idx_row, p.idx_si, n_slots, c, warp, lane);
-    mbarrier_wait(&s.kv_empty, (c & 1) ^ 1);
-    gather_chunk<T::kRope>(smem_u32(s.k_nope), smem_u32(s.k_rope), kv, p.kv_ss, p.skv, j, warp,
-                           lane, [&](int row, bool active, int32_t jr) {
-                             s.bias[buf][row] = active ? 0.f : -INFINITY;
-                             s.kidx[buf][row] = active ? jr : -1;
-                           });
+    auto mark = [&](int row, bool active, int32_t jr) {
+      s.bias[buf][row] = active ? 0.f : -INFINITY;
+      s.kidx[buf][row] = active ? jr : -1;
+    };
+    if ((p.tune & kTuneRowIndex) == 0) {
+      const int32_t j = chunk_slot_index(idx_row, p.idx_si, n_slots, c, warp, lane);
+      mbarrier_wait(&s.kv_empty, (c & 1) ^ 1);
+      gather_chunk<T::kRope>(smem_u32(s.k_nope), smem_u32(s.k_rope), kv, p.kv_ss, p.skv,
+                             ShuffledRowIndex{j}, warp, lane, mark);
+    } else {
+      mbarrier_wait(&s.kv_empty, (c & 1) ^ 1);
+      const auto row_index = [&](int r_in_warp) {
+        const int slot = c * T::kBlockN + 16 * warp + r_in_warp;
+        return slot < n_slots ? idx_row[slot * p.idx_si] : int32_t{-1};
+      };
+      gather_chunk<T::kRope>(smem_u32(s.k_nope), smem_u32(s.k_rope), kv, p.kv_ss, p.skv,
+                             row_index, warp, lane, mark);
+    }
     cp_async_commit();
     // [P2] This thread's copies (Q and dO too, the first time) have landed: visible to wgmma
     // (async proxy), published by the arrive (128 arrivals complete the phase).
@@ -390,7 +411,8 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
     warpgroup_wait<0>();
     warpgroup_fence_operand(tQrdQ);
     if constexpr (T::kRope) warpgroup_fence_operand(tRrdQ);
-    if (releaser) mbarrier_arrive(&s.kv_empty);  // the producer may gather the next chunk
+    const bool late_release = (p.tune & kTuneLateRelease) != 0;
+    if (releaser && !late_release) mbarrier_arrive(&s.kv_empty);  // the next gather may start
 
     // [5] This warpgroup's dKV pieces (the next chunk's gather runs meanwhile).
     const int first = 4 * wg;
@@ -400,23 +422,36 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
     if constexpr (T::kRope) {
       if (wg == 0) kv_piece(c, buf, T::kNopePanels, cute::true_type{});
     }
+    if (releaser && late_release) mbarrier_arrive(&s.kv_empty);
   }
 
-  // Epilogue: dQ (scale is in dS') -> dq, bf16 pairs; the d_sink terms.
+  // Epilogue: dQ (scale is in dS') -> dq; the d_sink terms. Default: bf16 pairs stored from the
+  // fragments. kTuneStagedDq: the rows go through shared memory (Q, dO and P are dead now; row
+  // pitch 1,168 bytes, so a warp's 8 rows of a store hit 8 different bank groups) and out with
+  // 16-byte stores of whole rows.
   Element* dq = static_cast<Element*>(p.dq);
+  const bool staged = (p.tune & kTuneStagedDq) != 0;
+  constexpr uint32_t kStagePitch = (T::kDqk + 8) * 2;  // bytes per staged row
+  static_assert(64 * kStagePitch <= sizeof(s.q_nope) + sizeof(s.q_rope) + sizeof(s.dout),
+                "dQ staging must fit the dead Q and dO tiles");
+  const uint32_t stage_base = smem_u32(s.q_nope);
+  // Every consumer's last [5] is done: Q, dO, P and dS' are free.
+  named_barrier_sync(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
+  auto put_pair = [&](int row, int col, float x, float y) {
+    const uint32_t v = pack_bf16x2(x, y);
+    if (staged)
+      st_shared_u32(stage_base + row * kStagePitch + col * 2, v);
+    else
+      *reinterpret_cast<uint32_t*>(dq + tok * p.dq_ss + (h0 + row) * p.dq_sh + col) = v;
+  };
   CUTE_UNROLL
-  for (int i = 0; i < size(tQrdQ); i += 2) {
-    const int h = h0 + frag_row + 8 * ((i / 2) % 2);
-    const int col = 256 * wg + 8 * (i / 4) + 2 * (lane % 4);
-    *reinterpret_cast<uint32_t*>(dq + tok * p.dq_ss + h * p.dq_sh + col) =
-        pack_bf16x2(tQrdQ(i), tQrdQ(i + 1));
-  }
+  for (int i = 0; i < size(tQrdQ); i += 2)
+    put_pair(frag_row + 8 * ((i / 2) % 2), 256 * wg + 8 * (i / 4) + 2 * (lane % 4), tQrdQ(i),
+             tQrdQ(i + 1));
   if constexpr (T::kRope) {
-    // Rope columns: warpgroup 0's partial through shared memory (the P and dS' tiles, 16 KB,
-    // free once both warpgroups' last [5] is done; same fragment order on both sides), warpgroup
-    // 1 adds it to its own and stores.
+    // Rope columns: warpgroup 0's partial through shared memory (the P and dS' tiles, 16 KB; same
+    // fragment order on both sides), warpgroup 1 adds it to its own.
     const uint32_t part = smem_u32(s.p) + 8 * wtid;  // pair i / 2 at + 1024 (i / 2)
-    named_barrier_sync(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
     if (wg == 0) {
       CUTE_UNROLL
       for (int i = 0; i < size(tRrdQ); i += 2)
@@ -427,11 +462,21 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
       CUTE_UNROLL
       for (int i = 0; i < size(tRrdQ); i += 2) {
         const float2 o = ld_shared_f32x2(part + 1024 * (i / 2));
-        const int h = h0 + frag_row + 8 * ((i / 2) % 2);
-        const int col = 512 + 8 * (i / 4) + 2 * (lane % 4);
-        *reinterpret_cast<uint32_t*>(dq + tok * p.dq_ss + h * p.dq_sh + col) =
-            pack_bf16x2(tRrdQ(i) + o.x, tRrdQ(i + 1) + o.y);
+        put_pair(frag_row + 8 * ((i / 2) % 2), 512 + 8 * (i / 4) + 2 * (lane % 4),
+                 tRrdQ(i) + o.x, tRrdQ(i + 1) + o.y);
       }
+    }
+  }
+  if (staged) {
+    named_barrier_sync(id(NamedBarrier::kPdsReady), T::kConsumerThreads);
+    constexpr int kChunks = T::kDqk / 8;  // 16-byte chunks per row
+    for (int idx = threadIdx.x - 128; idx < 64 * kChunks; idx += T::kConsumerThreads) {
+      const int row = idx / kChunks, ch = idx % kChunks;
+      uint4 v;
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "r"(stage_base + row * kStagePitch + ch * 16));
+      *reinterpret_cast<uint4*>(dq + tok * p.dq_ss + (h0 + row) * p.dq_sh + ch * 8) = v;
     }
   }
   if (p.sink_terms != nullptr && wg == 0 && lane % 4 == 0) {

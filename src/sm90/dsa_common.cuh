@@ -124,17 +124,26 @@ __device__ __forceinline__ int32_t chunk_slot_index(const int32_t* idx_row, int6
   return lane < 16 && slot < n_slots ? idx_row[slot * idx_si] : -1;
 }
 
-// The 64 kv rows of a chunk (this lane's index j from chunk_slot_index): active rows
+// The index of row r_in_warp of this warp's 16 rows, broadcast from the lane that loaded it
+// (chunk_slot_index): the seed's lane-parallel index load.
+struct ShuffledRowIndex {
+  int32_t j;  // this lane's index from chunk_slot_index
+  __device__ __forceinline__ int32_t operator()(int r_in_warp) const {
+    return __shfl_sync(0xffffffffu, j, r_in_warp);
+  }
+};
+
+// The 64 kv rows of a chunk, row r_in_warp of warp w at index row_index(r_in_warp): active rows
 // (0 <= index < skv) copied, inactive rows zero-filled without a read. mark(row, active, index)
 // runs once per row (on lane % 8 == 0) for the chunk's per-row metadata.
-template <bool kRope, class Mark>
+template <bool kRope, class RowIndex, class Mark>
 __device__ __forceinline__ void gather_chunk(uint32_t nope, uint32_t rope, const DsaElement* kv,
-                                             int64_t kv_ss, int64_t skv, int32_t j, int warp,
-                                             int lane, Mark mark) {
+                                             int64_t kv_ss, int64_t skv, RowIndex row_index,
+                                             int warp, int lane, Mark mark) {
 #pragma unroll 1
   for (int pass = 0; pass < 4; ++pass) {
     const int r_in_warp = 4 * pass + lane / 8;
-    const int32_t jr = __shfl_sync(0xffffffffu, j, r_in_warp);
+    const int32_t jr = row_index(r_in_warp);
     const int row = 16 * warp + r_in_warp;
     const bool active = jr >= 0 && jr < skv;
     // Inactive: src-size 0, nothing read (kv's base is a valid address), the row is zeroed.

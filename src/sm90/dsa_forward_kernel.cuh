@@ -162,8 +162,8 @@ __device__ __forceinline__ void producer_main(const DsaFwdSm90Params& p, SharedS
     const int32_t j = chunk_slot_index(idx_row, p.idx_si, n_slots, c, warp, lane);
     mbarrier_wait(&s.kv_empty[st], phase ^ 1);
     gather_chunk<T::kRope>(smem_u32(s.kv_nope + st * T::kNopeElems),
-                           smem_u32(s.kv_rope + st * T::kPanelElems), kv, p.kv_ss, p.skv, j, warp,
-                           lane, [&](int row, bool active, int32_t) {
+                           smem_u32(s.kv_rope + st * T::kPanelElems), kv, p.kv_ss, p.skv,
+                           ShuffledRowIndex{j}, warp, lane, [&](int row, bool active, int32_t) {
                              s.bias[st][row] = active ? 0.f : -INFINITY;
                            });
     cp_async_commit();
