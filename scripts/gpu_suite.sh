@@ -122,18 +122,15 @@ if has bench; then
     run --op dsa_bwd "${DSA[@]}" --dsa-heads 128 --dsa-dqk 576 --rounds 2 --calls 5 --variants "$PS"
   fi
   if [ $gated_ok -eq 1 ] && [ "${BENCH_EXPERIMENTS:-0}" = 1 ]; then
-    # The Hopper DSA backward's seed techniques one at a time (SA_TUNE_SM90_DSA_BWD bits, dsa_backward_kernel.cuh): late
-    # K release (1), per-row index loads (2), staged dQ epilogue (4), each against portable.
-    for bits in 1 2 4; do
-      echo "#### SA_TUNE_SM90_DSA_BWD=$bits" >> "$OUT/bench.log"
-      SA_TUNE_SM90_DSA_BWD=$bits run --op dsa_bwd "${DSA[@]}" --dsa-heads 128 --dsa-dqk 576 \
-        --rounds 2 --calls 5 --variants "$PS"
-    done
-    # The Hopper BSA backward's per-warpgroup dQ partials, to compare with the default kernel's
-    # ratio against the portable backward above.
-    echo "#### SA_TUNE_SM90_BWD_DQ_PARTIALS=1" >> "$OUT/bench.log"
-    SA_TUNE_SM90_BWD_DQ_PARTIALS=1 run --op bsa_bwd "${BSA[@]}" --block 128 --density 0.5 \
-      --variants "$PS"
+    # The Hopper DSA backward's seed techniques one at a time (SA_TUNE_SM90_DSA_BWD bits,
+    # dsa_backward_kernel.cuh), paired in one process with the default kernel: late K release
+    # (1), per-row index loads (2), staged dQ epilogue (4).
+    T="impl=sm90,env.SA_TUNE_SM90_DSA_BWD"
+    run --op dsa_bwd "${DSA[@]}" --dsa-heads 128 --dsa-dqk 576 --rounds 2 --calls 5 \
+      --variants "impl=sm90/$T=1/$T=2/$T=4"
+    # The Hopper BSA backward's per-warpgroup dQ partials against its default kernel.
+    run --op bsa_bwd "${BSA[@]}" --block 128 --density 0.5 \
+      --variants "impl=sm90/impl=sm90,env.SA_TUNE_SM90_BWD_DQ_PARTIALS=1"
   fi
   if [ "${BENCH_FULL:-0}" = 1 ]; then
     # The other rows of the Hopper targets: block 64, density 12.5%, S 32768, and DSA shapes.

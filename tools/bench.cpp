@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -208,10 +209,50 @@ struct OpSetup {
   std::function<Subject(const BenchVariant&)> make;
 };
 
+// Sets a variant's environment for one call and restores the previous values.
+class ScopedEnv {
+ public:
+  explicit ScopedEnv(const std::vector<std::pair<std::string, std::string>>& env) {
+    for (const auto& kv : env) {
+      const char* old = std::getenv(kv.first.c_str());
+      saved_.push_back({kv.first, old != nullptr, old != nullptr ? old : ""});
+      setenv(kv.first.c_str(), kv.second.c_str(), 1);
+    }
+  }
+  ~ScopedEnv() {
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+      if (it->had) setenv(it->name.c_str(), it->value.c_str(), 1);
+      else unsetenv(it->name.c_str());
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  struct Saved {
+    std::string name;
+    bool had;
+    std::string value;
+  };
+  std::vector<Saved> saved_;
+};
+
 int bench_op(const OpSetup& setup, const BenchOptions& o, const CudaDevice& dev,
              std::vector<std::string>* records) {
   std::vector<Subject> subjects;
-  for (const BenchVariant& v : o.variants) subjects.push_back(setup.make(v));
+  for (const BenchVariant& v : o.variants) {
+    Subject s = setup.make(v);
+    if (!v.env.empty()) {
+      // The knobs are read when the library launches: set them around every call.
+      auto inner = s.run;
+      auto env = v.env;
+      s.run = [inner, env](const sa_context& c) {
+        ScopedEnv scoped(env);
+        return inner(c);
+      };
+    }
+    subjects.push_back(std::move(s));
+  }
   std::vector<Subject*> runnable;
   for (Subject& s : subjects) {
     std::string why;
@@ -283,9 +324,11 @@ std::vector<BenchVariant> parse_variants(const std::string& text) {
           throw ToolError(kExitBadArgument, "--variants: " + key + " needs an integer >= 0, got '" +
                                                 val + "'");
         (key == "bucket" ? v.bucket : v.deterministic) = static_cast<int>(x);
+      } else if (key.rfind("env.", 0) == 0 && key.size() > 4 && eq != std::string::npos) {
+        v.env.emplace_back(key.substr(4), val);
       } else {
         throw ToolError(kExitBadArgument, "--variants: unknown key '" + key +
-                                              "' (impl=, bucket=, deterministic=)");
+                                              "' (impl=, bucket=, deterministic=, env.NAME=)");
       }
     }
     out.push_back(v);

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "demo.hpp"
@@ -24,6 +25,9 @@ struct BenchVariant {
   sa_impl impl = SA_IMPL_AUTO;
   int bucket = -1;             // -1: leave options.bucket_size as it is
   int deterministic = -1;      // -1: leave as it is
+  // Environment variables set around each of this variant's calls (the library's SA_TUNE_*
+  // experiment knobs, read at launch), restored after: "env.NAME=VALUE" in --variants.
+  std::vector<std::pair<std::string, std::string>> env;
 };
 
 struct BenchOptions {
