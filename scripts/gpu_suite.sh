@@ -42,8 +42,9 @@ GATED="${GATED-*Sm90DsaBackward*:*Sm90BsaForwardFp16*:*DqPartials*}"
 gated_ok=0
 if has gated && [ -n "$GATED" ]; then
   note "gated kernels' tests first: $GATED"
-  rc=0; timeout 180 "$BIN/sa_tests" --gtest_brief=1 --gtest_filter="$GATED" >> "$OUT/gpu_tests.log" \
-    2>&1 || rc=$?
+  rc=0
+  timeout 180 "$BIN/sa_tests" --gtest_brief=1 --gtest_filter="$GATED" \
+    >> "$OUT/gpu_tests.log" 2>&1 || rc=$?
   verdict gated $rc
   grep -E "FAILED|PASSED|tests ran" "$OUT/gpu_tests.log" | tail -12
   [ $rc -eq 0 ] && gated_ok=1

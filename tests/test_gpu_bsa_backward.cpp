@@ -4,8 +4,8 @@
 // (bsa_problem_builder.hpp), runs the forward through the CPU reference (public API) for o and
 // lse, copies everything to the device with dq, dk, dv poisoned with NaN, and runs
 // sa_bsa_backward on the CUDA tensors (the portable implementation forced: AUTO picks the Hopper
-// backward on an sm_90 device), workspace queried and passed in. The oracle is the reference backward through the same
-// API on fp64 copies of the same host values. Device tensors have padded rows and a guard region
+// backward on an sm_90 device), workspace queried and passed in. The oracle is the reference
+// backward through the same API on fp64 copies of the same host values. Device tensors have padded rows and a guard region
 // after the data, all NaN, which must come back untouched.
 // Pass: no NaN; rel L2 of dq, dk, dv below 1e-2; dk = dv = 0 exactly for every key no query
 // attends (KV blocks nobody lists, padded keys of partial blocks).

@@ -105,7 +105,8 @@ Plan make_plan(const DsaBwdProblem& p, int block_m, int64_t slice_tokens) {
   if (p.d_sink != nullptr) plan.terms = take(d.H * d.Sq * 4);
   if (plan.deterministic) {
     const int64_t per_token = plan.groups * d.topk * d.Dqk * 4;
-    plan.slice = slice_tokens > 0 ? slice_tokens : std::max<int64_t>(1, kPartialBytesCap / per_token);
+    plan.slice =
+        slice_tokens > 0 ? slice_tokens : std::max<int64_t>(1, kPartialBytesCap / per_token);
     plan.slice = std::min<int64_t>({plan.slice, d.Sq, INT32_MAX / d.topk});
     const int64_t items = plan.slice * d.topk;
     plan.part = take(plan.slice * per_token);

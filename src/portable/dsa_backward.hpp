@@ -49,8 +49,8 @@ void dsa_backward(const DsaBwdProblem& p, void* workspace, size_t workspace_byte
 // ---- this backward's passes around another implementation's main kernel (the Hopper one) ----
 // A main kernel: `grid` CTAs over `prm` (tok_begin and the workspace pointers set) on `stream`,
 // device `device` current. Its contract is the portable kernel's: CTA b is token
-// prm.tok_begin + b / head_groups and heads [M (b % head_groups), +M), M heads per CTA; it writes dq,
-// the d_sink terms (when prm.sink_terms) and each active slot's head-reduced dkv row, reduced
+// prm.tok_begin + b / head_groups and heads [M (b % head_groups), +M), M heads per CTA; it
+// writes dq, the d_sink terms (when prm.sink_terms) and each active slot's head-reduced dkv row, reduced
 // into prm.dkv_acc, or in deterministic mode stored to its partial row
 // ((t - tok_begin) * head_groups + group) * topk + slot of prm.dkv_part.
 using DsaBackwardMainKernel = void (*)(const dsa_bwd::DsaBwdParams& prm, int64_t grid, int device,

@@ -351,7 +351,8 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
     if constexpr (T::kRope) gemm_ss(mma_sdp, tSrQr, tSrKr, tSrS, false);
     warpgroup_commit_batch();
     // Whether the chunk has an active slot (for the d_sink term), while the batch runs.
-    saw_active |= __any_sync(0xffffffffu, s.bias[buf][lane] == 0.f || s.bias[buf][32 + lane] == 0.f);
+    saw_active |=
+        __any_sync(0xffffffffu, s.bias[buf][lane] == 0.f || s.bias[buf][32 + lane] == 0.f);
     // Every consumer's [5] of the previous chunk is done with sP and sDs (waited there).
     named_barrier_sync(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
     warpgroup_wait<0>();
