@@ -13,7 +13,8 @@
 # Logs and results go to $OUT (the device tool's output folder; /tmp/sa_gpu_out elsewhere).
 # Environment:
 #   GATED           gtest filter of the gated kernels' tests (default:
-#                   *Sm90DsaBackward*:*Sm90BsaForwardFp16*:*DqPartials*; empty: none)
+#                   *Sm90DsaBackward*:*Sm90BsaForwardFp16*:*DqPartials*:*Sm90DsaForwardPadded*;
+#                   empty: none)
 #   SAN_FILTER      gtest filter for compute-sanitizer (default: one small case per GPU kernel)
 #   BENCH_FULL=1    also block 64, density 12.5%, S 32768 and the other DSA shapes (default: the
 #                   paired A/Bs at the headline shapes)
@@ -38,7 +39,7 @@ verdict() { if [ "$2" -eq 0 ]; then SUMMARY+=("$1: ok"); else SUMMARY+=("$1: FAI
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu \
   --format=csv > "$OUT/gpu_tests.log" 2>&1 || true
 
-GATED="${GATED-*Sm90DsaBackward*:*Sm90BsaForwardFp16*:*DqPartials*}"
+GATED="${GATED-*Sm90DsaBackward*:*Sm90BsaForwardFp16*:*DqPartials*:*Sm90DsaForwardPadded*}"
 gated_ok=0
 if has gated && [ -n "$GATED" ]; then
   note "gated kernels' tests first: $GATED"

@@ -103,15 +103,22 @@ __device__ __forceinline__ void gather_row(uint32_t nope, uint32_t rope, int row
   if constexpr (kRope) cp_async_16_zfill(rope + swz(row, sub), src + 512 + sub * 8, bytes);
 }
 
-// 64 rows of one token's heads [h0, h0 + 64) (Q or dO; all < H), into panels at nope / rope.
-template <bool kRope>
+// 64 rows of one token's heads [h0, h0 + 64) (Q or dO), into panels at nope / rope. kPartial:
+// only the first `rows` heads exist (H < 64, head padding); the others are zero-filled, not read.
+template <bool kRope, bool kPartial = false>
 __device__ __forceinline__ void gather_head_rows(uint32_t nope, uint32_t rope,
                                                  const DsaElement* tok_rows, int64_t head_stride,
-                                                 int h0, int warp, int lane) {
+                                                 int h0, int warp, int lane, int rows = 64) {
 #pragma unroll 1
   for (int pass = 0; pass < 4; ++pass) {
     const int row = 16 * warp + 4 * pass + lane / 8;
-    gather_row<kRope>(nope, rope, row, tok_rows + (h0 + row) * head_stride, 16, lane);
+    if constexpr (kPartial) {
+      const bool valid = row < rows;
+      gather_row<kRope>(nope, rope, row, valid ? tok_rows + (h0 + row) * head_stride : tok_rows,
+                        valid ? 16 : 0, lane);
+    } else {
+      gather_row<kRope>(nope, rope, row, tok_rows + (h0 + row) * head_stride, 16, lane);
+    }
   }
 }
 

@@ -1,10 +1,11 @@
-// Hopper DSA forward, host side: support checks, kernel arguments, launch, and the two
+// Hopper DSA forward, host side: support checks, kernel arguments, launch, and the four
 // instantiations of the kernel in dsa_forward_kernel.cuh: D_qk in {512, 576} (H 64 and 128 share
-// them: H / 64 CTAs per token), bf16.
+// them: H / 64 CTAs per token) x head padding (H 16 and 32: one 64-row CTA per token), bf16.
 #include "sm90/dsa_forward.hpp"
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -33,9 +34,9 @@ constexpr size_t smem_bytes() {
 static_assert(smem_bytes<576>() <= kMaxSmemSm90, "sm90 DSA forward exceeds 227 KB of smem");
 static_assert(smem_bytes<512>() <= kMaxSmemSm90, "sm90 DSA forward exceeds 227 KB of smem");
 
-template <int kDqk>
+template <int kDqk, bool kPadHeads = false>
 void launch(const DsaFwdSm90Params& params, int64_t grid, cudaStream_t stream) {
-  using Traits = DsaFwdTraits<kDqk>;
+  using Traits = DsaFwdTraits<kDqk, kPadHeads>;
   constexpr size_t kSmem = smem_bytes<kDqk>();
   auto* kernel = &dsa_fwd::dsa_forward_sm90_kernel<Traits>;
   // Every launch (cheap, and right for whichever device is current).
@@ -67,8 +68,8 @@ std::string dsa_forward_unsupported(const DsaFwdProblem& p) {
     os << "d_v = " << d.Dv << " (sm90 DSA forward supports 512)";
     return os.str();
   }
-  if (d.H != 64 && d.H != 128) {
-    os << "H = " << d.H << " (sm90 DSA forward supports 64, 128)";
+  if (d.H != 16 && d.H != 32 && d.H != 64 && d.H != 128) {
+    os << "H = " << d.H << " (sm90 DSA forward supports 16, 32, 64, 128)";
     return os.str();
   }
   constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
@@ -76,7 +77,7 @@ std::string dsa_forward_unsupported(const DsaFwdProblem& p) {
     os << "topk = " << d.topk << " (sm90 DSA forward supports < 2^31 - 64)";
     return os.str();
   }
-  if (d.Sq * (d.H / 64) > kMaxInt) {
+  if (d.Sq * std::max<int64_t>(1, d.H / 64) > kMaxInt) {
     os << "S_q = " << d.Sq << " (sm90 DSA forward supports S_q * H / 64 < 2^31)";
     return os.str();
   }
@@ -120,15 +121,23 @@ void dsa_forward(const DsaFwdProblem& p, cudaStream_t stream) {
   prm.sink_s = p.meta.sink_stride;
   prm.skv = d.Skv;
   prm.topk = narrow_i32(d.topk, "topk");
-  prm.head_groups = narrow_i32(d.H / 64, "H / 64");
+  const bool pad_heads = d.H < 64;  // 16 or 32: one 64-row CTA per token, rows >= H padding
+  prm.head_groups = pad_heads ? 1 : narrow_i32(d.H / 64, "H / 64");
+  prm.heads = narrow_i32(d.H, "H");
   prm.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
 
   const int64_t grid = d.Sq * prm.head_groups;
   if (grid == 0) return;
   if (d.Dqk == 576) {
-    launch<576>(prm, grid, stream);
+    if (pad_heads)
+      launch<576, true>(prm, grid, stream);
+    else
+      launch<576>(prm, grid, stream);
   } else {
-    launch<512>(prm, grid, stream);
+    if (pad_heads)
+      launch<512, true>(prm, grid, stream);
+    else
+      launch<512>(prm, grid, stream);
   }
 }
 

@@ -12,7 +12,7 @@
 namespace sa::sm90 {
 
 // "" when dsa_forward serves `p` (a CUDA problem on an sm_90 device, which the caller checks),
-// otherwise the reason, e.g. "H = 16 (sm90 DSA forward supports 64, 128)".
+// otherwise the reason, e.g. "H = 48 (sm90 DSA forward supports 16, 32, 64, 128)".
 std::string dsa_forward_unsupported(const DsaFwdProblem& p);
 
 // Writes every element of p.out and p.lse; launches on `stream` (device p.device_index must be

@@ -80,16 +80,20 @@ struct DsaFwdSm90Params {
   int64_t q_ss, q_sh, kv_ss, o_ss, o_sh, lse_ss, lse_sh, idx_ss, idx_si, len_s, sink_s;
   int64_t skv;          // S_kv
   int32_t topk;         // slots per row
-  int32_t head_groups;  // H / 64
+  int32_t head_groups;  // H / 64 (1 with head padding)
   float scale_log2;     // scale * log2(e)
+  int32_t heads;        // H
 };
 
 // Named barriers (id 0 is __syncthreads), all over the 256 consumer threads.
 enum class NamedBarrier : uint32_t { kMaxReady = 1, kPReady = 2, kSumReady = 3 };
 __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint32_t>(b); }
 
-template <int kDqk_>
+// kPadHeads_: H < 64 (16 or 32) runs one 64-row CTA per token whose rows >= H are padding
+// (zero Q rows, never stored).
+template <int kDqk_, bool kPadHeads_ = false>
 struct DsaFwdTraits : DsaCta<kDqk_> {
+  static constexpr bool kPadHeads = kPadHeads_;
   using Base = DsaCta<kDqk_>;
   using Element = typename Base::Element;
   using H64 = typename Base::H64;
@@ -149,9 +153,9 @@ __device__ __forceinline__ void producer_main(const DsaFwdSm90Params& p, SharedS
   if (n_chunks == 0) return;
 
   // [P0] Q (64 heads, all < H: H is a multiple of 64); lands with chunk 0's group.
-  gather_head_rows<T::kRope>(smem_u32(s.q_nope), smem_u32(s.q_rope),
-                             static_cast<const DsaElement*>(p.q) + tok * p.q_ss, p.q_sh, h0, warp,
-                             lane);
+  gather_head_rows<T::kRope, T::kPadHeads>(smem_u32(s.q_nope), smem_u32(s.q_rope),
+                                           static_cast<const DsaElement*>(p.q) + tok * p.q_ss,
+                                           p.q_sh, h0, warp, lane, p.heads - h0);
   const DsaElement* kv = static_cast<const DsaElement*>(p.kv);
   const int32_t* idx_row = p.idx + tok * p.idx_ss;
 #pragma unroll 1
@@ -325,22 +329,24 @@ __device__ __forceinline__ void consumer_main(const DsaFwdSm90Params& p, SharedS
     // Both warpgroups add the halves in the same order: the same l, lse and factor.
     const float l = s.red_sum[0][row] + s.red_sum[1][row];
     const int h = h0 + row;
+    const bool real = !T::kPadHeads || h < p.heads;  // a padding row is neither read nor stored
     float lse = INFINITY;  // no active slot: out = 0, lse = +inf
     factor[r] = 0.f;
     if (l > 0.f) {
       lse = (m_run[r] + log2f(l)) * kLn2;
       // out = O / l / (1 + e^(sink - lse)): sink -inf gives e^-inf = 0; +inf or huge gives an
       // infinite denominator, factor 0. Never NaN.
-      const float sink = p.sink != nullptr ? p.sink[h * p.sink_s] : -INFINITY;
+      const float sink = p.sink != nullptr && real ? p.sink[h * p.sink_s] : -INFINITY;
       factor[r] = 1.f / (l * (1.f + expf(sink - lse)));
     }
-    if (wg == 0 && lane % 4 == 0) p.lse[tok * p.lse_ss + h * p.lse_sh] = lse;
+    if (wg == 0 && lane % 4 == 0 && real) p.lse[tok * p.lse_ss + h * p.lse_sh] = lse;
   }
   CUTE_UNROLL
   for (int i = 0; i < size(tOrO); i += 2) {
     const int r = (i / 2) % 2;
     const int h = h0 + frag_row + 8 * r;
     const int col = 256 * wg + 8 * (i / 4) + 2 * (lane % 4);
+    if (T::kPadHeads && h >= p.heads) continue;
     *reinterpret_cast<uint32_t*>(out + tok * p.o_ss + h * p.o_sh + col) =
         pack_bf16x2(tOrO(i) * factor[r], tOrO(i + 1) * factor[r]);
   }

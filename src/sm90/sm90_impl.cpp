@@ -75,11 +75,18 @@ void bsa_bwd_run(const BsaBwdProblem& p, const ExecContext& ctx) {
 }
 
 // ---- DSA forward ------------------------------------------------------------------------------
+// H 16 and 32 (head padding) are not yet run on hardware: AUTO sends them to the portable
+// forward; a caller that forces SA_IMPL_SM90 gets them.
 std::string dsa_fwd_unsupported(const DsaFwdProblem& p) {
   if (p.device != SA_DEVICE_CUDA) return "needs CUDA tensors";
   const std::string why = check_sm90_device(p.device_index);
   if (!why.empty()) return why;
-  return sm90::dsa_forward_unsupported(p);
+  const std::string shape = sm90::dsa_forward_unsupported(p);
+  if (!shape.empty()) return shape;
+  if (p.dims.H < 64 && p.options.impl != SA_IMPL_SM90)
+    return "H < 64 (head padding): not yet validated on hardware (set options.impl = "
+           "SA_IMPL_SM90 to use it)";
+  return "";
 }
 
 void dsa_fwd_run(const DsaFwdProblem& p, const ExecContext& ctx) {
