@@ -126,10 +126,11 @@ if has bench; then
   if [ $gated_ok -eq 1 ] && [ "${BENCH_EXPERIMENTS:-0}" = 1 ]; then
     # The Hopper DSA backward's seed techniques one at a time (SA_TUNE_SM90_DSA_BWD bits,
     # dsa_backward_kernel.cuh), paired in one process with the default kernel: late K release
-    # (1), per-row index loads (2), staged dQ epilogue (4).
+    # (1), per-row index loads (2), staged dQ epilogue (4), S and dP split between the
+    # warpgroups (8).
     T="impl=sm90,env.SA_TUNE_SM90_DSA_BWD"
     run --op dsa_bwd "${DSA[@]}" --dsa-heads 128 --dsa-dqk 576 --rounds 2 --calls 5 \
-      --variants "impl=sm90/$T=1/$T=2/$T=4"
+      --variants "impl=sm90/$T=1/$T=2/$T=4/$T=8"
     # The Hopper BSA backward's per-warpgroup dQ partials against its default kernel.
     run --op bsa_bwd "${BSA[@]}" --block 128 --density 0.5 \
       --variants "impl=sm90/impl=sm90,env.SA_TUNE_SM90_BWD_DQ_PARTIALS=1"

@@ -514,25 +514,28 @@ INSTANTIATE_TEST_SUITE_P(Cases, Sm90DsaBackward, ::testing::ValuesIn(sm90_dsa_bw
                            return info.param.name;
                          });
 
-// The Hopper kernel's experiment variants (SA_TUNE_SM90_DSA_BWD = 7: late K release, per-row
-// index loads, staged dQ epilogue; bench/NOTES.md) on three cases: the same results.
+// The Hopper kernel's experiment variants (SA_TUNE_SM90_DSA_BWD bits: late K release 1, per-row
+// index loads 2, staged dQ epilogue 4, S and dP split between the warpgroups 8; bench/NOTES.md),
+// all of them with and without the split (7, 15), on three cases: the same results.
 TEST(Sm90DsaBackwardTuned, MatchesReference) {
   SA_SKIP_WITHOUT_GPU();
   SA_SKIP_UNLESS_SM90();
-  ASSERT_EQ(setenv("SA_TUNE_SM90_DSA_BWD", "7", 1), 0);
-  for (const GpuDsaBwdCase& p : gpu_dsa_bwd_cases()) {
-    if (p.name != "H64_D576_K100_LengthsInvalid" && p.name != "H128_D512_K2048_Plain" &&
-        p.name != "H128_D576_K160_SinkMixed")
-      continue;
-    SCOPED_TRACE(p.name);
-    DsaHostCase c = make_dsa_host_case(p.shape, p.spec, SA_DTYPE_BF16, seed_of(0xdb5a, p.name));
-    poison_unselected_kv_rows(c);
-    Inputs in;
-    ASSERT_NO_FATAL_FAILURE(run_reference_forward(c, &in));
-    Grads want, got;
-    ASSERT_NO_FATAL_FAILURE(run_reference_backward(c, in, &want));
-    ASSERT_NO_FATAL_FAILURE(run_gpu(c, in, Variant::kSm90, false, &got));
-    expect_matches(c, in, got, want, "sm90_tuned_7");
+  for (const char* bits : {"7", "15"}) {
+    ASSERT_EQ(setenv("SA_TUNE_SM90_DSA_BWD", bits, 1), 0);
+    for (const GpuDsaBwdCase& p : gpu_dsa_bwd_cases()) {
+      if (p.name != "H64_D576_K100_LengthsInvalid" && p.name != "H128_D512_K2048_Plain" &&
+          p.name != "H128_D576_K160_SinkMixed")
+        continue;
+      SCOPED_TRACE(p.name + " tune " + bits);
+      DsaHostCase c = make_dsa_host_case(p.shape, p.spec, SA_DTYPE_BF16, seed_of(0xdb5a, p.name));
+      poison_unselected_kv_rows(c);
+      Inputs in;
+      ASSERT_NO_FATAL_FAILURE(run_reference_forward(c, &in));
+      Grads want, got;
+      ASSERT_NO_FATAL_FAILURE(run_reference_backward(c, in, &want));
+      ASSERT_NO_FATAL_FAILURE(run_gpu(c, in, Variant::kSm90, false, &got));
+      expect_matches(c, in, got, want, "sm90_tuned");
+    }
   }
   unsetenv("SA_TUNE_SM90_DSA_BWD");
 }

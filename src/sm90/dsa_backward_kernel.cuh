@@ -82,14 +82,19 @@ using Params = portable::dsa_bwd::DsaBwdParams;
 //                     lane-parallel before it (without the "lane-parallel index loads" technique)
 //   kTuneStagedDq     dQ through shared memory and 16-byte coalesced stores instead of 4-byte
 //                     stores from the fragments (the staged dQ epilogue)
-constexpr int32_t kTuneLateRelease = 1, kTuneRowIndex = 2, kTuneStagedDq = 4;
+//   kTuneSplitSdP     warpgroup 0 computes S and P for all 64 keys, warpgroup 1 dP and dS' (P
+//                     crosses through sP): Q and dO are read once per chunk instead of twice.
+//                     A separate instantiation (DsaBwdTraits::kSplitSdP): as a runtime branch
+//                     its registers made the default kernel spill.
+constexpr int32_t kTuneLateRelease = 1, kTuneRowIndex = 2, kTuneStagedDq = 4, kTuneSplitSdP = 8;
 
 // Named barriers (id 0 is __syncthreads), over the 256 consumer threads.
-enum class NamedBarrier : uint32_t { kPdsFree = 1, kPdsReady = 2 };
+enum class NamedBarrier : uint32_t { kPdsFree = 1, kPdsReady = 2, kPReady = 3 };
 __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint32_t>(b); }
 
-template <int kDqk_>
+template <int kDqk_, bool kSplitSdP_ = false>
 struct DsaBwdTraits : DsaCta<kDqk_> {
+  static constexpr bool kSplitSdP = kSplitSdP_;  // kTuneSplitSdP's instantiation
   using Base = DsaCta<kDqk_>;
   using Element = typename Base::Element;
   using H64 = typename Base::H64;
@@ -104,6 +109,9 @@ struct DsaBwdTraits : DsaCta<kDqk_> {
   // [1], [2]: M = 64 heads, N = 32 keys per warpgroup, K = dims; both operands K-major.
   using TiledMmaSdP = decltype(cute::make_tiled_mma(
       cute::SM90::GMMA::MMA_64x32x16_F32BF16BF16_SS<Major::K, Major::K>{}, WgLayout{}));
+  // kTuneSplitSdP: S (warpgroup 0) or dP (warpgroup 1) over all 64 keys, one warpgroup each.
+  using TiledMmaSdP64 = decltype(cute::make_tiled_mma(
+      cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<Major::K, Major::K>{}));
   // [4] nope: M = 64 heads, N = 256 dims per warpgroup, K = 64 keys; A = dS' (K-major), B = the K
   // rows seen as (dims, keys) (MN-major).
   using TiledMmaDq = decltype(cute::make_tiled_mma(
@@ -237,6 +245,16 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
   Tensor tSrdO = thr_sdp.partition_fragment_A(sdO);  // (MMA, 1, 32)
   Tensor tSrKn = thr_sdp.partition_fragment_B(sKn);  // (MMA, 1, 32): this warpgroup's 32 keys
   Tensor tSrKr = thr_sdp.partition_fragment_B(sKr);  // (MMA, 1, 4)
+  // kTuneSplitSdP: all 64 keys per warpgroup (32 accumulators: S in warpgroup 0, dP in 1).
+  typename T::TiledMmaSdP64 mma_sdp64;
+  auto thr_sdp64 = mma_sdp64.get_thread_slice(wtid);
+  Tensor tXrQn = thr_sdp64.partition_fragment_A(sQn);
+  Tensor tXrQr = thr_sdp64.partition_fragment_A(sQr);
+  Tensor tXrdO = thr_sdp64.partition_fragment_A(sdO);
+  Tensor tXrKn = thr_sdp64.partition_fragment_B(sKn);
+  Tensor tXrKr = thr_sdp64.partition_fragment_B(sKr);
+  Tensor tXrX = partition_fragment_C(mma_sdp64, Shape<typename T::H64, typename T::H64>{});
+  static_assert(decltype(size(tXrX))::value == 32, "S or dP fragment: 64 x 64 per warpgroup");
   Tensor tSrS = partition_fragment_C(mma_sdp, Shape<typename T::H64, typename T::H64>{});
   Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<typename T::H64, typename T::H64>{});
   static_assert(decltype(size(tSrS))::value == 16, "S fragment: 64 x 32 per warpgroup");
@@ -343,53 +361,100 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
   for (int c = 0; c < n_chunks; ++c) {
     const int buf = c & 1;
     mbarrier_wait(&s.kv_full, c & 1);
-    // [1] S, alone: S and dP are never allocated together (with dQ's 160 fp32 at D_qk 576 that
-    // spilled).
-    warpgroup_fence_operand(tSrS);
-    warpgroup_arrive();
-    gemm_ss(mma_sdp, tSrQn, tSrKn, tSrS, true);
-    if constexpr (T::kRope) gemm_ss(mma_sdp, tSrQr, tSrKr, tSrS, false);
-    warpgroup_commit_batch();
-    // Whether the chunk has an active slot (for the d_sink term), while the batch runs.
-    saw_active |=
-        __any_sync(0xffffffffu, s.bias[buf][lane] == 0.f || s.bias[buf][32 + lane] == 0.f);
-    // Every consumer's [5] of the previous chunk is done with sP and sDs (waited there).
-    named_barrier_sync(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tSrS);
-
-    // [3a] P of this warpgroup's 32 keys -> bf16 sP; the bf16 pairs stay for dS'.
-    const float* bias = s.bias[buf] + 32 * wg + 2 * (lane % 4);
-    uint32_t p_pk[8];
-    CUTE_UNROLL
-    for (int i = 0; i < 16; i += 2) {
-      const int r = (i / 2) % 2;
-      float pv[2];
-      CUTE_UNROLL
-      for (int e = 0; e < 2; ++e) {
-        const float off = bias[8 * (i / 4) + e] - l2[r];  // -inf for inactive keys, L2 = +inf
-        pv[e] = exp2_approx(fmaf(tSrS(i + e), scale_log2, off));
+    if constexpr (T::kSplitSdP) {
+      // [1] S (warpgroup 0) or [2] dP (warpgroup 1) over all 64 keys: Q and dO read once.
+      warpgroup_fence_operand(tXrX);
+      if (wg == 0) {
+        warpgroup_arrive();
+        gemm_ss(mma_sdp64, tXrQn, tXrKn, tXrX, true);
+        if constexpr (T::kRope) gemm_ss(mma_sdp64, tXrQr, tXrKr, tXrX, false);
+        warpgroup_commit_batch();
+      } else {
+        warpgroup_arrive();
+        gemm_ss(mma_sdp64, tXrdO, tXrKn, tXrX, true);
+        warpgroup_commit_batch();
       }
-      p_pk[i / 2] = pack_bf16x2(pv[0], pv[1]);
-      const uint32_t at = swz(frag_row + 8 * r, 4 * wg + i / 4) + 4 * (lane % 4);
-      *reinterpret_cast<uint32_t*>(p_bytes + at) = p_pk[i / 2];
-    }
-    // [2] dP.
-    warpgroup_fence_operand(tSrdP);
-    warpgroup_arrive();
-    gemm_ss(mma_sdp, tSrdO, tSrKn, tSrdP, true);
-    warpgroup_commit_batch();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tSrdP);
-    // [3b] dS' = scale P (dP - delta) from P's bf16 copy (the operand of dKV's P^T dO) -> sDs.
-    CUTE_UNROLL
-    for (int i = 0; i < 16; i += 2) {
-      const int r = (i / 2) % 2;
-      const float2 pv = unpack_bf16x2(p_pk[i / 2]);
-      const float d0 = scale * pv.x * (tSrdP(i) - delta[r]);
-      const float d1 = scale * pv.y * (tSrdP(i + 1) - delta[r]);
-      const uint32_t at = swz(frag_row + 8 * r, 4 * wg + i / 4) + 4 * (lane % 4);
-      *reinterpret_cast<uint32_t*>(ds_bytes + at) = pack_bf16x2(d0, d1);
+      saw_active |=
+          __any_sync(0xffffffffu, s.bias[buf][lane] == 0.f || s.bias[buf][32 + lane] == 0.f);
+      named_barrier_sync(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tXrX);
+      const float* bias = s.bias[buf] + 2 * (lane % 4);
+      if (wg == 0) {
+        // [3a] P -> bf16 sP, all 64 keys.
+        CUTE_UNROLL
+        for (int i = 0; i < 32; i += 2) {
+          const int r = (i / 2) % 2;
+          float pv[2];
+          CUTE_UNROLL
+          for (int e = 0; e < 2; ++e)
+            pv[e] = exp2_approx(fmaf(tXrX(i + e), scale_log2, bias[8 * (i / 4) + e] - l2[r]));
+          const uint32_t at = swz(frag_row + 8 * r, i / 4) + 4 * (lane % 4);
+          *reinterpret_cast<uint32_t*>(p_bytes + at) = pack_bf16x2(pv[0], pv[1]);
+        }
+        named_barrier_sync(id(NamedBarrier::kPReady), T::kConsumerThreads);
+      } else {
+        // [3b] dS' = scale P (dP - delta) with P from warpgroup 0's bf16 tile -> sDs.
+        named_barrier_sync(id(NamedBarrier::kPReady), T::kConsumerThreads);
+        CUTE_UNROLL
+        for (int i = 0; i < 32; i += 2) {
+          const int r = (i / 2) % 2;
+          const uint32_t at = swz(frag_row + 8 * r, i / 4) + 4 * (lane % 4);
+          const float2 pv = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(p_bytes + at));
+          const float d0 = scale * pv.x * (tXrX(i) - delta[r]);
+          const float d1 = scale * pv.y * (tXrX(i + 1) - delta[r]);
+          *reinterpret_cast<uint32_t*>(ds_bytes + at) = pack_bf16x2(d0, d1);
+        }
+      }
+    } else {
+      // [1] S, alone: S and dP are never allocated together (with dQ's 160 fp32 at D_qk 576 that
+      // spilled).
+      warpgroup_fence_operand(tSrS);
+      warpgroup_arrive();
+      gemm_ss(mma_sdp, tSrQn, tSrKn, tSrS, true);
+      if constexpr (T::kRope) gemm_ss(mma_sdp, tSrQr, tSrKr, tSrS, false);
+      warpgroup_commit_batch();
+      // Whether the chunk has an active slot (for the d_sink term), while the batch runs.
+      saw_active |=
+          __any_sync(0xffffffffu, s.bias[buf][lane] == 0.f || s.bias[buf][32 + lane] == 0.f);
+      // Every consumer's [5] of the previous chunk is done with sP and sDs (waited there).
+      named_barrier_sync(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrS);
+
+      // [3a] P of this warpgroup's 32 keys -> bf16 sP; the bf16 pairs stay for dS'.
+      const float* bias = s.bias[buf] + 32 * wg + 2 * (lane % 4);
+      uint32_t p_pk[8];
+      CUTE_UNROLL
+      for (int i = 0; i < 16; i += 2) {
+        const int r = (i / 2) % 2;
+        float pv[2];
+        CUTE_UNROLL
+        for (int e = 0; e < 2; ++e) {
+          const float off = bias[8 * (i / 4) + e] - l2[r];  // -inf for inactive keys, L2 = +inf
+          pv[e] = exp2_approx(fmaf(tSrS(i + e), scale_log2, off));
+        }
+        p_pk[i / 2] = pack_bf16x2(pv[0], pv[1]);
+        const uint32_t at = swz(frag_row + 8 * r, 4 * wg + i / 4) + 4 * (lane % 4);
+        *reinterpret_cast<uint32_t*>(p_bytes + at) = p_pk[i / 2];
+      }
+      // [2] dP.
+      warpgroup_fence_operand(tSrdP);
+      warpgroup_arrive();
+      gemm_ss(mma_sdp, tSrdO, tSrKn, tSrdP, true);
+      warpgroup_commit_batch();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrdP);
+      // [3b] dS' = scale P (dP - delta) from P's bf16 copy (the operand of dKV's P^T dO) -> sDs.
+      CUTE_UNROLL
+      for (int i = 0; i < 16; i += 2) {
+        const int r = (i / 2) % 2;
+        const float2 pv = unpack_bf16x2(p_pk[i / 2]);
+        const float d0 = scale * pv.x * (tSrdP(i) - delta[r]);
+        const float d1 = scale * pv.y * (tSrdP(i + 1) - delta[r]);
+        const uint32_t at = swz(frag_row + 8 * r, 4 * wg + i / 4) + 4 * (lane % 4);
+        *reinterpret_cast<uint32_t*>(ds_bytes + at) = pack_bf16x2(d0, d1);
+      }
     }
     fence_proxy_async_shared();  // sP, sDs are read by wgmma (async proxy)
     named_barrier_sync(id(NamedBarrier::kPdsReady), T::kConsumerThreads);
