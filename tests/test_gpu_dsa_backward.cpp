@@ -516,11 +516,11 @@ INSTANTIATE_TEST_SUITE_P(Cases, Sm90DsaBackward, ::testing::ValuesIn(sm90_dsa_bw
 
 // The Hopper kernel's experiment variants (SA_TUNE_SM90_DSA_BWD bits: late K release 1, per-row
 // index loads 2, staged dQ epilogue 4, S and dP split between the warpgroups 8; bench/NOTES.md),
-// all of them with and without the split (7, 15), on three cases: the same results.
+// the split alone (8), the others without and with it (7, 15), on three cases: the same results.
 TEST(Sm90DsaBackwardTuned, MatchesReference) {
   SA_SKIP_WITHOUT_GPU();
   SA_SKIP_UNLESS_SM90();
-  for (const char* bits : {"7", "15"}) {
+  for (const char* bits : {"7", "8", "15"}) {
     ASSERT_EQ(setenv("SA_TUNE_SM90_DSA_BWD", bits, 1), 0);
     for (const GpuDsaBwdCase& p : gpu_dsa_bwd_cases()) {
       if (p.name != "H64_D576_K100_LengthsInvalid" && p.name != "H128_D512_K2048_Plain" &&

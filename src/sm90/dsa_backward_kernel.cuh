@@ -392,7 +392,8 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
           const uint32_t at = swz(frag_row + 8 * r, i / 4) + 4 * (lane % 4);
           *reinterpret_cast<uint32_t*>(p_bytes + at) = pack_bf16x2(pv[0], pv[1]);
         }
-        named_barrier_sync(id(NamedBarrier::kPReady), T::kConsumerThreads);
+        // Publish P (warpgroup 1 waits on it); warpgroup 0 itself need not wait.
+        named_barrier_arrive(id(NamedBarrier::kPReady), T::kConsumerThreads);
       } else {
         // [3b] dS' = scale P (dP - delta) with P from warpgroup 0's bf16 tile -> sDs.
         named_barrier_sync(id(NamedBarrier::kPReady), T::kConsumerThreads);
