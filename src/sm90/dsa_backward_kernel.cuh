@@ -307,8 +307,10 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
   bool saw_active = false;
   clear(tQrdQ);
   clear(tRrdQ);
-  uint8_t* p_bytes = reinterpret_cast<uint8_t*>(s.p);
-  uint8_t* ds_bytes = reinterpret_cast<uint8_t*>(s.ds);
+  // Shared addresses (explicit ld/st.shared: generic pointers into these tiles compiled to
+  // generic accesses).
+  const uint32_t p_addr = smem_u32(s.p);
+  const uint32_t ds_addr = smem_u32(s.ds);
   const int dqk = T::kDqk;
 
   // [5] one piece: dKV[keys, panel] = dS'^T Q_panel (+ P^T dO_panel for a nope panel), reduced
@@ -335,7 +337,8 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
     warpgroup_fence_operand(tKrAcc);
     int32_t j[2];
     CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) j[r] = s.kidx[buf][frag_row + 8 * r];
+    for (int r = 0; r < 2; ++r)
+      j[r] = static_cast<int32_t>(ld_shared_u32(smem_u32(&s.kidx[buf][frag_row + 8 * r])));
     const int col0 = 64 * panel + 2 * (lane % 4);
     if (p.deterministic) {
       CUTE_UNROLL
@@ -379,7 +382,7 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
       named_barrier_sync(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tXrX);
-      const float* bias = s.bias[buf] + 2 * (lane % 4);
+      const uint32_t bias = smem_u32(s.bias[buf]) + 8 * (lane % 4);  // + 4 key
       if (wg == 0) {
         // [3a] P -> bf16 sP, all 64 keys.
         CUTE_UNROLL
@@ -388,9 +391,10 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
           float pv[2];
           CUTE_UNROLL
           for (int e = 0; e < 2; ++e)
-            pv[e] = exp2_approx(fmaf(tXrX(i + e), scale_log2, bias[8 * (i / 4) + e] - l2[r]));
+            pv[e] = exp2_approx(fmaf(tXrX(i + e), scale_log2,
+                                     ld_shared_f32(bias + 4 * (8 * (i / 4) + e)) - l2[r]));
           const uint32_t at = swz(frag_row + 8 * r, i / 4) + 4 * (lane % 4);
-          *reinterpret_cast<uint32_t*>(p_bytes + at) = pack_bf16x2(pv[0], pv[1]);
+          st_shared_u32(p_addr + at, pack_bf16x2(pv[0], pv[1]));
         }
         // Publish P (warpgroup 1 waits on it); warpgroup 0 itself need not wait.
         named_barrier_arrive(id(NamedBarrier::kPReady), T::kConsumerThreads);
@@ -401,10 +405,10 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
         for (int i = 0; i < 32; i += 2) {
           const int r = (i / 2) % 2;
           const uint32_t at = swz(frag_row + 8 * r, i / 4) + 4 * (lane % 4);
-          const float2 pv = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(p_bytes + at));
+          const float2 pv = unpack_bf16x2(ld_shared_u32(p_addr + at));
           const float d0 = scale * pv.x * (tXrX(i) - delta[r]);
           const float d1 = scale * pv.y * (tXrX(i + 1) - delta[r]);
-          *reinterpret_cast<uint32_t*>(ds_bytes + at) = pack_bf16x2(d0, d1);
+          st_shared_u32(ds_addr + at, pack_bf16x2(d0, d1));
         }
       }
     } else {
@@ -424,7 +428,7 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
       warpgroup_fence_operand(tSrS);
 
       // [3a] P of this warpgroup's 32 keys -> bf16 sP; the bf16 pairs stay for dS'.
-      const float* bias = s.bias[buf] + 32 * wg + 2 * (lane % 4);
+      const uint32_t bias = smem_u32(s.bias[buf]) + 4 * (32 * wg + 2 * (lane % 4));  // + 4 key
       uint32_t p_pk[8];
       CUTE_UNROLL
       for (int i = 0; i < 16; i += 2) {
@@ -432,12 +436,13 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
         float pv[2];
         CUTE_UNROLL
         for (int e = 0; e < 2; ++e) {
-          const float off = bias[8 * (i / 4) + e] - l2[r];  // -inf for inactive keys, L2 = +inf
+          // -inf for inactive keys, L2 = +inf
+          const float off = ld_shared_f32(bias + 4 * (8 * (i / 4) + e)) - l2[r];
           pv[e] = exp2_approx(fmaf(tSrS(i + e), scale_log2, off));
         }
         p_pk[i / 2] = pack_bf16x2(pv[0], pv[1]);
         const uint32_t at = swz(frag_row + 8 * r, 4 * wg + i / 4) + 4 * (lane % 4);
-        *reinterpret_cast<uint32_t*>(p_bytes + at) = p_pk[i / 2];
+        st_shared_u32(p_addr + at, p_pk[i / 2]);
       }
       // [2] dP.
       warpgroup_fence_operand(tSrdP);
@@ -454,7 +459,7 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
         const float d0 = scale * pv.x * (tSrdP(i) - delta[r]);
         const float d1 = scale * pv.y * (tSrdP(i + 1) - delta[r]);
         const uint32_t at = swz(frag_row + 8 * r, 4 * wg + i / 4) + 4 * (lane % 4);
-        *reinterpret_cast<uint32_t*>(ds_bytes + at) = pack_bf16x2(d0, d1);
+        st_shared_u32(ds_addr + at, pack_bf16x2(d0, d1));
       }
     }
     fence_proxy_async_shared();  // sP, sDs are read by wgmma (async proxy)
