@@ -425,26 +425,18 @@ void expect_matches(const DsaHostCase& c, const Inputs& in, const Grads& got, co
   }
 }
 
-class DsaBackwardGpu : public ::testing::TestWithParam<GpuDsaBwdCase> {};
-
-TEST_P(DsaBackwardGpu, MatchesReference) {
-  SA_SKIP_WITHOUT_GPU();
-  const GpuDsaBwdCase& p = GetParam();
+// Case `p` through each of `variants` against the fp64 reference; deterministic cases also run
+// each variant 3 times and must give the same bits.
+void expect_case_matches(const GpuDsaBwdCase& p, const std::vector<Variant>& variants) {
   DsaHostCase c = make_dsa_host_case(p.shape, p.spec, SA_DTYPE_BF16, seed_of(0xdb5a, p.name));
 
   // NaN in every kv row no active slot selects: the kernel must never read them.
-  RecordProperty("poisoned_kv_rows", poison_unselected_kv_rows(c));
+  ::testing::Test::RecordProperty("poisoned_kv_rows", poison_unselected_kv_rows(c));
 
   Inputs in;
   ASSERT_NO_FATAL_FAILURE(run_reference_forward(c, &in));
   Grads want;
   ASSERT_NO_FATAL_FAILURE(run_reference_backward(c, in, &want));
-
-  std::vector<Variant> variants = {Variant::kPublicApi, Variant::kBlockM32};
-  if (device_smem_optin_at_least(
-          sa::portable::dsa_backward_smem_bytes(static_cast<int>(c.shape.Dqk), 64)))
-    variants.push_back(Variant::kBlockM64);
-  if (p.deterministic) variants.push_back(Variant::kSlices5);
   for (Variant v : variants) {
     SCOPED_TRACE(variant_name(v));
     Grads got;
@@ -460,6 +452,19 @@ TEST_P(DsaBackwardGpu, MatchesReference) {
       EXPECT_TRUE(bitwise_equal(again.dq, got.dq)) << "dq differs on run " << run + 1;
     }
   }
+}
+
+class DsaBackwardGpu : public ::testing::TestWithParam<GpuDsaBwdCase> {};
+
+TEST_P(DsaBackwardGpu, MatchesReference) {
+  SA_SKIP_WITHOUT_GPU();
+  const GpuDsaBwdCase& p = GetParam();
+  std::vector<Variant> variants = {Variant::kPublicApi, Variant::kBlockM32};
+  if (device_smem_optin_at_least(
+          sa::portable::dsa_backward_smem_bytes(static_cast<int>(p.shape.Dqk), 64)))
+    variants.push_back(Variant::kBlockM64);
+  if (p.deterministic) variants.push_back(Variant::kSlices5);
+  expect_case_matches(p, variants);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, DsaBackwardGpu, ::testing::ValuesIn(gpu_dsa_bwd_cases()),
@@ -478,28 +483,9 @@ TEST_P(Sm90DsaBackward, MatchesReference) {
   SA_SKIP_WITHOUT_GPU();
   SA_SKIP_UNLESS_SM90();
   const GpuDsaBwdCase& p = GetParam();
-  DsaHostCase c = make_dsa_host_case(p.shape, p.spec, SA_DTYPE_BF16, seed_of(0xdb5a, p.name));
-  RecordProperty("poisoned_kv_rows", poison_unselected_kv_rows(c));
-  Inputs in;
-  ASSERT_NO_FATAL_FAILURE(run_reference_forward(c, &in));
-  Grads want;
-  ASSERT_NO_FATAL_FAILURE(run_reference_backward(c, in, &want));
   std::vector<Variant> variants = {Variant::kSm90};
   if (p.deterministic) variants.push_back(Variant::kSm90Slices5);
-  for (Variant v : variants) {
-    SCOPED_TRACE(variant_name(v));
-    Grads got;
-    ASSERT_NO_FATAL_FAILURE(run_gpu(c, in, v, p.deterministic, &got));
-    expect_matches(c, in, got, want, variant_name(v));
-    if (!p.deterministic) continue;
-    for (int run = 1; run < 3; ++run) {
-      Grads again;
-      ASSERT_NO_FATAL_FAILURE(run_gpu(c, in, v, true, &again));
-      EXPECT_TRUE(bitwise_equal(again.dkv, got.dkv)) << "dkv differs on run " << run + 1;
-      EXPECT_TRUE(bitwise_equal(again.d_sink, got.d_sink)) << "d_sink differs on run " << run + 1;
-      EXPECT_TRUE(bitwise_equal(again.dq, got.dq)) << "dq differs on run " << run + 1;
-    }
-  }
+  expect_case_matches(p, variants);
 }
 
 std::vector<GpuDsaBwdCase> sm90_dsa_bwd_cases() {
@@ -527,14 +513,7 @@ TEST(Sm90DsaBackwardTuned, MatchesReference) {
           p.name != "H128_D576_K160_SinkMixed")
         continue;
       SCOPED_TRACE(p.name + " tune " + bits);
-      DsaHostCase c = make_dsa_host_case(p.shape, p.spec, SA_DTYPE_BF16, seed_of(0xdb5a, p.name));
-      poison_unselected_kv_rows(c);
-      Inputs in;
-      ASSERT_NO_FATAL_FAILURE(run_reference_forward(c, &in));
-      Grads want, got;
-      ASSERT_NO_FATAL_FAILURE(run_reference_backward(c, in, &want));
-      ASSERT_NO_FATAL_FAILURE(run_gpu(c, in, Variant::kSm90, false, &got));
-      expect_matches(c, in, got, want, "sm90_tuned");
+      ASSERT_NO_FATAL_FAILURE(expect_case_matches(p, {Variant::kSm90}));
     }
   }
   unsetenv("SA_TUNE_SM90_DSA_BWD");
@@ -546,13 +525,7 @@ TEST(Sm90DsaBackwardDispatch, AutoKeepsThePortableBackward) {
   SA_SKIP_UNLESS_SM90();
   const GpuDsaBwdCase p{"H64_D576_K64_Auto", shape_of(4, 300, 64, 576, 64),
                         spec_of(DsaLengths::kMixed, true, false, DsaSink::kFinite)};
-  DsaHostCase c = make_dsa_host_case(p.shape, p.spec, SA_DTYPE_BF16, seed_of(0xdb5a, p.name));
-  Inputs in;
-  ASSERT_NO_FATAL_FAILURE(run_reference_forward(c, &in));
-  Grads want, got;
-  ASSERT_NO_FATAL_FAILURE(run_reference_backward(c, in, &want));
-  ASSERT_NO_FATAL_FAILURE(run_gpu(c, in, Variant::kAuto, false, &got));
-  expect_matches(c, in, got, want, variant_name(Variant::kAuto));
+  expect_case_matches(p, {Variant::kAuto});
 }
 
 // Shapes the portable backward does not serve are refused by name when it is forced.
