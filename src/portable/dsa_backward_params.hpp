@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "common/dsa_params.hpp"
 #include "common/problem.hpp"
 
 namespace sa::portable::dsa_bwd {
@@ -43,38 +44,18 @@ struct DsaBwdParams {
 inline DsaBwdParams make_params(const DsaBwdProblem& p, int block_m) {
   const DsaDims& d = p.dims;
   DsaBwdParams prm{};
-  prm.q = p.q.data;
-  prm.kv = p.kv.data;
-  prm.out = p.out.data;
+  fill_dsa_common_params(prm, p);
   prm.dout = p.dout.data;
   prm.dq = p.dq.data;
-  prm.lse = p.lse;
-  prm.idx = p.meta.topk_idx.data;
-  prm.len = p.meta.topk_length.data;
-  prm.sink = p.meta.sink;
-  prm.q_ss = p.q.ss;
-  prm.q_sh = p.q.sh;
-  prm.kv_ss = p.kv.ss;
-  prm.o_ss = p.out.ss;
-  prm.o_sh = p.out.sh;
   prm.do_ss = p.dout.ss;
   prm.do_sh = p.dout.sh;
   prm.dq_ss = p.dq.ss;
   prm.dq_sh = p.dq.sh;
-  prm.lse_ss = p.lse_stride[0];
-  prm.lse_sh = p.lse_stride[1];
-  prm.idx_ss = p.meta.topk_idx.stride[0];
-  prm.idx_si = p.meta.topk_idx.stride[1];
-  prm.len_s = p.meta.topk_length.stride[0];
-  prm.sink_s = p.meta.sink_stride;
-  prm.skv = d.Skv;
   prm.sq = d.Sq;
   prm.H = static_cast<int32_t>(d.H);
-  prm.topk = static_cast<int32_t>(d.topk);
   prm.head_groups = static_cast<int32_t>((d.H + block_m - 1) / block_m);
   prm.deterministic = p.options.deterministic != 0;
   prm.scale = p.scale;
-  prm.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
   prm.dqk = static_cast<int32_t>(d.Dqk);
   return prm;
 }

@@ -73,6 +73,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/dsa_params.hpp"
 #include "common/problem.hpp"
 #include "portable/dsa_mma.hpp"
 
@@ -100,30 +101,10 @@ struct DsaFwdParams {
 inline DsaFwdParams make_params(const DsaFwdProblem& p) {
   const DsaDims& d = p.dims;
   DsaFwdParams prm{};
-  prm.q = p.q.data;
-  prm.kv = p.kv.data;
-  prm.out = p.out.data;
-  prm.lse = p.lse;
-  prm.idx = p.meta.topk_idx.data;
-  prm.len = p.meta.topk_length.data;
-  prm.sink = p.meta.sink;
-  prm.q_ss = p.q.ss;
-  prm.q_sh = p.q.sh;
-  prm.kv_ss = p.kv.ss;
-  prm.o_ss = p.out.ss;
-  prm.o_sh = p.out.sh;
-  prm.lse_ss = p.lse_stride[0];
-  prm.lse_sh = p.lse_stride[1];
-  prm.idx_ss = p.meta.topk_idx.stride[0];
-  prm.idx_si = p.meta.topk_idx.stride[1];
-  prm.len_s = p.meta.topk_length.stride[0];
-  prm.sink_s = p.meta.sink_stride;
-  prm.skv = d.Skv;
+  fill_dsa_common_params(prm, p);
   prm.H = static_cast<int32_t>(d.H);
-  prm.topk = static_cast<int32_t>(d.topk);
   prm.head_groups = static_cast<int32_t>((d.H + 63) / 64);
   prm.qk_chunks = static_cast<int32_t>(d.Dqk / 8);
-  prm.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
   return prm;
 }
 

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "common/cuda_check.hpp"
+#include "common/dsa_params.hpp"
 #include "common/host_numeric.hpp"
 #include "common/narrow.hpp"
 #include "sm90/dsa_forward_kernel.cuh"
@@ -101,30 +102,10 @@ void dsa_forward(const DsaFwdProblem& p, cudaStream_t stream) {
   const DsaDims& d = p.dims;
 
   DsaFwdSm90Params prm{};
-  prm.q = p.q.data;
-  prm.kv = p.kv.data;
-  prm.out = p.out.data;
-  prm.lse = p.lse;
-  prm.idx = p.meta.topk_idx.data;
-  prm.len = p.meta.topk_length.data;
-  prm.sink = p.meta.sink;
-  prm.q_ss = p.q.ss;
-  prm.q_sh = p.q.sh;
-  prm.kv_ss = p.kv.ss;
-  prm.o_ss = p.out.ss;
-  prm.o_sh = p.out.sh;
-  prm.lse_ss = p.lse_stride[0];
-  prm.lse_sh = p.lse_stride[1];
-  prm.idx_ss = p.meta.topk_idx.stride[0];
-  prm.idx_si = p.meta.topk_idx.stride[1];
-  prm.len_s = p.meta.topk_length.stride[0];
-  prm.sink_s = p.meta.sink_stride;
-  prm.skv = d.Skv;
-  prm.topk = narrow_i32(d.topk, "topk");
+  fill_dsa_common_params(prm, p);
   const bool pad_heads = d.H < 64;  // 16 or 32: one 64-row CTA per token, rows >= H padding
   prm.head_groups = pad_heads ? 1 : narrow_i32(d.H / 64, "H / 64");
   prm.heads = narrow_i32(d.H, "H");
-  prm.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
 
   const int64_t grid = d.Sq * prm.head_groups;
   if (grid == 0) return;
