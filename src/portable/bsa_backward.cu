@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "common/cuda_check.hpp"
+#include "common/cuda_device.hpp"
 #include "common/host_numeric.hpp"
 #include "portable/bsa_backward_aux.hpp"
 #include "portable/bsa_backward_plan.hpp"
@@ -191,12 +192,9 @@ std::string bsa_backward_unsupported(const BsaBwdProblem& p) {
   if (p.lse == nullptr) return "lse is missing";
   // The main kernel's shared memory must fit the device (e.g. block 128, D 128 needs ~161 KB:
   // sm80, sm90 and newer; not the ~100 KB of sm86/sm89).
-  int optin = 0;
-  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_index) !=
-      cudaSuccess) {
-    (void)cudaGetLastError();
+  const int optin = max_smem_optin(p.device_index);  // cached: no driver call per backward
+  if (optin == 0)
     return "cannot query the shared memory of CUDA device " + std::to_string(p.device_index);
-  }
   const int need = main_kernel_smem(d.block, d.D);
   if (need > optin) {
     os << "block " << d.block << ", D = " << d.D << " needs " << need

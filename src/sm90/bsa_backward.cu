@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "common/cuda_check.hpp"
+#include "common/cuda_device.hpp"
 #include "common/host_numeric.hpp"
 #include "common/narrow.hpp"
 #include "portable/bsa_backward.hpp"
@@ -138,12 +139,9 @@ std::string bsa_backward_unsupported(const BsaBwdProblem& p) {
     if (!why.empty()) return why;
   }
   if (p.lse == nullptr) return "lse is missing";
-  int optin = 0;
-  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_index) !=
-      cudaSuccess) {
-    (void)cudaGetLastError();
+  const int optin = max_smem_optin(p.device_index);  // cached: no driver call per backward
+  if (optin == 0)
     return "cannot query the shared memory of CUDA device " + std::to_string(p.device_index);
-  }
   const size_t need = main_kernel_smem(d.block, d.D);
   if (need > static_cast<size_t>(optin)) {
     os << "block " << d.block << ", D = " << d.D << " needs " << need
