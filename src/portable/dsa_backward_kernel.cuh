@@ -94,6 +94,7 @@
 #include "common/problem.hpp"
 #include "portable/dsa_backward_params.cuh"
 #include "portable/dsa_mma.hpp"
+#include "portable/dsa_warp_mma.hpp"
 
 namespace sa::portable::dsa_bwd {
 
@@ -362,29 +363,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) dsa_bwd_kernel(const DsaBwdP
 #pragma unroll
         for (int nt = 0; nt < Cfg::kSTiles; ++nt)
           acc[m][nt][0] = acc[m][nt][1] = acc[m][nt][2] = acc[m][nt][3] = 0.f;
-      if (a_row0 < rows) {
-        for (int kb = 0; kb < a_kblocks; ++kb) {
-#pragma unroll
-          for (int b = 0; b < 4; ++b) {
-            uint32_t kf[4];
-            const uint32_t k_addr = k_stage + k_lane + kb * 128 + (((2 * b + k_hi) ^ x) << 4);
-            if constexpr (Cfg::kSTiles == 2) {
-              dsa::ldmatrix_x4(k_addr, kf);
-            } else {
-              dsa::ldmatrix_x2(k_addr, kf[0], kf[1]);
-            }
-#pragma unroll
-            for (int m = 0; m < kM; ++m) {
-              uint32_t qa[4];
-              dsa::ldmatrix_x4(
-                  a_lane + m * 16 * a_row_bytes + kb * 128 + (((2 * b + a_hi) ^ x) << 4), qa);
-#pragma unroll
-              for (int nt = 0; nt < Cfg::kSTiles; ++nt)
-                Ops::mma(acc[m][nt], qa, kf[2 * nt], kf[2 * nt + 1]);
-            }
-          }
-        }
-      }
+      if (a_row0 < rows)
+        dsa::warp_mma_abt<kM, Cfg::kSTiles, Ops>(acc, a_lane, a_row_bytes, a_hi, k_stage + k_lane,
+                                                 k_hi, x, a_kblocks);
       if (!is_dp) {
         // Hand S to the dP partner: same tile, same lane layout.
 #pragma unroll

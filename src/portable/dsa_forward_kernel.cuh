@@ -76,6 +76,7 @@
 #include "common/dsa_params.hpp"
 #include "common/problem.hpp"
 #include "portable/dsa_mma.hpp"
+#include "portable/dsa_warp_mma.hpp"
 
 namespace sa::portable::dsa_fwd {
 
@@ -296,27 +297,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) dsa_fwd_kernel(const DsaFwdP
 #pragma unroll
       for (int nt = 0; nt < Cfg::kSTiles; ++nt)
         s[m][nt][0] = s[m][nt][1] = s[m][nt][2] = s[m][nt][3] = 0.f;
-    for (int kb = 0; kb < q_kblocks; ++kb) {
-#pragma unroll
-      for (int b = 0; b < 4; ++b) {
-        uint32_t kf[4];
-        const uint32_t k_addr = k_stage + k_lane + kb * 128 + (((2 * b + k_hi) ^ x) << 4);
-        if constexpr (Cfg::kSTiles == 2) {
-          dsa::ldmatrix_x4(k_addr, kf);
-        } else {
-          dsa::ldmatrix_x2(k_addr, kf[0], kf[1]);
-        }
-#pragma unroll
-        for (int m = 0; m < kM; ++m) {
-          uint32_t qa[4];
-          dsa::ldmatrix_x4(q_lane + m * 16 * kRowBytes + kb * 128 + (((2 * b + q_hi) ^ x) << 4),
-                           qa);
-#pragma unroll
-          for (int nt = 0; nt < Cfg::kSTiles; ++nt)
-            Ops::mma(s[m][nt], qa, kf[2 * nt], kf[2 * nt + 1]);
-        }
-      }
-    }
+    dsa::warp_mma_abt<kM, Cfg::kSTiles, Ops>(s, q_lane, kRowBytes, q_hi, k_stage + k_lane, k_hi, x,
+                                             q_kblocks);
 
     // [4] Scale to log2 units, mask, row max over this warp's keys.
     const float* bias = s_bias + stage * N + cq * Cfg::kWarpKeys + 2 * t4;
