@@ -52,7 +52,6 @@ template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, 2)
     bsa_backward_dq_kernel(const __grid_constant__ BsaBwdParams p) {
   using Element = typename Traits::Element;
-  using Ops = sm80::ElementOps<Element>;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -222,7 +221,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           const int half = c / 2;
-          float x = sm80::exp2_approx(fmaf(s[j][c], p.scale_log2, -lse2[half]));
+          float x = exp2_approx(fmaf(s[j][c], p.scale_log2, -lse2[half]));
           if (8 * j + 2 * t4 + (c & 1) >= valid) x = 0.f;
           s[j][c] = x * (dp[j][c] - delta[half]);
         }
@@ -232,10 +231,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
 #pragma unroll
       for (int kk = 0; kk < kBlockN / 16; ++kk) {
         uint32_t a[4];
-        a[0] = Ops::pack(s[2 * kk][0], s[2 * kk][1]);
-        a[1] = Ops::pack(s[2 * kk][2], s[2 * kk][3]);
-        a[2] = Ops::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        a[3] = Ops::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        a[0] = pack2<Element>(s[2 * kk][0], s[2 * kk][1]);
+        a[1] = pack2<Element>(s[2 * kk][2], s[2 * kk][3]);
+        a[2] = pack2<Element>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        a[3] = pack2<Element>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
         for (int dp2 = 0; dp2 < kDTiles / 2; ++dp2) {
           uint32_t kb[4];
@@ -272,7 +271,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
     for (int j = 0; j < kDTiles; ++j) {
       *reinterpret_cast<uint32_t*>(smem + Traits::kOffQ + swizzled_offset<kRowBytes>(r, j) +
                                    4 * t4) =
-          Ops::pack(acc[j][2 * half] * p.scale, acc[j][2 * half + 1] * p.scale);
+          pack2<Element>(acc[j][2 * half] * p.scale, acc[j][2 * half + 1] * p.scale);
     }
   }
   __syncthreads();

@@ -143,16 +143,6 @@ __device__ __forceinline__ uint32_t frag_offset(int row, int chunk, int phase) {
   return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ phase) << 4));
 }
 
-// *addr += (a, b): two consecutive floats, one vector reduction on sm90 and newer.
-__device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b)
-               : "memory");
-#else
-  atomicAdd(addr, a);
-  atomicAdd(addr + 1, b);
-#endif
-}
 
 template <int kM, int kN>
 __device__ __forceinline__ void zero(float (&acc)[kM][kN][4]) {
@@ -170,7 +160,6 @@ template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     bsa_backward_kernel(const __grid_constant__ BsaBwdParams p) {
   using Element = typename Traits::Element;
-  using Ops = sm80::ElementOps<Element>;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -401,15 +390,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
             float pr[2], ds[2];
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
-              float x = sm80::exp2_approx(fmaf(s[mi][j][2 * half + c], p.scale_log2, -l2));
+              float x = exp2_approx(fmaf(s[mi][j][2 * half + c], p.scale_log2, -l2));
               if (8 * j + c >= lim) x = 0.f;
               pr[c] = x;
               ds[c] = x * (dp[mi][j][2 * half + c] - dl);
             }
             const uint32_t off = static_cast<uint32_t>(r * kPRowBytes +
                                                        (((4 * wn + j) ^ g) << 4) + 4 * t4);
-            *reinterpret_cast<uint32_t*>(smem + Traits::kOffP + off) = Ops::pack(pr[0], pr[1]);
-            *reinterpret_cast<uint32_t*>(smem + Traits::kOffDs + off) = Ops::pack(ds[0], ds[1]);
+            *reinterpret_cast<uint32_t*>(smem + Traits::kOffP + off) =
+                pack2<Element>(pr[0], pr[1]);
+            *reinterpret_cast<uint32_t*>(smem + Traits::kOffDs + off) =
+                pack2<Element>(ds[0], ds[1]);
           }
         }
       }
@@ -517,7 +508,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
           for (int half = 0; half < 2; ++half)
 #pragma unroll
             for (int j = 0; j < kDqChunk / 8; ++j)
-              bwd::red_add_f32x2(dq_rows + (16 * mi + 8 * half) * kHeadDim + chunk * kDqChunk + 8 * j,
+              red_add_f32x2(dq_rows + (16 * mi + 8 * half) * kHeadDim + chunk * kDqChunk + 8 * j,
                                  acc[mi][j][2 * half], acc[mi][j][2 * half + 1]);
       }
     }
@@ -553,9 +544,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
           const int chunk = e_wd * (kKvCols / 8) + j;
           const uint32_t off = swizzled_offset<kRowBytes>(key, chunk) + 4 * e_t4;
           *reinterpret_cast<uint32_t*>(smem + Traits::kOffK + off) =
-              Ops::pack(acc_dk[mi][j][2 * half] * p.scale, acc_dk[mi][j][2 * half + 1] * p.scale);
+              pack2<Element>(acc_dk[mi][j][2 * half] * p.scale,
+                             acc_dk[mi][j][2 * half + 1] * p.scale);
           *reinterpret_cast<uint32_t*>(smem + Traits::kOffV + off) =
-              Ops::pack(acc_dv[mi][j][2 * half], acc_dv[mi][j][2 * half + 1]);
+              pack2<Element>(acc_dv[mi][j][2 * half], acc_dv[mi][j][2 * half + 1]);
         }
       }
     }
@@ -593,8 +585,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
           float* dv_row = p.dv_accum + (row_base + key) * kHeadDim + e_wd * kKvCols + 2 * e_t4;
 #pragma unroll
           for (int j = 0; j < kKvNTiles; ++j) {
-            bwd::red_add_f32x2(dk_row + 8 * j, acc_dk[mi][j][2 * half], acc_dk[mi][j][2 * half + 1]);
-            bwd::red_add_f32x2(dv_row + 8 * j, acc_dv[mi][j][2 * half], acc_dv[mi][j][2 * half + 1]);
+            red_add_f32x2(dk_row + 8 * j, acc_dk[mi][j][2 * half], acc_dk[mi][j][2 * half + 1]);
+            red_add_f32x2(dv_row + 8 * j, acc_dv[mi][j][2 * half], acc_dv[mi][j][2 * half + 1]);
           }
         }
       }

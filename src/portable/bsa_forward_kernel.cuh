@@ -68,7 +68,6 @@ template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, 2)
     bsa_forward_kernel(const __grid_constant__ BsaFwdParams p) {
   using Element = typename Traits::Element;
-  using Ops = sm80::ElementOps<Element>;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kWarpRows = Traits::kWarpRows;
@@ -274,10 +273,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
           uint32_t pa[kMTiles][4];
 #pragma unroll
           for (int mi = 0; mi < kMTiles; ++mi) {
-            pa[mi][0] = Ops::pack(s[mi][2 * kk][0], s[mi][2 * kk][1]);
-            pa[mi][1] = Ops::pack(s[mi][2 * kk][2], s[mi][2 * kk][3]);
-            pa[mi][2] = Ops::pack(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
-            pa[mi][3] = Ops::pack(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
+            pa[mi][0] = pack2<Element>(s[mi][2 * kk][0], s[mi][2 * kk][1]);
+            pa[mi][1] = pack2<Element>(s[mi][2 * kk][2], s[mi][2 * kk][3]);
+            pa[mi][2] = pack2<Element>(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
+            pa[mi][3] = pack2<Element>(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
           }
 #pragma unroll
           for (int dp = 0; dp < kOTiles / 2; ++dp) {
@@ -334,7 +333,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
 #pragma unroll
       for (int j = 0; j < kOTiles; ++j) {
         const uint32_t packed =
-            Ops::pack(acc_o[mi][j][2 * half] * inv, acc_o[mi][j][2 * half + 1] * inv);
+            pack2<Element>(acc_o[mi][j][2 * half] * inv, acc_o[mi][j][2 * half + 1] * inv);
         *reinterpret_cast<uint32_t*>(smem + swizzled_offset<kRowBytes>(row, j) + 4 * t) = packed;
       }
       if (t == 0 && out_row0 + row < p.Sq) {

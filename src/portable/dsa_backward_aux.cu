@@ -6,6 +6,7 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include "common/cuda_check.hpp"
+#include "common/device_math.cuh"
 #include "common/error.hpp"
 #include "portable/dsa_backward_aux.hpp"
 
@@ -18,19 +19,6 @@ constexpr int kThreads = 256;
 unsigned grid_for(int64_t items, int threads) {
   const int64_t blocks = (items + threads - 1) / threads;
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(blocks, int64_t{1} << 16)));
-}
-
-template <class Element>
-__device__ __forceinline__ uint32_t pack2(float lo, float hi);
-template <>
-__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-template <>
-__device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
-  __half2 v = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
 }
 
 // Four columns per thread: one 16-byte load, one 8-byte store.

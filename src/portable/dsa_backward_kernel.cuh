@@ -396,19 +396,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) dsa_bwd_kernel(const DsaBwdP
             const int c = kp * Cfg::kWarpKeys + 8 * nt + 2 * t4;
             const bool act0 = kidx[c] >= 0, act1 = kidx[c + 1] >= 0;
             // P = 2^(s log2(e) scale - L); L = +inf gives 0. Inactive keys: exactly 0.
-            const float p00 = act0 ? dsa::exp2_ftz(fmaf(s.x, p.scale_log2, -l2_0)) : 0.f;
-            const float p01 = act1 ? dsa::exp2_ftz(fmaf(s.y, p.scale_log2, -l2_0)) : 0.f;
-            const float p10 = act0 ? dsa::exp2_ftz(fmaf(s.z, p.scale_log2, -l2_1)) : 0.f;
-            const float p11 = act1 ? dsa::exp2_ftz(fmaf(s.w, p.scale_log2, -l2_1)) : 0.f;
+            const float p00 = act0 ? exp2_approx(fmaf(s.x, p.scale_log2, -l2_0)) : 0.f;
+            const float p01 = act1 ? exp2_approx(fmaf(s.y, p.scale_log2, -l2_0)) : 0.f;
+            const float p10 = act0 ? exp2_approx(fmaf(s.z, p.scale_log2, -l2_1)) : 0.f;
+            const float p11 = act1 ? exp2_approx(fmaf(s.w, p.scale_log2, -l2_1)) : 0.f;
             const float ds00 = p00 * (acc[m][nt][0] - d_0) * p.scale;
             const float ds01 = p01 * (acc[m][nt][1] - d_0) * p.scale;
             const float ds10 = p10 * (acc[m][nt][2] - d_1) * p.scale;
             const float ds11 = p11 * (acc[m][nt][3] - d_1) * p.scale;
             const int w0 = (r0 * Cfg::kPPitch + c) >> 1, w1 = ((r0 + 8) * Cfg::kPPitch + c) >> 1;
-            s_p_words[w0] = Ops::pack(p00, p01);
-            s_p_words[w1] = Ops::pack(p10, p11);
-            s_ds_words[w0] = Ops::pack(ds00, ds01);
-            s_ds_words[w1] = Ops::pack(ds10, ds11);
+            s_p_words[w0] = pack2<Element>(p00, p01);
+            s_p_words[w1] = pack2<Element>(p10, p11);
+            s_ds_words[w0] = pack2<Element>(ds00, ds01);
+            s_ds_words[w1] = pack2<Element>(ds10, ds11);
           }
         }
       }
@@ -476,7 +476,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) dsa_bwd_kernel(const DsaBwdP
               *reinterpret_cast<float2*>(dst + 8 * nt) =
                   make_float2(acc[mt][nt][2 * i], acc[mt][nt][2 * i + 1]);
             } else {
-              dsa::red_add_f32x2(dst + 8 * nt, acc[mt][nt][2 * i], acc[mt][nt][2 * i + 1]);
+              red_add_f32x2(dst + 8 * nt, acc[mt][nt][2 * i], acc[mt][nt][2 * i + 1]);
             }
           }
         }
@@ -555,7 +555,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) dsa_bwd_kernel(const DsaBwdP
 #pragma unroll
         for (int nt = 0; nt < Cfg::kQTiles; ++nt)
           *reinterpret_cast<uint32_t*>(dst + 8 * nt) =
-              Ops::pack(dq[m][nt][2 * i], dq[m][nt][2 * i + 1]);
+              pack2<Element>(dq[m][nt][2 * i], dq[m][nt][2 * i + 1]);
       }
     }
   }

@@ -338,22 +338,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) dsa_fwd_kernel(const DsaFwdP
           m_new = fmaxf(m_new, s_red[(rg + 2 * q) * Cfg::kGroupRows + 16 * m + g + 8 * i]);
         // No active key yet: use 0 as the reference so that 2^(-inf - 0) = 0 (never inf - inf).
         m_use[m][i] = m_new == -kInf ? 0.f : m_new;
-        alpha[m][i] = dsa::exp2_ftz(m_run[m][i] - m_use[m][i]);  // 0 while m_run is -inf
+        alpha[m][i] = exp2_approx(m_run[m][i] - m_use[m][i]);  // 0 while m_run is -inf
         m_run[m][i] = m_new;
       }
       float rs[2] = {0.f, 0.f};
       const int prow = row0 + 16 * m + g;
 #pragma unroll
       for (int nt = 0; nt < Cfg::kSTiles; ++nt) {
-        s[m][nt][0] = dsa::exp2_ftz(s[m][nt][0] - m_use[m][0]);
-        s[m][nt][1] = dsa::exp2_ftz(s[m][nt][1] - m_use[m][0]);
-        s[m][nt][2] = dsa::exp2_ftz(s[m][nt][2] - m_use[m][1]);
-        s[m][nt][3] = dsa::exp2_ftz(s[m][nt][3] - m_use[m][1]);
+        s[m][nt][0] = exp2_approx(s[m][nt][0] - m_use[m][0]);
+        s[m][nt][1] = exp2_approx(s[m][nt][1] - m_use[m][0]);
+        s[m][nt][2] = exp2_approx(s[m][nt][2] - m_use[m][1]);
+        s[m][nt][3] = exp2_approx(s[m][nt][3] - m_use[m][1]);
         rs[0] += s[m][nt][0] + s[m][nt][1];
         rs[1] += s[m][nt][2] + s[m][nt][3];
         const int col = cq * Cfg::kWarpKeys + 8 * nt + 2 * t4;
-        s_p_words[(prow * Cfg::kPPitch + col) >> 1] = Ops::pack(s[m][nt][0], s[m][nt][1]);
-        s_p_words[((prow + 8) * Cfg::kPPitch + col) >> 1] = Ops::pack(s[m][nt][2], s[m][nt][3]);
+        s_p_words[(prow * Cfg::kPPitch + col) >> 1] = pack2<Element>(s[m][nt][0], s[m][nt][1]);
+        s_p_words[((prow + 8) * Cfg::kPPitch + col) >> 1] =
+            pack2<Element>(s[m][nt][2], s[m][nt][3]);
       }
 #pragma unroll
       for (int i = 0; i < 2; ++i) l_run[m][i] = l_run[m][i] * alpha[m][i] + rs[i];
@@ -429,7 +430,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) dsa_fwd_kernel(const DsaFwdP
 #pragma unroll
       for (int nt = 0; nt < Cfg::kOTiles; ++nt) {
         *reinterpret_cast<uint32_t*>(o_row + 8 * nt) =
-            Ops::pack(o[m][nt][2 * i] * factor, o[m][nt][2 * i + 1] * factor);
+            pack2<Element>(o[m][nt][2 * i] * factor, o[m][nt][2 * i + 1] * factor);
       }
     }
   }

@@ -1,8 +1,8 @@
 // The sm80 instructions of the portable DSA kernels, one thin wrapper each: cp.async with zero
 // fill, ldmatrix (x4 and x2, plain and transposed), mma.sync m16n8k16 (bf16 or fp16 in, fp32
-// accumulate), ex2.approx, 16-bit pair packing, named barriers (sync and arrive) and fp32 pair
-// reductions to global memory. Shared memory is addressed with 32-bit shared-window byte
-// addresses.
+// accumulate) and named barriers (sync and arrive); ex2, pair packing and fp32 pair reductions
+// are the arch-neutral ones of common/device_math.cuh. Shared memory is addressed with 32-bit
+// shared-window byte addresses.
 //
 // Fragment layouts of mma.sync m16n8k16 (g = lane / 4, t = lane % 4), which the kernels index by:
 //   A (16 x 16, row-major)  a[0] = (row g, k 2t..2t+1)   a[1] = (g+8, 2t..)   a[2] = (g, 2t+8..)
@@ -18,6 +18,8 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+
+#include "common/device_math.cuh"
 
 namespace sa::portable::dsa {
 
@@ -69,18 +71,6 @@ __device__ __forceinline__ void ldmatrix_x2_trans(uint32_t addr, uint32_t& r0, u
                : "r"(addr));
 }
 
-// addr[0] += a, addr[1] += b in global memory (fp32, no return value; addr 8-byte aligned). One
-// vector reduction on sm90 and newer, two scalar ones before. Like every fp32 atomic, the result
-// depends on the order in which concurrent additions arrive.
-__device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
-#else
-  atomicAdd(addr, a);
-  atomicAdd(addr + 1, b);
-#endif
-}
-
 // Barrier over `threads` threads (a multiple of 32) on hardware barrier `id` (0 is
 // __syncthreads'). Orders shared-memory accesses like __syncthreads among those threads.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
@@ -96,25 +86,12 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// 2^x with one MUFU instruction (relative error ~2^-22); 2^-inf = +0, results below 2^-126 flush
-// to +0.
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Element traits: pair packing and the m16n8k16 MMA of bf16 / fp16.
+// Element traits: the m16n8k16 MMA of bf16 / fp16 (pair packing: pack2 in common/device_math).
 template <class Element>
 struct Mma16;
 
 template <>
 struct Mma16<__nv_bfloat16> {
-  // lo -> the low 16 bits (the lower column of a fragment pair).
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
   // d += a * b
   static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                              uint32_t b1) {
@@ -127,10 +104,6 @@ struct Mma16<__nv_bfloat16> {
 
 template <>
 struct Mma16<__half> {
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
   static __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                              uint32_t b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "

@@ -1,8 +1,8 @@
 // The sm80 instructions the portable kernels are built from, one thin wrapper each:
 //   cp.async (16 bytes, zero fill when predicated off), ldmatrix (x4, plain and transposed),
-//   mma.sync m16n8k16 with fp32 accumulators (CuTe's SM80 atoms), ex2.approx, fp32 -> 16-bit
-//   pair packing, and two register-pressure helpers. Shared memory is addressed with 32-bit
-//   shared-window byte addresses.
+//   mma.sync m16n8k16 with fp32 accumulators (CuTe's SM80 atoms) and two register-pressure
+//   helpers. Shared memory is addressed with 32-bit shared-window byte addresses. The
+//   arch-neutral ex2, quad reductions and pair packing are in common/device_math.cuh.
 //
 // Fragment layouts of mma.sync m16n8k16 (g = lane / 4, t = lane % 4), which the kernels index by:
 //   A (16 x 16, row-major) a[0] = (g, 2t..2t+1)   a[1] = (g+8, 2t..)   a[2] = (g, 2t+8..)
@@ -17,6 +17,8 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+
+#include "common/device_math.cuh"
 
 #include <cute/arch/mma_sm80.hpp>
 
@@ -71,34 +73,18 @@ __device__ __forceinline__ int opaque(int x) {
   return x;
 }
 
-// 2^x, one MUFU instruction; 2^-inf = +0.
-__device__ __forceinline__ float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Element-type traits: the MMA atom and the fp32-pair packing of bf16 / fp16.
+// Element-type traits: the MMA atom of bf16 / fp16 (pair packing: pack2 in common/device_math).
 template <class Element>
 struct ElementOps;
 
 template <>
 struct ElementOps<__nv_bfloat16> {
   using MmaAtom = cute::SM80_16x8x16_F32BF16BF16F32_TN;
-  // lo goes to the low 16 bits (the lower column of a fragment pair).
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
 };
 
 template <>
 struct ElementOps<__half> {
   using MmaAtom = cute::SM80_16x8x16_F32F16F16F32_TN;
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-  }
 };
 
 // d += a * b for one m16n8k16 tile.

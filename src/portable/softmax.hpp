@@ -12,22 +12,10 @@
 
 #include <cmath>
 
+#include "common/device_math.cuh"
 #include "portable/sm80_primitives.hpp"
 
 namespace sa::portable {
-
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_min(float x) {
-  x = fminf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fminf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
 
 // The raw score a masked key gets: it never wins the extremum and scale_log2 * it is -inf.
 __host__ __device__ __forceinline__ float mask_value(float scale_log2) {
@@ -116,7 +104,7 @@ struct OnlineSoftmax {
       // (x = -inf) give 2^-inf = 0 rather than 2^(-inf + inf) = NaN.
       const float m_use = m_new == -INFINITY ? 0.f : m_new;
       const bool same = m_new == row_max[r];
-      alpha[r] = same ? 1.f : sm80::exp2_approx(row_max[r] - m_use);
+      alpha[r] = same ? 1.f : exp2_approx(row_max[r] - m_use);
       changed |= !same;
       row_max[r] = m_new;
       float sum = 0.f;
@@ -124,7 +112,7 @@ struct OnlineSoftmax {
       for (int j = 0; j < kNTiles; ++j) {
 #pragma unroll
         for (int c = c0; c < c0 + 2; ++c) {
-          const float p = sm80::exp2_approx(fmaf(s[mi][j][c], scale_log2, -m_use));
+          const float p = exp2_approx(fmaf(s[mi][j][c], scale_log2, -m_use));
           s[mi][j][c] = p;
           sum += p;
         }

@@ -1,11 +1,14 @@
 // Hopper (sm_90a) building blocks as thin PTX wrappers: mbarriers, named barriers, TMA tile
 // loads, proxy fences, register reconfiguration. Device code only; every function is one or two
-// instructions, named after the PTX it emits, so the kernels read like the PTX they become.
+// instructions, named after the PTX it emits, so the kernels read like the PTX they become. The
+// arch-neutral ex2, quad reductions and fp32 pair reductions are in common/device_math.cuh.
 #pragma once
 
 #include <cstdint>
 
 #include <cutlass/numeric_types.h>
+
+#include "common/device_math.cuh"
 
 namespace sa::sm90 {
 
@@ -98,13 +101,6 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 }
 
 // ---- math ---------------------------------------------------------------------------------------
-// 2^x (MUFU.EX2); 2^-inf = +0.
-__device__ __forceinline__ float exp2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // Packed bf16x2 -> two floats (exact); the low half first.
 __device__ __forceinline__ float2 unpack_bf16x2(uint32_t bits) {
   return make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xffff0000u));
@@ -132,26 +128,7 @@ __device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float a, float b)
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
 }
 
-// ---- global reductions --------------------------------------------------------------------------
-// addr[0] += a, addr[1] += b (fp32, one 8-byte vector reduction; addr 8-byte aligned).
-__device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
-  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
-}
-
-// Max / min / sum over the 4 lanes of a quad (the threads that share accumulator rows).
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_min(float x) {
-  x = fminf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fminf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
+// ---- 16-bit pair packing (cutlass element types) -----------------------------------------------
 // Two floats -> packed bf16x2 (round to nearest even); `lo` in the low half.
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   uint32_t r;
