@@ -95,18 +95,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
   };
   // Keys [key0, key0 + valid) -> stage; the rest zero-filled.
   auto load_kv_tile = [&](int key0, int valid, int stage) {
-    const uint32_t k_dst = s_k + stage * kTileBytes + copy_smem;
-    const uint32_t v_dst = s_v + stage * kTileBytes + copy_smem;
-    const Element* k_src = k_base + (k_thread + key0 * p.k.ss);
-    const Element* v_src = v_base + (v_thread + key0 * p.v.ss);
-#pragma unroll
-    for (int i = 0; i < kBlockN / kCopyRows; ++i) {
-      const bool ok = copy_row + i * kCopyRows < valid;
-      sm80::cp_async_16(k_dst + i * kCopyRows * kRowBytes, ok ? k_src : k_base, ok);
-      sm80::cp_async_16(v_dst + i * kCopyRows * kRowBytes, ok ? v_src : v_base, ok);
-      k_src += kCopyRows * p.k.ss;
-      v_src += kCopyRows * p.v.ss;
-    }
+    copy_kv_rows<kBlockN, kCopyRows, kRowBytes>(
+        s_k + stage * kTileBytes + copy_smem, s_v + stage * kTileBytes + copy_smem,
+        k_base + (k_thread + key0 * p.k.ss), v_base + (v_thread + key0 * p.v.ss), p.k.ss, p.v.ss,
+        k_base, v_base, copy_row, valid);
   };
 
   const int lrow = lane & 7;

@@ -54,6 +54,7 @@
 
 #include "common/problem.hpp"
 #include "portable/kernel_traits.hpp"
+#include "portable/kv_tile_copy.cuh"
 #include "portable/sm80_primitives.hpp"
 
 namespace sa::portable {
@@ -220,14 +221,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     const Element* v_src = v_base + (b * p.v.sb + hk * p.v.sh +
                                       static_cast<int64_t>(key0 + copy_row) * p.v.ss +
                                       copy_chunk * 8);
-#pragma unroll
-    for (int i = 0; i < kBlockN / kCopyRows; ++i) {
-      const bool ok = copy_row + i * kCopyRows < valid;
-      sm80::cp_async_16(s_k + copy_smem + i * kCopyRows * kRowBytes, ok ? k_src : k_base, ok);
-      sm80::cp_async_16(s_v + copy_smem + i * kCopyRows * kRowBytes, ok ? v_src : v_base, ok);
-      k_src += kCopyRows * p.k.ss;
-      v_src += kCopyRows * p.v.ss;
-    }
+    copy_kv_rows<kBlockN, kCopyRows, kRowBytes>(s_k + copy_smem, s_v + copy_smem, k_src, v_src,
+                                                p.k.ss, p.v.ss, k_base, v_base, copy_row, valid);
   }
 
   // Batch, query head and first query row of tile t (entries are hl * Nq + m). The item's fields

@@ -27,6 +27,7 @@
 
 #include "common/problem.hpp"
 #include "portable/kernel_traits.hpp"
+#include "portable/kv_tile_copy.cuh"
 #include "portable/sm80_primitives.hpp"
 #include "portable/softmax.hpp"
 
@@ -121,18 +122,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
   // K and V rows [key0, key0 + valid) -> stage; the tile's other rows are zero-filled (and their
   // source address is the tensor base, never dereferenced).
   auto load_kv_tile = [&](int key0, int valid, int stage) {
-    const uint32_t k_dst = s_k + stage * kKvTileBytes + copy_smem;
-    const uint32_t v_dst = s_v + stage * kKvTileBytes + copy_smem;
-    const Element* k_src = k_base + (k_thread + key0 * p.k.ss);
-    const Element* v_src = v_base + (v_thread + key0 * p.v.ss);
-#pragma unroll
-    for (int i = 0; i < kBlockN / kCopyRows; ++i) {
-      const bool ok = copy_row + i * kCopyRows < valid;
-      sm80::cp_async_16(k_dst + i * kCopyRows * kRowBytes, ok ? k_src : k_base, ok);
-      sm80::cp_async_16(v_dst + i * kCopyRows * kRowBytes, ok ? v_src : v_base, ok);
-      k_src += kCopyRows * p.k.ss;
-      v_src += kCopyRows * p.v.ss;
-    }
+    copy_kv_rows<kBlockN, kCopyRows, kRowBytes>(
+        s_k + stage * kKvTileBytes + copy_smem, s_v + stage * kKvTileBytes + copy_smem,
+        k_base + (k_thread + key0 * p.k.ss), v_base + (v_thread + key0 * p.v.ss), p.k.ss, p.v.ss,
+        k_base, v_base, copy_row, valid);
   };
 
   // The block list's first chunk; then the first tile (slot 0, keys 0..63 of its block).
