@@ -52,10 +52,6 @@ using dsa_bwd::DsaBwdParams;
 constexpr int64_t kPartialBytesCap = int64_t{2} << 30;
 constexpr size_t kAlign = 256;
 
-bool aligned(const void* ptr, uintptr_t bytes) {
-  return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
-}
-
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 // Heads per CTA for `p` on its device (support already checked).
@@ -240,14 +236,14 @@ std::string dsa_backward_unsupported(const DsaBwdProblem& p) {
   // pairs, 8-byte stores of dkv quads. Validation guarantees these for CUDA tensors; they are
   // checked again because the kernels rely on them.
   auto rows16 = [](const Shd& t, int64_t s, int64_t h) {
-    return t.sd == 1 && aligned(t.data, 16) && (t.sh % 8 == 0 || h == 1) &&
+    return t.sd == 1 && is_aligned(t.data, 16) && (t.sh % 8 == 0 || h == 1) &&
            (t.ss % 8 == 0 || s == 1);
   };
   const bool layout_ok = rows16(p.q, d.Sq, d.H) && rows16(p.out, d.Sq, d.H) &&
                          rows16(p.dout, d.Sq, d.H) && rows16(p.kv, d.Skv, 1) && p.dq.sd == 1 &&
-                         aligned(p.dq.data, 4) && (p.dq.sh % 2 == 0 || d.H == 1) &&
+                         is_aligned(p.dq.data, 4) && (p.dq.sh % 2 == 0 || d.H == 1) &&
                          (p.dq.ss % 2 == 0 || d.Sq == 1) && p.dkv.sd == 1 &&
-                         aligned(p.dkv.data, 8) && (p.dkv.ss % 4 == 0 || d.Skv == 1);
+                         is_aligned(p.dkv.data, 8) && (p.dkv.ss % 4 == 0 || d.Skv == 1);
   if (!layout_ok) {
     return "q, kv, out, dout, dq, dkv: the last dimension must be contiguous and rows 16-byte "
            "aligned (portable DSA backward)";

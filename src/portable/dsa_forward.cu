@@ -44,10 +44,6 @@ void launch_block_n(int block_n, const DsaFwdParams& prm, int64_t grid, cudaStre
   }
 }
 
-bool aligned(const void* ptr, uintptr_t bytes) {
-  return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
-}
-
 }  // namespace
 
 int dsa_forward_smem_bytes(int block_n) { return block_n == 64 ? kSmemBlockN64 : kSmemBlockN32; }
@@ -67,17 +63,8 @@ std::string dsa_forward_unsupported(const DsaFwdProblem& p) {
     os << "S_q = " << d.Sq << " (portable DSA forward supports S_q * ceil(H / 64) < 2^31)";
     return os.str();
   }
-  // 16-byte cp.async of q and kv rows, 4-byte stores of out pairs. Validation guarantees these
-  // for CUDA tensors; they are checked here again because the kernel relies on them.
-  const bool layout_ok =
-      p.q.sd == 1 && p.kv.sd == 1 && p.out.sd == 1 && aligned(p.q.data, 16) &&
-      aligned(p.kv.data, 16) && aligned(p.out.data, 4) && p.q.sh % 8 == 0 &&
-      (p.q.ss % 8 == 0 || d.Sq == 1) && (p.kv.ss % 8 == 0 || d.Skv == 1) && p.out.sh % 2 == 0 &&
-      (p.out.ss % 2 == 0 || d.Sq == 1);
-  if (!layout_ok) {
-    return "q, kv, out: the last dimension must be contiguous and q/kv rows 16-byte aligned "
-           "(portable DSA forward)";
-  }
+  const std::string layout = dsa_forward_layout_unsupported(p, "portable DSA forward");
+  if (!layout.empty()) return layout;
   const int smem = max_smem_optin(p.device_index);
   if (smem < kSmemBlockN32) {
     os << "needs " << kSmemBlockN32 << " bytes of shared memory per block (device "

@@ -35,4 +35,17 @@ std::string dsa_sizes_unsupported(const DsaDims& d, const char* path) {
   return os.str();
 }
 
+std::string dsa_forward_layout_unsupported(const DsaFwdProblem& p, const char* path) {
+  const DsaDims& d = p.dims;
+  const bool layout_ok =
+      p.q.sd == 1 && p.kv.sd == 1 && p.out.sd == 1 && is_aligned(p.q.data, 16) &&
+      is_aligned(p.kv.data, 16) && is_aligned(p.out.data, 4) && p.q.sh % 8 == 0 &&
+      (p.q.ss % 8 == 0 || d.Sq == 1) && (p.kv.ss % 8 == 0 || d.Skv == 1) && p.out.sh % 2 == 0 &&
+      (p.out.ss % 2 == 0 || d.Sq == 1);
+  if (layout_ok) return "";
+  return std::string("q, kv, out: the last dimension must be contiguous and q/kv rows 16-byte "
+                     "aligned (") +
+         path + ")";
+}
+
 }  // namespace sa::portable

@@ -9,6 +9,11 @@
 
 namespace sa::portable {
 
+// Whether `ptr` is a multiple of `bytes`.
+inline bool is_aligned(const void* ptr, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
+}
+
 // "" when the tensor's addressing suits 16-byte vector access, else the reason.
 std::string check_tensor_addressing(const char* name, const Bhsd& t, int64_t B, int64_t H,
                                     int64_t S);
@@ -17,5 +22,10 @@ std::string check_tensor_addressing(const char* name, const Bhsd& t, int64_t B, 
 // 16, topk and H in int32 range), else the reason; `path` names the kernel in the message
 // ("portable DSA forward").
 std::string dsa_sizes_unsupported(const DsaDims& d, const char* path);
+
+// "" when the DSA forward's tensors suit its copies (16-byte cp.async of q and kv rows, 4-byte
+// stores of out pairs), else the reason naming `path`. Validation guarantees this for CUDA
+// tensors; the launchers check again because their kernels rely on it.
+std::string dsa_forward_layout_unsupported(const DsaFwdProblem& p, const char* path);
 
 }  // namespace sa::portable

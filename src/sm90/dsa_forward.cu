@@ -15,6 +15,7 @@
 #include "common/dsa_params.hpp"
 #include "common/host_numeric.hpp"
 #include "common/narrow.hpp"
+#include "portable/launch_checks.hpp"
 #include "sm90/dsa_forward_kernel.cuh"
 
 namespace sa::sm90 {
@@ -45,10 +46,6 @@ void launch(const DsaFwdSm90Params& params, int64_t grid, cudaStream_t stream) {
                                      static_cast<int>(kSmem)));
   kernel<<<static_cast<unsigned>(grid), Traits::kThreads, kSmem, stream>>>(params);
   SA_CUDA_CHECK_LAUNCH();
-}
-
-bool aligned(const void* ptr, uintptr_t bytes) {
-  return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
 }
 
 }  // namespace
@@ -82,16 +79,8 @@ std::string dsa_forward_unsupported(const DsaFwdProblem& p) {
     os << "S_q = " << d.Sq << " (sm90 DSA forward supports S_q * H / 64 < 2^31)";
     return os.str();
   }
-  // 16-byte cp.async of q and kv rows, 4-byte stores of out pairs.
-  const bool layout_ok =
-      p.q.sd == 1 && p.kv.sd == 1 && p.out.sd == 1 && aligned(p.q.data, 16) &&
-      aligned(p.kv.data, 16) && aligned(p.out.data, 4) && p.q.sh % 8 == 0 &&
-      (p.q.ss % 8 == 0 || d.Sq == 1) && (p.kv.ss % 8 == 0 || d.Skv == 1) && p.out.sh % 2 == 0 &&
-      (p.out.ss % 2 == 0 || d.Sq == 1);
-  if (!layout_ok) {
-    return "q, kv, out: the last dimension must be contiguous and q/kv rows 16-byte aligned "
-           "(sm90 DSA forward)";
-  }
+  const std::string layout = portable::dsa_forward_layout_unsupported(p, "sm90 DSA forward");
+  if (!layout.empty()) return layout;
   if (p.lse == nullptr) return "lse is missing";
   return "";
 }
