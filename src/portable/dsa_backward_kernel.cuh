@@ -91,6 +91,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "common/dsa_device.cuh"
 #include "common/problem.hpp"
 #include "portable/dsa_backward_params.cuh"
 #include "portable/dsa_mma.hpp"
@@ -204,11 +205,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) dsa_bwd_kernel(const DsaBwdP
   const int rows = min(M, p.H - h0);  // heads of this CTA, a multiple of 16
 
   // [0] The active prefix of the row: slots >= n_slots are never read.
-  int n_slots = p.topk;
-  if (p.len != nullptr) {
-    const int32_t len = p.len[tok * p.len_s];
-    n_slots = len <= 0 ? 0 : min(len, p.topk);
-  }
+  const int n_slots = dsa_active_slots(p.len, p.len_s, p.topk, tok);
   const int n_chunks = (n_slots + N - 1) / N;
 
   // Gather mapping: 8 consecutive threads copy one row (8 x 16 bytes = a 128-byte line per step),

@@ -11,6 +11,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
+#include "common/dsa_device.cuh"
 #include "portable/dsa_mma.hpp"  // cp.async wrappers
 #include "sm90/hopper_primitives.cuh"
 
@@ -74,17 +75,6 @@ __device__ __forceinline__ void run_roles(Producer producer, Consumer consumer) 
 using portable::dsa::cp_async_16_zfill;
 using portable::dsa::cp_async_commit;
 using portable::dsa::cp_async_wait_all;
-
-// Active prefix of row `tok`: topk_length clamped to [0, topk] (len null: topk).
-__device__ __forceinline__ int dsa_active_slots(const int32_t* len, int64_t len_s, int topk,
-                                                int64_t tok) {
-  int n = topk;
-  if (len != nullptr) {
-    const int32_t l = len[tok * len_s];
-    n = l <= 0 ? 0 : min(l, topk);
-  }
-  return n;
-}
 
 // ---- the producer warpgroup's gather (128 threads) ----------------------------------------------
 // Thread mapping of every copy: warp w owns rows [16 w, 16 w + 16), 4 rows per pass (8 lanes per
