@@ -95,6 +95,7 @@
 #include "common/problem.hpp"
 #include "portable/dsa_backward_params.cuh"
 #include "portable/dsa_mma.hpp"
+#include "portable/dsa_row_copy.hpp"
 #include "portable/dsa_warp_mma.hpp"
 
 namespace sa::portable::dsa_bwd {
@@ -217,15 +218,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) dsa_bwd_kernel(const DsaBwdP
   bool saw_active = false;
 
   auto copy_row = [&](uint32_t dst_row, const Element* src_row, int src_bytes, int chunks) {
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const int ch = cp_sub + 8 * k;
-      dsa::cp_async_16_zfill(dst_row + ((ch ^ cp_swz) << 4), src_row + ch * 8, src_bytes);
-    }
-    if (chunks > 64) {
-      const int ch = 64 + cp_sub;
-      dsa::cp_async_16_zfill(dst_row + ((ch ^ cp_swz) << 4), src_row + ch * 8, src_bytes);
-    }
+    dsa::copy_row_swizzled(dst_row, src_row, src_bytes, cp_sub, cp_swz, chunks > 64);
   };
   auto load_index = [&](int chunk) -> int32_t {
     const int slot = chunk * N + cp_row;

@@ -77,6 +77,7 @@
 #include "common/dsa_device.cuh"
 #include "common/problem.hpp"
 #include "portable/dsa_mma.hpp"
+#include "portable/dsa_row_copy.hpp"
 #include "portable/dsa_warp_mma.hpp"
 
 namespace sa::portable::dsa_fwd {
@@ -199,15 +200,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) dsa_fwd_kernel(const DsaFwdP
     }
   };
   auto copy_row = [&](uint32_t dst_row, const Element* src_row, int src_bytes) {
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const int ch = cp_sub + 8 * k;
-      dsa::cp_async_16_zfill(dst_row + ((ch ^ cp_swz) << 4), src_row + ch * 8, src_bytes);
-    }
-    if (rope) {
-      const int ch = 64 + cp_sub;
-      dsa::cp_async_16_zfill(dst_row + ((ch ^ cp_swz) << 4), src_row + ch * 8, src_bytes);
-    }
+    dsa::copy_row_swizzled(dst_row, src_row, src_bytes, cp_sub, cp_swz, rope);
   };
   auto gather = [&](int stage, const int32_t(&j)[kGatherRows]) {
 #pragma unroll
