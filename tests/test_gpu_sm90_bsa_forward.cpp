@@ -196,9 +196,8 @@ struct SmallProblem {
   }
 };
 
-// Automatic choice: bf16 goes to sm90, fp16 (sm90 serves it only when forced, until its tests
-// have run on hardware) to the portable path.
-TEST(Sm90BsaForwardDispatch, AutoPicksSm90ForBf16AndPortableForFp16) {
+// Automatic choice: sm90 for bf16 and fp16.
+TEST(Sm90BsaForwardDispatch, AutoPicksSm90ForBf16AndFp16) {
   SA_SKIP_UNLESS_SM90();
   for (sa_dtype dtype : {SA_DTYPE_BF16, SA_DTYPE_FP16}) {
     SmallProblem pr(64, dtype);
@@ -208,7 +207,7 @@ TEST(Sm90BsaForwardDispatch, AutoPicksSm90ForBf16AndPortableForFp16) {
     ctx.impl_used = &used;
     ASSERT_EQ(sa_bsa_forward(&pr.args, &ctx), SA_OK) << sa_last_error();
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(used, dtype == SA_DTYPE_BF16 ? SA_IMPL_SM90 : SA_IMPL_PORTABLE);
+    EXPECT_EQ(used, SA_IMPL_SM90);
   }
 }
 

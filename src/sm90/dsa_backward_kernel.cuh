@@ -3,9 +3,6 @@
 // only; dsa_backward.cu checks the problem, runs the fp32 dkv conversion and the d_sink reduction
 // (the portable passes, portable/dsa_backward_aux.hpp) and instantiates it.
 //
-// NOT YET RUN ON HARDWARE: written and compiled without a GPU; sm90_impl.cpp serves it only when
-// the caller forces SA_IMPL_SM90 (AUTO keeps the portable backward).
-//
 // The passes around it are the portable backward's (portable::dsa_backward_around), and so is
 // deterministic mode: there each piece is stored to its slot's own partial row instead of being
 // reduced, and the portable passes sum the partial rows of each key in a fixed order.
@@ -82,19 +79,25 @@ using Params = portable::dsa_bwd::DsaBwdParams;
 //                     lane-parallel before it (without the "lane-parallel index loads" technique)
 //   kTuneStagedDq     dQ through shared memory and 16-byte coalesced stores instead of 4-byte
 //                     stores from the fragments (the staged dQ epilogue)
-//   kTuneSplitSdP     warpgroup 0 computes S and P for all 64 keys, warpgroup 1 dP and dS' (P
-//                     crosses through sP): Q and dO are read once per chunk instead of twice.
-//                     A separate instantiation (DsaBwdTraits::kSplitSdP): as a runtime branch
-//                     its registers made the default kernel spill.
-constexpr int32_t kTuneLateRelease = 1, kTuneRowIndex = 2, kTuneStagedDq = 4, kTuneSplitSdP = 8;
+//   kTuneNoDkv        DIAGNOSTIC, WRONG RESULTS: the dKV pieces are computed but never reduced
+//                     (the time of the kernel without its fp32 dkv reductions: the "atomic wall")
+//   kTuneRedV4        dkv reductions as red.global.add.v4.f32 (red_add_frag_rows): half the
+//                     reduction instructions of the default red.v2
+//   kTunePipeKv       the dKV pieces software-pipelined: piece p + 1's GEMMs are issued into a
+//                     second accumulator before piece p is reduced, so the tensor cores work
+//                     while the reductions issue. A separate instantiation
+//                     (DsaBwdTraits::kPipeKv: 32 more accumulator registers).
+// (Bit 8, session 8's S/dP split between the warpgroups, measured +0.3% and was removed.)
+constexpr int32_t kTuneLateRelease = 1, kTuneRowIndex = 2, kTuneStagedDq = 4, kTuneNoDkv = 16,
+                  kTuneRedV4 = 32, kTunePipeKv = 64;
 
 // Named barriers (id 0 is __syncthreads), over the 256 consumer threads.
-enum class NamedBarrier : uint32_t { kPdsFree = 1, kPdsReady = 2, kPReady = 3 };
+enum class NamedBarrier : uint32_t { kPdsFree = 1, kPdsReady = 2 };
 __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint32_t>(b); }
 
-template <int kDqk_, bool kSplitSdP_ = false>
+template <int kDqk_, bool kPipeKv_ = false>
 struct DsaBwdTraits : DsaCta<kDqk_> {
-  static constexpr bool kSplitSdP = kSplitSdP_;  // kTuneSplitSdP's instantiation
+  static constexpr bool kPipeKv = kPipeKv_;  // kTunePipeKv's instantiation
   using Base = DsaCta<kDqk_>;
   using Element = typename Base::Element;
   using H64 = typename Base::H64;
@@ -109,9 +112,6 @@ struct DsaBwdTraits : DsaCta<kDqk_> {
   // [1], [2]: M = 64 heads, N = 32 keys per warpgroup, K = dims; both operands K-major.
   using TiledMmaSdP = decltype(cute::make_tiled_mma(
       cute::SM90::GMMA::MMA_64x32x16_F32BF16BF16_SS<Major::K, Major::K>{}, WgLayout{}));
-  // kTuneSplitSdP: S (warpgroup 0) or dP (warpgroup 1) over all 64 keys, one warpgroup each.
-  using TiledMmaSdP64 = decltype(cute::make_tiled_mma(
-      cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<Major::K, Major::K>{}));
   // [4] nope: M = 64 heads, N = 256 dims per warpgroup, K = 64 keys; A = dS' (K-major), B = the K
   // rows seen as (dims, keys) (MN-major).
   using TiledMmaDq = decltype(cute::make_tiled_mma(
@@ -245,16 +245,6 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
   Tensor tSrdO = thr_sdp.partition_fragment_A(sdO);  // (MMA, 1, 32)
   Tensor tSrKn = thr_sdp.partition_fragment_B(sKn);  // (MMA, 1, 32): this warpgroup's 32 keys
   Tensor tSrKr = thr_sdp.partition_fragment_B(sKr);  // (MMA, 1, 4)
-  // kTuneSplitSdP: all 64 keys per warpgroup (32 accumulators: S in warpgroup 0, dP in 1).
-  typename T::TiledMmaSdP64 mma_sdp64;
-  auto thr_sdp64 = mma_sdp64.get_thread_slice(wtid);
-  Tensor tXrQn = thr_sdp64.partition_fragment_A(sQn);
-  Tensor tXrQr = thr_sdp64.partition_fragment_A(sQr);
-  Tensor tXrdO = thr_sdp64.partition_fragment_A(sdO);
-  Tensor tXrKn = thr_sdp64.partition_fragment_B(sKn);
-  Tensor tXrKr = thr_sdp64.partition_fragment_B(sKr);
-  Tensor tXrX = partition_fragment_C(mma_sdp64, Shape<typename T::H64, typename T::H64>{});
-  static_assert(decltype(size(tXrX))::value == 32, "S or dP fragment: 64 x 64 per warpgroup");
   Tensor tSrS = partition_fragment_C(mma_sdp, Shape<typename T::H64, typename T::H64>{});
   Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<typename T::H64, typename T::H64>{});
   static_assert(decltype(size(tSrS))::value == 16, "S fragment: 64 x 32 per warpgroup");
@@ -316,10 +306,11 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
   // [5] one piece: dKV[keys, panel] = dS'^T Q_panel (+ P^T dO_panel for a nope panel), reduced
   // into the dkv rows of the chunk's active keys, or (deterministic mode) stored to the partial
   // rows of their slots: ((t - tok_begin) * head_groups + group) * topk + slot, for the portable
-  // passes' fixed-order reduction.
+  // passes' fixed-order reduction. issue_piece starts its GEMMs as one batch; reduce_piece reads
+  // the finished accumulator (the caller waits in between).
   const int64_t part_tok =
       ((tok - p.tok_begin) * p.head_groups + h0 / T::kHeads) * static_cast<int64_t>(p.topk);
-  auto kv_piece = [&](int c, int buf, int panel, auto rope_tag) {
+  auto issue_piece = [&](int panel, auto rope_tag, auto& acc) {
     constexpr bool rope = decltype(rope_tag)::value;
     Tensor sQT = make_tensor(make_smem_ptr(rope ? s.q_rope : s.q_nope + panel * T::kPanelElems),
                              typename T::SmemLayoutCols64{});
@@ -328,13 +319,15 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
                     typename T::SmemLayoutCols64{});
     Tensor tKrQ = thr_kv.partition_fragment_B(sQT);  // (MMA, 1, 4)
     Tensor tKrdO = thr_kv.partition_fragment_B(sdOT);
-    warpgroup_fence_operand(tKrAcc);
+    warpgroup_fence_operand(acc);
     warpgroup_arrive();
-    gemm_ss(mma_kv, tKrDsT, tKrQ, tKrAcc, true);
-    if constexpr (!rope) gemm_ss(mma_kv, tKrPT, tKrdO, tKrAcc, false);
+    gemm_ss(mma_kv, tKrDsT, tKrQ, acc, true);
+    if constexpr (!rope) gemm_ss(mma_kv, tKrPT, tKrdO, acc, false);
     warpgroup_commit_batch();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tKrAcc);
+  };
+  const int32_t tune = p.tune;
+  auto reduce_piece = [&](int c, int buf, int panel, auto& acc) {
+    warpgroup_fence_operand(acc);
     int32_t j[2];
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r)
@@ -342,125 +335,90 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
     const int col0 = 64 * panel + 2 * (lane % 4);
     if (p.deterministic) {
       CUTE_UNROLL
-      for (int i = 0; i < size(tKrAcc); i += 2) {
+      for (int i = 0; i < size(acc); i += 2) {
         const int r = (i / 2) % 2;
         const int64_t slot = int64_t{c} * T::kBlockN + frag_row + 8 * r;
         if (j[r] >= 0)
           *reinterpret_cast<float2*>(p.dkv_part + (part_tok + slot) * dqk + col0 + 8 * (i / 4)) =
-              make_float2(tKrAcc(i), tKrAcc(i + 1));
+              make_float2(acc(i), acc(i + 1));
       }
+    } else if (tune & kTuneNoDkv) {
+      // Diagnostic only: no reduction.
+    } else if (tune & kTuneRedV4) {
+      float* row0 = p.dkv_acc + static_cast<int64_t>(j[0]) * dqk + col0;
+      float* row1 = p.dkv_acc + static_cast<int64_t>(j[1]) * dqk + col0;
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc); i += 4)
+        red_add_frag_rows(row0 + 8 * (i / 4), row1 + 8 * (i / 4), acc(i), acc(i + 1), acc(i + 2),
+                          acc(i + 3), j[0] >= 0, j[1] >= 0);
     } else {
       CUTE_UNROLL
-      for (int i = 0; i < size(tKrAcc); i += 2) {
+      for (int i = 0; i < size(acc); i += 2) {
         const int r = (i / 2) % 2;
         if (j[r] >= 0)
           red_add_f32x2(p.dkv_acc + static_cast<int64_t>(j[r]) * dqk + col0 + 8 * (i / 4),
-                        tKrAcc(i), tKrAcc(i + 1));
+                        acc(i), acc(i + 1));
       }
     }
+  };
+  auto kv_piece = [&](int c, int buf, int panel, auto rope_tag) {
+    issue_piece(panel, rope_tag, tKrAcc);
+    warpgroup_wait<0>();
+    reduce_piece(c, buf, panel, tKrAcc);
   };
 
 #pragma unroll 1
   for (int c = 0; c < n_chunks; ++c) {
     const int buf = c & 1;
     mbarrier_wait(&s.kv_full, c & 1);
-    if constexpr (T::kSplitSdP) {
-      // [1] S (warpgroup 0) or [2] dP (warpgroup 1) over all 64 keys: Q and dO read once.
-      warpgroup_fence_operand(tXrX);
-      if (wg == 0) {
-        warpgroup_arrive();
-        gemm_ss(mma_sdp64, tXrQn, tXrKn, tXrX, true);
-        if constexpr (T::kRope) gemm_ss(mma_sdp64, tXrQr, tXrKr, tXrX, false);
-        warpgroup_commit_batch();
-      } else {
-        warpgroup_arrive();
-        gemm_ss(mma_sdp64, tXrdO, tXrKn, tXrX, true);
-        warpgroup_commit_batch();
-      }
-      saw_active |=
-          __any_sync(0xffffffffu, s.bias[buf][lane] == 0.f || s.bias[buf][32 + lane] == 0.f);
-      named_barrier_sync(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tXrX);
-      const uint32_t bias = smem_u32(s.bias[buf]) + 8 * (lane % 4);  // + 4 key
-      if (wg == 0) {
-        // [3a] P -> bf16 sP, all 64 keys.
-        CUTE_UNROLL
-        for (int i = 0; i < 32; i += 2) {
-          const int r = (i / 2) % 2;
-          float pv[2];
-          CUTE_UNROLL
-          for (int e = 0; e < 2; ++e)
-            pv[e] = exp2_approx(fmaf(tXrX(i + e), scale_log2,
-                                     ld_shared_f32(bias + 4 * (8 * (i / 4) + e)) - l2[r]));
-          const uint32_t at = swz(frag_row + 8 * r, i / 4) + 4 * (lane % 4);
-          st_shared_u32(p_addr + at, pack_bf16x2(pv[0], pv[1]));
-        }
-        // Publish P (warpgroup 1 waits on it); warpgroup 0 itself need not wait.
-        named_barrier_arrive(id(NamedBarrier::kPReady), T::kConsumerThreads);
-      } else {
-        // [3b] dS' = scale P (dP - delta) with P from warpgroup 0's bf16 tile -> sDs.
-        named_barrier_sync(id(NamedBarrier::kPReady), T::kConsumerThreads);
-        CUTE_UNROLL
-        for (int i = 0; i < 32; i += 2) {
-          const int r = (i / 2) % 2;
-          const uint32_t at = swz(frag_row + 8 * r, i / 4) + 4 * (lane % 4);
-          const float2 pv = unpack_bf16x2(ld_shared_u32(p_addr + at));
-          const float d0 = scale * pv.x * (tXrX(i) - delta[r]);
-          const float d1 = scale * pv.y * (tXrX(i + 1) - delta[r]);
-          st_shared_u32(ds_addr + at, pack_bf16x2(d0, d1));
-        }
-      }
-    } else {
-      // [1] S, alone: S and dP are never allocated together (with dQ's 160 fp32 at D_qk 576 that
-      // spilled).
-      warpgroup_fence_operand(tSrS);
-      warpgroup_arrive();
-      gemm_ss(mma_sdp, tSrQn, tSrKn, tSrS, true);
-      if constexpr (T::kRope) gemm_ss(mma_sdp, tSrQr, tSrKr, tSrS, false);
-      warpgroup_commit_batch();
-      // Whether the chunk has an active slot (for the d_sink term), while the batch runs.
-      saw_active |=
-          __any_sync(0xffffffffu, s.bias[buf][lane] == 0.f || s.bias[buf][32 + lane] == 0.f);
-      // Every consumer's [5] of the previous chunk is done with sP and sDs (waited there).
-      named_barrier_sync(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tSrS);
+    // [1] S, alone: S and dP are never allocated together (with dQ's 160 fp32 at D_qk 576 that
+    // spilled).
+    warpgroup_fence_operand(tSrS);
+    warpgroup_arrive();
+    gemm_ss(mma_sdp, tSrQn, tSrKn, tSrS, true);
+    if constexpr (T::kRope) gemm_ss(mma_sdp, tSrQr, tSrKr, tSrS, false);
+    warpgroup_commit_batch();
+    // Whether the chunk has an active slot (for the d_sink term), while the batch runs.
+    saw_active |=
+        __any_sync(0xffffffffu, s.bias[buf][lane] == 0.f || s.bias[buf][32 + lane] == 0.f);
+    // Every consumer's [5] of the previous chunk is done with sP and sDs (waited there).
+    named_barrier_sync(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrS);
 
-      // [3a] P of this warpgroup's 32 keys -> bf16 sP; the bf16 pairs stay for dS'.
-      const uint32_t bias = smem_u32(s.bias[buf]) + 4 * (32 * wg + 2 * (lane % 4));  // + 4 key
-      uint32_t p_pk[8];
+    // [3a] P of this warpgroup's 32 keys -> bf16 sP; the bf16 pairs stay for dS'.
+    const uint32_t bias = smem_u32(s.bias[buf]) + 4 * (32 * wg + 2 * (lane % 4));  // + 4 key
+    uint32_t p_pk[8];
+    CUTE_UNROLL
+    for (int i = 0; i < 16; i += 2) {
+      const int r = (i / 2) % 2;
+      float pv[2];
       CUTE_UNROLL
-      for (int i = 0; i < 16; i += 2) {
-        const int r = (i / 2) % 2;
-        float pv[2];
-        CUTE_UNROLL
-        for (int e = 0; e < 2; ++e) {
-          // -inf for inactive keys, L2 = +inf
-          const float off = ld_shared_f32(bias + 4 * (8 * (i / 4) + e)) - l2[r];
-          pv[e] = exp2_approx(fmaf(tSrS(i + e), scale_log2, off));
-        }
-        p_pk[i / 2] = pack_bf16x2(pv[0], pv[1]);
-        const uint32_t at = swz(frag_row + 8 * r, 4 * wg + i / 4) + 4 * (lane % 4);
-        st_shared_u32(p_addr + at, p_pk[i / 2]);
+      for (int e = 0; e < 2; ++e) {
+        // -inf for inactive keys, L2 = +inf
+        const float off = ld_shared_f32(bias + 4 * (8 * (i / 4) + e)) - l2[r];
+        pv[e] = exp2_approx(fmaf(tSrS(i + e), scale_log2, off));
       }
-      // [2] dP.
-      warpgroup_fence_operand(tSrdP);
-      warpgroup_arrive();
-      gemm_ss(mma_sdp, tSrdO, tSrKn, tSrdP, true);
-      warpgroup_commit_batch();
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tSrdP);
-      // [3b] dS' = scale P (dP - delta) from P's bf16 copy (the operand of dKV's P^T dO) -> sDs.
-      CUTE_UNROLL
-      for (int i = 0; i < 16; i += 2) {
-        const int r = (i / 2) % 2;
-        const float2 pv = unpack_bf16x2(p_pk[i / 2]);
-        const float d0 = scale * pv.x * (tSrdP(i) - delta[r]);
-        const float d1 = scale * pv.y * (tSrdP(i + 1) - delta[r]);
-        const uint32_t at = swz(frag_row + 8 * r, 4 * wg + i / 4) + 4 * (lane % 4);
-        st_shared_u32(ds_addr + at, pack_bf16x2(d0, d1));
-      }
+      p_pk[i / 2] = pack_bf16x2(pv[0], pv[1]);
+      const uint32_t at = swz(frag_row + 8 * r, 4 * wg + i / 4) + 4 * (lane % 4);
+      st_shared_u32(p_addr + at, p_pk[i / 2]);
+    }
+    // [2] dP.
+    warpgroup_fence_operand(tSrdP);
+    warpgroup_arrive();
+    gemm_ss(mma_sdp, tSrdO, tSrKn, tSrdP, true);
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrdP);
+    // [3b] dS' = scale P (dP - delta) from P's bf16 copy (the operand of dKV's P^T dO) -> sDs.
+    CUTE_UNROLL
+    for (int i = 0; i < 16; i += 2) {
+      const int r = (i / 2) % 2;
+      const float2 pv = unpack_bf16x2(p_pk[i / 2]);
+      const float d0 = scale * pv.x * (tSrdP(i) - delta[r]);
+      const float d1 = scale * pv.y * (tSrdP(i + 1) - delta[r]);
+      const uint32_t at = swz(frag_row + 8 * r, 4 * wg + i / 4) + 4 * (lane % 4);
+      st_shared_u32(ds_addr + at, pack_bf16x2(d0, d1));
     }
     fence_proxy_async_shared();  // sP, sDs are read by wgmma (async proxy)
     named_barrier_sync(id(NamedBarrier::kPdsReady), T::kConsumerThreads);
@@ -488,9 +446,27 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
 
     // [5] This warpgroup's dKV pieces (the next chunk's gather runs meanwhile).
     const int first = 4 * wg;
+    if constexpr (T::kPipeKv) {
+      // Two accumulators: piece p + 1's GEMMs run while piece p is reduced.
+      Tensor tKrAcc2 = partition_fragment_C(mma_kv, Shape<typename T::D64, typename T::D64>{});
+      const cute::false_type nope{};
+      issue_piece(first, nope, tKrAcc);
+      issue_piece(first + 1, nope, tKrAcc2);
+      warpgroup_wait<1>();
+      reduce_piece(c, buf, first, tKrAcc);
+      issue_piece(first + 2, nope, tKrAcc);
+      warpgroup_wait<1>();
+      reduce_piece(c, buf, first + 1, tKrAcc2);
+      issue_piece(first + 3, nope, tKrAcc2);
+      warpgroup_wait<1>();
+      reduce_piece(c, buf, first + 2, tKrAcc);
+      warpgroup_wait<0>();
+      reduce_piece(c, buf, first + 3, tKrAcc2);
+    } else {
 #pragma unroll 1
-    for (int panel = first; panel < first + 4; ++panel)
-      kv_piece(c, buf, panel, cute::false_type{});
+      for (int panel = first; panel < first + 4; ++panel)
+        kv_piece(c, buf, panel, cute::false_type{});
+    }
     if constexpr (T::kRope) {
       if (wg == 0) kv_piece(c, buf, T::kNopePanels, cute::true_type{});
     }
