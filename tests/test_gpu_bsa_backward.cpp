@@ -14,7 +14,6 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -43,21 +42,6 @@ INSTANTIATE_TEST_SUITE_P(Cases, GpuBsaBackward,
                          [](const ::testing::TestParamInfo<GpuBwdCase>& info) {
                            return info.param.name;
                          });
-
-// The experiment variants of the block-128, D-128 kernel (SA_TUNE_PORTABLE_BWD bits: dQ step
-// first 1, red.v4 dQ reductions 2; bench/NOTES.md) on the block-128, D-128 cases.
-TEST(GpuBsaBackwardTuned, MatchesReference) {
-  SA_SKIP_WITHOUT_GPU();
-  for (const char* bits : {"1", "2", "3"}) {
-    ASSERT_EQ(setenv("SA_TUNE_PORTABLE_BWD", bits, 1), 0);
-    for (const GpuBwdCase& c : gpu_bsa_backward_cases(SA_IMPL_PORTABLE)) {
-      if (c.shape.block != 128 || c.shape.D != 128) continue;
-      SCOPED_TRACE(c.name + " tune " + bits);
-      expect_bsa_backward_case_matches_reference(c, SA_IMPL_PORTABLE, SA_IMPL_PORTABLE);
-    }
-  }
-  unsetenv("SA_TUNE_PORTABLE_BWD");
-}
 
 // Deterministic mode: three runs, the same bytes (and a match with the reference).
 TEST(GpuBsaBackwardDeterministic, BitwiseIdenticalOverThreeRuns) {

@@ -51,8 +51,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, Sm90DsaForward,
                            return info.param.name;
                          });
 
-// H 16 and 32 by head padding (written without a GPU: AUTO keeps them on the portable forward
-// until these have run on hardware): the portable suite's H 16 and 32 bf16 cases, forced.
+// H 16 and 32 by head padding: the portable suite's H 16 and 32 bf16 cases, sm90 forced.
 class Sm90DsaForwardPadded : public ::testing::TestWithParam<GpuDsaFwdCase> {};
 
 TEST_P(Sm90DsaForwardPadded, MatchesReference) {

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
 #include <sstream>
 
@@ -44,9 +43,9 @@ void set_smem_attributes(Kernel* kernel, int bytes) {
                                      static_cast<int>(cudaSharedmemCarveoutMaxShared)));
 }
 
-template <int kBlock, int kHeadDim, class Element, int kTune = 0>
+template <int kBlock, int kHeadDim, class Element>
 void launch_main(const BsaBwdParams& params, int64_t max_items, cudaStream_t stream) {
-  using Traits = BwdKernelTraits<kBlock, kHeadDim, Element, kTune>;
+  using Traits = BwdKernelTraits<kBlock, kHeadDim, Element>;
   auto* kernel = &bsa_backward_kernel<Traits>;
   set_smem_attributes(kernel, Traits::kSmemBytes);
   kernel<<<static_cast<unsigned>(max_items), Traits::kNThreads, Traits::kSmemBytes, stream>>>(
@@ -68,16 +67,7 @@ void launch_dq(const BsaBwdParams& params, const BsaDims& d, cudaStream_t stream
 void dispatch_main(const BsaBwdParams& params, int64_t max_items, cudaStream_t stream) {
   const int block = params.block;
   const int64_t D = params.dims.D;
-  if (block == 128 && D == 128) {
-    // Experiments (kTune* in bsa_backward_kernel.cuh, bench/NOTES.md), at the headline shape only.
-    const char* v = std::getenv("SA_TUNE_PORTABLE_BWD");
-    switch (v != nullptr ? std::atoi(v) & 3 : 0) {
-      case 1: return launch_main<128, 128, Bf16, 1>(params, max_items, stream);
-      case 2: return launch_main<128, 128, Bf16, 2>(params, max_items, stream);
-      case 3: return launch_main<128, 128, Bf16, 3>(params, max_items, stream);
-      default: return launch_main<128, 128, Bf16>(params, max_items, stream);
-    }
-  }
+  if (block == 128 && D == 128) return launch_main<128, 128, Bf16>(params, max_items, stream);
   if (block == 128 && D == 64) return launch_main<128, 64, Bf16>(params, max_items, stream);
   if (block == 64 && D == 128) return launch_main<64, 128, Bf16>(params, max_items, stream);
   if (block == 64 && D == 64) return launch_main<64, 64, Bf16>(params, max_items, stream);

@@ -83,18 +83,9 @@ struct BsaBwdParams {
   float scale_log2;          // scale * log2(e)
 };
 
-// Experiment bits (SA_TUNE_PORTABLE_BWD, bench/NOTES.md; 0 is the default kernel):
-//   kTuneDqFirst  step [9] (dQ and its reductions) right after barrier B, before [7] and [8], so
-//                 that the reductions drain under their MMAs
-//   kTuneDqV4     dQ reductions as one red.v4 per lane and fragment (red_add_frag_rows) instead
-//                 of two red.v2 (sm_90+; the same instructions as the default below that)
-constexpr int kTuneDqFirst = 1, kTuneDqV4 = 2;
-
-template <int kBlockN_, int kHeadDim_, class Element_, int kTune_ = 0>
+template <int kBlockN_, int kHeadDim_, class Element_>
 struct BwdKernelTraits {
   using Element = Element_;
-  static constexpr bool kDqFirst = (kTune_ & kTuneDqFirst) != 0;
-  static constexpr bool kDqV4 = (kTune_ & kTuneDqV4) != 0;
   static constexpr int kBlockN = kBlockN_;     // keys per CTA: the block size, 64 or 128
   static constexpr int kBlockM = 64;           // query rows per Q tile
   static constexpr int kHeadDim = kHeadDim_;   // D == D_v
@@ -435,60 +426,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
                                                 l_wn * (kDqCols / 8) + 2 * i + l_sel16, l_row);
     }
 
-    // [9] dQ = dS K, 32 rows x kDqChunk columns at a time, then red.global.add (after [8], or
-    // before [7] with Traits::kDqFirst).
-    auto dq_step = [&] {
-      if (p.dq_accum != nullptr) {
-        int b, h, r0;
-        tile_rows(t, b, h, r0);
-        const int qtid = sm80::opaque(static_cast<int>(threadIdx.x));
-        const int wm = qtid / 32 / kWarpsN, wn = qtid / 32 % kWarpsN;
-        const int g = (qtid % 32) >> 2, t4 = qtid & 3;
-        float* dq_rows = p.dq_accum + ((static_cast<int64_t>(b) * p.Hq + h) * p.Sq_pad + r0 +
-                                       32 * wm + g) *
-                                          kHeadDim +
-                         wn * kDqCols + 2 * t4;
-#pragma unroll
-        for (int chunk = 0; chunk < kDqCols / kDqChunk; ++chunk) {
-          float acc[2][kDqChunk / 8][4];
-          bwd::zero(acc);
-#pragma unroll
-          for (int kk = 0; kk < kBlockN / 16; ++kk) {
-            uint32_t a[2][4];
-#pragma unroll
-            for (int mi = 0; mi < 2; ++mi)
-              sm80::ldmatrix_x4(s_ds + off_dsa[kk % 4] + (mi * 16 * kPRowBytes + (kk / 4) * 128),
-                                a[mi]);
-#pragma unroll
-            for (int dp2 = 0; dp2 < kDqChunk / 16; ++dp2) {
-              uint32_t kb[4];
-              sm80::ldmatrix_x4_trans(
-                  s_k + off_kt[chunk * (kDqChunk / 16) + dp2] + kk * 16 * kRowBytes, kb);
-#pragma unroll
-              for (int mi = 0; mi < 2; ++mi) {
-                sm80::mma_16816<Element>(acc[mi][2 * dp2], a[mi], kb[0], kb[1]);
-                sm80::mma_16816<Element>(acc[mi][2 * dp2 + 1], a[mi], kb[2], kb[3]);
-              }
-            }
-          }
-#pragma unroll
-          for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-            for (int j = 0; j < kDqChunk / 8; ++j) {
-              float* row0 = dq_rows + 16 * mi * kHeadDim + chunk * kDqChunk + 8 * j;
-              if constexpr (Traits::kDqV4) {
-                red_add_frag_rows(row0, row0 + 8 * kHeadDim, acc[mi][j][0], acc[mi][j][1],
-                                  acc[mi][j][2], acc[mi][j][3], true, true);
-              } else {
-                red_add_f32x2(row0, acc[mi][j][0], acc[mi][j][1]);
-                red_add_f32x2(row0 + 8 * kHeadDim, acc[mi][j][2], acc[mi][j][3]);
-              }
-            }
-        }
-      }
-    };
-    if constexpr (Traits::kDqFirst) dq_step();
-
     // [7] dV += P^T dO and [8] dK += dS^T Q: 32 keys x kKvCols per warp, k16 steps over the
     // tile's 64 query rows.
 #pragma unroll
@@ -526,7 +463,50 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       }
     }
 
-    if constexpr (!Traits::kDqFirst) dq_step();
+    // [9] dQ = dS K, 32 rows x kDqChunk columns at a time, then red.global.add.
+    if (p.dq_accum != nullptr) {
+      int b, h, r0;
+      tile_rows(t, b, h, r0);
+      const int qtid = sm80::opaque(static_cast<int>(threadIdx.x));
+      const int wm = qtid / 32 / kWarpsN, wn = qtid / 32 % kWarpsN;
+      const int g = (qtid % 32) >> 2, t4 = qtid & 3;
+      float* dq_rows = p.dq_accum + ((static_cast<int64_t>(b) * p.Hq + h) * p.Sq_pad + r0 +
+                                     32 * wm + g) *
+                                        kHeadDim +
+                       wn * kDqCols + 2 * t4;
+#pragma unroll
+      for (int chunk = 0; chunk < kDqCols / kDqChunk; ++chunk) {
+        float acc[2][kDqChunk / 8][4];
+        bwd::zero(acc);
+#pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+          uint32_t a[2][4];
+#pragma unroll
+          for (int mi = 0; mi < 2; ++mi)
+            sm80::ldmatrix_x4(s_ds + off_dsa[kk % 4] + (mi * 16 * kPRowBytes + (kk / 4) * 128),
+                              a[mi]);
+#pragma unroll
+          for (int dp2 = 0; dp2 < kDqChunk / 16; ++dp2) {
+            uint32_t kb[4];
+            sm80::ldmatrix_x4_trans(
+                s_k + off_kt[chunk * (kDqChunk / 16) + dp2] + kk * 16 * kRowBytes, kb);
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi) {
+              sm80::mma_16816<Element>(acc[mi][2 * dp2], a[mi], kb[0], kb[1]);
+              sm80::mma_16816<Element>(acc[mi][2 * dp2 + 1], a[mi], kb[2], kb[3]);
+            }
+          }
+        }
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+          for (int half = 0; half < 2; ++half)
+#pragma unroll
+            for (int j = 0; j < kDqChunk / 8; ++j)
+              red_add_f32x2(dq_rows + (16 * mi + 8 * half) * kHeadDim + chunk * kDqChunk + 8 * j,
+                                 acc[mi][j][2 * half], acc[mi][j][2 * half + 1]);
+      }
+    }
   }
 
   // [10] Epilogue. No copy may still be writing shared memory and every warp must be done with

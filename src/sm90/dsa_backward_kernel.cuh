@@ -83,21 +83,18 @@ using Params = portable::dsa_bwd::DsaBwdParams;
 //                     (the time of the kernel without its fp32 dkv reductions: the "atomic wall")
 //   kTuneRedV4        dkv reductions as red.global.add.v4.f32 (red_add_frag_rows): half the
 //                     reduction instructions of the default red.v2
-//   kTunePipeKv       the dKV pieces software-pipelined: piece p + 1's GEMMs are issued into a
-//                     second accumulator before piece p is reduced, so the tensor cores work
-//                     while the reductions issue. A separate instantiation
-//                     (DsaBwdTraits::kPipeKv: 32 more accumulator registers).
-// (Bit 8, session 8's S/dP split between the warpgroups, measured +0.3% and was removed.)
+// Removed after measuring (bench/NOTES.md): bit 8, S and dP split between the warpgroups (+0.3%);
+// bit 64, the dKV pieces software-pipelined over two accumulators (+1.5% at D_qk 512, a 392-byte
+// spill at 576, and a racecheck report).
 constexpr int32_t kTuneLateRelease = 1, kTuneRowIndex = 2, kTuneStagedDq = 4, kTuneNoDkv = 16,
-                  kTuneRedV4 = 32, kTunePipeKv = 64;
+                  kTuneRedV4 = 32;
 
 // Named barriers (id 0 is __syncthreads), over the 256 consumer threads.
 enum class NamedBarrier : uint32_t { kPdsFree = 1, kPdsReady = 2 };
 __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint32_t>(b); }
 
-template <int kDqk_, bool kPipeKv_ = false>
+template <int kDqk_>
 struct DsaBwdTraits : DsaCta<kDqk_> {
-  static constexpr bool kPipeKv = kPipeKv_;  // kTunePipeKv's instantiation
   using Base = DsaCta<kDqk_>;
   using Element = typename Base::Element;
   using H64 = typename Base::H64;
@@ -446,27 +443,9 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
 
     // [5] This warpgroup's dKV pieces (the next chunk's gather runs meanwhile).
     const int first = 4 * wg;
-    if constexpr (T::kPipeKv) {
-      // Two accumulators: piece p + 1's GEMMs run while piece p is reduced.
-      Tensor tKrAcc2 = partition_fragment_C(mma_kv, Shape<typename T::D64, typename T::D64>{});
-      const cute::false_type nope{};
-      issue_piece(first, nope, tKrAcc);
-      issue_piece(first + 1, nope, tKrAcc2);
-      warpgroup_wait<1>();
-      reduce_piece(c, buf, first, tKrAcc);
-      issue_piece(first + 2, nope, tKrAcc);
-      warpgroup_wait<1>();
-      reduce_piece(c, buf, first + 1, tKrAcc2);
-      issue_piece(first + 3, nope, tKrAcc2);
-      warpgroup_wait<1>();
-      reduce_piece(c, buf, first + 2, tKrAcc);
-      warpgroup_wait<0>();
-      reduce_piece(c, buf, first + 3, tKrAcc2);
-    } else {
 #pragma unroll 1
-      for (int panel = first; panel < first + 4; ++panel)
-        kv_piece(c, buf, panel, cute::false_type{});
-    }
+    for (int panel = first; panel < first + 4; ++panel)
+      kv_piece(c, buf, panel, cute::false_type{});
     if constexpr (T::kRope) {
       if (wg == 0) kv_piece(c, buf, T::kNopePanels, cute::true_type{});
     }
