@@ -2,8 +2,7 @@
 // into an fp32 workspace by reductions or, deterministic mode, into per-slot partial rows;
 // dsa_backward_kernel.cuh has the design) around the portable backward's passes
 // (portable::dsa_backward_around: accumulator, deterministic slices, dkv conversion, d_sink).
-// NOT YET RUN ON HARDWARE: src/sm90/sm90_impl.cpp serves it only when the caller forces
-// options.impl = SA_IMPL_SM90.
+// AUTO takes it on sm_90 except in deterministic mode (src/sm90/sm90_impl.cpp).
 #pragma once
 
 #include <cuda_runtime_api.h>
