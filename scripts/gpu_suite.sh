@@ -125,13 +125,15 @@ if has bench; then
     run --op dsa_bwd "${DSA[@]}" --dsa-heads 128 --dsa-dqk 576 --rounds 2 --calls 5 --variants "$PS"
   fi
   if [ $gated_ok -eq 1 ] && [ "${BENCH_EXPERIMENTS:-0}" = 1 ]; then
-    # The Hopper DSA backward's seed techniques one at a time (SA_TUNE_SM90_DSA_BWD bits,
-    # dsa_backward_kernel.cuh), paired in one process with the default kernel: late K release
-    # (1), per-row index loads (2), staged dQ epilogue (4), red.v4 dkv reductions (32), and the
-    # no-reduction diagnostic (16: wrong dkv, its check FAILs by design).
+    # The Hopper DSA backward's experiment bits (SA_TUNE_SM90_DSA_BWD, dsa_backward_kernel.cuh),
+    # paired in one process with the default kernel: row-contiguous dkv reductions (64, not yet
+    # run), red.v4 (32), and the no-reduction diagnostic (16: wrong dkv, its check FAILs by
+    # design). The seed techniques (bits 1, 2, 4) were measured in session 9 (bench/NOTES.md).
     T="impl=sm90,env.SA_TUNE_SM90_DSA_BWD"
-    run --op dsa_bwd "${DSA[@]}" --dsa-heads 128 --dsa-dqk 576 --rounds 2 --calls 5 \
-      --variants "impl=sm90/$T=1/$T=2/$T=4/$T=32/$T=16"
+    for h in 128 64; do
+      run --op dsa_bwd "${DSA[@]}" --dsa-heads "$h" --dsa-dqk 576 --rounds 2 --calls 5 \
+        --variants "impl=sm90/$T=64/$T=32/$T=16"
+    done
     # The Hopper BSA backward's per-warpgroup dQ partials against its default kernel.
     run --op bsa_bwd "${BSA[@]}" --block 128 --density 0.5 \
       --variants "impl=sm90/impl=sm90,env.SA_TUNE_SM90_BWD_DQ_PARTIALS=1"

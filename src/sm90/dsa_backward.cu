@@ -30,18 +30,18 @@ using dsa_bwd::SharedStorage;
 // Opt-in shared memory limit of sm_90 (227 KB).
 constexpr size_t kMaxSmemSm90 = 232448;
 
-template <int kDqk>
+template <int kDqk, bool kRowRed = false>
 constexpr size_t smem_bytes() {
   // +1024: the kernel aligns its shared storage to 1024 bytes (128-byte swizzle atoms).
-  return sizeof(SharedStorage<DsaBwdTraits<kDqk>>) + 1024;
+  return sizeof(SharedStorage<DsaBwdTraits<kDqk, kRowRed>>) + 1024;
 }
 static_assert(smem_bytes<576>() <= kMaxSmemSm90, "sm90 DSA backward exceeds 227 KB of smem");
 static_assert(smem_bytes<512>() <= kMaxSmemSm90, "sm90 DSA backward exceeds 227 KB of smem");
 
-template <int kDqk>
+template <int kDqk, bool kRowRed = false>
 void launch(const dsa_bwd::Params& params, int64_t grid, cudaStream_t stream) {
-  using Traits = DsaBwdTraits<kDqk>;
-  constexpr size_t kSmem = smem_bytes<kDqk>();
+  using Traits = DsaBwdTraits<kDqk, kRowRed>;
+  constexpr size_t kSmem = smem_bytes<kDqk, kRowRed>();
   auto* kernel = &dsa_bwd::dsa_backward_sm90_kernel<Traits>;
   // Every launch (cheap, and right for whichever device is current).
   SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -55,7 +55,7 @@ void launch(const dsa_bwd::Params& params, int64_t grid, cudaStream_t stream) {
 // needs 16-byte aligned dq rows; without them the bit is dropped.
 int32_t tune_bits(const dsa_bwd::Params& prm) {
   const char* v = std::getenv("SA_TUNE_SM90_DSA_BWD");
-  int32_t bits = v != nullptr ? static_cast<int32_t>(std::strtol(v, nullptr, 0)) & 0x37 : 0;
+  int32_t bits = v != nullptr ? static_cast<int32_t>(std::strtol(v, nullptr, 0)) & 0x7f : 0;
   const bool rows16 = reinterpret_cast<uintptr_t>(prm.dq) % 16 == 0 && prm.dq_sh % 8 == 0 &&
                       prm.dq_ss % 8 == 0;
   if (!rows16) bits &= ~dsa_bwd::kTuneStagedDq;
@@ -67,10 +67,18 @@ void launch_main(const dsa_bwd::Params& prm, int64_t grid, int /*device*/, cudaS
   if (grid == 0) return;
   dsa_bwd::Params tuned = prm;
   tuned.tune = tune_bits(prm);
-  if (prm.dqk == 576)
-    launch<576>(tuned, grid, stream);
-  else
-    launch<512>(tuned, grid, stream);
+  const bool row_red = (tuned.tune & dsa_bwd::kTuneRowRed) != 0;
+  if (prm.dqk == 576) {
+    if (row_red)
+      launch<576, true>(tuned, grid, stream);
+    else
+      launch<576>(tuned, grid, stream);
+  } else {
+    if (row_red)
+      launch<512, true>(tuned, grid, stream);
+    else
+      launch<512>(tuned, grid, stream);
+  }
 }
 
 }  // namespace

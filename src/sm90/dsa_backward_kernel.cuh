@@ -81,20 +81,31 @@ using Params = portable::dsa_bwd::DsaBwdParams;
 //                     stores from the fragments (the staged dQ epilogue)
 //   kTuneNoDkv        DIAGNOSTIC, WRONG RESULTS: the dKV pieces are computed but never reduced
 //                     (the time of the kernel without its fp32 dkv reductions: the "atomic wall")
+//   kTuneSerialRed    the v0 reduction loop: each red.v2's address computed into the same
+//                     register pair right before it, under a branch (ncu: every reduction then
+//                     waits for the previous one to release that register, "long scoreboard";
+//                     measured the same speed as the default loop)
 //   kTuneRedV4        dkv reductions as red.global.add.v4.f32 (red_add_frag_rows): half the
 //                     reduction instructions of the default red.v2
+//   kTuneRowRed       NOT YET RUN: each warp's 8 x 8 grid of column pairs (per fragment half) is
+//                     transposed across the lane groups by shuffles, so that one red.v2 warp
+//                     instruction covers 256 contiguous bytes of one dkv row (2 lines) instead of
+//                     32 bytes of 8 rows (8 lines), with a warp-uniform predicate. A separate
+//                     instantiation (DsaBwdTraits::kRowRed), so that the default kernel's code is
+//                     the verified one
 // Removed after measuring (bench/NOTES.md): bit 8, S and dP split between the warpgroups (+0.3%);
 // bit 64, the dKV pieces software-pipelined over two accumulators (+1.5% at D_qk 512, a 392-byte
 // spill at 576, and a racecheck report).
-constexpr int32_t kTuneLateRelease = 1, kTuneRowIndex = 2, kTuneStagedDq = 4, kTuneNoDkv = 16,
-                  kTuneRedV4 = 32;
+constexpr int32_t kTuneLateRelease = 1, kTuneRowIndex = 2, kTuneStagedDq = 4, kTuneSerialRed = 8,
+                  kTuneNoDkv = 16, kTuneRedV4 = 32, kTuneRowRed = 64;
 
 // Named barriers (id 0 is __syncthreads), over the 256 consumer threads.
 enum class NamedBarrier : uint32_t { kPdsFree = 1, kPdsReady = 2 };
 __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint32_t>(b); }
 
-template <int kDqk_>
+template <int kDqk_, bool kRowRed_ = false>
 struct DsaBwdTraits : DsaCta<kDqk_> {
+  static constexpr bool kRowRed = kRowRed_;  // kTuneRowRed's instantiation
   using Base = DsaCta<kDqk_>;
   using Element = typename Base::Element;
   using H64 = typename Base::H64;
@@ -341,6 +352,41 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
       }
     } else if (tune & kTuneNoDkv) {
       // Diagnostic only: no reduction.
+    } else if constexpr (T::kRowRed) {
+      // Per half r, lane (g, q) holds the pairs (row frag_row + 8 r, columns 8 b + 2 q) for
+      // b = 0..7. A 3-stage butterfly over the lane groups (shuffle distances 4, 8, 16)
+      // transposes that 8 x 8 grid: afterwards v[k] is the pair (row 16 warp + k + 8 r, columns
+      // 8 g + 2 q), so reduction k of the warp covers one row's 64 columns.
+      const int g = lane >> 2;
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        float2 v[8];
+        CUTE_UNROLL
+        for (int b = 0; b < 8; ++b) v[b] = make_float2(acc(4 * b + 2 * r), acc(4 * b + 2 * r + 1));
+        CUTE_UNROLL
+        for (int st = 0; st < 3; ++st) {
+          const bool up = ((g >> st) & 1) != 0;  // this lane keeps the pair of the upper index
+          CUTE_UNROLL
+          for (int lo = 0; lo < 8; ++lo) {
+            if (lo & (1 << st)) continue;
+            const int hi = lo | (1 << st);
+            const float2 send = up ? v[lo] : v[hi];
+            const float2 recv = make_float2(__shfl_xor_sync(0xffffffffu, send.x, 4 << st),
+                                            __shfl_xor_sync(0xffffffffu, send.y, 4 << st));
+            v[lo] = up ? recv : v[lo];
+            v[hi] = up ? v[hi] : recv;
+          }
+        }
+        CUTE_UNROLL
+        for (int k = 0; k < 8; ++k) {
+          const int32_t jk = static_cast<int32_t>(
+              ld_shared_u32(smem_u32(&s.kidx[buf][16 * warp_in_wg + k + 8 * r])));
+          if (jk >= 0)  // warp-uniform: the whole warp reduces row k
+            red_add_f32x2(p.dkv_acc + static_cast<int64_t>(jk) * dqk + 64 * panel + 8 * g +
+                              2 * (lane % 4),
+                          v[k].x, v[k].y);
+        }
+      }
     } else if (tune & kTuneRedV4) {
       float* row0 = p.dkv_acc + static_cast<int64_t>(j[0]) * dqk + col0;
       float* row1 = p.dkv_acc + static_cast<int64_t>(j[1]) * dqk + col0;
@@ -348,13 +394,24 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
       for (int i = 0; i < size(acc); i += 4)
         red_add_frag_rows(row0 + 8 * (i / 4), row1 + 8 * (i / 4), acc(i), acc(i + 1), acc(i + 2),
                           acc(i + 3), j[0] >= 0, j[1] >= 0);
-    } else {
+    } else if (tune & kTuneSerialRed) {
       CUTE_UNROLL
       for (int i = 0; i < size(acc); i += 2) {
         const int r = (i / 2) % 2;
         if (j[r] >= 0)
           red_add_f32x2(p.dkv_acc + static_cast<int64_t>(j[r]) * dqk + col0 + 8 * (i / 4),
                         acc(i), acc(i + 1));
+      }
+    } else {
+      // One base pointer per row and immediate offsets: the 32 reductions issue back to back
+      // (no address register rewritten under an in-flight reduction), predicated, not branched.
+      // An inactive slot's row (j < 0) points at row 0 and is never reduced.
+      float* row0 = p.dkv_acc + static_cast<int64_t>(max(j[0], 0)) * dqk + col0;
+      float* row1 = p.dkv_acc + static_cast<int64_t>(max(j[1], 0)) * dqk + col0;
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc); i += 4) {
+        red_add_f32x2_if(row0 + 8 * (i / 4), acc(i), acc(i + 1), j[0] >= 0);
+        red_add_f32x2_if(row1 + 8 * (i / 4), acc(i + 2), acc(i + 3), j[1] >= 0);
       }
     }
   };
