@@ -13,7 +13,7 @@
 # Logs and results go to $OUT (the device tool's output folder; /tmp/sa_gpu_out elsewhere).
 # Environment:
 #   GATED           gtest filter of the gated kernels' tests (default: the experiment variants'
-#                   tests, *Tuned*:*DqPartials*; empty: none)
+#                   tests, *Tuned*:*DqPartials*:*SplitKv*; empty: none)
 #   SAN_FILTER      gtest filter for compute-sanitizer (default: one small case per GPU kernel)
 #   BENCH_FULL=1    the "full" step (last, after the anchors; unchecked timings, the tests cover
 #                   these shapes): block 64, S 32768 and the other DSA target shapes
@@ -38,7 +38,7 @@ verdict() { if [ "$2" -eq 0 ]; then SUMMARY+=("$1: ok"); else SUMMARY+=("$1: FAI
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu \
   --format=csv > "$OUT/gpu_tests.log" 2>&1 || true
 
-GATED="${GATED-*Tuned*:*DqPartials*}"
+GATED="${GATED-*Tuned*:*DqPartials*:*SplitKv*}"
 gated_ok=0
 if has gated && [ -n "$GATED" ]; then
   note "gated kernels' tests first: $GATED"
@@ -134,6 +134,11 @@ if has bench; then
       run --op dsa_bwd "${DSA[@]}" --dsa-heads "$h" --dsa-dqk 576 --rounds 2 --calls 5 \
         --variants "impl=sm90/$T=64/$T=32/$T=16"
     done
+    # Split-KV forward (not yet run; SA_TUNE_SM90_FWD_SPLITS) where the query blocks cannot fill
+    # the GPU: 32 tiles of 16 KV blocks.
+    F="impl=sm90,env.SA_TUNE_SM90_FWD_SPLITS"
+    run --op bsa_fwd --batch 1 --heads 1 --kv-heads 1 --seq 4096 --dim 128 --block 128 \
+      --density 0.5 --variants "impl=sm90/$F=2/$F=4/$F=auto"
     # The Hopper BSA backward's per-warpgroup dQ partials against its default kernel.
     run --op bsa_bwd "${BSA[@]}" --block 128 --density 0.5 \
       --variants "impl=sm90/impl=sm90,env.SA_TUNE_SM90_BWD_DQ_PARTIALS=1"

@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <ostream>
 #include <random>
@@ -151,8 +152,22 @@ INSTANTIATE_TEST_SUITE_P(Cases, Sm90BsaForward, ::testing::ValuesIn(kCases),
                            return info.param.name;
                          });
 
-// fp16: the same cases (written without a GPU: AUTO keeps fp16 on the portable forward until
-// these have run on hardware).
+// Split-KV mode (written without a GPU; only when SA_TUNE_SM90_FWD_SPLITS asks for it): the bf16
+// cases with each row's block list in 3 slices (more slices than some rows have blocks: empty
+// splits), in 2, and by the automatic rule. The workspace is queried and filled with garbage.
+TEST(Sm90BsaForwardSplitKv, MatchesReference) {
+  SA_SKIP_UNLESS_SM90();
+  for (const char* splits : {"3", "2", "auto"}) {
+    ASSERT_EQ(setenv("SA_TUNE_SM90_FWD_SPLITS", splits, 1), 0);
+    for (const Sm90BsaCase& c : kCases) {
+      SCOPED_TRACE(c.name + " splits " + splits);
+      expect_case_matches_reference(c, SA_DTYPE_BF16);
+    }
+  }
+  unsetenv("SA_TUNE_SM90_FWD_SPLITS");
+}
+
+// fp16: the same cases.
 class Sm90BsaForwardFp16 : public ::testing::TestWithParam<Sm90BsaCase> {};
 
 TEST_P(Sm90BsaForwardFp16, MatchesReference) {

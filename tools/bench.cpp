@@ -252,12 +252,18 @@ int bench_op(const OpSetup& setup, const BenchOptions& o, const CudaDevice& dev,
   for (const BenchVariant& v : o.variants) {
     Subject s = setup.make(v);
     if (!v.env.empty()) {
-      // The knobs are read when the library launches: set them around every call.
+      // The knobs are read when the library sizes its workspace and when it launches: set them
+      // around both.
       auto inner = s.run;
       auto env = v.env;
       s.run = [inner, env](const sa_context& c) {
         ScopedEnv scoped(env);
         return inner(c);
+      };
+      auto inner_ws = s.workspace_size;
+      s.workspace_size = [inner_ws, env](size_t* bytes) {
+        ScopedEnv scoped(env);
+        return inner_ws(bytes);
       };
     }
     subjects.push_back(std::move(s));

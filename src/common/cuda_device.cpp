@@ -38,21 +38,31 @@ std::string device_capability(int32_t device, int* major, int* minor) {
   return "";
 }
 
-int max_smem_optin(int32_t device) {
+namespace {
+// One device attribute, queried once per (attribute, device); 0 when the query fails (no CUDA
+// error is left pending).
+int cached_attribute(cudaDeviceAttr attr, int32_t device) {
   static std::mutex mutex;
-  static std::unordered_map<int32_t, int> cache;
+  static std::unordered_map<int64_t, int> cache;
+  const int64_t key = (static_cast<int64_t>(attr) << 32) | static_cast<uint32_t>(device);
   std::lock_guard<std::mutex> lock(mutex);
-  auto it = cache.find(device);
+  auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  int bytes = 0;
-  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) !=
-      cudaSuccess) {
+  int value = 0;
+  if (cudaDeviceGetAttribute(&value, attr, device) != cudaSuccess) {
     (void)cudaGetLastError();
-    bytes = 0;
+    value = 0;
   }
-  cache.emplace(device, bytes);
-  return bytes;
+  cache.emplace(key, value);
+  return value;
 }
+}  // namespace
+
+int max_smem_optin(int32_t device) {
+  return cached_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+}
+
+int sm_count(int32_t device) { return cached_attribute(cudaDevAttrMultiProcessorCount, device); }
 
 DeviceScope::DeviceScope(int32_t device) {
   SA_CUDA_CHECK(cudaGetDevice(&previous_));

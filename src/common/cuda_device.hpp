@@ -14,6 +14,9 @@ std::string device_capability(int32_t device, int* major, int* minor);
 // 0 when the query fails (reads as "unsupported"; no CUDA error is left pending).
 int max_smem_optin(int32_t device);
 
+// Number of SMs of `device`, queried once per device; 0 when the query fails.
+int sm_count(int32_t device);
+
 // Makes `device` current for the scope of a call, restoring the caller's device after.
 class DeviceScope {
  public:

@@ -1,6 +1,7 @@
 // Hopper BSA forward, host side: problem checks, TMA descriptors, launch configuration and the
 // instantiations of the kernel in bsa_forward_kernel.cuh: {block 64, 128} x {D 64, 128} x
-// {bf16, fp16}.
+// {bf16, fp16}, plus the split-KV mode's four bf16 ones (not yet run on hardware: only when
+// SA_TUNE_SM90_FWD_SPLITS asks for it; see forward_splits).
 #include "sm90/bsa_forward.hpp"
 
 #include <cuda.h>
@@ -9,21 +10,25 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <sstream>
 
 #include "common/cuda_check.hpp"
+#include "common/cuda_device.hpp"
 #include "common/host_numeric.hpp"
 #include "common/narrow.hpp"
+#include "portable/bsa_forward_combine.hpp"
 #include "sm90/bsa_forward_kernel.cuh"
 #include "sm90/tma_descriptor.hpp"
 
 namespace sa::sm90 {
 namespace {
 
-template <int kBlock, int kHeadDim, class Element>
+template <int kBlock, int kHeadDim, class Element, bool kSplit = false>
 void launch(const BsaFwdSm90Params& params, cudaStream_t stream) {
-  using Traits = FwdTraits<kBlock, kHeadDim, Element>;
+  using Traits = FwdTraits<kBlock, kHeadDim, Element, kSplit>;
   // +1024: the kernel aligns its shared storage to 1024 bytes (128-byte swizzle atoms).
   constexpr size_t kSmem = sizeof(SharedStorage<Traits>) + 1024;
   auto* kernel = &bsa_forward_sm90_kernel<Traits>;
@@ -41,19 +46,50 @@ void launch(const BsaFwdSm90Params& params, cudaStream_t stream) {
   SA_CUDA_CHECK_LAUNCH();
 }
 
-template <class Element>
+template <class Element, bool kSplit = false>
 void launch_for(const BsaDims& d, const BsaFwdSm90Params& params, cudaStream_t stream) {
   if (d.block == 128) {
     if (d.D == 128)
-      launch<128, 128, Element>(params, stream);
+      launch<128, 128, Element, kSplit>(params, stream);
     else
-      launch<128, 64, Element>(params, stream);
+      launch<128, 64, Element, kSplit>(params, stream);
   } else {
     if (d.D == 128)
-      launch<64, 128, Element>(params, stream);
+      launch<64, 128, Element, kSplit>(params, stream);
     else
-      launch<64, 64, Element>(params, stream);
+      launch<64, 64, Element, kSplit>(params, stream);
   }
+}
+
+constexpr int kMaxSplits = 16;
+
+// The automatic split-KV rule: split only when the query blocks cannot fill the GPU (fewer work
+// tiles than CTA slots) and the rows are long enough to share (at least 4 KV blocks per split, by
+// the row capacity K_max: the counts live on the device).
+int auto_splits(const BsaFwdProblem& p) {
+  const BsaDims& d = p.dims;
+  const int64_t tiles = d.B * d.Hq * d.Nq;
+  const int64_t slots = int64_t{sm_count(p.device_index)} * (d.block == 64 ? 2 : 1);
+  if (tiles <= 0 || tiles >= slots) return 1;
+  const int64_t by_tiles = (slots + tiles - 1) / tiles;
+  const int64_t by_length = std::max<int64_t>(1, d.Kmax / 4);
+  return static_cast<int>(std::min<int64_t>({by_tiles, by_length, kMaxSplits}));
+}
+
+// How many slices of each row's block list the forward runs as separate tiles (1: no split-KV).
+// Split-KV is not yet run on hardware, so it only runs when SA_TUNE_SM90_FWD_SPLITS asks: "auto"
+// (the rule above) or a count in [2, 16]. bf16 only (its instantiations).
+int forward_splits(const BsaFwdProblem& p) {
+  const char* v = std::getenv("SA_TUNE_SM90_FWD_SPLITS");
+  if (v == nullptr || p.dtype != SA_DTYPE_BF16) return 1;
+  const int n = std::strcmp(v, "auto") == 0 ? auto_splits(p) : std::atoi(v);
+  return std::clamp(n, 1, kMaxSplits);
+}
+
+size_t split_workspace_bytes(const BsaDims& d, int splits) {
+  if (splits <= 1) return 0;
+  const size_t rows = static_cast<size_t>(splits) * d.B * d.Hq * d.Sq;
+  return rows * (d.D + 1) * sizeof(float) + 256;  // o_part, then lse_part (256-byte aligned)
 }
 
 }  // namespace
@@ -100,7 +136,12 @@ std::string bsa_forward_unsupported(const BsaFwdProblem& p) {
   return "";
 }
 
-void bsa_forward(const BsaFwdProblem& p, cudaStream_t stream) {
+size_t bsa_forward_workspace_bytes(const BsaFwdProblem& p) {
+  return split_workspace_bytes(p.dims, forward_splits(p));
+}
+
+void bsa_forward(const BsaFwdProblem& p, void* workspace, size_t workspace_bytes,
+                 cudaStream_t stream) {
   const std::string why = bsa_forward_unsupported(p);
   SA_CHECK(why.empty(), SA_ERROR_UNSUPPORTED, "sm90 bsa_forward: " << why);
   const BsaDims& d = p.dims;
@@ -123,6 +164,36 @@ void bsa_forward(const BsaFwdProblem& p, cudaStream_t stream) {
   params.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
   params.masked_score = params.scale_log2 > 0.f ? -INFINITY : INFINITY;
 
+  const int splits = forward_splits(p);
+  if (splits > 1) {
+    const size_t need = split_workspace_bytes(d, splits);
+    SA_CHECK(workspace != nullptr && workspace_bytes >= need, SA_ERROR_WORKSPACE,
+             kOp << ": split-KV needs " << need << " bytes of workspace, got " << workspace_bytes);
+    const size_t rows = static_cast<size_t>(splits) * d.B * d.Hq * d.Sq;
+    params.num_splits = splits;
+    params.base_tiles = params.num_tiles;
+    params.num_tiles = narrow_i32(d.B * d.Hq * d.Nq * splits, "B * H_q * N_q * splits");
+    params.o_part = static_cast<float*>(workspace);
+    const uintptr_t lse_at = (reinterpret_cast<uintptr_t>(params.o_part + rows * d.D) + 255) &
+                             ~static_cast<uintptr_t>(255);
+    params.lse_part = reinterpret_cast<float*>(lse_at);
+    params.o_part_dim = narrow_i32(d.D, "D");
+    launch_for<cutlass::bfloat16_t, true>(d, params, stream);
+    portable::BsaCombineArgs c{};
+    c.o_part = params.o_part;
+    c.lse_part = params.lse_part;
+    c.splits = splits;
+    c.B = narrow_i32(d.B, "B");
+    c.Hq = params.Hq;
+    c.Sq = params.Sq;
+    c.D = params.o_part_dim;
+    c.o = p.o;
+    c.lse = p.lse;
+    for (int i = 0; i < 3; ++i) c.lse_stride[i] = p.lse_stride[i];
+    c.dtype = p.dtype;
+    portable::bsa_forward_combine(c, stream);
+    return;
+  }
   if (p.dtype == SA_DTYPE_FP16)
     launch_for<cutlass::half_t>(d, params, stream);
   else

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <string>
 
 #include "common/problem.hpp"
@@ -15,8 +16,14 @@ namespace sa::sm90 {
 // otherwise the reason, e.g. "D = 96, D_v = 96 (sm90 forward supports D == D_v in {64, 128})".
 std::string bsa_forward_unsupported(const BsaFwdProblem& p);
 
+// Workspace bytes bsa_forward needs for `p`: 0 unless split-KV runs (SA_TUNE_SM90_FWD_SPLITS;
+// bsa_forward.cu), then the per-split fp32 O and LSE.
+size_t bsa_forward_workspace_bytes(const BsaFwdProblem& p);
+
 // Writes every element of p.o (rows < S_q) and p.lse; launches on `stream`, no host sync.
-// Throws sa::Error (SA_ERROR_UNSUPPORTED) when bsa_forward_unsupported(p) is not empty.
-void bsa_forward(const BsaFwdProblem& p, cudaStream_t stream);
+// Throws sa::Error (SA_ERROR_UNSUPPORTED) when bsa_forward_unsupported(p) is not empty, and
+// SA_ERROR_WORKSPACE when split-KV runs without bsa_forward_workspace_bytes(p) of workspace.
+void bsa_forward(const BsaFwdProblem& p, void* workspace, size_t workspace_bytes,
+                 cudaStream_t stream);
 
 }  // namespace sa::sm90

@@ -38,6 +38,13 @@
 //   NamedBarrier::kScheduleWg0/1   ping-pong of the two consumers' GEMM issue (FA3-style)
 //   NamedBarrier::kEpilogueWg0/1   a consumer's O staging tile is written / is free again
 //
+// Split-KV (FwdTraits::kSplit, a separate instantiation; the default kernels do not contain it):
+// tile t = split * base_tiles + (query block, head, batch) walks only slots [lo, hi) of its row's
+// block list, the split's share (count * split / num_splits ..). Its epilogue writes the split's
+// normalised O (fp32, straight from the fragments) and its LSE to the workspace, and
+// bsa_forward_combine.cu merges the splits into o and lse. NOT YET RUN ON HARDWARE: served only
+// when SA_TUNE_SM90_FWD_SPLITS asks for it (bsa_forward.cu).
+//
 // Numerics: scores s = <q, k> in fp32; x = s * scale * log2(e) folded into one FFMA with the row
 // maximum: p = 2^(s * scale_log2 - m). The running maximum m is taken over the raw scores (their
 // minimum when the scale is negative). Padded keys (past block_len or S_kv) get the raw score that
@@ -73,9 +80,15 @@ struct BsaFwdSm90Params {
   BsaMeta meta;
   int32_t Sq, Skv, Hq, Nq;
   int32_t group;      // query heads per KV head
-  int32_t num_tiles;  // B * Hq * Nq
+  int32_t num_tiles;  // B * Hq * Nq, times num_splits in split-KV mode
   float scale_log2;   // scale * log2(e)
   float masked_score; // raw score of a padded key: -inf (scale > 0) or +inf (scale < 0)
+  // Split-KV mode only (FwdTraits::kSplit): num_splits >= 2 slices of each row's block list.
+  int32_t num_splits;
+  int32_t base_tiles;  // B * Hq * Nq
+  float* o_part;       // [num_splits, B, Hq, Sq, D] fp32: each split's normalised O
+  float* lse_part;     // [num_splits, B, Hq, Sq] fp32: each split's LSE (-inf: no key)
+  int32_t o_part_dim;  // D (the row length of o_part)
 };
 
 // Warpgroup roles.
@@ -127,9 +140,10 @@ struct GmmaAtoms<128, cutlass::half_t> {
                                                           cute::SM90::GMMA::Major::MN>;
 };
 
-template <int kBlock_, int kHeadDim_, class Element_ = cutlass::bfloat16_t>
+template <int kBlock_, int kHeadDim_, class Element_ = cutlass::bfloat16_t, bool kSplit_ = false>
 struct FwdTraits {
   using Element = Element_;  // bf16 or fp16
+  static constexpr bool kSplit = kSplit_;  // split-KV mode (partial O and LSE to the workspace)
   static constexpr int kBlock = kBlock_;        // query rows per tile = keys per KV block
   static constexpr int kHeadDim = kHeadDim_;    // D = D_v
   static constexpr int kConsumerWgs = kBlock / 64;
@@ -190,14 +204,39 @@ struct alignas(1024) SharedStorage {
 
 struct TileCoord {
   int m, h, b;
+  int split;  // split-KV mode: which slice of the row's block list; else 0
 };
+template <class T>
 __device__ __forceinline__ TileCoord tile_coord(const BsaFwdSm90Params& p, int tile) {
   TileCoord c;
+  c.split = 0;
+  if constexpr (T::kSplit) {
+    c.split = tile / p.base_tiles;
+    tile -= c.split * p.base_tiles;
+  }
   c.m = tile % p.Nq;
   const int bh = tile / p.Nq;
   c.h = bh % p.Hq;
   c.b = bh / p.Hq;
   return c;
+}
+
+// The slots [lo, lo + n) of the row's block list that tile `tc` walks: all of them, or in split-KV
+// mode the split's share (balanced: the splits' counts differ by at most one).
+struct SlotRange {
+  int lo, n;
+};
+template <class T>
+__device__ __forceinline__ SlotRange tile_slots(const BsaFwdSm90Params& p, const TileCoord& tc) {
+  const int count = p.meta.count(tc.b, tc.h, tc.m);
+  if constexpr (T::kSplit) {
+    if (count <= 0) return {0, 0};
+    const int lo = static_cast<int>(static_cast<int64_t>(count) * tc.split / p.num_splits);
+    const int hi = static_cast<int>(static_cast<int64_t>(count) * (tc.split + 1) / p.num_splits);
+    return {lo, hi - lo};
+  } else {
+    return {0, count};
+  }
 }
 
 // KV block of slot j of a tile and its valid keys: block_len (when given) clipped to the keys inside
@@ -295,8 +334,9 @@ __device__ __forceinline__ void producer_main(const BsaFwdSm90Params& p, SharedS
   uint32_t pad_phase = 0;    // of v_pad
 #pragma unroll 1
   for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
-    const TileCoord tc = tile_coord(p, tile);
-    const int count = p.meta.count(tc.b, tc.h, tc.m);
+    const TileCoord tc = tile_coord<T>(p, tile);
+    const SlotRange sr = tile_slots<T>(p, tc);
+    const int count = sr.n;
     if (count <= 0) continue;  // the consumers write O = 0, LSE = -inf; nothing to load
     const int hk = tc.h / p.group;
 
@@ -318,7 +358,7 @@ __device__ __forceinline__ void producer_main(const BsaFwdSm90Params& p, SharedS
       // Lane i reads slot first + i: its KV block and valid keys.
       int blk = 0, info = 0;
       if (first + lane < count) {
-        const BlockKeys bk = block_keys<kBlock>(p, tc, first + lane);
+        const BlockKeys bk = block_keys<kBlock>(p, tc, sr.lo + first + lane);
         blk = bk.blk;
         info = bk.valid | (bk.valid < bk.in_tensor ? kPadFlag : 0);
       }
@@ -342,6 +382,22 @@ __device__ __forceinline__ void producer_main(const BsaFwdSm90Params& p, SharedS
 }
 
 // ---- consumer helpers ---------------------------------------------------------------------------
+// Split-KV mode: row `row0` of tile tc's split in the partial O ([split, b, h, row, D] fp32) and
+// partial LSE ([split, b, h, row]) of the workspace.
+__device__ __forceinline__ int64_t split_row_index(const BsaFwdSm90Params& p, const TileCoord& tc,
+                                                   int row0) {
+  return ((static_cast<int64_t>(tc.split) * (p.base_tiles / p.Nq) + tc.b * p.Hq + tc.h) * p.Sq +
+          row0);
+}
+__device__ __forceinline__ float* split_o_rows(const BsaFwdSm90Params& p, const TileCoord& tc,
+                                               int row0) {
+  return p.o_part + split_row_index(p, tc, row0) * (p.o_part_dim);
+}
+__device__ __forceinline__ float* split_lse_rows(const BsaFwdSm90Params& p, const TileCoord& tc,
+                                                 int row0) {
+  return p.lse_part + split_row_index(p, tc, row0);
+}
+
 // Issues one warpgroup GEMM C (+)= A B over the whole K extent and commits it as one group; does
 // not wait. kZeroInit: C = A B.
 template <bool kZeroInit, class TiledMma, class TA, class TB, class TC>
@@ -509,14 +565,28 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
 
 #pragma unroll 1
   for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
-    const TileCoord tc = tile_coord(p, tile);
-    const int count = p.meta.count(tc.b, tc.h, tc.m);
+    const TileCoord tc = tile_coord<T>(p, tile);
+    const SlotRange sr = tile_slots<T>(p, tc);
+    const int count = sr.n;
     const int row0 = tc.m * kBlock + wg * 64;  // first query row of this warpgroup
     Element* o_head =
         static_cast<Element*>(p.o.data) + tc.b * p.o.sb + tc.h * p.o.sh;  // row 0, d 0
     float* lse_head = p.lse + tc.b * p.lse_stride[0] + tc.h * p.lse_stride[1];
 
     if (count <= 0) {
+      if constexpr (T::kSplit) {
+        // [C0'] No block in this split: its partial O = 0, LSE = -inf (the combine weighs it 0).
+        float* o_rows = split_o_rows(p, tc, row0);
+        float* lse_rows = split_lse_rows(p, tc, row0);
+        for (int idx = wtid; idx < 64 * (kHeadDim / 4); idx += 128) {
+          const int r = idx / (kHeadDim / 4), c = idx % (kHeadDim / 4);
+          if (row0 + r < p.Sq)
+            *reinterpret_cast<float4*>(o_rows + static_cast<int64_t>(r) * kHeadDim + 4 * c) =
+                make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        if (wtid < 64 && row0 + wtid < p.Sq) lse_rows[wtid] = -INFINITY;
+        continue;
+      }
       // [C0] No block: O = 0, LSE = -inf for the rows < S_q.
 #pragma unroll
       for (int it = 0; it < 64 * kChunks / 128; ++it) {
@@ -538,7 +608,7 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
     // [C1] First block: S = Q K^T, softmax, P.
     mbarrier_wait(&s.q_full, q_phase);
     q_phase ^= 1;
-    int valid = block_keys<kBlock>(p, tc, 0).valid;  // used after the S GEMM: latency hidden
+    int valid = block_keys<kBlock>(p, tc, sr.lo).valid;  // used after the S GEMM: latency hidden
     mbarrier_wait(&s.k_full[stage], phase);
     gemm_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS);
     warpgroup_wait<0>();
@@ -560,7 +630,7 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
     // S_j runs while the P V GEMM does.
 #pragma unroll 1
     for (int j = 1; j < count; ++j) {
-      valid = block_keys<kBlock>(p, tc, j).valid;
+      valid = block_keys<kBlock>(p, tc, sr.lo + j).valid;
       mbarrier_wait(&s.k_full[stage], phase);
       if constexpr (kPingPong) named_barrier_sync(id(my_schedule), 256);
       gemm_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS);
@@ -606,8 +676,31 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
       inv[r] = any ? 1.f / sum : 0.f;
       lse[r] = any ? (st.row_max[r] + __log2f(sum)) * 0.69314718055994531f : -INFINITY;
     }
-    named_barrier_sync(id(my_epilogue), 128);  // the previous tile's copy-out has read s_o
     const int frag_row = 16 * warp_in_wg + lane / 4;
+    if constexpr (T::kSplit) {
+      // [C4'] The split's normalised O in fp32 straight from the fragments (8-byte pairs) and its
+      // LSE, rows < S_q; no staging.
+      float* o_rows = split_o_rows(p, tc, row0);
+      float* lse_rows = split_lse_rows(p, tc, row0);
+      CUTE_UNROLL
+      for (int i = 0; i < size(tOrO); i += 2) {
+        const int r = (i / 2) % 2;
+        const int row = frag_row + 8 * r;
+        if (row0 + row < p.Sq)
+          *reinterpret_cast<float2*>(o_rows + static_cast<int64_t>(row) * kHeadDim + 8 * (i / 4) +
+                                     2 * (lane % 4)) =
+              make_float2(tOrO(i) * inv[r], tOrO(i + 1) * inv[r]);
+      }
+      if (lane % 4 == 0) {
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          const int row = frag_row + 8 * r;
+          if (row0 + row < p.Sq) lse_rows[row] = lse[r];
+        }
+      }
+      continue;
+    }
+    named_barrier_sync(id(my_epilogue), 128);  // the previous tile's copy-out has read s_o
     CUTE_UNROLL
     for (int i = 0; i < size(tOrO); i += 2) {
       const int r = (i / 2) % 2;

@@ -43,11 +43,16 @@ std::string bsa_fwd_unsupported(const BsaFwdProblem& p) {
   return shape;
 }
 
+size_t bsa_fwd_workspace_bytes(const BsaFwdProblem& p) {
+  DeviceScope scope(p.device_index);
+  return sm90::bsa_forward_workspace_bytes(p);
+}
+
 void bsa_fwd_run(const BsaFwdProblem& p, const ExecContext& ctx) {
   DeviceScope scope(p.device_index);
   cudaStream_t stream = ctx.stream;
   if (p.options.validate) portable::check_bsa_metadata_gpu(p.dims, p.meta, stream);
-  sm90::bsa_forward(p, stream);
+  sm90::bsa_forward(p, ctx.workspace, ctx.workspace_bytes, stream);
 }
 
 // ---- BSA backward ------------------------------------------------------------------------------
@@ -116,7 +121,7 @@ void dsa_bwd_run(const DsaBwdProblem& p, const ExecContext& ctx) {
 extern const Implementation kSm90Implementation = {
     SA_IMPL_SM90,
     "sm90",
-    /*bsa_fwd=*/{&bsa_fwd_unsupported, nullptr, &bsa_fwd_run},
+    /*bsa_fwd=*/{&bsa_fwd_unsupported, &bsa_fwd_workspace_bytes, &bsa_fwd_run},
     /*bsa_bwd=*/{&bsa_bwd_unsupported, &bsa_bwd_workspace_bytes, &bsa_bwd_run},
     /*dsa_fwd=*/{&dsa_fwd_unsupported, nullptr, &dsa_fwd_run},
     /*dsa_bwd=*/{&dsa_bwd_unsupported, &dsa_bwd_workspace_bytes, &dsa_bwd_run},
