@@ -345,7 +345,11 @@ def _call_shape_key(op: str, args) -> tuple:
 
 
 def workspace_bytes(op: str, args) -> int:
-    """`sa_<op>_workspace_size` for this call shape (cached; errors are raised, not cached)."""
+    """`sa_<op>_workspace_size` for this call shape (cached; errors are raised, not cached).
+
+    The library's experiment switches (`SA_TUNE_*` environment variables, bench/NOTES.md) can
+    change the size; they are read once per call shape here, so set them before the first call.
+    """
     key = _call_shape_key(op, args)
     nbytes = _WS_CACHE.get(key)
     if nbytes is None:

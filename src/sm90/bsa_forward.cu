@@ -89,7 +89,8 @@ int forward_splits(const BsaFwdProblem& p) {
 size_t split_workspace_bytes(const BsaDims& d, int splits) {
   if (splits <= 1) return 0;
   const size_t rows = static_cast<size_t>(splits) * d.B * d.Hq * d.Sq;
-  return rows * (d.D + 1) * sizeof(float) + 256;  // o_part, then lse_part (256-byte aligned)
+  // o_part, then lse_part, each 256-byte aligned (the caller's pointer need not be).
+  return rows * (d.D + 1) * sizeof(float) + 2 * 256;
 }
 
 }  // namespace
@@ -173,7 +174,9 @@ void bsa_forward(const BsaFwdProblem& p, void* workspace, size_t workspace_bytes
     params.num_splits = splits;
     params.base_tiles = params.num_tiles;
     params.num_tiles = narrow_i32(d.B * d.Hq * d.Nq * splits, "B * H_q * N_q * splits");
-    params.o_part = static_cast<float*>(workspace);
+    const uintptr_t o_at =
+        (reinterpret_cast<uintptr_t>(workspace) + 255) & ~static_cast<uintptr_t>(255);
+    params.o_part = reinterpret_cast<float*>(o_at);
     const uintptr_t lse_at = (reinterpret_cast<uintptr_t>(params.o_part + rows * d.D) + 255) &
                              ~static_cast<uintptr_t>(255);
     params.lse_part = reinterpret_cast<float*>(lse_at);

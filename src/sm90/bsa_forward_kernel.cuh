@@ -585,18 +585,19 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
                 make_float4(0.f, 0.f, 0.f, 0.f);
         }
         if (wtid < 64 && row0 + wtid < p.Sq) lse_rows[wtid] = -INFINITY;
-        continue;
-      }
-      // [C0] No block: O = 0, LSE = -inf for the rows < S_q.
+      } else {
+        // [C0] No block: O = 0, LSE = -inf for the rows < S_q.
 #pragma unroll
-      for (int it = 0; it < 64 * kChunks / 128; ++it) {
-        const int idx = it * 128 + wtid;
-        const int r = idx / kChunks, c = idx % kChunks;
-        if (row0 + r < p.Sq)
-          *reinterpret_cast<uint4*>(o_head + (row0 + r) * p.o.ss + c * 8) =
-              make_uint4(0u, 0u, 0u, 0u);
+        for (int it = 0; it < 64 * kChunks / 128; ++it) {
+          const int idx = it * 128 + wtid;
+          const int r = idx / kChunks, c = idx % kChunks;
+          if (row0 + r < p.Sq)
+            *reinterpret_cast<uint4*>(o_head + (row0 + r) * p.o.ss + c * 8) =
+                make_uint4(0u, 0u, 0u, 0u);
+        }
+        if (wtid < 64 && row0 + wtid < p.Sq)
+          lse_head[(row0 + wtid) * p.lse_stride[2]] = -INFINITY;
       }
-      if (wtid < 64 && row0 + wtid < p.Sq) lse_head[(row0 + wtid) * p.lse_stride[2]] = -INFINITY;
       continue;
     }
 

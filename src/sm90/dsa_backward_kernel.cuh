@@ -93,9 +93,10 @@ using Params = portable::dsa_bwd::DsaBwdParams;
 //                     32 bytes of 8 rows (8 lines), with a warp-uniform predicate. A separate
 //                     instantiation (DsaBwdTraits::kRowRed), so that the default kernel's code is
 //                     the verified one
-// Removed after measuring (bench/NOTES.md): bit 8, S and dP split between the warpgroups (+0.3%);
-// bit 64, the dKV pieces software-pipelined over two accumulators (+1.5% at D_qk 512, a 392-byte
-// spill at 576, and a racecheck report).
+// Removed after measuring (bench/NOTES.md; the bits had these meanings in the session 8 and early
+// session 9 logs): the S/dP split between the warpgroups (then bit 8: +0.3%); the dKV pieces
+// software-pipelined over two accumulators (then bit 64: +1.5% at D_qk 512, a 392-byte spill at
+// 576, and a racecheck report). With kTuneRowRed, bits 8 and 32 are ignored.
 constexpr int32_t kTuneLateRelease = 1, kTuneRowIndex = 2, kTuneStagedDq = 4, kTuneSerialRed = 8,
                   kTuneNoDkv = 16, kTuneRedV4 = 32, kTuneRowRed = 64;
 
