@@ -16,7 +16,8 @@
 #                   tests, *Tuned*:*DqPartials*:*SplitKv*; empty: none)
 #   SAN_FILTER      gtest filter for compute-sanitizer (default: one small case per GPU kernel)
 #   BENCH_FULL=1    the "full" step (last, after the anchors; unchecked timings, the tests cover
-#                   these shapes): block 64, S 32768 and the other DSA target shapes
+#                   these shapes): block 64, density 12.5%, S 32768 and the other DSA target
+#                   shapes
 #   BENCH_EXPERIMENTS=1  also the experiment knobs (SA_TUNE_*: bench/NOTES.md) against the
 #                   portable path, when the gated tests passed
 #   ANCHORS_ARGS    extra arguments of bench/anchors.py (default: --budget-s 60)
@@ -162,6 +163,8 @@ if has full && [ "${BENCH_FULL:-0}" = 1 ]; then
   DSA=(--dsa-seq 4096 --topk 2048 --topk-length off --sink on)
   for op in bsa_fwd bsa_bwd; do
     run --op "$op" "${BSA[@]}" --block 64 --density 0.5 --variants "impl=portable/impl=sm90"
+    # 12.5% in C++ (the anchors measure it through the Python op, host overhead included).
+    run --op "$op" "${BSA[@]}" --block 128 --density 0.125 --variants impl=sm90
     run --op "$op" --batch 1 --heads 32 --kv-heads 32 --seq 32768 --dim 128 --block 128 \
       --density 0.5 --variants impl=sm90 --rounds 3 --calls 5
   done
