@@ -34,13 +34,18 @@ std::string check_sm90_device(int32_t device) {
   return "";
 }
 
-// ---- BSA forward ------------------------------------------------------------------------------
-std::string bsa_fwd_unsupported(const BsaFwdProblem& p) {
+// The device's reason when it has one, otherwise that of the path's own check.
+template <class Problem>
+std::string unsupported(const Problem& p, std::string (*path_unsupported)(const Problem&)) {
   if (p.device != SA_DEVICE_CUDA) return "needs CUDA tensors";
   const std::string why = check_sm90_device(p.device_index);
   if (!why.empty()) return why;
-  const std::string shape = sm90::bsa_forward_unsupported(p);
-  return shape;
+  return path_unsupported(p);
+}
+
+// ---- BSA forward ------------------------------------------------------------------------------
+std::string bsa_fwd_unsupported(const BsaFwdProblem& p) {
+  return unsupported(p, &sm90::bsa_forward_unsupported);
 }
 
 size_t bsa_fwd_workspace_bytes(const BsaFwdProblem& p) {
@@ -57,10 +62,7 @@ void bsa_fwd_run(const BsaFwdProblem& p, const ExecContext& ctx) {
 
 // ---- BSA backward ------------------------------------------------------------------------------
 std::string bsa_bwd_unsupported(const BsaBwdProblem& p) {
-  if (p.device != SA_DEVICE_CUDA) return "needs CUDA tensors";
-  const std::string why = check_sm90_device(p.device_index);
-  if (!why.empty()) return why;
-  return sm90::bsa_backward_unsupported(p);
+  return unsupported(p, &sm90::bsa_backward_unsupported);
 }
 
 size_t bsa_bwd_workspace_bytes(const BsaBwdProblem& p) {
@@ -79,10 +81,7 @@ void bsa_bwd_run(const BsaBwdProblem& p, const ExecContext& ctx) {
 // H 16 and 32 run by head padding (64-row CTAs): 1.28x the portable forward at H 16 and 1.29x
 // at H 32 on the H200 (S 4096, topk 2048, D_qk 576).
 std::string dsa_fwd_unsupported(const DsaFwdProblem& p) {
-  if (p.device != SA_DEVICE_CUDA) return "needs CUDA tensors";
-  const std::string why = check_sm90_device(p.device_index);
-  if (!why.empty()) return why;
-  return sm90::dsa_forward_unsupported(p);
+  return unsupported(p, &sm90::dsa_forward_unsupported);
 }
 
 void dsa_fwd_run(const DsaFwdProblem& p, const ExecContext& ctx) {
@@ -95,11 +94,8 @@ void dsa_fwd_run(const DsaFwdProblem& p, const ExecContext& ctx) {
 // portable backward's 129.0 (H128 D576 topk 2048), so AUTO leaves that mode to the portable
 // backward; a caller that forces SA_IMPL_SM90 still gets it.
 std::string dsa_bwd_unsupported(const DsaBwdProblem& p) {
-  if (p.device != SA_DEVICE_CUDA) return "needs CUDA tensors";
-  const std::string why = check_sm90_device(p.device_index);
+  const std::string why = unsupported(p, &sm90::dsa_backward_unsupported);
   if (!why.empty()) return why;
-  const std::string shape = sm90::dsa_backward_unsupported(p);
-  if (!shape.empty()) return shape;
   if (p.options.deterministic && p.options.impl != SA_IMPL_SM90)
     return "deterministic mode: the portable backward is faster here (set options.impl = "
            "SA_IMPL_SM90 to use this one)";
