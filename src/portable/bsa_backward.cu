@@ -149,6 +149,22 @@ BsaBwdPlan make_plan(const BsaBwdProblem& p) {
   return make_bsa_backward_plan(p, auto_bucket ? cta_slots(p) : 0, deterministic, !deterministic);
 }
 
+// Step 3 (BsaBackwardMainKernel).
+void launch_main_kernel(const BsaBwdProblem& p, const BsaBwdPlan& plan, const BsaBwdBuffers& buf,
+                        const ReverseMapDevice& map, cudaStream_t stream) {
+  BsaBwdParams params = problem_params(p, plan.Sq_pad, plan.Skv_pad, buf.lse2, buf.delta);
+  params.dq_accum = buf.dq_accum;
+  params.dk_accum = buf.dk_accum;
+  params.dv_accum = buf.dv_accum;
+  params.entries = map.entries;
+  params.row_groups = map.row_groups;
+  params.item_row = map.item_row;
+  params.item_begin = map.item_begin;
+  params.item_end = map.item_end;
+  params.num_items = map.num_items;
+  dispatch_main(params, map.max_items, stream);
+}
+
 }  // namespace
 
 std::string bsa_backward_unsupported(const BsaBwdProblem& p) {
@@ -192,13 +208,9 @@ std::string bsa_backward_unsupported(const BsaBwdProblem& p) {
   if (p.lse == nullptr) return "lse is missing";
   // The main kernel's shared memory must fit the device (e.g. block 128, D 128 needs ~161 KB:
   // sm80, sm90 and newer; not the ~100 KB of sm86/sm89).
-  const int optin = max_smem_optin(p.device_index);  // cached: no driver call per backward
-  if (optin == 0)
-    return "cannot query the shared memory of CUDA device " + std::to_string(p.device_index);
-  const int need = main_kernel_smem(d.block, d.D);
-  if (need > optin) {
-    os << "block " << d.block << ", D = " << d.D << " needs " << need
-       << " bytes of shared memory per block, device " << p.device_index << " has " << optin;
+  const std::string smem = smem_unsupported(p.device_index, main_kernel_smem(d.block, d.D));
+  if (!smem.empty()) {
+    os << "block " << d.block << ", D = " << d.D << ": " << smem;
     return os.str();
   }
   return "";
@@ -206,55 +218,39 @@ std::string bsa_backward_unsupported(const BsaBwdProblem& p) {
 
 size_t bsa_backward_workspace_bytes(const BsaBwdProblem& p) { return make_plan(p).total; }
 
+void bsa_backward_around(const BsaBwdProblem& p, const BsaBwdPlan& plan, void* workspace,
+                         size_t workspace_bytes, const char* op, bool dq_tiled,
+                         BsaBackwardMainKernel main, cudaStream_t stream) {
+  const BsaBwdBuffers buf = carve_bsa_backward_workspace(plan, workspace, workspace_bytes, op);
+
+  // 1. Accumulators, delta, lse2.
+  zero_bsa_backward_accumulators(plan, buf, stream);
+  launch_bwd_preprocess(p, plan.Sq_pad, buf.lse2, buf.delta, stream);
+
+  // 2. The reverse map (GPU, no host synchronisation).
+  const ReverseMapDevice map =
+      build_reverse_map_gpu(p.dims, p.meta, plan.bucket, buf.map, plan.map_bytes, stream);
+
+  // 3. dK, dV (and dQ into its accumulator unless deterministic).
+  main(p, plan, buf, map, stream);
+
+  // 4. dq.
+  if (plan.dq_accumulator)
+    launch_bwd_convert_dq(p, plan.Sq_pad, buf.dq_accum, dq_tiled, stream);
+  else
+    dispatch_dq(problem_params(p, plan.Sq_pad, /*Skv_pad=*/0, buf.lse2, buf.delta), stream);
+
+  // 5. dk, dv of the rows with several groups.
+  if (plan.several_owners)
+    launch_bwd_convert_dkv(p, plan.Skv_pad, buf.dk_accum, buf.dv_accum, map.row_groups, stream);
+}
+
 void bsa_backward(const BsaBwdProblem& p, void* workspace, size_t workspace_bytes,
                   cudaStream_t stream) {
   const std::string why = bsa_backward_unsupported(p);
   SA_CHECK(why.empty(), SA_ERROR_UNSUPPORTED, "portable bsa_backward: " << why);
-  const BsaDims& d = p.dims;
-  const BsaBwdPlan plan = make_plan(p);
-  const BsaBwdBuffers buf =
-      carve_bsa_backward_workspace(plan, workspace, workspace_bytes, "portable bsa_backward");
-  float* const lse2 = buf.lse2;
-  float* const delta = buf.delta;
-  float* const dq_accum = buf.dq_accum;
-  float* const dk_accum = buf.dk_accum;
-  float* const dv_accum = buf.dv_accum;
-
-  // 1. Accumulators, delta, lse2.
-  zero_bsa_backward_accumulators(plan, buf, stream);
-  launch_bwd_preprocess(p, plan.Sq_pad, lse2, delta, stream);
-
-  // 2. The reverse map.
-  const ReverseMapDevice map =
-      build_reverse_map_gpu(d, p.meta, plan.bucket, buf.map, plan.map_bytes, stream);
-
-  // 3. dK, dV (and dQ unless deterministic).
-  BsaBwdParams params = problem_params(p, plan.Sq_pad, plan.Skv_pad, lse2, delta);
-  params.dq_accum = dq_accum;
-  params.dk_accum = dk_accum;
-  params.dv_accum = dv_accum;
-  params.entries = map.entries;
-  params.row_groups = map.row_groups;
-  params.item_row = map.item_row;
-  params.item_begin = map.item_begin;
-  params.item_end = map.item_end;
-  params.num_items = map.num_items;
-  dispatch_main(params, map.max_items, stream);
-
-  // 4. dq.
-  if (!plan.dq_accumulator)
-    dispatch_dq(params, stream);
-  else
-    launch_bwd_convert_dq(p, plan.Sq_pad, dq_accum, /*tiled=*/false, stream);
-
-  // 5. dk, dv of the rows with several groups.
-  if (plan.several_owners)
-    launch_bwd_convert_dkv(p, plan.Skv_pad, dk_accum, dv_accum, map.row_groups, stream);
-}
-
-void bsa_backward_dq_query_major(const BsaBwdProblem& p, int64_t Sq_pad, const float* lse2,
-                                 const float* delta, cudaStream_t stream) {
-  dispatch_dq(problem_params(p, Sq_pad, /*Skv_pad=*/0, lse2, delta), stream);
+  bsa_backward_around(p, make_plan(p), workspace, workspace_bytes, "portable bsa_backward",
+                      /*dq_tiled=*/false, &launch_main_kernel, stream);
 }
 
 }  // namespace sa::portable

@@ -30,6 +30,8 @@
 #include <string>
 
 #include "common/problem.hpp"
+#include "portable/bsa_backward_plan.hpp"
+#include "portable/reverse_map_gpu.hpp"
 
 namespace sa::portable {
 
@@ -48,11 +50,21 @@ size_t bsa_backward_workspace_bytes(const BsaBwdProblem& p);
 void bsa_backward(const BsaBwdProblem& p, void* workspace, size_t workspace_bytes,
                   cudaStream_t stream);
 
-// Deterministic mode's dQ alone: dq from the query-major kernel (bsa_backward_dq_kernel.cuh),
-// without atomics, given lse2 and delta ([B, H_q, Sq_pad] from launch_bwd_preprocess). The Hopper
-// backward's deterministic mode uses it beside its own dK/dV kernel. Same limits as bsa_backward
-// (bsa_backward_unsupported); launches on `stream`, no host sync.
-void bsa_backward_dq_query_major(const BsaBwdProblem& p, int64_t Sq_pad, const float* lse2,
-                                 const float* delta, cudaStream_t stream);
+// A backward's main kernel (step 3): dK/dV of every reverse-map work item, and dQ into
+// buf.dq_accum when the plan has one.
+using BsaBackwardMainKernel = void (*)(const BsaBwdProblem& p, const BsaBwdPlan& plan,
+                                       const BsaBwdBuffers& buf, const ReverseMapDevice& map,
+                                       cudaStream_t stream);
+
+// Steps 1, 2, 4 and 5 of the BSA backward around `main` (step 3), shared by the portable and the
+// Hopper backwards: the workspace carved by `plan` (SA_ERROR_WORKSPACE naming `op`), the
+// accumulators zeroed, the preprocess, the reverse map; after `main`, dq from the accumulator
+// (`dq_tiled`: in the fragment-tile order of the Hopper kernel's bulk reductions) or, without
+// one (deterministic mode), from the query-major kernel (bsa_backward_dq_kernel.cuh, no atomics;
+// bsa_backward_unsupported's limits apply), and dk, dv of the rows with several groups. The
+// caller checks support first.
+void bsa_backward_around(const BsaBwdProblem& p, const BsaBwdPlan& plan, void* workspace,
+                         size_t workspace_bytes, const char* op, bool dq_tiled,
+                         BsaBackwardMainKernel main, cudaStream_t stream);
 
 }  // namespace sa::portable

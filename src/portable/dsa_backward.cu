@@ -248,14 +248,7 @@ std::string dsa_backward_unsupported(const DsaBwdProblem& p) {
     return "q, kv, out, dout, dq, dkv: the last dimension must be contiguous and rows 16-byte "
            "aligned (portable DSA backward)";
   }
-  const int smem = max_smem_optin(p.device_index);
-  const int need = dsa_backward_smem_bytes(static_cast<int>(d.Dqk), 32);
-  if (smem < need) {
-    os << "needs " << need << " bytes of shared memory per block (device " << p.device_index
-       << " offers " << smem << ")";
-    return os.str();
-  }
-  return "";
+  return smem_unsupported(p.device_index, dsa_backward_smem_bytes(static_cast<int>(d.Dqk), 32));
 }
 
 size_t dsa_backward_workspace_bytes(const DsaBwdProblem& p, const DsaBackwardTuning& tuning) {

@@ -65,13 +65,7 @@ std::string dsa_forward_unsupported(const DsaFwdProblem& p) {
   }
   const std::string layout = dsa_forward_layout_unsupported(p, "portable DSA forward");
   if (!layout.empty()) return layout;
-  const int smem = max_smem_optin(p.device_index);
-  if (smem < kSmemBlockN32) {
-    os << "needs " << kSmemBlockN32 << " bytes of shared memory per block (device "
-       << p.device_index << " offers " << smem << ")";
-    return os.str();
-  }
-  return "";
+  return smem_unsupported(p.device_index, kSmemBlockN32);
 }
 
 void dsa_forward(const DsaFwdProblem& p, cudaStream_t stream, const DsaForwardTuning& tuning) {

@@ -3,7 +3,20 @@
 #include <cstdint>
 #include <sstream>
 
+#include "common/cuda_device.hpp"
+
 namespace sa::portable {
+
+std::string smem_unsupported(int32_t device, size_t need) {
+  const int optin = max_smem_optin(device);
+  std::ostringstream os;
+  if (optin == 0)
+    os << "cannot query the shared memory of CUDA device " << device;
+  else if (need > static_cast<size_t>(optin))
+    os << "needs " << need << " bytes of shared memory per block (device " << device
+       << " offers " << optin << ")";
+  return os.str();
+}
 
 std::string check_tensor_addressing(const char* name, const Bhsd& t, int64_t B, int64_t H,
                                     int64_t S) {

@@ -2,6 +2,7 @@
 // code.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -13,6 +14,10 @@ namespace sa::portable {
 inline bool is_aligned(const void* ptr, uintptr_t bytes) {
   return reinterpret_cast<uintptr_t>(ptr) % bytes == 0;
 }
+
+// "" when a kernel of `need` bytes of dynamic shared memory per block fits what `device` lets a
+// block opt into (queried once per device: no driver call per call), else the reason.
+std::string smem_unsupported(int32_t device, size_t need);
 
 // "" when the tensor's addressing suits 16-byte vector access, else the reason.
 std::string check_tensor_addressing(const char* name, const Bhsd& t, int64_t B, int64_t H,

@@ -78,9 +78,7 @@ size_t main_kernel_smem(int block, int64_t D) {
 // ---- the plan (portable/bsa_backward_plan.hpp) --------------------------------------------------
 // Main-kernel CTAs resident on the whole GPU: 1 per SM at block 128, 2 at block 64.
 int64_t cta_slots(const BsaBwdProblem& p) {
-  int sms = 0;
-  SA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, p.device_index));
-  return static_cast<int64_t>(sms) * (p.dims.block == 128 ? 1 : 2);
+  return static_cast<int64_t>(sm_count(p.device_index)) * (p.dims.block == 128 ? 1 : 2);
 }
 
 // Deterministic mode (as the portable backward): one owner per row (dK/dV accumulated by one CTA
@@ -91,6 +89,47 @@ portable::BsaBwdPlan make_plan(const BsaBwdProblem& p) {
   const bool auto_bucket = !deterministic && p.options.bucket_size <= 0;
   return portable::make_bsa_backward_plan(p, auto_bucket ? cta_slots(p) : 0, deterministic,
                                           !deterministic);
+}
+
+// Step 3 of the backward (portable::BsaBackwardMainKernel): dK, dV, and dQ into its
+// accumulator (none in deterministic mode: the kernel then skips dQ).
+void launch_main_kernel(const BsaBwdProblem& p, const portable::BsaBwdPlan& plan,
+                        const portable::BsaBwdBuffers& buf, const portable::ReverseMapDevice& map,
+                        cudaStream_t stream) {
+  const BsaDims& d = p.dims;
+  BsaBwdSm90Params params{};
+  constexpr const char* kOp = "sm90 bsa_backward";
+  params.tma_q = make_tensor_map(kOp, "q", p.q, d.B, d.Hq, d.Sq, d.D, 64);
+  params.tma_do = make_tensor_map(kOp, "dout", p.dout, d.B, d.Hq, d.Sq, d.D, 64);
+  params.tma_k = make_tensor_map(kOp, "k", p.k, d.B, d.Hkv, d.Skv, d.D, d.block);
+  params.tma_v = make_tensor_map(kOp, "v", p.v, d.B, d.Hkv, d.Skv, d.Dv, d.block);
+  params.dk = p.dk;
+  params.dv = p.dv;
+  params.lse2 = buf.lse2;
+  params.delta = buf.delta;
+  params.dq_accum = buf.dq_accum;
+  params.dk_accum = buf.dk_accum;
+  params.dv_accum = buf.dv_accum;
+  params.entries = map.entries;
+  params.row_groups = map.row_groups;
+  params.item_row = map.item_row;
+  params.item_begin = map.item_begin;
+  params.item_end = map.item_end;
+  params.num_items = map.num_items;
+  params.dims = d;
+  params.meta = p.meta;
+  params.Sq = narrow_i32(d.Sq, "S_q");
+  params.Skv = narrow_i32(d.Skv, "S_kv");
+  params.Sq_pad = narrow_i32(plan.Sq_pad, "S_q padded");
+  params.Skv_pad = narrow_i32(plan.Skv_pad, "S_kv padded");
+  params.group = narrow_i32(d.group(), "H_q / H_kv");
+  params.Hq = narrow_i32(d.Hq, "H_q");
+  params.Hkv = narrow_i32(d.Hkv, "H_kv");
+  params.Nq = narrow_i32(d.Nq, "N_q");
+  params.Nkv = narrow_i32(d.Nkv, "N_kv");
+  params.scale = p.scale;
+  params.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
+  if (map.max_items > 0) dispatch_main(params, d.block, d.D, map.max_items, stream);
 }
 
 }  // namespace
@@ -139,13 +178,10 @@ std::string bsa_backward_unsupported(const BsaBwdProblem& p) {
     if (!why.empty()) return why;
   }
   if (p.lse == nullptr) return "lse is missing";
-  const int optin = max_smem_optin(p.device_index);  // cached: no driver call per backward
-  if (optin == 0)
-    return "cannot query the shared memory of CUDA device " + std::to_string(p.device_index);
-  const size_t need = main_kernel_smem(d.block, d.D);
-  if (need > static_cast<size_t>(optin)) {
-    os << "block " << d.block << ", D = " << d.D << " needs " << need
-       << " bytes of shared memory per block, device " << p.device_index << " has " << optin;
+  const std::string smem =
+      portable::smem_unsupported(p.device_index, main_kernel_smem(d.block, d.D));
+  if (!smem.empty()) {
+    os << "block " << d.block << ", D = " << d.D << ": " << smem;
     return os.str();
   }
   return "";
@@ -157,68 +193,10 @@ void bsa_backward(const BsaBwdProblem& p, void* workspace, size_t workspace_byte
                   cudaStream_t stream) {
   const std::string why = bsa_backward_unsupported(p);
   SA_CHECK(why.empty(), SA_ERROR_UNSUPPORTED, "sm90 bsa_backward: " << why);
-  const BsaDims& d = p.dims;
-  const portable::BsaBwdPlan plan = make_plan(p);
-  const portable::BsaBwdBuffers buf =
-      portable::carve_bsa_backward_workspace(plan, workspace, workspace_bytes, "sm90 bsa_backward");
-  float* const lse2 = buf.lse2;
-  float* const delta = buf.delta;
-  float* const dq_accum = buf.dq_accum;
-  float* const dk_accum = buf.dk_accum;
-  float* const dv_accum = buf.dv_accum;
-
-  // 1. Accumulators, delta, lse2 (the portable preprocess).
-  portable::zero_bsa_backward_accumulators(plan, buf, stream);
-  portable::launch_bwd_preprocess(p, plan.Sq_pad, lse2, delta, stream);
-
-  // 2. The reverse map (GPU, no host synchronisation).
-  const portable::ReverseMapDevice map = portable::build_reverse_map_gpu(
-      d, p.meta, plan.bucket, buf.map, plan.map_bytes, stream);
-
-  // 3. The main kernel: dK, dV, and dQ into its accumulator.
-  BsaBwdSm90Params params{};
-  constexpr const char* kOp = "sm90 bsa_backward";
-  params.tma_q = make_tensor_map(kOp, "q", p.q, d.B, d.Hq, d.Sq, d.D, 64);
-  params.tma_do = make_tensor_map(kOp, "dout", p.dout, d.B, d.Hq, d.Sq, d.D, 64);
-  params.tma_k = make_tensor_map(kOp, "k", p.k, d.B, d.Hkv, d.Skv, d.D, d.block);
-  params.tma_v = make_tensor_map(kOp, "v", p.v, d.B, d.Hkv, d.Skv, d.Dv, d.block);
-  params.dk = p.dk;
-  params.dv = p.dv;
-  params.lse2 = lse2;
-  params.delta = delta;
-  params.dq_accum = dq_accum;
-  params.dk_accum = dk_accum;
-  params.dv_accum = dv_accum;
-  params.entries = map.entries;
-  params.row_groups = map.row_groups;
-  params.item_row = map.item_row;
-  params.item_begin = map.item_begin;
-  params.item_end = map.item_end;
-  params.num_items = map.num_items;
-  params.dims = d;
-  params.meta = p.meta;
-  params.Sq = narrow_i32(d.Sq, "S_q");
-  params.Skv = narrow_i32(d.Skv, "S_kv");
-  params.Sq_pad = narrow_i32(plan.Sq_pad, "S_q padded");
-  params.Skv_pad = narrow_i32(plan.Skv_pad, "S_kv padded");
-  params.group = narrow_i32(d.group(), "H_q / H_kv");
-  params.Hq = narrow_i32(d.Hq, "H_q");
-  params.Hkv = narrow_i32(d.Hkv, "H_kv");
-  params.Nq = narrow_i32(d.Nq, "N_q");
-  params.Nkv = narrow_i32(d.Nkv, "N_kv");
-  params.scale = p.scale;
-  params.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
-  if (map.max_items > 0) dispatch_main(params, d.block, d.D, map.max_items, stream);
-
-  // 4. dq = scale * dQ accumulator (in the fragment-tile order of the bulk reduction), or, in
-  // deterministic mode, from the query-major kernel.
-  if (plan.dq_accumulator)
-    portable::launch_bwd_convert_dq(p, plan.Sq_pad, dq_accum, bwd::dq_bulk(d.block), stream);
-  else
-    portable::bsa_backward_dq_query_major(p, plan.Sq_pad, lse2, delta, stream);
-  // 5. dk, dv of the rows with several groups.
-  if (plan.several_owners)
-    portable::launch_bwd_convert_dkv(p, plan.Skv_pad, dk_accum, dv_accum, map.row_groups, stream);
+  // dq: the accumulator in the fragment-tile order of the bulk reduction, or, in deterministic
+  // mode, the portable query-major kernel.
+  portable::bsa_backward_around(p, make_plan(p), workspace, workspace_bytes, "sm90 bsa_backward",
+                                bwd::dq_bulk(p.dims.block), &launch_main_kernel, stream);
 }
 
 }  // namespace sa::sm90

@@ -32,9 +32,9 @@ void launch(const BsaFwdSm90Params& params, cudaStream_t stream) {
   // +1024: the kernel aligns its shared storage to 1024 bytes (128-byte swizzle atoms).
   constexpr size_t kSmem = sizeof(SharedStorage<Traits>) + 1024;
   auto* kernel = &bsa_forward_sm90_kernel<Traits>;
-  int device = 0, sms = 0;
+  int device = 0;
   SA_CUDA_CHECK(cudaGetDevice(&device));
-  SA_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = sm_count(device);
   // Every launch (cheap, and right for whichever device is current).
   SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(kSmem)));

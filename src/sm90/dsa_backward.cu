@@ -18,6 +18,7 @@
 #include "common/host_numeric.hpp"
 #include "common/narrow.hpp"
 #include "portable/dsa_backward.hpp"
+#include "portable/launch_checks.hpp"
 #include "portable/dsa_backward_params.cuh"
 #include "sm90/dsa_backward_kernel.cuh"
 
@@ -112,12 +113,7 @@ std::string dsa_backward_unsupported(const DsaBwdProblem& p) {
   // conversion pass): the portable backward's checks, whose passes this path runs too.
   const std::string shared = portable::dsa_backward_unsupported(p);
   if (!shared.empty()) return shared;
-  if (max_smem_optin(p.device_index) < static_cast<int>(smem_bytes<576>())) {
-    os << "needs " << smem_bytes<576>() << " bytes of shared memory per block (device "
-       << p.device_index << " offers " << max_smem_optin(p.device_index) << ")";
-    return os.str();
-  }
-  return "";
+  return portable::smem_unsupported(p.device_index, smem_bytes<576>());
 }
 
 size_t dsa_backward_workspace_bytes(const DsaBwdProblem& p, int64_t slice_tokens) {
