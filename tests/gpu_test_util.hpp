@@ -408,7 +408,7 @@ inline std::vector<GpuBsaBwdCase> gpu_bsa_backward_cases(sa_impl impl) {
 }
 
 // K and V of every padded key inside the tensor (past kv_block_len, below S_kv) := NaN.
-inline void poison_bsa_bwd_padded_keys(const BsaShape& s, const BsaPattern& pat, BsaTensors& t) {
+inline void poison_bsa_padded_keys(const BsaShape& s, const BsaPattern& pat, BsaTensors& t) {
   for (int64_t b = 0; b < s.B; ++b)
     for (int64_t n = 0; n < s.Nkv(); ++n)
       for (int64_t j = n * s.block + pat.block_len(s, b, n);
@@ -430,7 +430,7 @@ struct GpuBsaBwdProblem {
     std::mt19937_64 rng(std::hash<std::string>{}(c.name));
     pat = random_bsa_pattern(c.shape, c.spec, rng);
     t = make_bsa_tensors(c.shape, SA_DTYPE_BF16, rng);
-    if (c.nan_padded_keys) poison_bsa_bwd_padded_keys(c.shape, pat, t);
+    if (c.nan_padded_keys) poison_bsa_padded_keys(c.shape, pat, t);
   }
 
   sa_bsa_options options() const {

@@ -29,18 +29,6 @@
 namespace sa_test {
 namespace {
 
-// K and V of every padded key inside the tensor (past kv_block_len, below S_kv) := NaN.
-void poison_padded_keys(const BsaShape& s, const BsaPattern& pat, BsaTensors& t) {
-  for (int64_t b = 0; b < s.B; ++b)
-    for (int64_t n = 0; n < s.Nkv(); ++n)
-      for (int64_t j = n * s.block + pat.block_len(s, b, n);
-           j < std::min<int64_t>((n + 1) * s.block, s.Skv); ++j)
-        for (int64_t hk = 0; hk < s.Hkv; ++hk) {
-          for (int64_t x = 0; x < s.D; ++x) t.k.set(bsa_index(t.k, s.layout, b, hk, j, x), NAN);
-          for (int64_t x = 0; x < s.Dv; ++x) t.v.set(bsa_index(t.v, s.layout, b, hk, j, x), NAN);
-        }
-}
-
 // ---- cases -----------------------------------------------------------------------------------
 struct Sm90BsaCase {
   std::string name;
@@ -129,7 +117,7 @@ void expect_case_matches_reference(const Sm90BsaCase& c, sa_dtype dtype) {
   if (c.spec.empty_rows) {
     ASSERT_TRUE(pat.has_empty_row(s));
   }
-  if (c.nan_padding) poison_padded_keys(s, pat, t);
+  if (c.nan_padding) poison_bsa_padded_keys(s, pat, t);
 
   sa_bsa_options options = sa_bsa_options_default();
   options.scale = c.scale;
