@@ -73,7 +73,7 @@ if has sanitize; then
   DEFAULT_SAN+="Cases/Sm90DsaForward.MatchesReference/H64_D576_K100_LengthsInvalid:"
   DEFAULT_SAN+="Cases/Sm90DsaBackward.MatchesReference/H64_D576_K100_LengthsInvalid:"
   DEFAULT_SAN+="Cases/Sm90BsaForwardFp16.MatchesReference/Block128D128GqaBshdPartialLenPerBatchEmptyRows:"
-  DEFAULT_SAN+="Cases/Sm90DsaForwardPadded.MatchesReference/H32_D512_K7_Lengths:"
+  DEFAULT_SAN+="Padded/Sm90DsaForward.MatchesReference/H32_D512_K7_Lengths:"
   DEFAULT_SAN+="GpuReverseMapGraph.*"
   SAN_FILTER="${SAN_FILTER:-$DEFAULT_SAN}"
   : > "$OUT/sanitizer.log"

@@ -252,26 +252,22 @@ void run_gpu(const DsaHostCase& c, const Inputs& in, Variant variant, bool deter
       } catch (const std::exception& e) {
         FAIL() << "sm90 dsa_backward threw: " << e.what();
       }
-      ASSERT_TRUE(d_dq.download(dq));
-      ASSERT_TRUE(d_dkv.download(dkv));
-      ASSERT_TRUE(d_ds.download(d_sink));
-      result->dq = std::move(dq);
-      result->dkv = std::move(dkv);
-      result->d_sink = std::move(d_sink);
-      return;
-    }
+    } else
 #endif
-    sa::portable::DsaBackwardTuning tuning;
-    tuning.block_m = variant == Variant::kBlockM64 ? 64 : 32;
-    if (variant == Variant::kSlices5) tuning.deterministic_slice_tokens = 5;
-    try {
-      const size_t bytes = sa::portable::dsa_backward_workspace_bytes(p, tuning);
-      DeviceBuffer workspace(bytes);
-      ASSERT_TRUE(workspace.ok()) << "workspace allocation of " << bytes << " bytes failed";
-      sa::portable::dsa_backward(p, workspace.get(), bytes, nullptr, tuning);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
-    } catch (const std::exception& e) {
-      FAIL() << "dsa_backward threw: " << e.what();
+    {
+      sa::portable::DsaBackwardTuning tuning;
+      tuning.block_m = variant == Variant::kBlockM64 ? 64 : 32;
+      if (variant == Variant::kSlices5) tuning.deterministic_slice_tokens = 5;
+      try {
+        const size_t bytes = sa::portable::dsa_backward_workspace_bytes(p, tuning);
+        DeviceBuffer workspace(bytes);
+        ASSERT_TRUE(workspace.ok()) << "workspace allocation of " << bytes << " bytes failed";
+        sa::portable::dsa_backward(p, workspace.get(), bytes, nullptr, tuning);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess)
+            << cudaGetErrorString(cudaGetLastError());
+      } catch (const std::exception& e) {
+        FAIL() << "dsa_backward threw: " << e.what();
+      }
     }
   }
   ASSERT_TRUE(d_dq.download(dq));
