@@ -20,6 +20,7 @@
 #include "common/host_numeric.hpp"
 #include "common/narrow.hpp"
 #include "portable/bsa_forward_combine.hpp"
+#include "portable/launch_checks.hpp"
 #include "sm90/bsa_forward_kernel.cuh"
 #include "sm90/tma_descriptor.hpp"
 
@@ -127,12 +128,8 @@ std::string bsa_forward_unsupported(const BsaFwdProblem& p) {
                           check_tma_tensor("v", p.v, d.B, d.Hkv, d.Skv)}) {
     if (!why.empty()) return why;
   }
-  if (p.o.data == nullptr) return "o is missing";
-  if (reinterpret_cast<uintptr_t>(p.o.data) % 16 != 0) return "o: data pointer not 16-byte aligned";
-  if (p.o.sd != 1) return "o: last dimension not contiguous";
-  if ((d.B > 1 && p.o.sb % 8 != 0) || (d.Hq > 1 && p.o.sh % 8 != 0) ||
-      (d.Sq > 1 && p.o.ss % 8 != 0))
-    return "o: strides not multiples of 8 elements";
+  const std::string o = portable::check_tensor_addressing("o", p.o, d.B, d.Hq, d.Sq);
+  if (!o.empty()) return o;
   if (p.lse == nullptr) return "lse is missing";
   return "";
 }

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "common/error.hpp"
+#include "portable/launch_checks.hpp"
 
 namespace sa::sm90 {
 namespace {
@@ -42,26 +43,19 @@ EncodeTiledFn encode_tiled() {
 // contiguous last dim, every stride of a dimension longer than 1 a positive multiple of 16 bytes
 // below 2^40 (strides of length-1 dimensions are never used and get a legal stand-in).
 std::string check_tma_tensor(const char* name, const Bhsd& t, int64_t B, int64_t H, int64_t S) {
-  std::ostringstream os;
-  if (t.data == nullptr) {
-    os << name << " is missing";
-  } else if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0) {
-    os << name << ": data pointer not 16-byte aligned";
-  } else if (t.sd != 1) {
-    os << name << ": last dimension not contiguous (stride " << t.sd << ")";
-  } else {
-    const int64_t sizes[3] = {S, H, B};
-    const int64_t strides[3] = {t.ss, t.sh, t.sb};
-    for (int i = 0; i < 3; ++i) {
-      const int64_t bytes = strides[i] * 2;
-      if (sizes[i] > 1 && (strides[i] <= 0 || bytes % 16 != 0 || bytes >= kMaxTmaStrideBytes)) {
-        os << name << ": strides (" << t.sb << ", " << t.sh << ", " << t.ss
-           << ") not positive multiples of 8 elements below 2^39 (needed by TMA)";
-        break;
-      }
+  const std::string why = portable::check_tensor_addressing(name, t, B, H, S);
+  if (!why.empty()) return why;
+  const int64_t sizes[3] = {S, H, B};
+  const int64_t strides[3] = {t.ss, t.sh, t.sb};
+  for (int i = 0; i < 3; ++i) {
+    if (sizes[i] > 1 && (strides[i] <= 0 || strides[i] * 2 >= kMaxTmaStrideBytes)) {
+      std::ostringstream os;
+      os << name << ": strides (" << t.sb << ", " << t.sh << ", " << t.ss
+         << ") not positive with byte strides below 2^40 (needed by TMA)";
+      return os.str();
     }
   }
-  return os.str();
+  return "";
 }
 
 // Dims (D, S, H, B) of a BHSD-strided tensor; box (64, box_rows, 1, 1) with 128-byte swizzle, so
