@@ -125,27 +125,12 @@ Plan make_plan(const DsaBwdProblem& p, const DsaBackwardTuning& tuning) {
   return make_plan(p, choose_block_m(p, tuning), tuning.deterministic_slice_tokens);
 }
 
-// The portable main kernels, by (D_qk, heads per CTA).
-void launch_portable_main_d576_m64(const DsaBwdParams& prm, int64_t grid, int device,
-                                   cudaStream_t stream) {
-  dsa_bwd::launch_main<576, 64>(prm, grid, device, stream);
-}
-void launch_portable_main_d576_m32(const DsaBwdParams& prm, int64_t grid, int device,
-                                   cudaStream_t stream) {
-  dsa_bwd::launch_main<576, 32>(prm, grid, device, stream);
-}
-void launch_portable_main_d512_m64(const DsaBwdParams& prm, int64_t grid, int device,
-                                   cudaStream_t stream) {
-  dsa_bwd::launch_main<512, 64>(prm, grid, device, stream);
-}
-void launch_portable_main_d512_m32(const DsaBwdParams& prm, int64_t grid, int device,
-                                   cudaStream_t stream) {
-  dsa_bwd::launch_main<512, 32>(prm, grid, device, stream);
-}
+// The portable main kernels, by (D_qk, heads per CTA) (explicitly instantiated in
+// dsa_backward_d<D_qk>_m<heads>.cu).
 DsaBackwardMainKernel portable_main(int dqk, int block_m) {
   if (dqk == 576)
-    return block_m == 64 ? &launch_portable_main_d576_m64 : &launch_portable_main_d576_m32;
-  return block_m == 64 ? &launch_portable_main_d512_m64 : &launch_portable_main_d512_m32;
+    return block_m == 64 ? &dsa_bwd::launch_main<576, 64> : &dsa_bwd::launch_main<576, 32>;
+  return block_m == 64 ? &dsa_bwd::launch_main<512, 64> : &dsa_bwd::launch_main<512, 32>;
 }
 
 // Every pass of the backward around `main` (see the top of this file), on a checked problem.
