@@ -255,7 +255,9 @@ inline void expect_bsa_forward_matches_reference(const BsaShape& s, BsaPattern& 
   ASSERT_EQ(sa_bsa_forward_workspace_size(&args, &ws_bytes), SA_OK) << sa_last_error();
   DeviceBuffer workspace(ws_bytes);
   ASSERT_TRUE(workspace.ok());
-  if (ws_bytes > 0) ASSERT_EQ(cudaMemset(workspace.get(), 0xff, ws_bytes), cudaSuccess);
+  if (ws_bytes > 0) {
+    ASSERT_EQ(cudaMemset(workspace.get(), 0xff, ws_bytes), cudaSuccess);
+  }
   ctx.workspace = workspace.get();
   ctx.workspace_bytes = ws_bytes;
   ASSERT_EQ(sa_bsa_forward(&args, &ctx), SA_OK) << sa_last_error();

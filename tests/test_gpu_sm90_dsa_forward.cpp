@@ -14,6 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -31,18 +32,34 @@ namespace {
 // (gpu_test_util.hpp); here SA_IMPL_SM90 is forced and must run.
 class Sm90DsaForward : public ::testing::TestWithParam<GpuDsaFwdCase> {};
 
-TEST_P(Sm90DsaForward, MatchesReference) {
-  SA_SKIP_UNLESS_SM90();
-  const GpuDsaFwdCase& p = GetParam();
+void expect_sm90_case_matches(const GpuDsaFwdCase& p) {
   DsaHostCase c = make_dsa_host_case(p.shape, p.spec, SA_DTYPE_BF16, seed_of(0x5390d5a, p.name));
 
   // NaN in every kv row no active slot selects: the kernel must never read them.
-  RecordProperty("poisoned_kv_rows", poison_unselected_kv_rows(c));
+  ::testing::Test::RecordProperty("poisoned_kv_rows", poison_unselected_kv_rows(c));
 
   DsaFwdOutputs want, got;
   ASSERT_NO_FATAL_FAILURE(run_dsa_forward_fp64_reference(c, &want));
   ASSERT_NO_FATAL_FAILURE(run_dsa_forward_public_api(c, SA_IMPL_SM90, SA_IMPL_SM90, &got));
   expect_dsa_forward_matches(c, got, want, nullptr);
+}
+
+TEST_P(Sm90DsaForward, MatchesReference) {
+  SA_SKIP_UNLESS_SM90();
+  expect_sm90_case_matches(GetParam());
+}
+
+// The experiment schedule (SA_TUNE_SM90_DSA_FWD=1: P V issued and waited in its own chunk's
+// iteration, dsa_forward_kernel.cuh) on every case: the same results.
+TEST(Sm90DsaForwardTuned, SerialPvMatchesReference) {
+  SA_SKIP_UNLESS_SM90();
+  ASSERT_EQ(setenv("SA_TUNE_SM90_DSA_FWD", "1", 1), 0);
+  for (const GpuDsaFwdCase& p : gpu_dsa_forward_cases(SA_IMPL_SM90)) {
+    SCOPED_TRACE(p.name);
+    expect_sm90_case_matches(p);
+    if (HasFatalFailure()) break;
+  }
+  unsetenv("SA_TUNE_SM90_DSA_FWD");
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, Sm90DsaForward,

@@ -1,7 +1,7 @@
 // Hopper BSA forward, host side: problem checks, TMA descriptors, launch configuration and the
 // instantiations of the kernel in bsa_forward_kernel.cuh: {block 64, 128} x {D 64, 128} x
-// {bf16, fp16}, plus the split-KV mode's four bf16 ones (not yet run on hardware: only when
-// SA_TUNE_SM90_FWD_SPLITS asks for it; see forward_splits).
+// {bf16, fp16}, plus the split-KV mode's four bf16 ones (chosen automatically when the query
+// blocks cannot fill the GPU; see forward_splits).
 #include "sm90/bsa_forward.hpp"
 
 #include <cuda.h>
@@ -65,25 +65,28 @@ void launch_for(const BsaDims& d, const BsaFwdSm90Params& params, cudaStream_t s
 constexpr int kMaxSplits = 16;
 
 // The automatic split-KV rule: split only when the query blocks cannot fill the GPU (fewer work
-// tiles than CTA slots) and the rows are long enough to share (at least 4 KV blocks per split, by
-// the row capacity K_max: the counts live on the device).
+// tiles than CTA slots), into as many slices as keep the split tiles within one wave
+// (floor(slots / tiles): one slice more would start a second, mostly idle wave), and only rows
+// long enough to share (at least 4 KV blocks per slice, by the row capacity K_max: the counts
+// live on the device). Measured (bench/NOTES.md, session 10): B1 H1 S4096 block 128 at 50%
+// (32 tiles of 16 blocks) runs 1.58x faster with 4 slices, 1.32x with 2.
 int auto_splits(const BsaFwdProblem& p) {
   const BsaDims& d = p.dims;
   const int64_t tiles = d.B * d.Hq * d.Nq;
   const int64_t slots = int64_t{sm_count(p.device_index)} * (d.block == 64 ? 2 : 1);
   if (tiles <= 0 || tiles >= slots) return 1;
-  const int64_t by_tiles = (slots + tiles - 1) / tiles;
+  const int64_t by_tiles = slots / tiles;
   const int64_t by_length = std::max<int64_t>(1, d.Kmax / 4);
   return static_cast<int>(std::min<int64_t>({by_tiles, by_length, kMaxSplits}));
 }
 
 // How many slices of each row's block list the forward runs as separate tiles (1: no split-KV).
-// Split-KV is not yet run on hardware, so it only runs when SA_TUNE_SM90_FWD_SPLITS asks: "auto"
-// (the rule above) or a count in [2, 16]. bf16 only (its instantiations).
+// bf16 only (its instantiations). AUTO: the rule above; SA_TUNE_SM90_FWD_SPLITS overrides it
+// for experiments: a count in [1, 16] (1: never split) or "auto".
 int forward_splits(const BsaFwdProblem& p) {
+  if (p.dtype != SA_DTYPE_BF16) return 1;
   const char* v = std::getenv("SA_TUNE_SM90_FWD_SPLITS");
-  if (v == nullptr || p.dtype != SA_DTYPE_BF16) return 1;
-  const int n = std::strcmp(v, "auto") == 0 ? auto_splits(p) : std::atoi(v);
+  const int n = v == nullptr || std::strcmp(v, "auto") == 0 ? auto_splits(p) : std::atoi(v);
   return std::clamp(n, 1, kMaxSplits);
 }
 

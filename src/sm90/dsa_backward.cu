@@ -1,6 +1,6 @@
-// Hopper DSA backward, host side: support checks and the two instantiations of the main kernel
-// in dsa_backward_kernel.cuh (D_qk in {512, 576}; H 64 and 128 share them: H / 64 CTAs per
-// token; bf16). Every other pass is the portable backward's (portable::dsa_backward_around): the
+// Hopper DSA backward, host side: support checks and the instantiations of the main kernel in
+// dsa_backward_kernel.cuh (D_qk in {512, 576}; H 64 and 128 share them: H / 64 CTAs per token;
+// bf16; plus two experiment reduction layouts per D_qk, DkvRed). Every other pass is the portable backward's (portable::dsa_backward_around): the
 // fp32 dkv accumulator, deterministic mode's token slices (slot keys, sort, fixed-order reduction
 // of the partial rows this kernel stores), the dkv conversion and the d_sink reduction.
 #include "sm90/dsa_backward.hpp"
@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <limits>
 #include <sstream>
+#include <type_traits>
 
 #include "common/cuda_check.hpp"
 #include "common/cuda_device.hpp"
@@ -31,18 +32,18 @@ using dsa_bwd::SharedStorage;
 // Opt-in shared memory limit of sm_90 (227 KB).
 constexpr size_t kMaxSmemSm90 = 232448;
 
-template <int kDqk, bool kRowRed = false>
+template <int kDqk, dsa_bwd::DkvRed kRed = dsa_bwd::DkvRed::kRow>
 constexpr size_t smem_bytes() {
   // +1024: the kernel aligns its shared storage to 1024 bytes (128-byte swizzle atoms).
-  return sizeof(SharedStorage<DsaBwdTraits<kDqk, kRowRed>>) + 1024;
+  return sizeof(SharedStorage<DsaBwdTraits<kDqk, kRed>>) + 1024;
 }
 static_assert(smem_bytes<576>() <= kMaxSmemSm90, "sm90 DSA backward exceeds 227 KB of smem");
 static_assert(smem_bytes<512>() <= kMaxSmemSm90, "sm90 DSA backward exceeds 227 KB of smem");
 
-template <int kDqk, bool kRowRed = false>
+template <int kDqk, dsa_bwd::DkvRed kRed = dsa_bwd::DkvRed::kRow>
 void launch(const dsa_bwd::Params& params, int64_t grid, cudaStream_t stream) {
-  using Traits = DsaBwdTraits<kDqk, kRowRed>;
-  constexpr size_t kSmem = smem_bytes<kDqk, kRowRed>();
+  using Traits = DsaBwdTraits<kDqk, kRed>;
+  constexpr size_t kSmem = smem_bytes<kDqk, kRed>();
   auto* kernel = &dsa_bwd::dsa_backward_sm90_kernel<Traits>;
   // Every launch (cheap, and right for whichever device is current).
   SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -68,18 +69,23 @@ void launch_main(const dsa_bwd::Params& prm, int64_t grid, int /*device*/, cudaS
   if (grid == 0) return;
   dsa_bwd::Params tuned = prm;
   tuned.tune = tune_bits(prm);
-  const bool row_red = (tuned.tune & dsa_bwd::kTuneRowRed) != 0;
-  if (prm.dqk == 576) {
-    if (row_red)
-      launch<576, true>(tuned, grid, stream);
+  using dsa_bwd::DkvRed;
+  const DkvRed red = (tuned.tune & dsa_bwd::kTuneFragRed) != 0     ? DkvRed::kFrag
+                     : (tuned.tune & dsa_bwd::kTuneRowPairV4) != 0 ? DkvRed::kRowPairV4
+                                                                   : DkvRed::kRow;
+  auto go = [&](auto dqk) {
+    constexpr int kDqk = decltype(dqk)::value;
+    if (red == DkvRed::kFrag)
+      launch<kDqk, DkvRed::kFrag>(tuned, grid, stream);
+    else if (red == DkvRed::kRowPairV4)
+      launch<kDqk, DkvRed::kRowPairV4>(tuned, grid, stream);
     else
-      launch<576>(tuned, grid, stream);
-  } else {
-    if (row_red)
-      launch<512, true>(tuned, grid, stream);
-    else
-      launch<512>(tuned, grid, stream);
-  }
+      launch<kDqk>(tuned, grid, stream);
+  };
+  if (prm.dqk == 576)
+    go(std::integral_constant<int, 576>{});
+  else
+    go(std::integral_constant<int, 512>{});
 }
 
 }  // namespace

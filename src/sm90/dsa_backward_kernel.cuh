@@ -19,7 +19,9 @@
 //                                                   (D_qk 576): both, each over its 32 keys
 //   [5] dKV pieces: dS'^T Q_p + P^T dO_p            64 keys x one 64-column panel p at a time
 //                   (rope: dS'^T Q_rope),           -> red.global.add.v2.f32 into the fp32 dkv
-//                   panels split between the         rows of the chunk's active keys
+//                   panels split between the         rows of the chunk's active keys, one
+//                                                   row's 256 bytes per warp instruction (a
+//                                                   shuffle transpose of the fragments first)
 //                                                   (deterministic: stored to partial rows)
 //                   warpgroups (nope 0-3 + rope: warpgroup 0; nope 4-7: warpgroup 1)
 //
@@ -81,32 +83,36 @@ using Params = portable::dsa_bwd::DsaBwdParams;
 //                     stores from the fragments (the staged dQ epilogue)
 //   kTuneNoDkv        DIAGNOSTIC, WRONG RESULTS: the dKV pieces are computed but never reduced
 //                     (the time of the kernel without its fp32 dkv reductions: the "atomic wall")
-//   kTuneSerialRed    the v0 reduction loop: each red.v2's address computed into the same
-//                     register pair right before it, under a branch (ncu: every reduction then
-//                     waits for the previous one to release that register, "long scoreboard";
-//                     measured the same speed as the default loop)
-//   kTuneRedV4        dkv reductions as red.global.add.v4.f32 (red_add_frag_rows): half the
-//                     reduction instructions of the default red.v2
-//   kTuneRowRed       NOT YET RUN: each warp's 8 x 8 grid of column pairs (per fragment half) is
-//                     transposed across the lane groups by shuffles, so that one red.v2 warp
-//                     instruction covers 256 contiguous bytes of one dkv row (2 lines) instead of
-//                     32 bytes of 8 rows (8 lines), with a warp-uniform predicate. A separate
-//                     instantiation (DsaBwdTraits::kRowRed), so that the default kernel's code is
-//                     the verified one
-// Removed after measuring (bench/NOTES.md; the bits had these meanings in the session 8 and early
-// session 9 logs): the S/dP split between the warpgroups (then bit 8: +0.3%); the dKV pieces
+//   kTuneRowPairV4    NOT YET RUN: the row-contiguous reductions (below) as red.global.add.v4.f32:
+//                     the quad pairs (q, q ^ 1) swap halves so that one warp instruction covers
+//                     two rows' 256 contiguous bytes (half the reduction instructions); its own
+//                     instantiation (DkvRed::kRowPairV4)
+//   kTuneFragRed      the reduction layout before session 10 (its own instantiation,
+//                     DkvRed::kFrag): each red.v2 warp instruction straight from the
+//                     accumulator fragments, 32 bytes in each of 8 rows (8 lines); measured 11%
+//                     slower than the default (session 10)
+// The default reductions: each warp's 8 x 8 grid of column pairs (per fragment half) is
+// transposed across the lane groups by shuffles, so that one red.v2 warp instruction covers 256
+// contiguous bytes of one dkv row (2 lines), with a warp-uniform predicate.
+// Removed after measuring (bench/NOTES.md; the bits had these meanings in the session 8 and 9
+// logs): the S/dP split between the warpgroups (then bit 8: +0.3%); the dKV pieces
 // software-pipelined over two accumulators (then bit 64: +1.5% at D_qk 512, a 392-byte spill at
-// 576, and a racecheck report). With kTuneRowRed, bits 8 and 32 are ignored.
-constexpr int32_t kTuneLateRelease = 1, kTuneRowIndex = 2, kTuneStagedDq = 4, kTuneSerialRed = 8,
-                  kTuneNoDkv = 16, kTuneRedV4 = 32, kTuneRowRed = 64;
+// 576, and a racecheck report); the v0 reduction loop, one address register rewritten per
+// reduction (then bit 8: same speed); red.v4 from the fragment layout (then bit 32: ~0).
+constexpr int32_t kTuneLateRelease = 1, kTuneRowIndex = 2, kTuneStagedDq = 4, kTuneNoDkv = 16,
+                  kTuneRowPairV4 = 32, kTuneFragRed = 64;
 
 // Named barriers (id 0 is __syncthreads), over the 256 consumer threads.
 enum class NamedBarrier : uint32_t { kPdsFree = 1, kPdsReady = 2 };
 __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint32_t>(b); }
 
-template <int kDqk_, bool kRowRed_ = false>
+// How the dKV pieces are reduced (each a separate instantiation, so that an experiment's code never
+// changes the default kernel's registers): see the kTune* bits above.
+enum class DkvRed : int { kRow = 0, kFrag = 1, kRowPairV4 = 2 };
+
+template <int kDqk_, DkvRed kRed_ = DkvRed::kRow>
 struct DsaBwdTraits : DsaCta<kDqk_> {
-  static constexpr bool kRowRed = kRowRed_;  // kTuneRowRed's instantiation
+  static constexpr DkvRed kRed = kRed_;
   using Base = DsaCta<kDqk_>;
   using Element = typename Base::Element;
   using H64 = typename Base::H64;
@@ -353,7 +359,7 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
       }
     } else if (tune & kTuneNoDkv) {
       // Diagnostic only: no reduction.
-    } else if constexpr (T::kRowRed) {
+    } else if constexpr (T::kRed != DkvRed::kFrag) {
       // Per half r, lane (g, q) holds the pairs (row frag_row + 8 r, columns 8 b + 2 q) for
       // b = 0..7. A 3-stage butterfly over the lane groups (shuffle distances 4, 8, 16)
       // transposes that 8 x 8 grid: afterwards v[k] is the pair (row 16 warp + k + 8 r, columns
@@ -378,35 +384,36 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
             v[hi] = up ? v[hi] : recv;
           }
         }
-        CUTE_UNROLL
-        for (int k = 0; k < 8; ++k) {
-          const int32_t jk = static_cast<int32_t>(
+        const int col = 64 * panel + 8 * g + 2 * (lane % 4);
+        auto row_of = [&](int k, int32_t& jk) {
+          jk = static_cast<int32_t>(
               ld_shared_u32(smem_u32(&s.kidx[buf][16 * warp_in_wg + k + 8 * r])));
-          if (jk >= 0)  // warp-uniform: the whole warp reduces row k
-            red_add_f32x2(p.dkv_acc + static_cast<int64_t>(jk) * dqk + 64 * panel + 8 * g +
-                              2 * (lane % 4),
-                          v[k].x, v[k].y);
+          return p.dkv_acc + static_cast<int64_t>(max(jk, 0)) * dqk + col;
+        };
+        if constexpr (T::kRed == DkvRed::kRowPairV4) {
+          // Rows k, k + 1 in one red.v4 instruction (even quad lanes: row k, odd: row k + 1).
+          CUTE_UNROLL
+          for (int k = 0; k < 8; k += 2) {
+            int32_t j0, j1;
+            float* row0 = row_of(k, j0);
+            float* row1 = row_of(k + 1, j1);
+            red_add_frag_rows(row0, row1, v[k].x, v[k].y, v[k + 1].x, v[k + 1].y, j0 >= 0,
+                              j1 >= 0);
+          }
+        } else {
+          CUTE_UNROLL
+          for (int k = 0; k < 8; ++k) {
+            const int32_t jk = static_cast<int32_t>(
+                ld_shared_u32(smem_u32(&s.kidx[buf][16 * warp_in_wg + k + 8 * r])));
+            if (jk >= 0)  // warp-uniform: the whole warp reduces row k
+              red_add_f32x2(p.dkv_acc + static_cast<int64_t>(jk) * dqk + col, v[k].x, v[k].y);
+          }
         }
       }
-    } else if (tune & kTuneRedV4) {
-      float* row0 = p.dkv_acc + static_cast<int64_t>(j[0]) * dqk + col0;
-      float* row1 = p.dkv_acc + static_cast<int64_t>(j[1]) * dqk + col0;
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc); i += 4)
-        red_add_frag_rows(row0 + 8 * (i / 4), row1 + 8 * (i / 4), acc(i), acc(i + 1), acc(i + 2),
-                          acc(i + 3), j[0] >= 0, j[1] >= 0);
-    } else if (tune & kTuneSerialRed) {
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc); i += 2) {
-        const int r = (i / 2) % 2;
-        if (j[r] >= 0)
-          red_add_f32x2(p.dkv_acc + static_cast<int64_t>(j[r]) * dqk + col0 + 8 * (i / 4),
-                        acc(i), acc(i + 1));
-      }
     } else {
-      // One base pointer per row and immediate offsets: the 32 reductions issue back to back
-      // (no address register rewritten under an in-flight reduction), predicated, not branched.
-      // An inactive slot's row (j < 0) points at row 0 and is never reduced.
+      // kTuneFragRed: one base pointer per row and immediate offsets: the 32 reductions issue
+      // back to back, predicated. An inactive slot's row (j < 0) points at row 0 and is never
+      // reduced.
       float* row0 = p.dkv_acc + static_cast<int64_t>(max(j[0], 0)) * dqk + col0;
       float* row1 = p.dkv_acc + static_cast<int64_t>(max(j[1], 0)) * dqk + col0;
       CUTE_UNROLL

@@ -91,9 +91,15 @@ __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint
 
 // kPadHeads_: H < 64 (16 or 32) runs one 64-row CTA per token whose rows >= H are padding
 // (zero Q rows, never stored).
-template <int kDqk_, bool kPadHeads_ = false>
+// kSerialPv_ (NOT YET RUN, SA_TUNE_SM90_DSA_FWD=1; bench/NOTES.md session 10): O += P_c V_c is
+// issued right after P_c is ready and waited in the same iteration, instead of with S_{c+1}. The
+// stage of chunk c is then free at the end of iteration c, so the gather of chunk c + 2 has a
+// whole iteration to land; in the default order it is released in the middle of iteration c + 1
+// and must land during one softmax.
+template <int kDqk_, bool kPadHeads_ = false, bool kSerialPv_ = false>
 struct DsaFwdTraits : DsaCta<kDqk_> {
   static constexpr bool kPadHeads = kPadHeads_;
+  static constexpr bool kSerialPv = kSerialPv_;
   using Base = DsaCta<kDqk_>;
   using Element = typename Base::Element;
   using H64 = typename Base::H64;
@@ -246,7 +252,7 @@ __device__ __forceinline__ void consumer_main(const DsaFwdSm90Params& p, SharedS
     if constexpr (T::kRope) gemm_ss(mma_qk, tSrQr, tSrKr(_, _, _, st), tSrS, false);
     warpgroup_commit_batch();
     warpgroup_fence_operand(tSrS);
-    if (c > 0) {
+    if (!T::kSerialPv && c > 0) {
       issue_pv(prev_st);
       warpgroup_wait<1>();  // S_c is ready (batches complete in order)
     } else {
@@ -270,10 +276,12 @@ __device__ __forceinline__ void consumer_main(const DsaFwdSm90Params& p, SharedS
       if (lane % 4 == 0) s.red_max[wg][frag_row + 8 * r] = mx[r];
     }
     // [C3] P_{c-1} V_{c-1} is done: stage c-1 is free, and (after the barrier, for both
-    // warpgroups) so is sP.
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tOrO);
-    if (c > 0 && releaser) mbarrier_arrive(&s.kv_empty[prev_st]);
+    // warpgroups) so is sP. (kSerialPv: both already happened at the end of iteration c - 1.)
+    if constexpr (!T::kSerialPv) {
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      if (c > 0 && releaser) mbarrier_arrive(&s.kv_empty[prev_st]);
+    }
     named_barrier_sync(id(NamedBarrier::kMaxReady), T::kConsumerThreads);
 
     // [C4] Online softmax (both warpgroups compute the same m_new), P -> sP, O *= alpha.
@@ -304,9 +312,17 @@ __device__ __forceinline__ void consumer_main(const DsaFwdSm90Params& p, SharedS
     for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= alpha[(i / 2) % 2];
     fence_proxy_async_shared();  // sP is read by wgmma (async proxy)
     named_barrier_sync(id(NamedBarrier::kPReady), T::kConsumerThreads);
+    if constexpr (T::kSerialPv) {
+      // O += P_c V_c now; stage c is free when it is done (the next kMaxReady barrier also
+      // orders both warpgroups' reads of sP before the next P stores).
+      issue_pv(st);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      if (releaser) mbarrier_arrive(&s.kv_empty[st]);
+    }
   }
   // [C5] The last chunk's P V.
-  if (n_chunks > 0) {
+  if (!T::kSerialPv && n_chunks > 0) {
     issue_pv((n_chunks - 1) % T::kStages);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tOrO);
