@@ -49,11 +49,11 @@ TEST_P(Sm90DsaForward, MatchesReference) {
   expect_sm90_case_matches(GetParam());
 }
 
-// The experiment schedule (SA_TUNE_SM90_DSA_FWD=1: P V issued and waited in its own chunk's
-// iteration, dsa_forward_kernel.cuh) on every case: the same results.
-TEST(Sm90DsaForwardTuned, SerialPvMatchesReference) {
+// The experiment kernel (SA_TUNE_SM90_DSA_FWD=2: lazy rescaling, dsa_forward_kernel.cuh) on every
+// case: the same results.
+TEST(Sm90DsaForwardTuned, LazyRescaleMatchesReference) {
   SA_SKIP_UNLESS_SM90();
-  ASSERT_EQ(setenv("SA_TUNE_SM90_DSA_FWD", "1", 1), 0);
+  ASSERT_EQ(setenv("SA_TUNE_SM90_DSA_FWD", "2", 1), 0);
   for (const GpuDsaFwdCase& p : gpu_dsa_forward_cases(SA_IMPL_SM90)) {
     SCOPED_TRACE(p.name);
     expect_sm90_case_matches(p);

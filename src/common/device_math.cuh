@@ -58,39 +58,6 @@ __device__ __forceinline__ void red_add_f32x2_if(float* addr, float a, float b, 
 #endif
 }
 
-// Four fp32 reductions into addr[0..3] (16-byte aligned): one red.global.add.v4.f32 on sm_90+.
-__device__ __forceinline__ void red_add_f32x4(float* addr, float4 v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(addr), "f"(v.x), "f"(v.y),
-               "f"(v.z), "f"(v.w)
-               : "memory");
-#else
-  red_add_f32x2(addr, v.x, v.y);
-  red_add_f32x2(addr + 2, v.z, v.w);
-#endif
-}
-
-// Reductions of one m16n8 accumulator fragment's two rows: (a0, a1) into row0[0..1] and (b0, b1)
-// into row1[0..1], where row0 and row1 point at this lane's column pair 2 q (q = lane % 4) of the
-// fragment's 8 columns (rows 16-byte aligned at column 0 of those 8). On sm_90+ the quad pairs
-// (q, q ^ 1) swap halves so that each lane issues one red.v4 of 4 consecutive columns (the even
-// lane of row0, the odd lane of row1): half the reduction instructions of two red.v2. ok0 / ok1:
-// whether each row is reduced at all; every lane of the warp must call (shuffles).
-__device__ __forceinline__ void red_add_frag_rows(float* row0, float* row1, float a0, float a1,
-                                                  float b0, float b1, bool ok0, bool ok1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const bool odd = (threadIdx.x & 1) != 0;
-  const float rx = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
-  const float ry = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
-  if (odd ? ok1 : ok0)
-    red_add_f32x4(odd ? row1 - 2 : row0,
-                  odd ? make_float4(rx, ry, b0, b1) : make_float4(a0, a1, rx, ry));
-#else
-  if (ok0) red_add_f32x2(row0, a0, a1);
-  if (ok1) red_add_f32x2(row1, b0, b1);
-#endif
-}
-
 // Two floats -> a packed pair of Element (__nv_bfloat16 or __half), round to nearest even; `lo`
 // in the low 16 bits (the lower column of a fragment pair).
 template <class Element>

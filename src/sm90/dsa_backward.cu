@@ -1,6 +1,6 @@
 // Hopper DSA backward, host side: support checks and the instantiations of the main kernel in
 // dsa_backward_kernel.cuh (D_qk in {512, 576}; H 64 and 128 share them: H / 64 CTAs per token;
-// bf16; plus two experiment reduction layouts per D_qk, DkvRed). Every other pass is the portable backward's (portable::dsa_backward_around): the
+// bf16; plus the per-fragment reduction layout per D_qk for A/B, DkvRed::kFrag). Every other pass is the portable backward's (portable::dsa_backward_around): the
 // fp32 dkv accumulator, deterministic mode's token slices (slot keys, sort, fixed-order reduction
 // of the partial rows this kernel stores), the dkv conversion and the d_sink reduction.
 #include "sm90/dsa_backward.hpp"
@@ -70,15 +70,11 @@ void launch_main(const dsa_bwd::Params& prm, int64_t grid, int /*device*/, cudaS
   dsa_bwd::Params tuned = prm;
   tuned.tune = tune_bits(prm);
   using dsa_bwd::DkvRed;
-  const DkvRed red = (tuned.tune & dsa_bwd::kTuneFragRed) != 0     ? DkvRed::kFrag
-                     : (tuned.tune & dsa_bwd::kTuneRowPairV4) != 0 ? DkvRed::kRowPairV4
-                                                                   : DkvRed::kRow;
+  const bool frag = (tuned.tune & dsa_bwd::kTuneFragRed) != 0;
   auto go = [&](auto dqk) {
     constexpr int kDqk = decltype(dqk)::value;
-    if (red == DkvRed::kFrag)
+    if (frag)
       launch<kDqk, DkvRed::kFrag>(tuned, grid, stream);
-    else if (red == DkvRed::kRowPairV4)
-      launch<kDqk, DkvRed::kRowPairV4>(tuned, grid, stream);
     else
       launch<kDqk>(tuned, grid, stream);
   };

@@ -83,10 +83,6 @@ using Params = portable::dsa_bwd::DsaBwdParams;
 //                     stores from the fragments (the staged dQ epilogue)
 //   kTuneNoDkv        DIAGNOSTIC, WRONG RESULTS: the dKV pieces are computed but never reduced
 //                     (the time of the kernel without its fp32 dkv reductions: the "atomic wall")
-//   kTuneRowPairV4    NOT YET RUN: the row-contiguous reductions (below) as red.global.add.v4.f32:
-//                     the quad pairs (q, q ^ 1) swap halves so that one warp instruction covers
-//                     two rows' 256 contiguous bytes (half the reduction instructions); its own
-//                     instantiation (DkvRed::kRowPairV4)
 //   kTuneFragRed      the reduction layout before session 10 (its own instantiation,
 //                     DkvRed::kFrag): each red.v2 warp instruction straight from the
 //                     accumulator fragments, 32 bytes in each of 8 rows (8 lines); measured 11%
@@ -98,9 +94,10 @@ using Params = portable::dsa_bwd::DsaBwdParams;
 // logs): the S/dP split between the warpgroups (then bit 8: +0.3%); the dKV pieces
 // software-pipelined over two accumulators (then bit 64: +1.5% at D_qk 512, a 392-byte spill at
 // 576, and a racecheck report); the v0 reduction loop, one address register rewritten per
-// reduction (then bit 8: same speed); red.v4 from the fragment layout (then bit 32: ~0).
+// reduction (then bit 8: same speed); red.v4 from the fragment layout (then bit 32: ~0); red.v4
+// from the row layout, two rows per warp instruction (bit 32 in session 10: -7%).
 constexpr int32_t kTuneLateRelease = 1, kTuneRowIndex = 2, kTuneStagedDq = 4, kTuneNoDkv = 16,
-                  kTuneRowPairV4 = 32, kTuneFragRed = 64;
+                  kTuneFragRed = 64;
 
 // Named barriers (id 0 is __syncthreads), over the 256 consumer threads.
 enum class NamedBarrier : uint32_t { kPdsFree = 1, kPdsReady = 2 };
@@ -108,7 +105,7 @@ __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint
 
 // How the dKV pieces are reduced (each a separate instantiation, so that an experiment's code never
 // changes the default kernel's registers): see the kTune* bits above.
-enum class DkvRed : int { kRow = 0, kFrag = 1, kRowPairV4 = 2 };
+enum class DkvRed : int { kRow = 0, kFrag = 1 };
 
 template <int kDqk_, DkvRed kRed_ = DkvRed::kRow>
 struct DsaBwdTraits : DsaCta<kDqk_> {
@@ -385,29 +382,12 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
           }
         }
         const int col = 64 * panel + 8 * g + 2 * (lane % 4);
-        auto row_of = [&](int k, int32_t& jk) {
-          jk = static_cast<int32_t>(
+        CUTE_UNROLL
+        for (int k = 0; k < 8; ++k) {
+          const int32_t jk = static_cast<int32_t>(
               ld_shared_u32(smem_u32(&s.kidx[buf][16 * warp_in_wg + k + 8 * r])));
-          return p.dkv_acc + static_cast<int64_t>(max(jk, 0)) * dqk + col;
-        };
-        if constexpr (T::kRed == DkvRed::kRowPairV4) {
-          // Rows k, k + 1 in one red.v4 instruction (even quad lanes: row k, odd: row k + 1).
-          CUTE_UNROLL
-          for (int k = 0; k < 8; k += 2) {
-            int32_t j0, j1;
-            float* row0 = row_of(k, j0);
-            float* row1 = row_of(k + 1, j1);
-            red_add_frag_rows(row0, row1, v[k].x, v[k].y, v[k + 1].x, v[k + 1].y, j0 >= 0,
-                              j1 >= 0);
-          }
-        } else {
-          CUTE_UNROLL
-          for (int k = 0; k < 8; ++k) {
-            const int32_t jk = static_cast<int32_t>(
-                ld_shared_u32(smem_u32(&s.kidx[buf][16 * warp_in_wg + k + 8 * r])));
-            if (jk >= 0)  // warp-uniform: the whole warp reduces row k
-              red_add_f32x2(p.dkv_acc + static_cast<int64_t>(jk) * dqk + col, v[k].x, v[k].y);
-          }
+          if (jk >= 0)  // warp-uniform: the whole warp reduces row k
+            red_add_f32x2(p.dkv_acc + static_cast<int64_t>(jk) * dqk + col, v[k].x, v[k].y);
         }
       }
     } else {

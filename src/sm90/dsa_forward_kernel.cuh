@@ -24,19 +24,24 @@
 //
 //   producer  [P1] wait kv_empty[st]; indices of chunk c; cp.async rows -> stage st, bias[st];
 //             [P2] wait for its own copies; fence.proxy.async; arrive kv_full[st] (128 arrivals)
-//   consumer  [C1] wait kv_full[st]; issue S_c = Q K_half^T; issue O += P_{c-1} V_{c-1}
-//                  (sP, V[:, 256 wg : +256] of stage c-1); wait for S_c
-//             [C2] x = S * scale * log2(e) + bias; row max -> red_max[wg]   (P V still running)
-//             [C3] wait for P V; release stage c-1 (one arrive per warp); bar kMaxReady (256)
-//             [C4] m_new = max(m, both halves); P = 2^(x - m_new); l = l alpha + rowsum; O *= alpha
+//   consumer  [C1] wait kv_full[st]; S_c = Q K_half^T (issued and waited)
+//             [C2] x = S * scale * log2(e) + bias; row max -> red_max[wg]; bar kMaxReady (256)
+//             [C3] m_new = max(m, both halves); P = 2^(x - m_new); l = l alpha + rowsum; O *= alpha
 //                  P -> bf16 -> sP[:, 32 wg : +32]; fence.proxy.async; bar kPReady (256)
-//             [C5] after the last chunk: O += P V of the last chunk
-//   epilogue  [C6] row sums of both halves (red_sum, bar kSumReady); lse = ln2 (m + log2 l)
+//             [C4] O += P V (sP, V[:, 256 wg : +256] of stage st), waited; release stage st (one
+//                  arrive per warp)
+//   epilogue  [C5] row sums of both halves (red_sum, bar kSumReady); lse = ln2 (m + log2 l)
 //                  (+inf if l == 0); out = O / (l (1 + e^(sink - lse))) (0 if l == 0 or the
 //                  exponential overflows: sink +inf or huge), bf16 pairs stored to rows < H.
 //
-//   producer  |gather 0|gather 1 ...........|gather 2 ...........|
-//   WG0/WG1            |S0|mx|P0|[S1 PV0]|mx|P1|[S2 PV1]|mx|P2 ...
+//   producer  |gather 0|gather 1|.......|gather 2 ..............|gather 3 ...
+//   WG0/WG1            |S0|mx|P0|PV0    |S1|mx|P1|PV1           |S2 ...
+//
+// The stage of chunk c is released at the end of iteration c, so the gather of chunk c + 2 (73.7
+// KB of random rows) has all of iteration c + 1 to land. Session 9's order issued P_{c-1} V_{c-1}
+// together with S_c (overlapping the softmax), which freed the stage only during iteration c + 1:
+// the gather then had one softmax to land and sat on the critical path (this order measured
+// +20%, bench/NOTES.md session 10).
 //
 // Shared memory (bytes), every operand tile in 64-column panels of 128-byte rows with the
 // 128-byte swizzle (chunk c of row r at c ^ (r % 8)), the layout wgmma descriptors expect:
@@ -47,8 +52,8 @@
 //
 // Registers (ptxas 13.0, -v, both instantiations): 168 per thread at launch (384 threads, 1 CTA
 // per SM), producer setmaxnreg 56, consumers 224 (O 128 + S 16 + x 16 + state; SASS uses R0-R217);
-// no spills, no local memory, no C7508/C7515. Nothing is in flight across a loop iteration: an
-// in-flight P V batch across the back edge made ptxas serialize every wgmma (C7515).
+// no spills, no local memory, no C7508/C7515. Nothing is in flight across a loop iteration (an
+// in-flight P V batch across the back edge made ptxas serialize every wgmma, C7515).
 //
 // Numerics and edge cases follow the portable kernel (src/portable/dsa_forward_kernel.cuh): the
 // running max is over x (log2 units, scale folded in, so any sign of scale works); a chunk with no
@@ -91,15 +96,15 @@ __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint
 
 // kPadHeads_: H < 64 (16 or 32) runs one 64-row CTA per token whose rows >= H are padding
 // (zero Q rows, never stored).
-// kSerialPv_ (NOT YET RUN, SA_TUNE_SM90_DSA_FWD=1; bench/NOTES.md session 10): O += P_c V_c is
-// issued right after P_c is ready and waited in the same iteration, instead of with S_{c+1}. The
-// stage of chunk c is then free at the end of iteration c, so the gather of chunk c + 2 has a
-// whole iteration to land; in the default order it is released in the middle of iteration c + 1
-// and must land during one softmax.
-template <int kDqk_, bool kPadHeads_ = false, bool kSerialPv_ = false>
+// kLazyRescale_ (NOT YET RUN, SA_TUNE_SM90_DSA_FWD=2; bench/NOTES.md session 10): the running
+// maximum of a row moves only when a chunk exceeds it by more than 2^8 (kLazyRescaleLog2; P then
+// stays <= 256, exact in the final normalisation, which uses the same maximum), and a warp skips
+// the rescale of O when none of its rows moved.
+constexpr float kLazyRescaleLog2 = 8.f;
+template <int kDqk_, bool kPadHeads_ = false, bool kLazyRescale_ = false>
 struct DsaFwdTraits : DsaCta<kDqk_> {
   static constexpr bool kPadHeads = kPadHeads_;
-  static constexpr bool kSerialPv = kSerialPv_;
+  static constexpr bool kLazyRescale = kLazyRescale_;
   using Base = DsaCta<kDqk_>;
   using Element = typename Base::Element;
   using H64 = typename Base::H64;
@@ -229,39 +234,22 @@ __device__ __forceinline__ void consumer_main(const DsaFwdSm90Params& p, SharedS
   clear(tOrO);
   uint8_t* p_bytes = reinterpret_cast<uint8_t*>(s.p);
 
-  // O += P V of the chunk in stage `pv_st` (P in sP), one committed batch, not waited.
-  auto issue_pv = [&](int pv_st) {
-    warpgroup_fence_operand(tOrO);
-    warpgroup_arrive();
-    gemm_ss(mma_pv, tOrP, tOrV(_, _, _, pv_st), tOrO, false);
-    warpgroup_commit_batch();
-    warpgroup_fence_operand(tOrO);
-  };
-
 #pragma unroll 1
   for (int c = 0; c < n_chunks; ++c) {
     const int st = c % T::kStages;
     const uint32_t phase = (c / T::kStages) & 1;
-    const int prev_st = (c + T::kStages - 1) % T::kStages;
-    // [C1] S_c = Q K^T over this warpgroup's 32 keys, then O += P_{c-1} V_{c-1}: both batches in
-    // flight together; nothing stays in flight across iterations (no C7515 serialization).
+    // [C1] S_c = Q K^T over this warpgroup's 32 keys.
     mbarrier_wait(&s.kv_full[st], phase);
     warpgroup_fence_operand(tSrS);
     warpgroup_arrive();
     gemm_ss(mma_qk, tSrQn, tSrKn(_, _, _, st), tSrS, true);
     if constexpr (T::kRope) gemm_ss(mma_qk, tSrQr, tSrKr(_, _, _, st), tSrS, false);
     warpgroup_commit_batch();
-    warpgroup_fence_operand(tSrS);
-    if (!T::kSerialPv && c > 0) {
-      issue_pv(prev_st);
-      warpgroup_wait<1>();  // S_c is ready (batches complete in order)
-    } else {
-      warpgroup_wait<0>();
-    }
+    warpgroup_wait<0>();
     warpgroup_fence_operand(tSrS);
 
-    // [C2] Scale, mask, row max over this warpgroup's keys (while P_{c-1} V_{c-1} runs). x and
-    // P live in their own registers: S is only ever defined by wgmma.
+    // [C2] Scale, mask, row max over this warpgroup's keys. x and P live in their own
+    // registers: S is only ever defined by wgmma.
     const float* bias = s.bias[st] + 32 * wg + 2 * (lane % 4);
     float x[16];
     float mx[2] = {-INFINITY, -INFINITY};
@@ -275,22 +263,23 @@ __device__ __forceinline__ void consumer_main(const DsaFwdSm90Params& p, SharedS
       mx[r] = quad_max(mx[r]);
       if (lane % 4 == 0) s.red_max[wg][frag_row + 8 * r] = mx[r];
     }
-    // [C3] P_{c-1} V_{c-1} is done: stage c-1 is free, and (after the barrier, for both
-    // warpgroups) so is sP. (kSerialPv: both already happened at the end of iteration c - 1.)
-    if constexpr (!T::kSerialPv) {
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tOrO);
-      if (c > 0 && releaser) mbarrier_arrive(&s.kv_empty[prev_st]);
-    }
+    // Both warpgroups' maxima are published; both are done with P_{c-1} V_{c-1} (waited at the
+    // end of the last iteration), so sP may be rewritten.
     named_barrier_sync(id(NamedBarrier::kMaxReady), T::kConsumerThreads);
 
-    // [C4] Online softmax (both warpgroups compute the same m_new), P -> sP, O *= alpha.
+    // [C3] Online softmax (both warpgroups compute the same maximum), P -> sP, O *= alpha.
     float m_use[2], alpha[2];
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) {
-      const float m_new = fmaxf(m_run[r], fmaxf(mx[r], s.red_max[1 - wg][frag_row + 8 * r]));
+      const float m_chunk = fmaxf(mx[r], s.red_max[1 - wg][frag_row + 8 * r]);
+      float m_new;
+      if constexpr (T::kLazyRescale)  // keep the old maximum unless it is exceeded by > 2^8
+        m_new = m_chunk > m_run[r] + kLazyRescaleLog2 ? m_chunk : m_run[r];
+      else
+        m_new = fmaxf(m_run[r], m_chunk);
       m_use[r] = m_new == -INFINITY ? 0.f : m_new;  // no active key yet: 2^(-inf - 0) = 0
       alpha[r] = exp2_approx(m_run[r] - m_use[r]);  // 0 while m_run is -inf
+      if constexpr (T::kLazyRescale) alpha[r] = m_new == m_run[r] ? 1.f : alpha[r];
       m_run[r] = m_new;
     }
     float rs[2] = {0.f, 0.f};
@@ -308,27 +297,27 @@ __device__ __forceinline__ void consumer_main(const DsaFwdSm90Params& p, SharedS
     }
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * alpha[r] + rs[r];
-    CUTE_UNROLL
-    for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= alpha[(i / 2) % 2];
+    // The 128 multiplications of O (on the path to the P V issue) only when a maximum moved:
+    // warp-uniform, so the warp skips them when all its rows kept theirs.
+    if (!T::kLazyRescale || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= alpha[(i / 2) % 2];
+    }
     fence_proxy_async_shared();  // sP is read by wgmma (async proxy)
     named_barrier_sync(id(NamedBarrier::kPReady), T::kConsumerThreads);
-    if constexpr (T::kSerialPv) {
-      // O += P_c V_c now; stage c is free when it is done (the next kMaxReady barrier also
-      // orders both warpgroups' reads of sP before the next P stores).
-      issue_pv(st);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tOrO);
-      if (releaser) mbarrier_arrive(&s.kv_empty[st]);
-    }
-  }
-  // [C5] The last chunk's P V.
-  if (!T::kSerialPv && n_chunks > 0) {
-    issue_pv((n_chunks - 1) % T::kStages);
+
+    // [C4] O += P_c V_c, waited here: stage c is free at the end of this iteration, so the gather
+    // of chunk c + 2 into it has the whole next iteration to land.
+    warpgroup_fence_operand(tOrO);
+    warpgroup_arrive();
+    gemm_ss(mma_pv, tOrP, tOrV(_, _, _, st), tOrO, false);
+    warpgroup_commit_batch();
     warpgroup_wait<0>();
     warpgroup_fence_operand(tOrO);
+    if (releaser) mbarrier_arrive(&s.kv_empty[st]);
   }
 
-  // [C6] Row sums of both halves, lse, sink, normalisation, stores.
+  // [C5] Row sums of both halves, lse, sink, normalisation, stores.
   float l_half[2];
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {
