@@ -13,7 +13,7 @@
 # Logs and results go to $OUT (the device tool's output folder; /tmp/sa_gpu_out elsewhere).
 # Environment:
 #   GATED           gtest filter of the gated kernels' tests (default: the experiment variants'
-#                   tests, *Tuned*:*DqPartials*:*SplitKv*; empty: none)
+#                   tests, *Tuned*:*SplitKv*; empty: none)
 #   SAN_FILTER      gtest filter for compute-sanitizer (default: one small case per GPU kernel)
 #   BENCH_FULL=1    the "full" step (last, after the anchors; unchecked timings, the tests cover
 #                   these shapes): block 64, density 12.5%, S 32768 and the other DSA target
@@ -39,7 +39,7 @@ verdict() { if [ "$2" -eq 0 ]; then SUMMARY+=("$1: ok"); else SUMMARY+=("$1: FAI
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu \
   --format=csv > "$OUT/gpu_tests.log" 2>&1 || true
 
-GATED="${GATED-*Tuned*:*DqPartials*:*SplitKv*}"
+GATED="${GATED-*Tuned*:*SplitKv*}"
 gated_ok=0
 if has gated && [ -n "$GATED" ]; then
   note "gated kernels' tests first: $GATED"
@@ -135,12 +135,6 @@ if has bench; then
     for h in 128 64; do
       run --op dsa_bwd "${DSA[@]}" --dsa-heads "$h" --dsa-dqk 576 --rounds 2 --calls 5 \
         --variants "impl=sm90/$T=64/$T=16"
-    done
-    # The Hopper DSA forward's lazy rescaling (SA_TUNE_SM90_DSA_FWD=2, not yet run) against the
-    # default kernel.
-    for h in 128 64; do
-      run --op dsa_fwd "${DSA[@]}" --dsa-heads "$h" --dsa-dqk 576 --rounds 3 --calls 10 \
-        --variants "impl=sm90/impl=sm90,env.SA_TUNE_SM90_DSA_FWD=2"
     done
     # Split-KV forward (AUTO's rule) against unsplit, where the query blocks cannot fill the GPU:
     # 32 tiles of 16 KV blocks.

@@ -15,7 +15,6 @@
 // Tests skip unless the device is sm_90.
 #include <cuda_runtime_api.h>
 
-#include <cstdlib>
 
 #include <cstdint>
 #include <string>
@@ -58,20 +57,6 @@ INSTANTIATE_TEST_SUITE_P(Cases, GpuSm90BsaBackward,
                          [](const ::testing::TestParamInfo<GpuBwdCase>& info) {
                            return info.param.name;
                          });
-
-// The experiment variant of the block-128, D-128 kernel (per-warpgroup dQ partials, selected by
-// SA_TUNE_SM90_BWD_DQ_PARTIALS=1; bench/NOTES.md) on the D-128 block-128 cases.
-TEST(GpuSm90BsaBackwardDqPartials, MatchesReference) {
-  SA_SKIP_WITHOUT_GPU();
-  SA_SKIP_UNLESS_SM90();
-  ASSERT_EQ(setenv("SA_TUNE_SM90_BWD_DQ_PARTIALS", "1", 1), 0);
-  for (const GpuBwdCase& c : gpu_bsa_backward_cases(SA_IMPL_SM90)) {
-    if (c.shape.block != 128 || c.shape.D != 128) continue;
-    SCOPED_TRACE(c.name);
-    expect_bsa_backward_case_matches_reference(c, SA_IMPL_SM90, SA_IMPL_SM90);
-  }
-  unsetenv("SA_TUNE_SM90_BWD_DQ_PARTIALS");
-}
 
 // A CUDA graph captured once on a non-default stream (workspace preallocated) follows new
 // metadata values on replay: the whole backward, reverse map included, reads them on the device.

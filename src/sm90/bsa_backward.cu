@@ -8,7 +8,6 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstdint>
 #include <limits>
 #include <sstream>
@@ -29,9 +28,9 @@ namespace sa::sm90 {
 namespace {
 
 // ---- the instantiations ------------------------------------------------------------------------
-template <int kBlock, int kHeadDim, bool kSharedDq = true>
+template <int kBlock, int kHeadDim>
 struct Kernel {
-  using Traits = bwd::BwdTraits<kBlock, kHeadDim, kSharedDq>;
+  using Traits = bwd::BwdTraits<kBlock, kHeadDim>;
   // +1024: the kernel aligns its shared storage to 1024 bytes (128-byte swizzle atoms).
   static constexpr size_t kSmem = sizeof(bwd::SharedStorage<Traits>) + 1024;
   // sm_90: 227 KB per block at most, 228 KB per SM with 1 KB reserved per CTA.
@@ -50,20 +49,9 @@ struct Kernel {
   }
 };
 
-// Experiment knob (bench/NOTES.md): SA_TUNE_SM90_BWD_DQ_PARTIALS=1 runs the block-128, D-128
-// kernel with per-warpgroup dQ partials (BwdTraits::kSharedDq false) instead of the shared dS^T.
-bool dq_partials_requested() {
-  const char* v = std::getenv("SA_TUNE_SM90_BWD_DQ_PARTIALS");
-  return v != nullptr && v[0] == '1';
-}
-
 void dispatch_main(const BsaBwdSm90Params& params, int block, int64_t D, int64_t max_items,
                    cudaStream_t stream) {
-  if (block == 128 && D == 128) {
-    if (dq_partials_requested())
-      return Kernel<128, 128, false>::launch(params, max_items, stream);
-    return Kernel<128, 128>::launch(params, max_items, stream);
-  }
+  if (block == 128 && D == 128) return Kernel<128, 128>::launch(params, max_items, stream);
   if (block == 128 && D == 64) return Kernel<128, 64>::launch(params, max_items, stream);
   if (block == 64 && D == 128) return Kernel<64, 128>::launch(params, max_items, stream);
   if (block == 64 && D == 64) return Kernel<64, 64>::launch(params, max_items, stream);

@@ -115,12 +115,12 @@ namespace bwd {
 // in the fragment-tile order of common/dq_tile_layout.hpp) instead of per-element atomics.
 constexpr bool dq_bulk(int block) { return block == 128 || block == 64; }
 
-// kSharedDq_: the warpgroups of a block-128 CTA split dQ's 64-column panels and share dS^T (one
-// reduction per dQ element and tile, two barriers of both warpgroups per tile); false: each
-// warpgroup reduces its own keys' partial of every panel (twice the reduction traffic, barriers
-// per warpgroup only, so the warpgroups need not move in lockstep; one Q/dO stage fewer at D 128
-// to fit the second staging buffer). Block 128 with D 64 always takes the partials.
-template <int kBlockN_, int kHeadDim_, bool kSharedDq_ = true>
+// dQ at block 128: with D 128 the two warpgroups split dQ's 64-column panels and share dS^T (one
+// reduction per dQ element and tile, two barriers of both warpgroups per tile); with D 64 (one
+// panel) each warpgroup reduces its own keys' partial. (Per-warpgroup partials at D 128 as well,
+// one Q/dO stage fewer to fit their second staging buffer, measured 2.6-3% slower in sessions 9
+// and 10: removed.)
+template <int kBlockN_, int kHeadDim_>
 struct BwdTraits {
   using Element = cutlass::bfloat16_t;
   static constexpr int kBlockN = kBlockN_;    // keys per CTA = the block size
@@ -133,8 +133,7 @@ struct BwdTraits {
   static constexpr int kThreads = 128 + kConsumerThreads;
   // Q / dO ring depth: 3 where shared memory allows (block 128: one CTA per SM,
   // ~182 KB at D 128), 2 for block 64 (two CTAs of ~107 KB per SM at D 128).
-  static constexpr int kStages =
-      kBlockN == 128 ? (!kSharedDq_ && kHeadDim == 128 ? 2 : 3) : 1;
+  static constexpr int kStages = kBlockN == 128 ? 3 : 1;
   static constexpr int kCtasPerSm = kConsumerWgs == 1 ? 2 : 1;
   // Register split (multiples of 8), per CTA 65536 / kCtasPerSm: the producer needs few; the
   // consumers hold dK, dV (D/2 fp32 each), S^T, dP^T (32 each) or a dQ chunk (32).
@@ -178,7 +177,7 @@ struct BwdTraits {
   // s.ds: dS^T of all consumers as (keys, rows), rows contiguous, 128-byte rows with the 128B
   // swizzle (a K-major SW128 tile), written by [6] with explicit shared stores.
   // One warpgroup's 64 x 64 part of s.ds seen as (rows, keys): the A operand of [7].
-  static constexpr bool kDqSplitPanels = kSharedDq_ && kPanels % kConsumerWgs == 0;
+  static constexpr bool kDqSplitPanels = kPanels % kConsumerWgs == 0;
   static constexpr int kDqKeys = kDqSplitPanels ? kBlockN : 64;  // K extent of [7]
   static constexpr int kDqPanels = kDqSplitPanels ? kPanels / kConsumerWgs : kPanels;  // per WG
   static constexpr int kDsThreads = kDqSplitPanels ? kConsumerThreads : 128;  // share s.ds

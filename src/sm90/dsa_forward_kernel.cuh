@@ -26,7 +26,8 @@
 //             [P2] wait for its own copies; fence.proxy.async; arrive kv_full[st] (128 arrivals)
 //   consumer  [C1] wait kv_full[st]; S_c = Q K_half^T (issued and waited)
 //             [C2] x = S * scale * log2(e) + bias; row max -> red_max[wg]; bar kMaxReady (256)
-//             [C3] m_new = max(m, both halves); P = 2^(x - m_new); l = l alpha + rowsum; O *= alpha
+//             [C3] m_new = max(m, both halves) if above m + 8; P = 2^(x - m_new); l = l alpha +
+//                  rowsum; O *= alpha (skipped by warps whose rows kept their maximum)
 //                  P -> bf16 -> sP[:, 32 wg : +32]; fence.proxy.async; bar kPReady (256)
 //             [C4] O += P V (sP, V[:, 256 wg : +256] of stage st), waited; release stage st (one
 //                  arrive per warp)
@@ -56,8 +57,9 @@
 // in-flight P V batch across the back edge made ptxas serialize every wgmma, C7515).
 //
 // Numerics and edge cases follow the portable kernel (src/portable/dsa_forward_kernel.cuh): the
-// running max is over x (log2 units, scale folded in, so any sign of scale works); a chunk with no
-// active key gives P = 0 (max guarded: 2^(-inf - 0)); empty rows give out = 0, lse = +inf.
+// running max is over x (log2 units, scale folded in, so any sign of scale works; lazily updated,
+// so P <= 2^8); a chunk with no active key gives P = 0 (max guarded: 2^(-inf - 0)); empty rows
+// give out = 0, lse = +inf.
 #pragma once
 
 #include <cstdint>
@@ -96,15 +98,14 @@ __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint
 
 // kPadHeads_: H < 64 (16 or 32) runs one 64-row CTA per token whose rows >= H are padding
 // (zero Q rows, never stored).
-// kLazyRescale_ (NOT YET RUN, SA_TUNE_SM90_DSA_FWD=2; bench/NOTES.md session 10): the running
-// maximum of a row moves only when a chunk exceeds it by more than 2^8 (kLazyRescaleLog2; P then
-// stays <= 256, exact in the final normalisation, which uses the same maximum), and a warp skips
-// the rescale of O when none of its rows moved.
+// The running maximum of a row moves only when a chunk exceeds it by more than 2^8
+// (kLazyRescaleLog2, FlashAttention-4's rule: P then stays <= 256, and the result is exact after
+// the final normalisation, which uses the same maximum), and a warp skips the rescale of its O
+// accumulators when none of its rows moved (measured +3-4%, bench/NOTES.md session 10).
 constexpr float kLazyRescaleLog2 = 8.f;
-template <int kDqk_, bool kPadHeads_ = false, bool kLazyRescale_ = false>
+template <int kDqk_, bool kPadHeads_ = false>
 struct DsaFwdTraits : DsaCta<kDqk_> {
   static constexpr bool kPadHeads = kPadHeads_;
-  static constexpr bool kLazyRescale = kLazyRescale_;
   using Base = DsaCta<kDqk_>;
   using Element = typename Base::Element;
   using H64 = typename Base::H64;
@@ -272,14 +273,11 @@ __device__ __forceinline__ void consumer_main(const DsaFwdSm90Params& p, SharedS
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) {
       const float m_chunk = fmaxf(mx[r], s.red_max[1 - wg][frag_row + 8 * r]);
-      float m_new;
-      if constexpr (T::kLazyRescale)  // keep the old maximum unless it is exceeded by > 2^8
-        m_new = m_chunk > m_run[r] + kLazyRescaleLog2 ? m_chunk : m_run[r];
-      else
-        m_new = fmaxf(m_run[r], m_chunk);
+      // The old maximum stays unless exceeded by more than 2^8 (-inf is exceeded by any key).
+      const float m_new = m_chunk > m_run[r] + kLazyRescaleLog2 ? m_chunk : m_run[r];
       m_use[r] = m_new == -INFINITY ? 0.f : m_new;  // no active key yet: 2^(-inf - 0) = 0
       alpha[r] = exp2_approx(m_run[r] - m_use[r]);  // 0 while m_run is -inf
-      if constexpr (T::kLazyRescale) alpha[r] = m_new == m_run[r] ? 1.f : alpha[r];
+      alpha[r] = m_new == m_run[r] ? 1.f : alpha[r];  // exactly 1 while the maximum stays
       m_run[r] = m_new;
     }
     float rs[2] = {0.f, 0.f};
@@ -299,7 +297,7 @@ __device__ __forceinline__ void consumer_main(const DsaFwdSm90Params& p, SharedS
     for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * alpha[r] + rs[r];
     // The 128 multiplications of O (on the path to the P V issue) only when a maximum moved:
     // warp-uniform, so the warp skips them when all its rows kept theirs.
-    if (!T::kLazyRescale || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
       CUTE_UNROLL
       for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= alpha[(i / 2) % 2];
     }
