@@ -42,7 +42,8 @@
 // KB of random rows) has all of iteration c + 1 to land. Session 9's order issued P_{c-1} V_{c-1}
 // together with S_c (overlapping the softmax), which freed the stage only during iteration c + 1:
 // the gather then had one softmax to land and sat on the critical path (this order measured
-// +20%, bench/NOTES.md session 10).
+// +20%, bench/NOTES.md session 10). Issuing S_{c+1} right behind P_c V_c measured 3-4% slower:
+// the wait for chunk c + 1 then delays the release of stage c, so the gather is still the limit.
 //
 // Shared memory (bytes), every operand tile in 64-column panels of 128-byte rows with the
 // 128-byte swizzle (chunk c of row r at c ^ (r % 8)), the layout wgmma descriptors expect:
@@ -103,14 +104,9 @@ __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint
 // the final normalisation, which uses the same maximum), and a warp skips the rescale of its O
 // accumulators when none of its rows moved (measured +3-4%, bench/NOTES.md session 10).
 constexpr float kLazyRescaleLog2 = 8.f;
-// kEarlyS_ (NOT YET RUN, SA_TUNE_SM90_DSA_FWD=1; bench/NOTES.md session 10): S_{c+1} is issued
-// right behind P_c V_c at the end of iteration c (nothing stays in flight across the loop's back
-// edge: both are waited there), so the tensor pipe goes from one to the other without the wait,
-// loop and mbarrier round trip in between; the stage release is unchanged.
-template <int kDqk_, bool kPadHeads_ = false, bool kEarlyS_ = false>
+template <int kDqk_, bool kPadHeads_ = false>
 struct DsaFwdTraits : DsaCta<kDqk_> {
   static constexpr bool kPadHeads = kPadHeads_;
-  static constexpr bool kEarlyS = kEarlyS_;
   using Base = DsaCta<kDqk_>;
   using Element = typename Base::Element;
   using H64 = typename Base::H64;
@@ -240,32 +236,19 @@ __device__ __forceinline__ void consumer_main(const DsaFwdSm90Params& p, SharedS
   clear(tOrO);
   uint8_t* p_bytes = reinterpret_cast<uint8_t*>(s.p);
 
-  // [C1] S_c = Q K^T over this warpgroup's 32 keys, once chunk c has landed: one committed batch.
-  auto issue_s = [&](int cs) {
-    const int sst = cs % T::kStages;
-    mbarrier_wait(&s.kv_full[sst], (cs / T::kStages) & 1);
-    warpgroup_fence_operand(tSrS);
-    warpgroup_arrive();
-    gemm_ss(mma_qk, tSrQn, tSrKn(_, _, _, sst), tSrS, true);
-    if constexpr (T::kRope) gemm_ss(mma_qk, tSrQr, tSrKr(_, _, _, sst), tSrS, false);
-    warpgroup_commit_batch();
-  };
-  if constexpr (T::kEarlyS) {
-    if (n_chunks > 0) {
-      issue_s(0);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tSrS);
-    }
-  }
-
 #pragma unroll 1
   for (int c = 0; c < n_chunks; ++c) {
     const int st = c % T::kStages;
-    if constexpr (!T::kEarlyS) {
-      issue_s(c);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tSrS);
-    }
+    const uint32_t phase = (c / T::kStages) & 1;
+    // [C1] S_c = Q K^T over this warpgroup's 32 keys.
+    mbarrier_wait(&s.kv_full[st], phase);
+    warpgroup_fence_operand(tSrS);
+    warpgroup_arrive();
+    gemm_ss(mma_qk, tSrQn, tSrKn(_, _, _, st), tSrS, true);
+    if constexpr (T::kRope) gemm_ss(mma_qk, tSrQr, tSrKr(_, _, _, st), tSrS, false);
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrS);
 
     // [C2] Scale, mask, row max over this warpgroup's keys. x and P live in their own
     // registers: S is only ever defined by wgmma.
@@ -328,24 +311,9 @@ __device__ __forceinline__ void consumer_main(const DsaFwdSm90Params& p, SharedS
     warpgroup_arrive();
     gemm_ss(mma_pv, tOrP, tOrV(_, _, _, st), tOrO, false);
     warpgroup_commit_batch();
-    if constexpr (T::kEarlyS) {
-      // S_{c+1} queued right behind P_c V_c (chunk c + 1 landed during this iteration); the
-      // stage of chunk c is released as soon as P_c V_c is done, as in the default order.
-      if (c + 1 < n_chunks) {
-        issue_s(c + 1);
-        warpgroup_wait<1>();
-      } else {
-        warpgroup_wait<0>();
-      }
-      warpgroup_fence_operand(tOrO);
-      if (releaser) mbarrier_arrive(&s.kv_empty[st]);
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tSrS);
-    } else {
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tOrO);
-      if (releaser) mbarrier_arrive(&s.kv_empty[st]);
-    }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tOrO);
+    if (releaser) mbarrier_arrive(&s.kv_empty[st]);
   }
 
   // [C5] Row sums of both halves, lse, sink, normalisation, stores.
