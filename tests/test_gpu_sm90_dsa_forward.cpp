@@ -14,7 +14,6 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -47,19 +46,6 @@ void expect_sm90_case_matches(const GpuDsaFwdCase& p) {
 TEST_P(Sm90DsaForward, MatchesReference) {
   SA_SKIP_UNLESS_SM90();
   expect_sm90_case_matches(GetParam());
-}
-
-// The experiment kernel (SA_TUNE_SM90_DSA_FWD=1: each chunk gathered and published in two
-// halves, dsa_forward_kernel.cuh) on every case: the same results.
-TEST(Sm90DsaForwardTuned, SplitReadyMatchesReference) {
-  SA_SKIP_UNLESS_SM90();
-  ASSERT_EQ(setenv("SA_TUNE_SM90_DSA_FWD", "1", 1), 0);
-  for (const GpuDsaFwdCase& p : gpu_dsa_forward_cases(SA_IMPL_SM90)) {
-    SCOPED_TRACE(p.name);
-    expect_sm90_case_matches(p);
-    if (HasFatalFailure()) break;
-  }
-  unsetenv("SA_TUNE_SM90_DSA_FWD");
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, Sm90DsaForward,

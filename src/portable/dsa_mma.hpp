@@ -47,10 +47,6 @@ __device__ __forceinline__ void cp_async_commit() {
 __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
-// All but the most recent cp.async group of this thread have landed.
-__device__ __forceinline__ void cp_async_wait_all_but_last() {
-  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-}
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"

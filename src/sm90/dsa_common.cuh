@@ -75,7 +75,6 @@ __device__ __forceinline__ void run_roles(Producer producer, Consumer consumer) 
 using portable::dsa::cp_async_16_zfill;
 using portable::dsa::cp_async_commit;
 using portable::dsa::cp_async_wait_all;
-using portable::dsa::cp_async_wait_all_but_last;
 
 // ---- the producer warpgroup's gather (128 threads) ----------------------------------------------
 // Thread mapping of every copy: warp w owns rows [16 w, 16 w + 16), 4 rows per pass (8 lanes per
@@ -147,30 +146,6 @@ __device__ __forceinline__ void gather_chunk(uint32_t nope, uint32_t rope, const
     // Inactive: src-size 0, nothing read (kv's base is a valid address), the row is zeroed.
     const DsaElement* src = kv + (active ? jr * kv_ss : int64_t{0});
     gather_row<kRope>(nope, rope, row, src, active ? 16 : 0, lane);
-    if (lane % 8 == 0) mark(row, active, jr);
-  }
-}
-
-// gather_chunk for nope panels [kFirst, kLast) only (and the rope panel when kRope): a chunk
-// copied in two parts, each its own cp.async group, so that its first panels can be consumed
-// while the rest lands. mark runs in the part that passes one.
-template <bool kRope, int kFirst, int kLast, class RowIndex, class Mark>
-__device__ __forceinline__ void gather_chunk_panels(uint32_t nope, uint32_t rope,
-                                                    const DsaElement* kv, int64_t kv_ss,
-                                                    int64_t skv, RowIndex row_index, int warp,
-                                                    int lane, Mark mark) {
-#pragma unroll 1
-  for (int pass = 0; pass < 4; ++pass) {
-    const int r_in_warp = 4 * pass + lane / 8;
-    const int32_t jr = row_index(r_in_warp);
-    const int row = 16 * warp + r_in_warp;
-    const bool active = jr >= 0 && jr < skv;
-    const DsaElement* src = kv + (active ? jr * kv_ss : int64_t{0});
-    const int sub = lane % 8, bytes = active ? 16 : 0;
-#pragma unroll
-    for (int pnl = kFirst; pnl < kLast; ++pnl)
-      cp_async_16_zfill(nope + pnl * 64 * 64 * 2 + swz(row, sub), src + pnl * 64 + sub * 8, bytes);
-    if constexpr (kRope) cp_async_16_zfill(rope + swz(row, sub), src + 512 + sub * 8, bytes);
     if (lane % 8 == 0) mark(row, active, jr);
   }
 }

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
 #include <sstream>
 
@@ -37,9 +36,9 @@ constexpr size_t smem_bytes() {
 static_assert(smem_bytes<576>() <= kMaxSmemSm90, "sm90 DSA forward exceeds 227 KB of smem");
 static_assert(smem_bytes<512>() <= kMaxSmemSm90, "sm90 DSA forward exceeds 227 KB of smem");
 
-template <int kDqk, bool kPadHeads = false, bool kSplitReady = false>
+template <int kDqk, bool kPadHeads = false>
 void launch(const DsaFwdSm90Params& params, int64_t grid, cudaStream_t stream) {
-  using Traits = DsaFwdTraits<kDqk, kPadHeads, kSplitReady>;
+  using Traits = DsaFwdTraits<kDqk, kPadHeads>;
   constexpr size_t kSmem = smem_bytes<kDqk>();
   auto* kernel = &dsa_fwd::dsa_forward_sm90_kernel<Traits>;
   // Every launch (cheap, and right for whichever device is current).
@@ -47,13 +46,6 @@ void launch(const DsaFwdSm90Params& params, int64_t grid, cudaStream_t stream) {
                                      static_cast<int>(kSmem)));
   kernel<<<static_cast<unsigned>(grid), Traits::kThreads, kSmem, stream>>>(params);
   SA_CUDA_CHECK_LAUNCH();
-}
-
-// SA_TUNE_SM90_DSA_FWD=1: the kSplitReady kernel (dsa_forward_kernel.cuh; an experiment, H 64 and
-// 128 only), measured against the default in one process by `sparse-attention bench`.
-bool split_ready() {
-  const char* v = std::getenv("SA_TUNE_SM90_DSA_FWD");
-  return v != nullptr && (std::atoi(v) & 1) != 0;
 }
 
 }  // namespace
@@ -106,19 +98,14 @@ void dsa_forward(const DsaFwdProblem& p, cudaStream_t stream) {
 
   const int64_t grid = d.Sq * prm.head_groups;
   if (grid == 0) return;
-  const bool split = !pad_heads && split_ready();
   if (d.Dqk == 576) {
     if (pad_heads)
       launch<576, true>(prm, grid, stream);
-    else if (split)
-      launch<576, false, true>(prm, grid, stream);
     else
       launch<576>(prm, grid, stream);
   } else {
     if (pad_heads)
       launch<512, true>(prm, grid, stream);
-    else if (split)
-      launch<512, false, true>(prm, grid, stream);
     else
       launch<512>(prm, grid, stream);
   }

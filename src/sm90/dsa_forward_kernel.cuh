@@ -44,6 +44,8 @@
 // the gather then had one softmax to land and sat on the critical path (this order measured
 // +20%, bench/NOTES.md session 10). Issuing S_{c+1} right behind P_c V_c measured 3-4% slower:
 // the wait for chunk c + 1 then delays the release of stage c, so the gather is still the limit.
+// Publishing each chunk in two halves (S starting on the first) measured 1% slower: the halves
+// land nearly together, the gather is throughput-bound (bench/NOTES.md session 10).
 //
 // Shared memory (bytes), every operand tile in 64-column panels of 128-byte rows with the
 // 128-byte swizzle (chunk c of row r at c ^ (r % 8)), the layout wgmma descriptors expect:
@@ -104,14 +106,9 @@ __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint
 // the final normalisation, which uses the same maximum), and a warp skips the rescale of its O
 // accumulators when none of its rows moved (measured +3-4%, bench/NOTES.md session 10).
 constexpr float kLazyRescaleLog2 = 8.f;
-// kSplitReady_ (NOT YET RUN, SA_TUNE_SM90_DSA_FWD=1; bench/NOTES.md session 10): the producer
-// copies each chunk in two cp.async groups, nope panels 0-3 first, then panels 4-7 and the rope
-// panel, and publishes each half on its own mbarrier (kv_lo, then kv_full); the consumers issue
-// the first half of S's k-blocks as soon as the first half has landed.
-template <int kDqk_, bool kPadHeads_ = false, bool kSplitReady_ = false>
+template <int kDqk_, bool kPadHeads_ = false>
 struct DsaFwdTraits : DsaCta<kDqk_> {
   static constexpr bool kPadHeads = kPadHeads_;
-  static constexpr bool kSplitReady = kSplitReady_;
   using Base = DsaCta<kDqk_>;
   using Element = typename Base::Element;
   using H64 = typename Base::H64;
@@ -158,7 +155,6 @@ struct alignas(1024) SharedStorage {
   float red_sum[2][64];
   uint64_t kv_full[T::kStages];
   uint64_t kv_empty[T::kStages];
-  uint64_t kv_lo[T::kStages];  // kSplitReady only: nope panels 0-3 of the stage landed
 };
 
 // ---- producer (warpgroup 0) ---------------------------------------------------------------------
@@ -184,27 +180,12 @@ __device__ __forceinline__ void producer_main(const DsaFwdSm90Params& p, SharedS
     // [P1] Indices of this warp's 16 slots, read before waiting for the stage; the rows.
     const int32_t j = chunk_slot_index(idx_row, p.idx_si, n_slots, c, warp, lane);
     mbarrier_wait(&s.kv_empty[st], phase ^ 1);
-    const auto mark = [&](int row, bool active, int32_t) {
-      s.bias[st][row] = active ? 0.f : -INFINITY;
-    };
-    const uint32_t nope = smem_u32(s.kv_nope + st * T::kNopeElems);
-    const uint32_t rope = smem_u32(s.kv_rope + st * T::kPanelElems);
-    if constexpr (T::kSplitReady) {
-      gather_chunk_panels<false, 0, 4>(nope, rope, kv, p.kv_ss, p.skv, ShuffledRowIndex{j}, warp,
-                                       lane, mark);
-      cp_async_commit();
-      gather_chunk_panels<T::kRope, 4, 8>(nope, rope, kv, p.kv_ss, p.skv, ShuffledRowIndex{j},
-                                          warp, lane, [](int, bool, int32_t) {});
-      cp_async_commit();
-      // The first half (and Q, in an older group) has landed: publish it.
-      cp_async_wait_all_but_last();
-      fence_proxy_async_shared();
-      mbarrier_arrive(&s.kv_lo[st]);
-    } else {
-      gather_chunk<T::kRope>(nope, rope, kv, p.kv_ss, p.skv, ShuffledRowIndex{j}, warp, lane,
-                             mark);
-      cp_async_commit();
-    }
+    gather_chunk<T::kRope>(smem_u32(s.kv_nope + st * T::kNopeElems),
+                           smem_u32(s.kv_rope + st * T::kPanelElems), kv, p.kv_ss, p.skv,
+                           ShuffledRowIndex{j}, warp, lane, [&](int row, bool active, int32_t) {
+                             s.bias[st][row] = active ? 0.f : -INFINITY;
+                           });
+    cp_async_commit();
     // [P2] This thread's copies (and Q) have landed; make them visible to wgmma (async proxy)
     // and publish (the arrive releases; 128 arrivals complete the phase).
     cp_async_wait_all();
@@ -262,31 +243,12 @@ __device__ __forceinline__ void consumer_main(const DsaFwdSm90Params& p, SharedS
     const int st = c % T::kStages;
     const uint32_t phase = (c / T::kStages) & 1;
     // [C1] S_c = Q K^T over this warpgroup's 32 keys.
-    if constexpr (T::kSplitReady) {
-      // The k-blocks of nope panels 0-3 as soon as they landed, the rest after kv_full.
-      constexpr int kHalf = decltype(size<2>(tSrQn))::value / 2;
-      mbarrier_wait(&s.kv_lo[st], phase);
-      warpgroup_fence_operand(tSrS);
-      warpgroup_arrive();
-      mma_qk.accumulate_ = SM90::GMMA::ScaleOut::Zero;
-      CUTE_UNROLL
-      for (int kb = 0; kb < kHalf; ++kb) {
-        cute::gemm(mma_qk, tSrQn(_, _, kb), tSrKn(_, _, kb, st), tSrS);
-        mma_qk.accumulate_ = SM90::GMMA::ScaleOut::One;
-      }
-      mbarrier_wait(&s.kv_full[st], phase);
-      CUTE_UNROLL
-      for (int kb = kHalf; kb < 2 * kHalf; ++kb) cute::gemm(mma_qk, tSrQn(_, _, kb), tSrKn(_, _, kb, st), tSrS);
-      if constexpr (T::kRope) gemm_ss(mma_qk, tSrQr, tSrKr(_, _, _, st), tSrS, false);
-      warpgroup_commit_batch();
-    } else {
-      mbarrier_wait(&s.kv_full[st], phase);
-      warpgroup_fence_operand(tSrS);
-      warpgroup_arrive();
-      gemm_ss(mma_qk, tSrQn, tSrKn(_, _, _, st), tSrS, true);
-      if constexpr (T::kRope) gemm_ss(mma_qk, tSrQr, tSrKr(_, _, _, st), tSrS, false);
-      warpgroup_commit_batch();
-    }
+    mbarrier_wait(&s.kv_full[st], phase);
+    warpgroup_fence_operand(tSrS);
+    warpgroup_arrive();
+    gemm_ss(mma_qk, tSrQn, tSrKn(_, _, _, st), tSrS, true);
+    if constexpr (T::kRope) gemm_ss(mma_qk, tSrQr, tSrKr(_, _, _, st), tSrS, false);
+    warpgroup_commit_batch();
     warpgroup_wait<0>();
     warpgroup_fence_operand(tSrS);
 
@@ -414,7 +376,6 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     for (int i = 0; i < T::kStages; ++i) {
       mbarrier_init(&s.kv_full[i], T::kProducerThreads);
       mbarrier_init(&s.kv_empty[i], T::kConsumerWarps);
-      if constexpr (T::kSplitReady) mbarrier_init(&s.kv_lo[i], T::kProducerThreads);
     }
     fence_mbarrier_init();
   }
