@@ -13,7 +13,7 @@
 # Logs and results go to $OUT (the device tool's output folder; /tmp/sa_gpu_out elsewhere).
 # Environment:
 #   GATED           gtest filter of the gated kernels' tests (default: the experiment variants'
-#                   tests, *Tuned*:*SplitKv*; empty: none)
+#                   tests and split-KV's, *Tuned*:*SplitKv*; empty: none)
 #   SAN_FILTER      gtest filter for compute-sanitizer (default: one small case per GPU kernel)
 #   BENCH_FULL=1    the "full" step (last, after the anchors; unchecked timings, the tests cover
 #                   these shapes): block 64, density 12.5%, S 32768 and the other DSA target

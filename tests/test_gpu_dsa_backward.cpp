@@ -498,10 +498,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, Sm90DsaBackward, ::testing::ValuesIn(sm90_dsa_bw
                            return info.param.name;
                          });
 
-// The Hopper kernel's experiment variants (SA_TUNE_SM90_DSA_BWD bits: late K release 1, per-row
-// index loads 2, staged dQ epilogue 4, the per-fragment reductions of session 9 64;
-// bench/NOTES.md; bit 16 is a diagnostic with wrong
-// results), on three cases: the same results.
+// The Hopper kernel's experiment variants (SA_TUNE_SM90_DSA_BWD bits, bench/NOTES.md: 1 late K
+// release, 2 per-row index loads, 4 staged dQ epilogue, 64 session 9's per-fragment reductions;
+// bit 16 is a diagnostic with wrong results), on three cases: the same results.
 TEST(Sm90DsaBackwardTuned, MatchesReference) {
   SA_SKIP_WITHOUT_GPU();
   SA_SKIP_UNLESS_SM90();

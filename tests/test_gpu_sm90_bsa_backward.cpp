@@ -15,7 +15,6 @@
 // Tests skip unless the device is sm_90.
 #include <cuda_runtime_api.h>
 
-
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -31,8 +31,9 @@ namespace {
 // (gpu_test_util.hpp); here SA_IMPL_SM90 is forced and must run.
 class Sm90DsaForward : public ::testing::TestWithParam<GpuDsaFwdCase> {};
 
-void expect_sm90_case_matches(const GpuDsaFwdCase& p) {
-  DsaHostCase c = make_dsa_host_case(p.shape, p.spec, SA_DTYPE_BF16, seed_of(0x5390d5a, p.name));
+void expect_sm90_case_matches(const GpuDsaFwdCase& p, float scale = 0.f) {
+  DsaHostCase c =
+      make_dsa_host_case(p.shape, p.spec, SA_DTYPE_BF16, seed_of(0x5390d5a, p.name), scale);
 
   // NaN in every kv row no active slot selects: the kernel must never read them.
   ::testing::Test::RecordProperty("poisoned_kv_rows", poison_unselected_kv_rows(c));
@@ -46,6 +47,19 @@ void expect_sm90_case_matches(const GpuDsaFwdCase& p) {
 TEST_P(Sm90DsaForward, MatchesReference) {
   SA_SKIP_UNLESS_SM90();
   expect_sm90_case_matches(GetParam());
+}
+
+// Large softmax scales: scores spread over tens of log2 units, so the running maximum of many rows
+// moves by more than kLazyRescaleLog2 after the first chunk and O is rescaled by 0 < alpha < 1
+// (with the default scale the first chunk's maximum almost never moves that far). 16 chunks.
+TEST(Sm90DsaForwardLargeScale, RescalesMatchReference) {
+  SA_SKIP_UNLESS_SM90();
+  const GpuDsaFwdCase p{"H64_D576_K1024_LargeScale", shape_of(4, 2048, 64, 576, 1024),
+                        spec_of(DsaLengths::kMixed, true, false, DsaSink::kFinite)};
+  for (float scale : {1.f, 2.f}) {
+    SCOPED_TRACE(scale);
+    expect_sm90_case_matches(p, scale);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, Sm90DsaForward,

@@ -377,7 +377,12 @@ int run_bench(const DemoOptions& demo, const BenchOptions& o) {
       setup.flops = bsa_forward_flops(*p) * (fwd ? 1.0 : 2.5);
       if (!fwd) {  // o and lse from the GPU forward
         const api::BsaForwardArgs a = bsa_forward_args(p->shape, *dv);
-        check_call(api::bsa_forward(a, api::context()), "bsa_fwd (inputs of the backward)");
+        size_t ws = 0;  // split-KV forwards need workspace
+        check_call(api::bsa_forward_workspace_size(a, &ws), "bsa_fwd workspace (backward inputs)");
+        sa_context ctx = api::context();
+        ctx.workspace = arena.allocate(ws);
+        ctx.workspace_bytes = ws;
+        check_call(api::bsa_forward(a, ctx), "bsa_fwd (inputs of the backward)");
         download(dv->o, p->o);
         download(dv->lse, p->lse);
       }

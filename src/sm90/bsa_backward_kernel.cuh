@@ -132,7 +132,8 @@ struct BwdTraits {
   static constexpr int kConsumerWarps = 4 * kConsumerWgs;
   static constexpr int kThreads = 128 + kConsumerThreads;
   // Q / dO ring depth: 3 where shared memory allows (block 128: one CTA per SM,
-  // ~182 KB at D 128), 2 for block 64 (two CTAs of ~107 KB per SM at D 128).
+  // ~182 KB at D 128); 1 for block 64 (two CTAs per SM: with the dQ staging buffer only one
+  // stage fits).
   static constexpr int kStages = kBlockN == 128 ? 3 : 1;
   static constexpr int kCtasPerSm = kConsumerWgs == 1 ? 2 : 1;
   // Register split (multiples of 8), per CTA 65536 / kCtasPerSm: the producer needs few; the

@@ -76,7 +76,11 @@ int auto_splits(const BsaFwdProblem& p) {
   const int64_t slots = int64_t{sm_count(p.device_index)} * (d.block == 64 ? 2 : 1);
   if (tiles <= 0 || tiles >= slots) return 1;
   const int64_t by_tiles = slots / tiles;
-  const int64_t by_length = std::max<int64_t>(1, d.Kmax / 4);
+  // The longest row: K_max, or the fixed count when there is no per-row count tensor.
+  const int64_t longest = p.meta.q2k_count.data != nullptr
+                              ? d.Kmax
+                              : std::min<int64_t>(d.Kmax, p.meta.fixed_count);
+  const int64_t by_length = std::max<int64_t>(1, longest / 4);
   return static_cast<int>(std::min<int64_t>({by_tiles, by_length, kMaxSplits}));
 }
 

@@ -16,8 +16,8 @@ namespace sa::sm90 {
 // otherwise the reason, e.g. "D = 96, D_v = 96 (sm90 forward supports D == D_v in {64, 128})".
 std::string bsa_forward_unsupported(const BsaFwdProblem& p);
 
-// Workspace bytes bsa_forward needs for `p`: 0 unless split-KV runs (SA_TUNE_SM90_FWD_SPLITS;
-// bsa_forward.cu), then the per-split fp32 O and LSE.
+// Workspace bytes bsa_forward needs for `p`: 0 unless split-KV runs (bf16 calls whose query
+// blocks cannot fill the GPU; bsa_forward.cu, forward_splits), then the per-split fp32 O and LSE.
 size_t bsa_forward_workspace_bytes(const BsaFwdProblem& p);
 
 // Writes every element of p.o (rows < S_q) and p.lse; launches on `stream`, no host sync.

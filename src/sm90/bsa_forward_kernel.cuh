@@ -42,8 +42,8 @@
 // tile t = split * base_tiles + (query block, head, batch) walks only slots [lo, hi) of its row's
 // block list, the split's share (count * split / num_splits ..). Its epilogue writes the split's
 // normalised O (fp32, straight from the fragments) and its LSE to the workspace, and
-// bsa_forward_combine.cu merges the splits into o and lse. NOT YET RUN ON HARDWARE: served only
-// when SA_TUNE_SM90_FWD_SPLITS asks for it (bsa_forward.cu).
+// bsa_forward_combine.cu merges the splits into o and lse. Chosen automatically for bf16 when the
+// query blocks cannot fill the GPU (bsa_forward.cu, forward_splits).
 //
 // Numerics: scores s = <q, k> in fp32; x = s * scale * log2(e) folded into one FFMA with the row
 // maximum: p = 2^(s * scale_log2 - m). The running maximum m is taken over the raw scores (their

@@ -1,6 +1,6 @@
 // Hopper DSA backward, host side: support checks and the instantiations of the main kernel in
-// dsa_backward_kernel.cuh (D_qk in {512, 576}; H 64 and 128 share them: H / 64 CTAs per token;
-// bf16; plus the per-fragment reduction layout per D_qk for A/B, DkvRed::kFrag). Every other pass is the portable backward's (portable::dsa_backward_around): the
+// dsa_backward_kernel.cuh (D_qk in {512, 576}; H 64 and 128 share them: H / 64 CTAs per
+// token; bf16; plus the per-fragment reduction layout per D_qk for A/B, DkvRed::kFrag). Every other pass is the portable backward's (portable::dsa_backward_around): the
 // fp32 dkv accumulator, deterministic mode's token slices (slot keys, sort, fixed-order reduction
 // of the partial rows this kernel stores), the dkv conversion and the d_sink reduction.
 #include "sm90/dsa_backward.hpp"
@@ -57,7 +57,9 @@ void launch(const dsa_bwd::Params& params, int64_t grid, cudaStream_t stream) {
 // needs 16-byte aligned dq rows; without them the bit is dropped.
 int32_t tune_bits(const dsa_bwd::Params& prm) {
   const char* v = std::getenv("SA_TUNE_SM90_DSA_BWD");
-  int32_t bits = v != nullptr ? static_cast<int32_t>(std::strtol(v, nullptr, 0)) & 0x7f : 0;
+  constexpr int32_t kKnown = dsa_bwd::kTuneLateRelease | dsa_bwd::kTuneRowIndex |
+                             dsa_bwd::kTuneStagedDq | dsa_bwd::kTuneNoDkv | dsa_bwd::kTuneFragRed;
+  int32_t bits = v != nullptr ? static_cast<int32_t>(std::strtol(v, nullptr, 0)) & kKnown : 0;
   const bool rows16 = reinterpret_cast<uintptr_t>(prm.dq) % 16 == 0 && prm.dq_sh % 8 == 0 &&
                       prm.dq_ss % 8 == 0;
   if (!rows16) bits &= ~dsa_bwd::kTuneStagedDq;

@@ -99,13 +99,14 @@ struct DsaFwdSm90Params {
 enum class NamedBarrier : uint32_t { kMaxReady = 1, kPReady = 2, kSumReady = 3 };
 __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint32_t>(b); }
 
+// The running maximum of a row (log2 units) moves only when a chunk exceeds it by more than
+// kLazyRescaleLog2 = 8 (FlashAttention-4's rule: P then stays <= 2^8 = 256, and the result is
+// exact after the final normalisation, which uses the same maximum), and a warp skips the rescale
+// of its O accumulators when none of its rows moved (measured +3-4%, bench/NOTES.md session 10).
+constexpr float kLazyRescaleLog2 = 8.f;
+
 // kPadHeads_: H < 64 (16 or 32) runs one 64-row CTA per token whose rows >= H are padding
 // (zero Q rows, never stored).
-// The running maximum of a row moves only when a chunk exceeds it by more than 2^8
-// (kLazyRescaleLog2, FlashAttention-4's rule: P then stays <= 256, and the result is exact after
-// the final normalisation, which uses the same maximum), and a warp skips the rescale of its O
-// accumulators when none of its rows moved (measured +3-4%, bench/NOTES.md session 10).
-constexpr float kLazyRescaleLog2 = 8.f;
 template <int kDqk_, bool kPadHeads_ = false>
 struct DsaFwdTraits : DsaCta<kDqk_> {
   static constexpr bool kPadHeads = kPadHeads_;
