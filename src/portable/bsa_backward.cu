@@ -110,11 +110,10 @@ int64_t cta_slots(const BsaBwdProblem& p) {
   return static_cast<int64_t>(sms) * std::min(fit, d.block == 128 ? 1 : 2);
 }
 
-// The parameters both kernels read that come from the problem and the preprocess buffers (the
-// main kernel's accumulators and reverse map are added by the caller).
-BsaBwdParams problem_params(const BsaBwdProblem& p, int64_t Sq_pad, int64_t Skv_pad,
-                            const float* lse2, const float* delta) {
-  const BsaDims& d = p.dims;
+// The parameters both kernels read: the problem's tensors and the fields shared with the Hopper
+// backward (bsa_backward_plan.hpp; the main kernel adds the reverse map).
+BsaBwdParams problem_params(const BsaBwdProblem& p, const BsaBwdPlan& plan,
+                            const BsaBwdBuffers& buf) {
   BsaBwdParams params{};
   params.q = p.q;
   params.k = p.k;
@@ -123,22 +122,8 @@ BsaBwdParams problem_params(const BsaBwdProblem& p, int64_t Sq_pad, int64_t Skv_
   params.dq = p.dq;
   params.dk = p.dk;
   params.dv = p.dv;
-  params.lse2 = lse2;
-  params.delta = delta;
-  params.dims = d;
-  params.meta = p.meta;
-  params.Sq = static_cast<int32_t>(d.Sq);
-  params.Skv = static_cast<int32_t>(d.Skv);
-  params.Sq_pad = static_cast<int32_t>(Sq_pad);
-  params.Skv_pad = static_cast<int32_t>(Skv_pad);
-  params.block = d.block;
-  params.group = static_cast<int32_t>(d.group());
-  params.Hq = static_cast<int32_t>(d.Hq);
-  params.Hkv = static_cast<int32_t>(d.Hkv);
-  params.Nq = static_cast<int32_t>(d.Nq);
-  params.Nkv = static_cast<int32_t>(d.Nkv);
-  params.scale = p.scale;
-  params.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
+  params.block = p.dims.block;
+  fill_bsa_bwd_common_params(params, p, plan, buf);
   return params;
 }
 
@@ -152,16 +137,8 @@ BsaBwdPlan make_plan(const BsaBwdProblem& p) {
 // Step 3 (BsaBackwardMainKernel).
 void launch_main_kernel(const BsaBwdProblem& p, const BsaBwdPlan& plan, const BsaBwdBuffers& buf,
                         const ReverseMapDevice& map, cudaStream_t stream) {
-  BsaBwdParams params = problem_params(p, plan.Sq_pad, plan.Skv_pad, buf.lse2, buf.delta);
-  params.dq_accum = buf.dq_accum;
-  params.dk_accum = buf.dk_accum;
-  params.dv_accum = buf.dv_accum;
-  params.entries = map.entries;
-  params.row_groups = map.row_groups;
-  params.item_row = map.item_row;
-  params.item_begin = map.item_begin;
-  params.item_end = map.item_end;
-  params.num_items = map.num_items;
+  BsaBwdParams params = problem_params(p, plan, buf);
+  fill_bsa_bwd_map_params(params, map);
   dispatch_main(params, map.max_items, stream);
 }
 
@@ -238,7 +215,7 @@ void bsa_backward_around(const BsaBwdProblem& p, const BsaBwdPlan& plan, void* w
   if (plan.dq_accumulator)
     launch_bwd_convert_dq(p, plan.Sq_pad, buf.dq_accum, dq_tiled, stream);
   else
-    dispatch_dq(problem_params(p, plan.Sq_pad, /*Skv_pad=*/0, buf.lse2, buf.delta), stream);
+    dispatch_dq(problem_params(p, plan, buf), stream);
 
   // 5. dk, dv of the rows with several groups.
   if (plan.several_owners)

@@ -10,7 +10,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/narrow.hpp"
 #include "common/problem.hpp"
+#include "portable/reverse_map_gpu.hpp"
 
 namespace sa::portable {
 
@@ -49,5 +51,44 @@ BsaBwdBuffers carve_bsa_backward_workspace(const BsaBwdPlan& plan, void* workspa
 // Zeroes the accumulators of the plan on `stream`.
 void zero_bsa_backward_accumulators(const BsaBwdPlan& plan, const BsaBwdBuffers& buf,
                                     cudaStream_t stream);
+
+// The fields that the portable and Hopper BSA backward kernels' argument structs share under the
+// same names: the shapes (padded row counts from the plan), the metadata, the scale and the
+// workspace's buffers (null where the plan has none). Each struct's own fields (tensors or TMA
+// descriptors) are set by its caller. Host only.
+template <class Params>
+void fill_bsa_bwd_common_params(Params& prm, const BsaBwdProblem& p, const BsaBwdPlan& plan,
+                                const BsaBwdBuffers& buf) {
+  const BsaDims& d = p.dims;
+  prm.lse2 = buf.lse2;
+  prm.delta = buf.delta;
+  prm.dq_accum = buf.dq_accum;
+  prm.dk_accum = buf.dk_accum;
+  prm.dv_accum = buf.dv_accum;
+  prm.dims = d;
+  prm.meta = p.meta;
+  prm.Sq = narrow_i32(d.Sq, "S_q");
+  prm.Skv = narrow_i32(d.Skv, "S_kv");
+  prm.Sq_pad = narrow_i32(plan.Sq_pad, "S_q padded");
+  prm.Skv_pad = narrow_i32(plan.Skv_pad, "S_kv padded");
+  prm.group = narrow_i32(d.group(), "H_q / H_kv");
+  prm.Hq = narrow_i32(d.Hq, "H_q");
+  prm.Hkv = narrow_i32(d.Hkv, "H_kv");
+  prm.Nq = narrow_i32(d.Nq, "N_q");
+  prm.Nkv = narrow_i32(d.Nkv, "N_kv");
+  prm.scale = p.scale;
+  prm.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
+}
+
+// The reverse map's work items, for the main kernels.
+template <class Params>
+void fill_bsa_bwd_map_params(Params& prm, const ReverseMapDevice& map) {
+  prm.entries = map.entries;
+  prm.row_groups = map.row_groups;
+  prm.item_row = map.item_row;
+  prm.item_begin = map.item_begin;
+  prm.item_end = map.item_end;
+  prm.num_items = map.num_items;
+}
 
 }  // namespace sa::portable

@@ -15,7 +15,6 @@
 #include "common/cuda_check.hpp"
 #include "common/cuda_device.hpp"
 #include "common/host_numeric.hpp"
-#include "common/narrow.hpp"
 #include "portable/bsa_backward.hpp"
 #include "portable/bsa_backward_aux.hpp"
 #include "portable/bsa_backward_plan.hpp"
@@ -93,30 +92,8 @@ void launch_main_kernel(const BsaBwdProblem& p, const portable::BsaBwdPlan& plan
   params.tma_v = make_tensor_map(kOp, "v", p.v, d.B, d.Hkv, d.Skv, d.Dv, d.block);
   params.dk = p.dk;
   params.dv = p.dv;
-  params.lse2 = buf.lse2;
-  params.delta = buf.delta;
-  params.dq_accum = buf.dq_accum;
-  params.dk_accum = buf.dk_accum;
-  params.dv_accum = buf.dv_accum;
-  params.entries = map.entries;
-  params.row_groups = map.row_groups;
-  params.item_row = map.item_row;
-  params.item_begin = map.item_begin;
-  params.item_end = map.item_end;
-  params.num_items = map.num_items;
-  params.dims = d;
-  params.meta = p.meta;
-  params.Sq = narrow_i32(d.Sq, "S_q");
-  params.Skv = narrow_i32(d.Skv, "S_kv");
-  params.Sq_pad = narrow_i32(plan.Sq_pad, "S_q padded");
-  params.Skv_pad = narrow_i32(plan.Skv_pad, "S_kv padded");
-  params.group = narrow_i32(d.group(), "H_q / H_kv");
-  params.Hq = narrow_i32(d.Hq, "H_q");
-  params.Hkv = narrow_i32(d.Hkv, "H_kv");
-  params.Nq = narrow_i32(d.Nq, "N_q");
-  params.Nkv = narrow_i32(d.Nkv, "N_kv");
-  params.scale = p.scale;
-  params.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
+  portable::fill_bsa_bwd_common_params(params, p, plan, buf);
+  portable::fill_bsa_bwd_map_params(params, map);
   if (map.max_items > 0) dispatch_main(params, d.block, d.D, map.max_items, stream);
 }
 
