@@ -587,8 +587,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
   const int item = blockIdx.x;
   if (item >= *p.num_items) return;  // the grid is the shapes' upper bound on work items
   extern __shared__ uint8_t smem_raw[];
-  bwd::SharedStorage<T>& s = *reinterpret_cast<bwd::SharedStorage<T>*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+  bwd::SharedStorage<T>& s = aligned_shared_storage<bwd::SharedStorage<T>>(smem_raw);
 
   if (threadIdx.x == 0) {
     mbarrier_init(&s.kv_full, 1);

@@ -738,8 +738,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
     bsa_forward_sm90_kernel(const __grid_constant__ BsaFwdSm90Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
-  SharedStorage<T>& s = *reinterpret_cast<SharedStorage<T>*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+  SharedStorage<T>& s = aligned_shared_storage<SharedStorage<T>>(smem_raw);
 
   if (threadIdx.x == 0) {
     mbarrier_init(&s.q_full, 1);

@@ -571,8 +571,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     dsa_backward_sm90_kernel(const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
-  SharedStorage<T>& s = *reinterpret_cast<SharedStorage<T>*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+  SharedStorage<T>& s = aligned_shared_storage<SharedStorage<T>>(smem_raw);
 
   const int64_t tok = p.tok_begin + blockIdx.x / p.head_groups;
   const int h0 = (blockIdx.x % p.head_groups) * T::kHeads;

@@ -16,6 +16,14 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// The kernel's dynamic shared memory `raw` as its storage struct S, aligned up to 1024 bytes (the
+// period of the 128-byte swizzle; each launch asks for 1024 bytes of slack).
+template <class S>
+__device__ __forceinline__ S& aligned_shared_storage(uint8_t* raw) {
+  return *reinterpret_cast<S*>((reinterpret_cast<uintptr_t>(raw) + 1023) &
+                               ~static_cast<uintptr_t>(1023));
+}
+
 // ---- mbarrier (shared::cta) -----------------------------------------------------------------
 __device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrive_count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(arrive_count)
