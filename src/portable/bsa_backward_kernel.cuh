@@ -14,11 +14,14 @@
 //   dK, dV  [kBlockN x D]         kWarpsN x 2 warps of 32 keys x D/2    (fp32, whole walk)
 //   dQ      [64 x D]              2 x kWarpsN warps of 32 rows x D/kWarpsN (32-column chunks)
 //
-//   prologue  [0] K, V rows < valid -> smem (the rest zero-filled); tile 0's Q, dO, lse2, delta
-//                 -> stage 0 (one cp.async group)
+//   prologue  [0] K, V rows < valid -> smem (the rest zero-filled); the tile book (BwdTileBook:
+//                 the group's base offsets, tile 0's entry); tile 0's Q, dO, lse2, delta ->
+//                 stage 0 and tile 1's entry -> the book (one cp.async group)
 //   tile t    [1] wait for tile t; barrier A: stage t%2 is full; every warp is done with tile
 //                 t-1 (stage (t+1)%2, sP, sdS are free)
-//             [2] issue tile t+1's Q, dO, lse2, delta -> stage (t+1)%2 (lands during tile t)
+//             [2] issue tile t+1's Q, dO, lse2, delta -> stage (t+1)%2 (lands during tile t),
+//                 addressed from the book (its entry landed with tile t), and tile t+2's entry
+//                 -> the book; the stats row of tile t+1 (its dQ rows) -> the book
 //             [3] S  = Q K^T                      (Q, K by ldmatrix; fp32 accumulators)
 //             [4] dP = dO V^T
 //             [5] P  = 2^(S scale log2e - lse2), 0 for padded keys; dS = P (dP - delta)
@@ -45,13 +48,19 @@
 // add nothing to dQ, even when their memory holds NaN.
 //
 // Registers: dK and dV hold 128 fp32 per thread at D = 128, S and dP 64 more; values that are
-// cheap to recompute (lane roles, item fields, fragment offsets of the later GEMMs, the padding
-// bound) are re-derived from opaque copies (sm80::opaque) where they are used, so that the
-// compiler does not keep them live across the tile loop (that spilled).
+// cheap to recompute (lane roles, fragment offsets of the later GEMMs, the padding bound) are
+// re-derived from opaque copies (sm80::opaque) where they are used, and the per-tile bookkeeping
+// lives in shared memory (the book), so that the compiler does not keep them live across the
+// tile loop (that spilled). Keeping the bookkeeping out of registers used to cost a chain of
+// dependent global loads and integer divisions per tile, run by every warp in lockstep after
+// barrier A (19% of the stall samples, bench/NOTES.md session 11); the book removed it (+7% at
+// block 128, D 128).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
+#include "common/fast_divisor.hpp"
 #include "common/problem.hpp"
 #include "portable/kernel_traits.hpp"
 #include "portable/kv_tile_copy.cuh"
@@ -79,8 +88,35 @@ struct BsaBwdParams {
   BsaDims dims;
   BsaMeta meta;
   int32_t Sq, Skv, Sq_pad, Skv_pad, block, group, Hq, Hkv, Nq, Nkv;
+  FastDivisor nq_div;        // entry / N_q = the entry's query head in the group
   float scale;               // softmax scale (dK, dQ factor)
   float scale_log2;          // scale * log2(e)
+};
+
+// Where a work item's query-head group starts: the Q and dO element offsets of (batch, first
+// query head of the group, row 0) and the group's first row of the stats (lse2, delta) and of the
+// dQ accumulator (rows of D floats).
+struct BwdGroupBase {
+  int64_t q, dout, stats;
+};
+
+__device__ __forceinline__ BwdGroupBase bwd_group_base(const BsaBwdParams& p, int item_row) {
+  const int b = item_row / (p.Nkv * p.Hkv);
+  const int64_t h0 = static_cast<int64_t>((item_row / p.Nkv) % p.Hkv) * p.group;
+  return {b * p.q.sb + h0 * p.q.sh, b * p.dout.sb + h0 * p.dout.sh,
+          (static_cast<int64_t>(b) * p.Hq + h0) * p.Sq_pad};
+}
+
+// The main kernel's per-tile bookkeeping in shared memory (Traits::kBook): what a tile's copies
+// and its dQ reductions need besides the tile index, so that the loop keeps none of it in
+// registers and never waits on a global load of the reverse map (each tile's entry arrives one
+// tile early, with the previous tile's copies).
+struct BwdTileBook {
+  BwdGroupBase base;
+  int64_t stats_row[2];  // per stage: base.stats + hl Sq_pad + the tile's first row
+  int32_t entry[2];      // the entry of tile t, in slot t % 2
+  int32_t first_entry;   // the item's first entry index
+  int32_t pad;
 };
 
 template <int kBlockN_, int kHeadDim_, class Element_>
@@ -102,7 +138,8 @@ struct BwdKernelTraits {
   static constexpr int kRowChunks = kRowBytes / 16;
   static constexpr int kCopyRows = kNThreads / kRowChunks;
   static constexpr int kPRowBytes = kBlockN * 2;       // rows of sP, sdS
-  // Shared memory: K, V, Q[2], dO[2], P, dS, then [2 stages][lse2 | delta] x 64 fp32.
+  // Shared memory: K, V, Q[2], dO[2], P, dS, then [2 stages][lse2 | delta] x 64 fp32, then the
+  // tile bookkeeping (BwdTileBook).
   static constexpr int kKvBytes = kBlockN * kRowBytes;
   static constexpr int kQTileBytes = kBlockM * kRowBytes;
   static constexpr int kPBytes = kBlockM * kPRowBytes;
@@ -114,7 +151,12 @@ struct BwdKernelTraits {
   static constexpr int kOffDs = kOffP + kPBytes;
   static constexpr int kOffStats = kOffDs + kPBytes;
   static constexpr int kStatsStageBytes = 2 * kBlockM * 4;
-  static constexpr int kSmemBytes = kOffStats + 2 * kStatsStageBytes;
+  static constexpr int kOffBook = kOffStats + 2 * kStatsStageBytes;
+  // The tile book is in shared memory except at block 64, D 128, where two CTAs fill an sm90
+  // SM's 228 KB exactly (56 more bytes would halve the CTAs per SM: measured -13%); there each
+  // tile re-reads its entry and the item's row from the reverse map.
+  static constexpr bool kBook = !(kBlockN == 64 && kHeadDim == 128);
+  static constexpr int kSmemBytes = kOffBook + (kBook ? static_cast<int>(sizeof(BwdTileBook)) : 0);
   // Block 128: 8 warps and ~160 KB (D = 128): one CTA per SM. Block 64: 4 warps, two per SM.
   static constexpr int kMinBlocksPerSm = kBlockN == 128 ? 1 : 2;
 
@@ -225,50 +267,76 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
                                                 p.k.ss, p.v.ss, k_base, v_base, copy_row, valid);
   }
 
-  // Batch, query head and first query row of tile t (entries are hl * Nq + m). The item's fields
-  // are re-read (L1 hits) through an opaque item index rather than kept in registers across the
-  // main loop, where registers are scarce.
-  auto tile_rows = [&](int t, int& tb, int& h, int& r0) {
+  // Tile t's entry (hl * Nq + m) and its group's base offsets: from the book (Traits::kBook) or
+  // re-read from the reverse map (L1 hits, through an opaque item index rather than kept in
+  // registers across the main loop).
+  BwdTileBook& book = *reinterpret_cast<BwdTileBook*>(smem + Traits::kOffBook);
+  auto tile_entry = [&](int t) {
+    if constexpr (Traits::kBook) return book.entry[t & 1];
     const int it = sm80::opaque(static_cast<int>(blockIdx.x));
-    const int r = p.item_row[it];
-    const int e = p.entries[p.item_begin[it] + t / kTilesPerEntry];
-    const int hl = e / p.Nq;
-    const int m = e - hl * p.Nq;
-    tb = r / (p.Nkv * p.Hkv);
-    h = (r / p.Nkv) % p.Hkv * p.group + hl;
-    r0 = m * kBlockN + (t % kTilesPerEntry) * kBlockM;
+    return p.entries[p.item_begin[it] + t / kTilesPerEntry];
+  };
+  auto group_base = [&]() {
+    if constexpr (Traits::kBook) return book.base;
+    return bwd_group_base(p, p.item_row[sm80::opaque(static_cast<int>(blockIdx.x))]);
+  };
+  // Tile t's first stats row (= its first dQ accumulator row), its query head in the group (hl)
+  // and its first query row (r0).
+  auto tile_stats_row = [&](int t, const BwdGroupBase& g, int& hl, int& r0) {
+    const int e = tile_entry(t);
+    hl = p.nq_div.div(e);
+    r0 = (e - hl * p.Nq) * kBlockN + (t % kTilesPerEntry) * kBlockM;
+    return g.stats + static_cast<int64_t>(hl) * p.Sq_pad + r0;
   };
 
-  // Tile t's Q and dO rows (zero past S_q) and its lse2 and delta -> stage.
+  // Tile t's Q and dO rows (zero past S_q), lse2 and delta -> stage; with the book, also the
+  // tile's stats row -> the book (its dQ reductions read it) and the entry of tile t + 1 -> the
+  // book (it lands with the tile's copies).
   auto load_tile = [&](int t, int stage) {
-    int b, h, r0;
-    tile_rows(t, b, h, r0);
+    const BwdGroupBase g = group_base();
+    int hl, r0;
+    const int64_t stats_row = tile_stats_row(t, g, hl, r0);
     // Copy roles re-derived from an opaque tid: not kept live across the main loop.
     const int ctid = sm80::opaque(static_cast<int>(threadIdx.x));
     const int copy_row = ctid / kRowChunks;
     const int copy_chunk = ctid % kRowChunks;
     const uint32_t copy_smem = swizzled_offset<kRowBytes>(copy_row, copy_chunk);
-    const int64_t head_q = b * p.q.sb + h * p.q.sh;
-    const int64_t head_do = b * p.dout.sb + h * p.dout.sh;
+    const int64_t head_q = g.q + hl * p.q.sh + copy_chunk * 8;
+    const int64_t head_do = g.dout + hl * p.dout.sh + copy_chunk * 8;
     const uint32_t q_dst = s_q + stage * kQTileBytes + copy_smem;
     const uint32_t do_dst = s_do + stage * kQTileBytes + copy_smem;
 #pragma unroll
     for (int i = 0; i < kBlockM / kCopyRows; ++i) {
       const int r = r0 + copy_row + i * kCopyRows;
       const bool ok = r < p.Sq;
-      const Element* qs = ok ? q_base + (head_q + r * p.q.ss + copy_chunk * 8) : q_base;
-      const Element* ds = ok ? do_base + (head_do + r * p.dout.ss + copy_chunk * 8) : do_base;
+      const Element* qs = ok ? q_base + (head_q + r * p.q.ss) : q_base;
+      const Element* ds = ok ? do_base + (head_do + r * p.dout.ss) : do_base;
       sm80::cp_async_16(q_dst + i * kCopyRows * kRowBytes, qs, ok);
       sm80::cp_async_16(do_dst + i * kCopyRows * kRowBytes, ds, ok);
     }
     if (ctid < 32) {  // 16 chunks of lse2, then 16 of delta (workspace rows: always in bounds)
-      const float* src = (ctid < 16 ? p.lse2 : p.delta) +
-                         ((static_cast<int64_t>(b) * p.Hq + h) * p.Sq_pad + r0 + 4 * (ctid % 16));
+      const float* src = (ctid < 16 ? p.lse2 : p.delta) + (stats_row + 4 * (ctid % 16));
       sm80::cp_async_16(s_base + Traits::kOffStats + stage * Traits::kStatsStageBytes + ctid * 16,
                         src, true);
     }
+    if constexpr (Traits::kBook) {
+      if (ctid == 32 && t + 1 < num_tiles)
+        sm80::cp_async_4(
+            s_base + Traits::kOffBook + offsetof(BwdTileBook, entry) + 4 * ((t + 1) & 1),
+            p.entries + book.first_entry + (t + 1) / kTilesPerEntry);
+      if (ctid == 0) book.stats_row[stage] = stats_row;
+    }
   };
 
+  // The book's per-item fields and tile 0's entry (later entries arrive by load_tile).
+  if constexpr (Traits::kBook) {
+    if (tid == 0 && num_tiles > 0) {
+      book.base = bwd_group_base(p, row);
+      book.first_entry = begin;
+      book.entry[0] = p.entries[begin];
+    }
+    __syncthreads();
+  }
   if (num_tiles > 0) load_tile(0, 0);
   sm80::cp_async_commit();
 
@@ -465,15 +533,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
 
     // [9] dQ = dS K, 32 rows x kDqChunk columns at a time, then red.global.add.
     if (p.dq_accum != nullptr) {
-      int b, h, r0;
-      tile_rows(t, b, h, r0);
       const int qtid = sm80::opaque(static_cast<int>(threadIdx.x));
       const int wm = qtid / 32 / kWarpsN, wn = qtid / 32 % kWarpsN;
       const int g = (qtid % 32) >> 2, t4 = qtid & 3;
-      float* dq_rows = p.dq_accum + ((static_cast<int64_t>(b) * p.Hq + h) * p.Sq_pad + r0 +
-                                     32 * wm + g) *
-                                        kHeadDim +
-                       wn * kDqCols + 2 * t4;
+      int64_t stats_row;
+      if constexpr (Traits::kBook) {
+        stats_row = book.stats_row[stage];
+      } else {
+        int hl, r0;
+        stats_row = tile_stats_row(t, group_base(), hl, r0);
+      }
+      float* dq_rows = p.dq_accum + (stats_row + 32 * wm + g) * kHeadDim + wn * kDqCols + 2 * t4;
 #pragma unroll
       for (int chunk = 0; chunk < kDqCols / kDqChunk; ++chunk) {
         float acc[2][kDqChunk / 8][4];

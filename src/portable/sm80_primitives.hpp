@@ -1,7 +1,7 @@
 // The sm80 instructions the portable kernels are built from, one thin wrapper each:
-//   cp.async (16 bytes, zero fill when predicated off), ldmatrix (x4, plain and transposed),
-//   mma.sync m16n8k16 with fp32 accumulators (CuTe's SM80 atoms) and two register-pressure
-//   helpers. Shared memory is addressed with 32-bit shared-window byte addresses. The
+//   cp.async (16 bytes, zero fill when predicated off; 4 bytes), ldmatrix (x4, plain and
+//   transposed), mma.sync m16n8k16 with fp32 accumulators (CuTe's SM80 atoms) and two
+//   register-pressure helpers. Shared memory is addressed with 32-bit shared-window byte addresses. The
 //   arch-neutral ex2, quad reductions and pair packing are in common/device_math.cuh.
 //
 // Fragment layouts of mma.sync m16n8k16 (g = lane / 4, t = lane % 4), which the kernels index by:
@@ -34,6 +34,10 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
   const int src_bytes = pred ? 16 : 0;
   asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes));
+}
+// 4 bytes global -> shared, asynchronously (through L1: .ca is the only mode for 4 bytes).
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::);
