@@ -124,7 +124,6 @@ BsaBwdParams problem_params(const BsaBwdProblem& p, const BsaBwdPlan& plan,
   params.dv = p.dv;
   params.block = p.dims.block;
   fill_bsa_bwd_common_params(params, p, plan, buf);
-  params.nq_div = FastDivisor::make(params.Nq);
   return params;
 }
 

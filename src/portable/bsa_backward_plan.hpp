@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/fast_divisor.hpp"
 #include "common/narrow.hpp"
 #include "common/problem.hpp"
 #include "portable/reverse_map_gpu.hpp"
@@ -76,6 +77,7 @@ void fill_bsa_bwd_common_params(Params& prm, const BsaBwdProblem& p, const BsaBw
   prm.Hkv = narrow_i32(d.Hkv, "H_kv");
   prm.Nq = narrow_i32(d.Nq, "N_q");
   prm.Nkv = narrow_i32(d.Nkv, "N_kv");
+  prm.nq_div = FastDivisor::make(prm.Nq);
   prm.scale = p.scale;
   prm.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
 }

@@ -13,10 +13,11 @@
 // Roles (warpgroups):
 //   kProducer  warpgroup 0 (setmaxnreg down); lane 0 of warp 0 issues every load: K and V once,
 //              then per tile Q and dO (TMA, box 64 x 64 per 64-column panel) into a kStages
-//              ring. lse2 and delta do not travel through it: each consumer warpgroup loads the
-//              next tile's 64 + 64 values (one per thread, at the start of a tile) and stores
-//              them into its own double buffer between the two dS barriers, so that [3] reads
-//              them from shared memory one tile later, ordered by named barriers only.
+//              ring. lse2 and delta do not travel through it: each consumer warpgroup copies the
+//              next tile's 64 + 64 values (one 4-byte cp.async per thread, at the start of a
+//              tile) into its own double buffer and waits for them between the two dS barriers,
+//              so that [3] reads them from shared memory one tile later, ordered by named
+//              barriers only. The reverse-map entries come the same way, a tile ahead.
 //   kConsumer0 warpgroup 1 (and kConsumer1, warpgroup 2, when kBlockN = 128; setmaxnreg up): each
 //              owns 64 keys of the block. All GEMMs are computed "transposed" (keys as M) so that
 //              P^T and dS^T come out of the accumulators in the A-operand register layout:
@@ -78,7 +79,9 @@
 #include <cstdint>
 
 #include "common/dq_tile_layout.hpp"
+#include "common/fast_divisor.hpp"
 #include "common/problem.hpp"
+#include "portable/sm80_primitives.hpp"  // cp.async (the stats of the next tile)
 #include "sm90/bsa_forward_kernel.cuh"  // GmmaAtoms, gemm_issue, convert_p
 #include "sm90/hopper_primitives.cuh"
 
@@ -105,6 +108,7 @@ struct BsaBwdSm90Params {
   BsaDims dims;
   BsaMeta meta;
   int32_t Sq, Skv, Sq_pad, Skv_pad, group, Hq, Hkv, Nq, Nkv;
+  FastDivisor nq_div;  // entry / N_q = the entry's query head in the group
   float scale;       // softmax scale (dK factor; dQ is scaled by the conversion pass)
   float scale_log2;  // scale * log2(e)
 };
@@ -204,6 +208,9 @@ struct alignas(1024) SharedStorage {
   float dq[T::kDqStageFloats];  // 16-byte aligned: follows whole 1024-byte-multiple tiles
   // Per consumer warpgroup, double-buffered: lse2 (rows 0-63), then delta (rows 0-63) of a tile.
   float stats[T::kConsumerWgs][2][2 * T::kBlockM];
+  // Per consumer warpgroup, double-buffered like stats: the reverse-map entry of the query block
+  // after the next tile's (cp.async by the warpgroup's thread 0).
+  int32_t entry_ahead[T::kConsumerWgs][2];
   uint64_t kv_full;
   uint64_t q_full[T::kStages];
   uint64_t q_empty[T::kStages];
@@ -214,15 +221,18 @@ struct Item {
   int row, begin, num_tiles, b, hk, key0, valid;
 };
 
-// Query head and first query row of tile t of the item.
+// Query head and first query row of tile t of the item, from the tile's entry e = hl * Nq + m.
+template <class T>
+__device__ __forceinline__ void entry_rows(const BsaBwdSm90Params& p, const Item& it, int e, int t,
+                                           int& h, int& row0) {
+  const int hl = p.nq_div.div(e);
+  h = it.hk * p.group + hl;
+  row0 = (e - hl * p.Nq) * T::kBlockN + (t % T::kTilesPerEntry) * T::kBlockM;
+}
 template <class T>
 __device__ __forceinline__ void tile_rows(const BsaBwdSm90Params& p, const Item& it, int t,
                                           int& h, int& row0) {
-  const int e = p.entries[it.begin + t / T::kTilesPerEntry];
-  const int hl = e / p.Nq;
-  const int m = e - hl * p.Nq;
-  h = it.hk * p.group + hl;
-  row0 = m * T::kBlockN + (t % T::kTilesPerEntry) * T::kBlockM;
+  entry_rows<T>(p, it, p.entries[it.begin + t / T::kTilesPerEntry], t, h, row0);
 }
 
 // global[i] += shared[i] for `bytes` / 4 floats (16-byte multiples), as one bulk async copy of the
@@ -368,30 +378,46 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
   // Deterministic mode leaves dQ to the query-major pass (no accumulator): [6] and [7] skipped.
   const bool with_dq = p.dq_accum != nullptr;
 
-  // The first tile from t on that is not wholly past S_q (the second half of a last 128-row block
-  // adds nothing and is not loaded), with its query head and first row; num_tiles when none.
-  const auto live_tile = [&](int t, int& hh, int& rr) {
-    for (; t < it.num_tiles; ++t) {
-      tile_rows<T>(p, it, t, hh, rr);
-      if (rr < p.Sq) break;
+  // The tile walk keeps the entries of the current and the next query block in registers,
+  // e_cur = entry(t / kTilesPerEntry) and e_nxt = entry(t / kTilesPerEntry + 1) (0 past the row).
+  // The one after them comes a tile ahead through shared memory (s.entry_ahead, with the stats'
+  // cp.async group and barriers): no tile waits on a global load of the reverse map. (A register
+  // load does not do it: the warp-uniform result goes to a uniform register right after the
+  // load, which waits for it.)
+  constexpr int kTpe = T::kTilesPerEntry;
+  const int n_entries = it.num_tiles / kTpe;
+  const auto load_entry = [&](int i) { return i < n_entries ? p.entries[it.begin + i] : 0; };
+  // The first tile after t that is not wholly past S_q (only the second half of a 128-row block
+  // can be, when the block is the last one) and its entry; num_tiles when none.
+  const auto next_live = [&](int tc, int e_cur, int e_nxt, int& e) {
+    int tn = tc + 1;
+    e = tn % kTpe == 0 ? e_nxt : e_cur;
+    if (kTpe == 2 && tn % 2 == 1) {
+      int hh, rr;
+      entry_rows<T>(p, it, e, tn, hh, rr);
+      if (rr >= p.Sq) {
+        ++tn;
+        e = e_nxt;
+      }
     }
-    return t;
+    return min(tn, it.num_tiles);
   };
   // This thread's value of the stats of the tile at (query head hh, first row rr): lse2
   // (wtid < 64) or delta of row wtid % 64.
   const float* stat_src = wtid < 64 ? p.lse2 : p.delta;
-  const auto load_stat = [&](int hh, int rr) {
-    return __ldg(stat_src + (static_cast<int64_t>(it.b) * p.Hq + hh) * p.Sq_pad + rr + wtid % 64);
+  const auto stat_ptr = [&](int hh, int rr) {
+    return stat_src + ((static_cast<int64_t>(it.b) * p.Hq + hh) * p.Sq_pad + rr + wtid % 64);
   };
   // Shared addresses (explicit ld/st.shared: a generic pointer into s.stats compiles to generic
   // loads). stats_addr + 512 buf: this tile's buffer; + 4 r: lse2 of row r; + 256 + 4 r: delta.
   const uint32_t stats_addr = smem_u32(&s.stats[wg][0][0]);
   constexpr uint32_t kStatsBufBytes = 2 * T::kBlockM * 4;
   int buf = 0;  // buffer of this tile's values
-  int h = 0, row0 = 0;
-  int t = live_tile(0, h, row0);
+  int t = 0, h = 0, row0 = 0;  // tile 0 is never wholly past S_q
+  int e_cur = load_entry(0), e_nxt = load_entry(1);
   if (t < it.num_tiles) {
-    st_shared_u32(stats_addr + 4 * wtid, __float_as_uint(load_stat(h, row0)));
+    entry_rows<T>(p, it, e_cur, t, h, row0);
+    st_shared_u32(stats_addr + 4 * wtid, __float_as_uint(*stat_ptr(h, row0)));
     named_barrier_sync(3 + wg, 128);
   }
 
@@ -399,10 +425,24 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
   uint32_t phase = 0;
 #pragma unroll 1
   while (t < it.num_tiles) {
-    int h_next = 0, row0_next = 0;
-    const int t_next = live_tile(t + 1, h_next, row0_next);
-    // Stored into the other buffer between this tile's dS barriers (L2 latency hidden by [1]-[5]).
-    const float next_stat = t_next < it.num_tiles ? load_stat(h_next, row0_next) : 0.f;
+    int e_next, h_next = 0, row0_next = 0;
+    const int t_next = next_live(t, e_cur, e_nxt, e_next);
+    // When the next tile starts a new query block, the entry of the block after it -> the other
+    // entry_ahead slot (free for the reason the other stats buffer is).
+    const bool new_block = t_next / kTpe != t / kTpe;
+    const int ahead = t_next / kTpe + 1;
+    const uint32_t ahead_addr = smem_u32(&s.entry_ahead[wg][buf ^ 1]);
+    if (new_block && ahead < n_entries && wtid == 0)
+      portable::sm80::cp_async_4(ahead_addr, p.entries + it.begin + ahead);
+    // The next tile's stats -> the other buffer (free: every thread of this warpgroup finished
+    // [3] of the previous tile before the dS barriers it passed), by cp.async: waited for
+    // between this tile's dS barriers, which make it visible (a whole [1]-[5] later).
+    if (t_next < it.num_tiles) {
+      entry_rows<T>(p, it, e_next, t_next, h_next, row0_next);
+      portable::sm80::cp_async_4(stats_addr + kStatsBufBytes * (buf ^ 1) + 4 * wtid,
+                                 stat_ptr(h_next, row0_next));
+    }
+    portable::sm80::cp_async_commit();
     mbarrier_wait(&s.q_full[stage], phase);
     // [1], [2]
     gemm_issue<true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
@@ -461,9 +501,9 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
       for (int j = 0; j < size(ds32); ++j)
         st_shared_u32(ds_base + 8 * 128 * (j % 2) + (((j / 2) ^ (frag_row % 8)) << 4), ds32(j));
     }
-    // The next tile's stats: buffer buf ^ 1 was last read by [3] of the previous tile, before
-    // every thread of this warpgroup passed the first barrier above; the second makes it visible.
-    st_shared_u32(stats_addr + kStatsBufBytes * (buf ^ 1) + 4 * wtid, __float_as_uint(next_stat));
+    // The next tile's stats (and entry_ahead) have landed (cp.async above); the second barrier
+    // makes them visible.
+    portable::sm80::cp_async_wait<0>();
     fence_proxy_async_shared();
     named_barrier_sync(ds_barrier, T::kDsThreads);
     if (with_dq) {
@@ -532,6 +572,10 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     if (++stage == T::kStages) {
       stage = 0;
       phase ^= 1;
+    }
+    if (new_block) {
+      e_cur = e_nxt;
+      e_nxt = ahead < n_entries ? static_cast<int>(ld_shared_u32(ahead_addr)) : 0;
     }
     buf ^= 1;
     t = t_next;
