@@ -505,7 +505,7 @@ TEST(Sm90DsaBackwardTuned, MatchesReference) {
   SA_SKIP_WITHOUT_GPU();
   SA_SKIP_UNLESS_SM90();
   for (const char* bits : {"7", "64"}) {
-    ASSERT_EQ(setenv("SA_TUNE_SM90_DSA_BWD", bits, 1), 0);
+    const ScopedEnv tune("SA_TUNE_SM90_DSA_BWD", bits);
     for (const GpuDsaBwdCase& p : gpu_dsa_bwd_cases()) {
       if (p.name != "H64_D576_K100_LengthsInvalid" && p.name != "H128_D512_K2048_Plain" &&
           p.name != "H128_D576_K160_SinkMixed")
@@ -514,7 +514,6 @@ TEST(Sm90DsaBackwardTuned, MatchesReference) {
       ASSERT_NO_FATAL_FAILURE(expect_case_matches(p, {Variant::kSm90}));
     }
   }
-  unsetenv("SA_TUNE_SM90_DSA_BWD");
 }
 
 // AUTO picks the Hopper backward on an sm_90 device, and the portable one in deterministic mode

@@ -147,13 +147,12 @@ INSTANTIATE_TEST_SUITE_P(Cases, Sm90BsaForward, ::testing::ValuesIn(kCases),
 TEST(Sm90BsaForwardSplitKv, MatchesReference) {
   SA_SKIP_UNLESS_SM90();
   for (const char* splits : {"1", "3", "2"}) {
-    ASSERT_EQ(setenv("SA_TUNE_SM90_FWD_SPLITS", splits, 1), 0);
+    const ScopedEnv tune("SA_TUNE_SM90_FWD_SPLITS", splits);
     for (const Sm90BsaCase& c : kCases) {
       SCOPED_TRACE(c.name + " splits " + splits);
       expect_case_matches_reference(c, SA_DTYPE_BF16);
     }
   }
-  unsetenv("SA_TUNE_SM90_FWD_SPLITS");
 }
 
 // fp16: the same cases.

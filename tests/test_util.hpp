@@ -1,11 +1,12 @@
 // Helpers shared by the test files: host tensors of any dtype, random fills, NaN poisoning,
-// comparisons. Header-only; nothing here calls into the library except through its public API.
+// comparisons, a scoped environment variable. Header-only; nothing here calls into the library except through its public API.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -117,6 +118,19 @@ inline ::testing::AssertionResult all_close(const std::vector<double>& a,
 
 // True when this process sees at least one CUDA device. GPU tests call GTEST_SKIP() otherwise.
 bool cuda_available();
+
+// An environment variable set for a scope (the SA_TUNE_* experiment switches, which the library
+// reads per call) and unset when the scope ends, also when an assertion returns early.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
 
 }  // namespace sa_test
 

@@ -1,6 +1,6 @@
 // Arch-neutral device helpers that the portable (sm80+) and Hopper kernels share: the MUFU
-// exponential, quad reductions over mma accumulator rows, fp32 pair reductions to global memory
-// and fp32 -> 16-bit pair packing. Device code only; each function is one to three instructions.
+// exponential, quad reductions over mma accumulator rows, small cp.async copies, fp32 pair
+// reductions to global memory and fp32 -> 16-bit pair packing. Device code only; each function is one to three instructions.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -30,6 +30,20 @@ __device__ __forceinline__ float quad_min(float x) {
 __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// cp.async (sm80 and newer): 4 bytes global -> shared (through L1: .ca is the only mode for 4
+// bytes), asynchronously; commit the thread's copies as a group; wait until at most N committed
+// groups of this thread are in flight (other threads see the data after a following barrier).
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // addr[0] += a, addr[1] += b in global memory (fp32, no return value; addr 8-byte aligned). One

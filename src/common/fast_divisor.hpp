@@ -1,6 +1,6 @@
-// Division of non-negative int32 values by a divisor fixed for a launch, in two instructions on
-// the device (multiply-high and shift) instead of the ~20 of an integer division. Set up on the
-// host (FastDivisor::make) and passed in a kernel's parameters.
+// Division of non-negative int32 values by a divisor fixed for a launch: a multiply-high and a
+// shift on the device (and a select for divisor 1) instead of the ~20 instructions of an integer
+// division. Set up on the host (FastDivisor::make) and passed in a kernel's parameters.
 //
 // Method (round-up multiplier, Granlund and Montgomery): for d >= 2 let l = ceil(log2 d) and
 // m = ceil(2^(31 + l) / d) (< 2^32 because d > 2^(l - 1)). With e = m d - 2^(31 + l) < d <= 2^l,
@@ -9,11 +9,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define SA_FAST_DIVISOR_HD __host__ __device__ __forceinline__
-#else
-#define SA_FAST_DIVISOR_HD inline
-#endif
+#include "common/problem.hpp"  // SA_HD
 
 namespace sa {
 
@@ -23,7 +19,7 @@ struct FastDivisor {
 
   static FastDivisor make(int32_t d) {
     FastDivisor f;
-    if (d <= 1) return f;  // callers pass d >= 1
+    if (d <= 1) return f;  // d == 1 (callers pass d >= 1: N_q >= 1 is checked with the map)
     uint32_t l = 0;
     while ((int64_t{1} << l) < d) ++l;
     f.multiplier = static_cast<uint32_t>(((uint64_t{1} << (31 + l)) + d - 1) / d);
@@ -32,7 +28,7 @@ struct FastDivisor {
   }
 
   // floor(x / d) for 0 <= x < 2^31 (host and device).
-  SA_FAST_DIVISOR_HD int32_t div(int32_t x) const {
+  SA_HD int32_t div(int32_t x) const {
 #if defined(__CUDA_ARCH__)
     const uint32_t hi = __umulhi(static_cast<uint32_t>(x), multiplier);
 #else

@@ -1,8 +1,9 @@
 // The sm80 instructions the portable kernels are built from, one thin wrapper each:
-//   cp.async (16 bytes, zero fill when predicated off; 4 bytes), ldmatrix (x4, plain and
-//   transposed), mma.sync m16n8k16 with fp32 accumulators (CuTe's SM80 atoms) and two
-//   register-pressure helpers. Shared memory is addressed with 32-bit shared-window byte addresses. The
-//   arch-neutral ex2, quad reductions and pair packing are in common/device_math.cuh.
+//   cp.async (16 bytes, zero fill when predicated off), ldmatrix (x4, plain and transposed),
+//   mma.sync m16n8k16 with fp32 accumulators (CuTe's SM80 atoms) and two register-pressure
+//   helpers. Shared memory is addressed with 32-bit shared-window byte addresses. The
+//   arch-neutral ex2, quad reductions, small cp.async copies and pair packing are in
+//   common/device_math.cuh.
 //
 // Fragment layouts of mma.sync m16n8k16 (g = lane / 4, t = lane % 4), which the kernels index by:
 //   A (16 x 16, row-major) a[0] = (g, 2t..2t+1)   a[1] = (g+8, 2t..)   a[2] = (g, 2t+8..)
@@ -35,19 +36,10 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
   asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes));
 }
-// 4 bytes global -> shared, asynchronously (through L1: .ca is the only mode for 4 bytes).
-__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-// Wait until at most N committed groups of this thread are still in flight. The data of the
-// finished groups is visible to other threads only after a following barrier.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
+// cp_async_4, cp_async_commit, cp_async_wait<N>: common/device_math.cuh.
+using sa::cp_async_4;
+using sa::cp_async_commit;
+using sa::cp_async_wait;
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"

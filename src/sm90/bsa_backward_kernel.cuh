@@ -17,7 +17,8 @@
 //              next tile's 64 + 64 values (one 4-byte cp.async per thread, at the start of a
 //              tile) into its own double buffer and waits for them between the two dS barriers,
 //              so that [3] reads them from shared memory one tile later, ordered by named
-//              barriers only. The reverse-map entries come the same way, a tile ahead.
+//              barriers only. The reverse-map entries come the same way (4 bytes by the
+//              warpgroup's thread 0), one query block ahead.
 //   kConsumer0 warpgroup 1 (and kConsumer1, warpgroup 2, when kBlockN = 128; setmaxnreg up): each
 //              owns 64 keys of the block. All GEMMs are computed "transposed" (keys as M) so that
 //              P^T and dS^T come out of the accumulators in the A-operand register layout:
@@ -79,9 +80,9 @@
 #include <cstdint>
 
 #include "common/dq_tile_layout.hpp"
+#include "common/device_math.cuh"
 #include "common/fast_divisor.hpp"
 #include "common/problem.hpp"
-#include "portable/sm80_primitives.hpp"  // cp.async (the stats of the next tile)
 #include "sm90/bsa_forward_kernel.cuh"  // GmmaAtoms, gemm_issue, convert_p
 #include "sm90/hopper_primitives.cuh"
 
@@ -385,6 +386,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
   // load does not do it: the warp-uniform result goes to a uniform register right after the
   // load, which waits for it.)
   constexpr int kTpe = T::kTilesPerEntry;
+  static_assert(kTpe == 1 || kTpe == 2, "next_live skips only a 128-row block's second half");
   const int n_entries = it.num_tiles / kTpe;
   const auto load_entry = [&](int i) { return i < n_entries ? p.entries[it.begin + i] : 0; };
   // The first tile after t that is not wholly past S_q (only the second half of a 128-row block
@@ -433,16 +435,16 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     const int ahead = t_next / kTpe + 1;
     const uint32_t ahead_addr = smem_u32(&s.entry_ahead[wg][buf ^ 1]);
     if (new_block && ahead < n_entries && wtid == 0)
-      portable::sm80::cp_async_4(ahead_addr, p.entries + it.begin + ahead);
+      cp_async_4(ahead_addr, p.entries + it.begin + ahead);
     // The next tile's stats -> the other buffer (free: every thread of this warpgroup finished
     // [3] of the previous tile before the dS barriers it passed), by cp.async: waited for
     // between this tile's dS barriers, which make it visible (a whole [1]-[5] later).
     if (t_next < it.num_tiles) {
       entry_rows<T>(p, it, e_next, t_next, h_next, row0_next);
-      portable::sm80::cp_async_4(stats_addr + kStatsBufBytes * (buf ^ 1) + 4 * wtid,
+      cp_async_4(stats_addr + kStatsBufBytes * (buf ^ 1) + 4 * wtid,
                                  stat_ptr(h_next, row0_next));
     }
-    portable::sm80::cp_async_commit();
+    cp_async_commit();
     mbarrier_wait(&s.q_full[stage], phase);
     // [1], [2]
     gemm_issue<true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
@@ -502,8 +504,10 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
         st_shared_u32(ds_base + 8 * 128 * (j % 2) + (((j / 2) ^ (frag_row % 8)) << 4), ds32(j));
     }
     // The next tile's stats (and entry_ahead) have landed (cp.async above); the second barrier
-    // makes them visible.
-    portable::sm80::cp_async_wait<0>();
+    // makes them visible. (In SASS this wait and the bulk-group waits are the same counter,
+    // DEPBAR.LE SB0: every wait here is for 0 outstanding, so neither can be cut short by the
+    // other kind; a non-zero count would need both kinds counted.)
+    cp_async_wait<0>();
     fence_proxy_async_shared();
     named_barrier_sync(ds_barrier, T::kDsThreads);
     if (with_dq) {
