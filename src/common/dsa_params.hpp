@@ -4,6 +4,7 @@
 // from a forward or backward problem; each struct's own fields are set by its caller. Host only.
 #pragma once
 
+#include "common/host_numeric.hpp"
 #include "common/narrow.hpp"
 #include "common/problem.hpp"
 
@@ -31,7 +32,7 @@ void fill_dsa_common_params(Params& prm, const Problem& p) {
   prm.sink_s = p.meta.sink_stride;
   prm.skv = p.dims.Skv;
   prm.topk = narrow_i32(p.dims.topk, "topk");
-  prm.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
+  prm.scale_log2 = scale_times_log2e(p.scale);
 }
 
 }  // namespace sa

@@ -1,5 +1,6 @@
 // Host-side element access by dtype: read any floating tensor element as double, write a double
-// back with round-to-nearest-even. Used by the reference implementation and by tests.
+// back with round-to-nearest-even. Used by the reference implementation and by tests. Also the
+// kernels' exp2 scale, computed once on the host.
 #pragma once
 
 #include <cmath>
@@ -9,6 +10,11 @@
 #include "sparse_attention/sparse_attention.h"
 
 namespace sa {
+
+// The softmax scale times log2(e), rounded once to fp32: kernels take exp2(score * this - max).
+inline float scale_times_log2e(double scale) {
+  return static_cast<float>(scale * 1.4426950408889634);
+}
 
 inline float bf16_bits_to_float(uint16_t h) {
   uint32_t u = static_cast<uint32_t>(h) << 16;

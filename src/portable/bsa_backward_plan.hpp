@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "common/fast_divisor.hpp"
+#include "common/host_numeric.hpp"
 #include "common/narrow.hpp"
 #include "common/problem.hpp"
 #include "portable/reverse_map_gpu.hpp"
@@ -79,7 +80,7 @@ void fill_bsa_bwd_common_params(Params& prm, const BsaBwdProblem& p, const BsaBw
   prm.Nkv = narrow_i32(d.Nkv, "N_kv");
   prm.nq_div = FastDivisor::make(prm.Nq);
   prm.scale = p.scale;
-  prm.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
+  prm.scale_log2 = scale_times_log2e(p.scale);
 }
 
 // The reverse map's work items, for the main kernels.

@@ -115,7 +115,7 @@ void bsa_forward(const BsaFwdProblem& p, cudaStream_t stream) {
   params.Skv = static_cast<int32_t>(d.Skv);
   params.block = d.block;
   params.group = static_cast<int32_t>(d.group());
-  params.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
+  params.scale_log2 = scale_times_log2e(p.scale);
   params.masked_score = mask_value(params.scale_log2);
 
   // One CTA per query block (kBlockM = block): its K/V tiles are loaded once for all its rows.

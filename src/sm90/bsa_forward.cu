@@ -166,7 +166,7 @@ void bsa_forward(const BsaFwdProblem& p, void* workspace, size_t workspace_bytes
   params.Nq = narrow_i32(d.Nq, "N_q");
   params.group = narrow_i32(d.group(), "H_q / H_kv");
   params.num_tiles = narrow_i32(d.B * d.Hq * d.Nq, "B * H_q * N_q");
-  params.scale_log2 = static_cast<float>(static_cast<double>(p.scale) * 1.4426950408889634);
+  params.scale_log2 = scale_times_log2e(p.scale);
   params.masked_score = params.scale_log2 > 0.f ? -INFINITY : INFINITY;
 
   const int splits = forward_splits(p);
