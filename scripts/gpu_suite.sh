@@ -82,6 +82,11 @@ if has sanitize; then
   DEFAULT_SAN+="Cases/DsaForwardGpu.MatchesReference/H64_D576_K100_LengthsInvalid:"
   DEFAULT_SAN+="Cases/DsaBackwardGpu.MatchesReference/H64_D576_K100_LengthsInvalid:"
   DEFAULT_SAN+="Cases/Sm90BsaForward.MatchesReference/Block64D64MqaPartialLenPerBatch:"
+  # Block 64 (key-split mode): an odd stage count (warpgroup 1's empty schedule turn, a missing
+  # second block) and persistent CTAs whose warpgroup 1 has no stage in any tile.
+  DEFAULT_SAN+="Cases/Sm90BsaForward.MatchesReference/Block64D64GqaBshdFixedCount:"
+  DEFAULT_SAN+="Cases/Sm90BsaForward.MatchesReference/Block64D64PersistentManyTiles:"
+  DEFAULT_SAN+="Cases/Sm90BsaForward.MatchesReference/Block64D128GqaBshdPartialLenEmptyRows:"
   DEFAULT_SAN+="Cases/GpuSm90BsaBackward.MatchesReference/Block128D128MhaBhsdSingleOwner:"
   DEFAULT_SAN+="Cases/GpuSm90BsaBackward.MatchesReference/Block128D64MqaFixedCountPartialBucket2:"
   DEFAULT_SAN+="Cases/GpuSm90BsaBackward.MatchesReference/Block64D128GqaBshdPartialEmptyRowsSingleOwner:"

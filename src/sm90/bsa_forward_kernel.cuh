@@ -4,19 +4,31 @@
 // A persistent CTA walks work tiles t = blockIdx.x, blockIdx.x + gridDim.x, ...; a tile is one
 // query block m of one (batch b, query head h), kBlock (= the block size, 64 or 128) query rows,
 // attending the KV blocks of its row of q2k_index. The query block index m varies fastest, so the
-// CTAs that run together share the K/V of one head in L2.
+// CTAs that run together share the K/V of one head in L2. One CTA per SM.
+//
+// A stage of the K/V ring holds 128 keys: one KV block at block 128, two consecutive slots of the
+// block list at block 64 (two TMA boxes per panel; when the count is odd, the last stage's second
+// block repeats its first, and all its keys are masked).
 //
 // Roles (warpgroups):
 //   kProducer  warpgroup 0, setmaxnreg down to kProducerRegs; only its warp 0 works: it reads the
 //              block list 32 slots at a time (one slot per lane, broadcast by shuffles) and issues
-//              the TMA loads: Q once per tile, then K and V of each listed block (the block index
-//              times kBlock is the row coordinate of an ordinary tile load).
-//   kConsumer0 warpgroup 1 (and kConsumer1, warpgroup 2, when kBlock = 128): setmaxnreg up to
-//              kConsumerRegs; each owns 64 query rows: S = Q K^T and O += P V with wgmma, the
-//              online softmax, O in registers, the epilogue.
+//              the TMA loads: Q once per tile, then K and V of each stage (the block index times
+//              kBlock is the row coordinate of an ordinary tile load).
+//   kConsumer0, kConsumer1  warpgroups 1 and 2, setmaxnreg up to kConsumerRegs: S = Q K^T and
+//              O += P V with wgmma, the online softmax, O in registers.
+//              Block 128: each owns 64 of the tile's query rows and reads every stage; each writes
+//              its rows.
+//              Block 64 (key-split mode): both work on the tile's 64 rows, consumer w on stages
+//              w, w + 2, ... with its own softmax state (m, l, O). At the end of the tile consumer
+//              1 hands its state to consumer 0 through shared memory (s.xchg, between two named
+//              barriers both pass), and consumer 0 merges the two (O = O0 2^(m0 - m) +
+//              O1 2^(m1 - m), m the larger maximum) and writes the rows. So block 64 runs the
+//              block-128 mainloop (S of 64 x 128, one softmax and rescale per 128 keys, ping-pong)
+//              instead of a 64 x 64 one (bench/NOTES.md, session 12: +7-14%).
 //
-// Timeline of one tile (block list n0 n1 n2 ..., two consumers ping-ponging; each consumer overlaps
-// the softmax of block j with its own P V GEMM of block j-1):
+// Timeline of one tile (block 128; block list n0 n1 n2 ..., two consumers ping-ponging; each
+// consumer overlaps the softmax of stage j with its own P V GEMM of stage j-1):
 //
 //   producer  |Q|K0|K1|V0|  K2  |  V1  | ... |Vn|       (each load waits for its stage to be free)
 //   WG0       |S0|sm0|[S1 PV0]|sm1 |        |[S2 PV1]|sm2 |        | ... |PVn|epilogue|
@@ -24,19 +36,25 @@
 //   tensor    |  S0  |  WG0   |  WG1   |    |  WG0   |  WG1   |    |
 //              [..] = the GEMMs one consumer issues back to back between its schedule barriers;
 //              smj  = mask (partial block only), online softmax, P -> 16-bit, O *= alpha.
+// Key-split mode: the same, with WG0 on stages 0, 2, 4, ... and WG1 on 1, 3, 5, ...; with an odd
+// stage count WG0 takes one turn more and WG1 then passes the schedule token back with an empty
+// turn; a WG without a stage (one-stage tile) still waits for the tile's Q before it arrives on
+// kQueryEmpty, so that it never arrives twice in one phase.
 //
 // Pipeline objects (shared memory):
 //   q_full            mbarrier, TMA -> consumers: Q landed (one phase per tile that has blocks)
 //   k_full/v_full[s]  mbarriers, TMA -> consumers: stage s holds the block's K / V (producer and
 //                     consumers each read the block's number of valid keys from the metadata:
 //                     no shared word handed over through the mbarrier)
-//   k_empty/v_empty[s] mbarriers, one arrive per consumer warp -> producer: stage s is free
+//   k_empty/v_empty[s] mbarriers, one arrive per consumer warp that reads the stage (all 8, or
+//                     the 4 of its warpgroup in key-split mode) -> producer: stage s is free
 //   v_pad             mbarrier, TMA -> producer: V of a block whose padded keys lie inside the
 //                     tensor landed; the producer zeroes those rows, then arrives on v_full[s]
 //   NamedBarrier::kQueryEmpty      consumers arrive after their last S GEMM of a tile (and once at
 //                                  the start); the producer syncs before loading the next Q
 //   NamedBarrier::kScheduleWg0/1   ping-pong of the two consumers' GEMM issue (FA3-style)
 //   NamedBarrier::kEpilogueWg0/1   a consumer's O staging tile is written / is free again
+//   NamedBarrier::kXchgFull/Empty  key-split mode: consumer 1's state is in s.xchg / was read
 //
 // Split-KV (FwdTraits::kSplit, a separate instantiation; the default kernels do not contain it):
 // tile t = split * base_tiles + (query block, head, batch) walks only slots [lo, hi) of its row's
@@ -101,6 +119,8 @@ enum class NamedBarrier : uint32_t {
   kScheduleWg1 = 3,
   kEpilogueWg0 = 4,
   kEpilogueWg1 = 5,
+  kXchgFull = 6,   // key-split mode: warpgroup 1's state is in s.xchg (both sync)
+  kXchgEmpty = 7,  // key-split mode: warpgroup 0 has read s.xchg (both sync)
 };
 __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint32_t>(b); }
 __device__ __forceinline__ NamedBarrier offset(NamedBarrier b, int i) {
@@ -146,44 +166,57 @@ struct FwdTraits {
   static constexpr bool kSplit = kSplit_;  // split-KV mode (partial O and LSE to the workspace)
   static constexpr int kBlock = kBlock_;        // query rows per tile = keys per KV block
   static constexpr int kHeadDim = kHeadDim_;    // D = D_v
-  static constexpr int kConsumerWgs = kBlock / 64;
+  // Block 64 runs in key-split mode: a stage holds two KV blocks (128 keys, so that the S GEMM,
+  // the softmax and the P V GEMM work on 128 keys at a time, as at block 128), and the two
+  // consumer warpgroups share the tile's 64 query rows, each taking every other stage with its
+  // own softmax state; the epilogue merges the two states (warpgroup 1 hands its own over through
+  // shared memory). Block 128: each consumer owns 64 of the 128 rows and every stage.
+  static constexpr bool kKeySplit = kBlock == 64;
+  static constexpr int kBlocksPerStage = kKeySplit ? 2 : 1;
+  static constexpr int kKeys = kBlock * kBlocksPerStage;  // keys per stage: 128
+  static constexpr int kConsumerWgs = 2;
+  static constexpr int kMmaWgs = kKeySplit ? 1 : 2;  // warpgroups one tiled MMA spans (rows)
   static constexpr int kConsumerThreads = 128 * kConsumerWgs;
   static constexpr int kConsumerWarps = 4 * kConsumerWgs;
   static constexpr int kThreads = 128 + kConsumerThreads;
   static constexpr int kStages = 2;             // K and V ring depth
-  // Block 64: one consumer warpgroup per CTA, two CTAs per SM (their GEMMs and softmaxes
-  // interleave); block 128: one CTA per SM, two ping-ponging consumers.
-  static constexpr int kCtasPerSm = kConsumerWgs == 1 ? 2 : 1;
-  // Register split (multiples of 8): per CTA 65536 / kCtasPerSm registers.
-  static constexpr int kProducerRegs = kConsumerWgs == 2 ? 24 : 40;
-  static constexpr int kConsumerRegs = kConsumerWgs == 2 ? 240 : 216;
+  // One CTA per SM, two consumers ping-ponging on the tensor cores (FA3-style).
+  static constexpr int kCtasPerSm = 1;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
   static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <=
                     65536 / kCtasPerSm,
                 "register split exceeds the CTA's register file share");
   static constexpr int kPanels = kHeadDim / 64;  // 128-byte swizzle spans of a row
-  static constexpr int kTileBytes = kBlock * kHeadDim * 2;  // Q, one K or V stage, O staging
+  static constexpr int kTileBytes = kBlock * kHeadDim * 2;  // Q, O staging, one KV block
+  static constexpr int kStageBytes = kKeys * kHeadDim * 2;  // one K or V stage
   static constexpr int kRowBytes = kHeadDim * 2;
+  // Key-split mode: the fp32 values warpgroup 1 hands over (O, then row max and sum), one
+  // column per consumer thread: 64 + 4 words per thread at D 128.
+  static constexpr int kXchgWords = kKeySplit ? (64 * kHeadDim / 128 + 4) * 128 : 1;
 
   using BlockT = cute::Int<kBlock>;
+  using KeysT = cute::Int<kKeys>;
   using HeadT = cute::Int<kHeadDim>;
   using StagesT = cute::Int<kStages>;
-  using WgLayout = cute::Layout<cute::Shape<cute::Int<kConsumerWgs>, cute::_1, cute::_1>>;
+  using WgLayout = cute::Layout<cute::Shape<cute::Int<kMmaWgs>, cute::_1, cute::_1>>;
   // S = Q K^T: M = query rows (64 per warpgroup), N = keys, K = D; both operands K-major.
   using TiledMmaQK =
-      decltype(cute::make_tiled_mma(typename GmmaAtoms<kBlock, Element>::SS{}, WgLayout{}));
+      decltype(cute::make_tiled_mma(typename GmmaAtoms<kKeys, Element>::SS{}, WgLayout{}));
   // O += P V: M = query rows, N = D, K = keys; P from registers, V N-major (D contiguous).
   using TiledMmaPV =
       decltype(cute::make_tiled_mma(typename GmmaAtoms<kHeadDim, Element>::RS{}, WgLayout{}));
 
   // Shared tiles, all the same physical layout: 64-column panels of 128-byte rows, 128B swizzle,
-  // exactly where a TMA box (64, kBlock) with CU_TENSOR_MAP_SWIZZLE_128B puts them.
+  // exactly where TMA boxes (64, kBlock) with CU_TENSOR_MAP_SWIZZLE_128B put them (a stage's
+  // second KV block lands kBlock rows into each panel).
   using SmemLayoutQ = decltype(cute::tile_to_shape(
       cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<BlockT, HeadT>{}));
   using SmemLayoutK = decltype(cute::tile_to_shape(
-      cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<BlockT, HeadT, StagesT>{}));
+      cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<KeysT, HeadT, StagesT>{}));
   // V seen as the (D, keys) B operand of P V.
   using SmemLayoutVt = decltype(cute::tile_to_shape(
-      cute::SM90::GMMA::Layout_MN_SW128_Atom<Element>{}, cute::Shape<HeadT, BlockT, StagesT>{},
+      cute::SM90::GMMA::Layout_MN_SW128_Atom<Element>{}, cute::Shape<HeadT, KeysT, StagesT>{},
       cute::Step<cute::_2, cute::_1, cute::_3>{}));
 };
 
@@ -191,9 +224,10 @@ template <class T>
 struct alignas(1024) SharedStorage {
   using Element = typename T::Element;
   Element q[T::kBlock * T::kHeadDim];
-  Element k[T::kStages * T::kBlock * T::kHeadDim];
-  Element v[T::kStages * T::kBlock * T::kHeadDim];
-  Element o[T::kBlock * T::kHeadDim];  // epilogue staging, 64 rows per consumer warpgroup
+  Element k[T::kStages * T::kKeys * T::kHeadDim];
+  Element v[T::kStages * T::kKeys * T::kHeadDim];
+  Element o[T::kBlock * T::kHeadDim];  // epilogue staging, 64 rows per writing warpgroup
+  float xchg[T::kXchgWords];           // key-split mode: warpgroup 1's softmax state
   uint64_t q_full;
   uint64_t k_full[T::kStages];
   uint64_t k_empty[T::kStages];
@@ -257,62 +291,75 @@ __device__ __forceinline__ BlockKeys block_keys(const BsaFwdSm90Params& p, const
 }
 
 // ---- producer (warp 0) --------------------------------------------------------------------------
-// One stage of the K/V ring as the producer fills it.
+// One stage of the K/V ring as the producer fills it: kBlocksPerStage KV blocks.
+template <class T>
 struct KvSlot {
   int stage;
   uint32_t phase;
-  int key0;  // first key (row) of the block
-  int info;  // valid keys, plus kPadFlag when keys past block_len lie inside the tensor
+  int key0[T::kBlocksPerStage];  // first key (row) of each block; past S_kv for a missing block
+  int info[T::kBlocksPerStage];  // valid keys, plus kPadFlag when keys past block_len lie inside
+                                 // the tensor
 };
 constexpr int kPadFlag = 1 << 16;
 
 template <class T>
 __device__ __forceinline__ void producer_load_k(const BsaFwdSm90Params& p, SharedStorage<T>& s,
-                                                const KvSlot& slot, int hk, int b, int lane) {
-  constexpr int kPanelElems = T::kBlock * 64;
+                                                const KvSlot<T>& slot, int hk, int b, int lane) {
+  constexpr int kPanelElems = T::kKeys * 64;
   mbarrier_wait(&s.k_empty[slot.stage], slot.phase ^ 1);
   if (lane == 0) {
-    mbarrier_arrive_expect_tx(&s.k_full[slot.stage], T::kTileBytes);
+    mbarrier_arrive_expect_tx(&s.k_full[slot.stage], T::kStageBytes);
 #pragma unroll
     for (int pnl = 0; pnl < T::kPanels; ++pnl)
-      tma_load_4d(&p.tma_k, s.k + slot.stage * T::kBlock * T::kHeadDim + pnl * kPanelElems,
-                  &s.k_full[slot.stage], pnl * 64, slot.key0, hk, b);
+#pragma unroll
+      for (int h = 0; h < T::kBlocksPerStage; ++h)
+        tma_load_4d(&p.tma_k,
+                    s.k + slot.stage * T::kKeys * T::kHeadDim + pnl * kPanelElems +
+                        h * T::kBlock * 64,
+                    &s.k_full[slot.stage], pnl * 64, slot.key0[h], hk, b);
   }
 }
 
 template <class T>
 __device__ __forceinline__ void producer_load_v(const BsaFwdSm90Params& p, SharedStorage<T>& s,
-                                                const KvSlot& slot, int hk, int b, int lane,
+                                                const KvSlot<T>& slot, int hk, int b, int lane,
                                                 uint32_t& pad_phase) {
-  constexpr int kPanelElems = T::kBlock * 64;
+  constexpr int kPanelElems = T::kKeys * 64;
   mbarrier_wait(&s.v_empty[slot.stage], slot.phase ^ 1);
-  typename T::Element* v_stage = s.v + slot.stage * T::kBlock * T::kHeadDim;
-  if ((slot.info & kPadFlag) == 0) {
-    if (lane == 0) {
-      mbarrier_arrive_expect_tx(&s.v_full[slot.stage], T::kTileBytes);
+  typename T::Element* v_stage = s.v + slot.stage * T::kKeys * T::kHeadDim;
+  int pad = 0;
 #pragma unroll
-      for (int pnl = 0; pnl < T::kPanels; ++pnl)
-        tma_load_4d(&p.tma_v, v_stage + pnl * kPanelElems, &s.v_full[slot.stage], pnl * 64,
-                    slot.key0, hk, b);
-    }
-    return;
-  }
-  // Keys [valid, in-tensor end) are padding that TMA loads: land the tile, zero those rows (whole
-  // 128-byte rows of every panel: the swizzle permutes within a row), then publish the stage.
-  const int valid = slot.info & (kPadFlag - 1);
-  if (lane == 0) {
-    mbarrier_arrive_expect_tx(&s.v_pad, T::kTileBytes);
+  for (int h = 0; h < T::kBlocksPerStage; ++h) pad |= slot.info[h] & kPadFlag;
+  auto issue = [&](uint64_t* bar) {
+    mbarrier_arrive_expect_tx(bar, T::kStageBytes);
 #pragma unroll
     for (int pnl = 0; pnl < T::kPanels; ++pnl)
-      tma_load_4d(&p.tma_v, v_stage + pnl * kPanelElems, &s.v_pad, pnl * 64, slot.key0, hk, b);
+#pragma unroll
+      for (int h = 0; h < T::kBlocksPerStage; ++h)
+        tma_load_4d(&p.tma_v, v_stage + pnl * kPanelElems + h * T::kBlock * 64, bar, pnl * 64,
+                    slot.key0[h], hk, b);
+  };
+  if (pad == 0) {
+    if (lane == 0) issue(&s.v_full[slot.stage]);
+    return;
   }
+  // Keys [valid, in-tensor end) of a block are padding that TMA loads: land the stage, zero those
+  // rows (whole 128-byte rows of every panel: the swizzle permutes within a row), then publish
+  // the stage.
+  if (lane == 0) issue(&s.v_pad);
   mbarrier_wait(&s.v_pad, pad_phase);
   pad_phase ^= 1;
-  const int chunks = (T::kBlock - valid) * 8;  // 16-byte chunks per panel
 #pragma unroll
-  for (int pnl = 0; pnl < T::kPanels; ++pnl) {
-    uint4* dst = reinterpret_cast<uint4*>(v_stage + pnl * kPanelElems + valid * 64);
-    for (int c = lane; c < chunks; c += 32) dst[c] = make_uint4(0u, 0u, 0u, 0u);
+  for (int h = 0; h < T::kBlocksPerStage; ++h) {
+    if ((slot.info[h] & kPadFlag) == 0) continue;
+    const int valid = slot.info[h] & (kPadFlag - 1);
+    const int chunks = (T::kBlock - valid) * 8;  // 16-byte chunks per panel
+#pragma unroll
+    for (int pnl = 0; pnl < T::kPanels; ++pnl) {
+      uint4* dst =
+          reinterpret_cast<uint4*>(v_stage + pnl * kPanelElems + (h * T::kBlock + valid) * 64);
+      for (int c = lane; c < chunks; c += 32) dst[c] = make_uint4(0u, 0u, 0u, 0u);
+    }
   }
   fence_proxy_async_shared();  // the zeros are read by wgmma (async proxy)
   __syncwarp();
@@ -323,15 +370,15 @@ template <class T>
 __device__ __forceinline__ void producer_main(const BsaFwdSm90Params& p, SharedStorage<T>& s) {
   constexpr int kBlock = T::kBlock;
   constexpr int kPanelElems = kBlock * 64;
+  constexpr int kPer = T::kBlocksPerStage;
   const int lane = threadIdx.x % 32;
   if (lane == 0) {
     prefetch_tensor_map(&p.tma_q);
     prefetch_tensor_map(&p.tma_k);
     prefetch_tensor_map(&p.tma_v);
   }
-
-  KvSlot next{0, 0u, 0, 0};  // the ring position the next block takes
-  uint32_t pad_phase = 0;    // of v_pad
+  KvSlot<T> next{};  // the ring position the next stage takes
+  uint32_t pad_phase = 0;  // of v_pad
 #pragma unroll 1
   for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
     const TileCoord tc = tile_coord<T>(p, tile);
@@ -350,9 +397,10 @@ __device__ __forceinline__ void producer_main(const BsaFwdSm90Params& p, SharedS
                     tc.b);
     }
 
-    // [P2] K of block j, then V of block j - 1: the order the consumers use them in (block j's
-    // S GEMM is issued together with block j-1's P V GEMM). [P3] V of the last block.
-    KvSlot prev{};
+    // [P2] K of stage j, then V of stage j - 1: the order the consumers use them in (stage j's
+    // S GEMM is issued together with stage j-1's P V GEMM; in key-split mode, stage j - 2's, by
+    // the other warpgroup's turn in between). [P3] V of the last stage.
+    KvSlot<T> prev{};
 #pragma unroll 1
     for (int first = 0; first < count; first += 32) {
       // Lane i reads slot first + i: its KV block and valid keys.
@@ -362,12 +410,21 @@ __device__ __forceinline__ void producer_main(const BsaFwdSm90Params& p, SharedS
         blk = bk.blk;
         info = bk.valid | (bk.valid < bk.in_tensor ? kPadFlag : 0);
       }
-      const int n = min(32, count - first);
+      const int n = min(32, count - first);  // 32 is a multiple of kPer: no stage straddles
 #pragma unroll 1
-      for (int j = 0; j < n; ++j) {
-        KvSlot cur = next;
-        cur.key0 = __shfl_sync(0xffffffffu, blk, j) * kBlock;
-        cur.info = __shfl_sync(0xffffffffu, info, j);
+      for (int j = 0; j < n; j += kPer) {
+        KvSlot<T> cur = next;
+#pragma unroll
+        for (int h = 0; h < kPer; ++h) {
+          const int key0 = __shfl_sync(0xffffffffu, blk, j + h) * kBlock;
+          const int inf = __shfl_sync(0xffffffffu, info, j + h);
+          // A missing block (the second of a stage when the count is odd) repeats the first
+          // one, padding included: the consumers mask all its keys, and its V rows are those of
+          // a block this tile attends (no stale or foreign data meets a zero P).
+          const bool here = j + h < n;
+          cur.key0[h] = here ? key0 : cur.key0[0];
+          cur.info[h] = here ? inf : cur.info[0];
+        }
         producer_load_k<T>(p, s, cur, hk, tc.b, lane);
         if (first + j > 0) producer_load_v<T>(p, s, prev, hk, tc.b, lane, pad_phase);
         prev = cur;
@@ -425,14 +482,17 @@ __device__ __forceinline__ void gemm_issue(TiledMma& mma, TA& a, const TB& b, TC
 //   col = 8 * (i / 4) + 2 * (lane % 4) + i % 2
 // The register order of one 16-column slice is also that of a wgmma A fragment (k16), so P
 // converts to the A operand of P V element by element.
-template <class Frag>
-__device__ __forceinline__ void mask_columns(Frag& s, int valid, float masked) {
+// The keys of a stage past each KV block's valid count get the losing score: block h of the stage
+// holds columns [h kBlock, (h + 1) kBlock) (valid1 is unused with one block per stage).
+template <int kBlock, class Frag>
+__device__ __forceinline__ void mask_columns(Frag& s, int valid0, int valid1, float masked) {
   const int col0 = 2 * (threadIdx.x % 4);
   CUTE_UNROLL
-  for (int i = 0; i < cute::size(s); ++i)
-    if (8 * (i / 4) + col0 + (i % 2) >= valid) s(i) = masked;
+  for (int i = 0; i < cute::size(s); ++i) {
+    const int h = 8 * (i / 4) / kBlock;  // a compile-time constant per i
+    if (8 * (i / 4) - h * kBlock + col0 + (i % 2) >= (h == 0 ? valid0 : valid1)) s(i) = masked;
+  }
 }
-
 // Online softmax state of a thread's two rows (log2 domain: row_max is max of s * scale_log2).
 struct RowStats {
   float row_max[2];
@@ -518,11 +578,14 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
   using namespace cute;
   using Element = typename T::Element;
   using BlockT = typename T::BlockT;
+  using KeysT = typename T::KeysT;
   using HeadT = typename T::HeadT;
   constexpr int kBlock = T::kBlock;
   constexpr int kHeadDim = T::kHeadDim;
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of an O row
-  constexpr bool kPingPong = T::kConsumerWgs == 2;
+  constexpr bool kKeySplit = T::kKeySplit;
+  constexpr int kPer = T::kBlocksPerStage;
+  constexpr int kStep = kKeySplit ? 2 : 1;  // stages between two of this warpgroup's
 
   const int ctid = threadIdx.x - 128;  // 0 .. kConsumerThreads - 1
   const int wtid = ctid % 128;         // within the warpgroup
@@ -531,18 +594,20 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
 
   typename T::TiledMmaQK mma_qk;
   typename T::TiledMmaPV mma_pv;
-  auto thr_qk = mma_qk.get_thread_slice(ctid);
-  auto thr_pv = mma_pv.get_thread_slice(ctid);
+  // Key-split mode: each warpgroup's MMAs span the tile's 64 rows; else rows 64 wg + (0..63).
+  auto thr_qk = mma_qk.get_thread_slice(kKeySplit ? wtid : ctid);
+  auto thr_pv = mma_pv.get_thread_slice(kKeySplit ? wtid : ctid);
   Tensor sQ = make_tensor(make_smem_ptr(s.q), typename T::SmemLayoutQ{});
   Tensor sK = make_tensor(make_smem_ptr(s.k), typename T::SmemLayoutK{});
   Tensor sVt = make_tensor(make_smem_ptr(s.v), typename T::SmemLayoutVt{});
   Tensor tSrQ = thr_qk.partition_fragment_A(sQ);   // descriptors (MMA, 1, D/16)
   Tensor tSrK = thr_qk.partition_fragment_B(sK);   // descriptors (MMA, 1, D/16, stages)
-  Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // descriptors (MMA, 1, kBlock/16, stages)
-  Tensor tSrS = partition_fragment_C(mma_qk, Shape<BlockT, BlockT>{});  // fp32 ((2,2,kBlock/8),1,1)
-  Tensor tOrO = partition_fragment_C(mma_pv, Shape<BlockT, HeadT>{});   // fp32 ((2,2,D/8),1,1)
-  Tensor tOrP = make_tensor<Element>(partition_shape_A(mma_pv, Shape<BlockT, BlockT>{}));
+  Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // descriptors (MMA, 1, kKeys/16, stages)
+  Tensor tSrS = partition_fragment_C(mma_qk, Shape<BlockT, KeysT>{});  // fp32 ((2,2,kKeys/8),1,1)
+  Tensor tOrO = partition_fragment_C(mma_pv, Shape<BlockT, HeadT>{});  // fp32 ((2,2,D/8),1,1)
+  Tensor tOrP = make_tensor<Element>(partition_shape_A(mma_pv, Shape<BlockT, KeysT>{}));
   static_assert(decltype(size(tOrP))::value == decltype(size(tSrS))::value);
+  constexpr int kOWords = decltype(size(tOrO))::value;
 
   const float scale_log2 = p.scale_log2;
   const float masked = p.masked_score;
@@ -554,13 +619,12 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
 
   // The producer may load the first Q; consumer 0 may issue first.
   named_barrier_arrive(id(NamedBarrier::kQueryEmpty), 32 + T::kConsumerThreads);
-  if constexpr (kPingPong) {
-    if (wg == 0) named_barrier_arrive(id(NamedBarrier::kScheduleWg0), 256);
-  }
+  if (wg == 0) named_barrier_arrive(id(NamedBarrier::kScheduleWg0), 256);
 
   int stage = 0;
-  uint32_t phase = 0;    // of the K/V ring ("full" barriers)
-  uint32_t q_phase = 0;  // of q_full
+  uint32_t phase = 0;     // the ring cursor ("full" barriers): this warpgroup's next stage
+  uint32_t pos_base = 0;  // key-split mode: ring position of the tile's first stage
+  uint32_t q_phase = 0;   // of q_full
   uint8_t* s_o = reinterpret_cast<uint8_t*>(s.o) + wg * 64 * T::kRowBytes;
 
 #pragma unroll 1
@@ -568,12 +632,15 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
     const TileCoord tc = tile_coord<T>(p, tile);
     const SlotRange sr = tile_slots<T>(p, tc);
     const int count = sr.n;
-    const int row0 = tc.m * kBlock + wg * 64;  // first query row of this warpgroup
+    // Key-split mode: both warpgroups work on the tile's 64 rows and warpgroup 0 writes them.
+    const int row0 = tc.m * kBlock + (kKeySplit ? 0 : wg * 64);  // first query row written
+    const bool writer = !kKeySplit || wg == 0;
     Element* o_head =
         static_cast<Element*>(p.o.data) + tc.b * p.o.sb + tc.h * p.o.sh;  // row 0, d 0
     float* lse_head = p.lse + tc.b * p.lse_stride[0] + tc.h * p.lse_stride[1];
 
     if (count <= 0) {
+      if (!writer) continue;
       if constexpr (T::kSplit) {
         // [C0'] No block in this split: its partial O = 0, LSE = -inf (the combine weighs it 0).
         float* o_rows = split_o_rows(p, tc, row0);
@@ -601,71 +668,154 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
       continue;
     }
 
+    // This warpgroup's stages of the tile: i = first, first + kStep, ... < n_stages (a stage
+    // holds the KV blocks of slots kPer i .. kPer i + kPer - 1).
+    const int n_stages = (count + kPer - 1) / kPer;
+    const int first = kKeySplit ? wg : 0;
+    const int n_mine = kKeySplit ? (n_stages - wg + 1) / 2 : n_stages;
+    if constexpr (kKeySplit) {
+      // The ring cursor at this warpgroup's first stage of the tile (with two stages, its every
+      // other stage is always the same one, one phase later).
+      static_assert(T::kStages == 2, "key-split mode: a warpgroup's stages are 2 apart");
+      stage = static_cast<int>((pos_base + wg) % 2);
+      phase = ((pos_base + wg) / 2) & 1u;
+      pos_base += static_cast<uint32_t>(n_stages);
+    }
+    auto advance = [&] {
+      if constexpr (kKeySplit) {
+        phase ^= 1u;
+      } else if (++stage == T::kStages) {
+        stage = 0;
+        phase ^= 1u;
+      }
+    };
+    // Valid keys of stage i's blocks (a missing second block has none).
+    auto stage_valid = [&](int i, int& v0, int& v1) {
+      v0 = block_keys<kBlock>(p, tc, sr.lo + kPer * i).valid;
+      v1 = kBlock;
+      if constexpr (kPer == 2)
+        v1 = 2 * i + 1 < count ? block_keys<kBlock>(p, tc, sr.lo + 2 * i + 1).valid : 0;
+    };
+
     RowStats st;
     st.row_max[0] = st.row_max[1] = -INFINITY;
     st.row_sum[0] = st.row_sum[1] = 0.f;
     float alpha[2];
 
-    // [C1] First block: S = Q K^T, softmax, P.
-    mbarrier_wait(&s.q_full, q_phase);
-    q_phase ^= 1;
-    int valid = block_keys<kBlock>(p, tc, sr.lo).valid;  // used after the S GEMM: latency hidden
-    mbarrier_wait(&s.k_full[stage], phase);
-    gemm_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS);
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tSrS);
-    if (releaser) mbarrier_arrive(&s.k_empty[stage]);
-    if (count == 1) named_barrier_arrive(id(NamedBarrier::kQueryEmpty), 32 + T::kConsumerThreads);
-    if (valid < kBlock) mask_columns(tSrS, valid, masked);
-    online_softmax(tSrS, st, scale_log2, alpha);
-    convert_p(tSrS, tOrP);
-    clear(tOrO);
-    int v_stage = stage;
-    uint32_t v_phase = phase;
-    if (++stage == T::kStages) {
-      stage = 0;
-      phase ^= 1;
-    }
-
-    // [C2] Block j >= 1: S_j = Q K_j^T and O += P_{j-1} V_{j-1} issued together; the softmax of
-    // S_j runs while the P V GEMM does.
-#pragma unroll 1
-    for (int j = 1; j < count; ++j) {
-      valid = block_keys<kBlock>(p, tc, sr.lo + j).valid;
+    if (n_mine == 0) {
+      // Key-split mode, warpgroup 1 of a one-stage tile: no keys (an empty state, weighed 0). It
+      // still waits for the tile's Q before releasing it: an arrive for this tile must not land
+      // in the previous tile's kQueryEmpty phase (a warpgroup that waits on nothing would run
+      // ahead through several such tiles).
+      mbarrier_wait(&s.q_full, q_phase);
+      q_phase ^= 1;
+      named_barrier_arrive(id(NamedBarrier::kQueryEmpty), 32 + T::kConsumerThreads);
+      clear(tOrO);
+    } else {
+      // [C1] First stage: S = Q K^T, softmax, P.
+      mbarrier_wait(&s.q_full, q_phase);
+      q_phase ^= 1;
+      int valid0, valid1;
+      stage_valid(first, valid0, valid1);  // used after the S GEMM: latency hidden
       mbarrier_wait(&s.k_full[stage], phase);
-      if constexpr (kPingPong) named_barrier_sync(id(my_schedule), 256);
       gemm_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS);
-      mbarrier_wait(&s.v_full[v_stage], v_phase);
-      gemm_issue<false>(mma_pv, tOrP, tOrV(_, _, _, v_stage), tOrO);
-      if constexpr (kPingPong) named_barrier_arrive(id(other_schedule), 256);
-      warpgroup_wait<1>();  // S_j is ready
+      warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       if (releaser) mbarrier_arrive(&s.k_empty[stage]);
-      if (j == count - 1)
+      if (n_mine == 1)
         named_barrier_arrive(id(NamedBarrier::kQueryEmpty), 32 + T::kConsumerThreads);
-      if (valid < kBlock) mask_columns(tSrS, valid, masked);
+      if (valid0 < kBlock || valid1 < kBlock) mask_columns<kBlock>(tSrS, valid0, valid1, masked);
       online_softmax(tSrS, st, scale_log2, alpha);
-      warpgroup_wait<0>();  // P_{j-1} V_{j-1} is done: V stage and P registers are free
+      convert_p(tSrS, tOrP);
+      clear(tOrO);
+      int v_stage = stage;
+      uint32_t v_phase = phase;
+      advance();
+
+      // [C2] Stage j >= 1 of this warpgroup: S_j = Q K_j^T and O += P_{j-1} V_{j-1} issued
+      // together; the softmax of S_j runs while the P V GEMM does.
+#pragma unroll 1
+      for (int j = 1; j < n_mine; ++j) {
+        stage_valid(first + j * kStep, valid0, valid1);
+        mbarrier_wait(&s.k_full[stage], phase);
+        named_barrier_sync(id(my_schedule), 256);
+        gemm_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS);
+        mbarrier_wait(&s.v_full[v_stage], v_phase);
+        gemm_issue<false>(mma_pv, tOrP, tOrV(_, _, _, v_stage), tOrO);
+        named_barrier_arrive(id(other_schedule), 256);
+        warpgroup_wait<1>();  // S_j is ready
+        warpgroup_fence_operand(tSrS);
+        if (releaser) mbarrier_arrive(&s.k_empty[stage]);
+        if (j == n_mine - 1)
+          named_barrier_arrive(id(NamedBarrier::kQueryEmpty), 32 + T::kConsumerThreads);
+        if (valid0 < kBlock || valid1 < kBlock)
+          mask_columns<kBlock>(tSrS, valid0, valid1, masked);
+        online_softmax(tSrS, st, scale_log2, alpha);
+        warpgroup_wait<0>();  // P_{j-1} V_{j-1} is done: V stage and P registers are free
+        warpgroup_fence_operand(tOrO);
+        warpgroup_fence_operand(tOrP);
+        if (releaser) mbarrier_arrive(&s.v_empty[v_stage]);
+        convert_p(tSrS, tOrP);
+        scale_rows(tOrO, alpha);
+        v_stage = stage;
+        v_phase = phase;
+        advance();
+      }
+
+      // [C3] Last P V.
+      mbarrier_wait(&s.v_full[v_stage], v_phase);
+      gemm_issue<false>(mma_pv, tOrP, tOrV(_, _, _, v_stage), tOrO);
+      warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
       warpgroup_fence_operand(tOrP);
       if (releaser) mbarrier_arrive(&s.v_empty[v_stage]);
-      convert_p(tSrS, tOrP);
-      scale_rows(tOrO, alpha);
-      v_stage = stage;
-      v_phase = phase;
-      if (++stage == T::kStages) {
-        stage = 0;
-        phase ^= 1;
-      }
     }
 
-    // [C3] Last P V.
-    mbarrier_wait(&s.v_full[v_stage], v_phase);
-    gemm_issue<false>(mma_pv, tOrP, tOrV(_, _, _, v_stage), tOrO);
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tOrO);
-    warpgroup_fence_operand(tOrP);
-    if (releaser) mbarrier_arrive(&s.v_empty[v_stage]);
+    if constexpr (kKeySplit) {
+      // The schedule token goes back to warpgroup 0: with an odd number of stages (>= 3)
+      // warpgroup 0 took one turn more, and warpgroup 1 takes its last turn empty.
+      if (wg == 1 && n_stages >= 3 && (n_stages & 1) != 0) {
+        named_barrier_sync(id(my_schedule), 256);
+        named_barrier_arrive(id(other_schedule), 256);
+      }
+      // [C4a] Merge: warpgroup 1 hands its O, row maxima and sums (one word column per thread:
+      // the two warpgroups' fragments have the same layout) to warpgroup 0, which weighs the two
+      // states by 2^(m_w - m) with m the larger maximum (an empty row keeps m = -inf: both
+      // weights 0). Both warpgroups pass the same two barrier instructions: the buffer is
+      // written before the first and read between them.
+      float* x = s.xchg + wtid;  // word k of this thread at x[128 k]
+      if (wg == 1) {
+        CUTE_UNROLL
+        for (int i = 0; i < kOWords; ++i) x[128 * i] = tOrO(i);
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          x[128 * (kOWords + r)] = st.row_max[r];
+          x[128 * (kOWords + 2 + r)] = st.row_sum[r];
+        }
+      }
+      named_barrier_sync(id(NamedBarrier::kXchgFull), 256);
+      if (wg == 0) {
+        float f0[2], f1[2];
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          const float m1 = x[128 * (kOWords + r)];
+          const float l1 = x[128 * (kOWords + 2 + r)];
+          const float m = fmaxf(st.row_max[r], m1);
+          const float m_use = m == -INFINITY ? 0.f : m;
+          f0[r] = exp2_approx(st.row_max[r] - m_use);
+          f1[r] = exp2_approx(m1 - m_use);
+          st.row_max[r] = m;
+          st.row_sum[r] = st.row_sum[r] * f0[r] + l1 * f1[r];
+        }
+        CUTE_UNROLL
+        for (int i = 0; i < kOWords; ++i) {
+          const int r = (i / 2) % 2;
+          tOrO(i) = tOrO(i) * f0[r] + x[128 * i] * f1[r];
+        }
+      }
+      named_barrier_sync(id(NamedBarrier::kXchgEmpty), 256);
+      if (wg == 1) continue;
+    }
 
     // [C4] Epilogue: O / rowsum -> 16-bit -> staging smem (16-byte chunks XOR-swizzled by row) ->
     // 16-byte stores of the rows < S_q; LSE = (m + log2(rowsum)) * ln 2.
@@ -747,8 +897,9 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
     for (int i = 0; i < T::kStages; ++i) {
       mbarrier_init(&s.k_full[i], 1);
       mbarrier_init(&s.v_full[i], 1);
-      mbarrier_init(&s.k_empty[i], T::kConsumerWarps);
-      mbarrier_init(&s.v_empty[i], T::kConsumerWarps);
+      // Key-split mode: a stage is read by one consumer warpgroup.
+      mbarrier_init(&s.k_empty[i], T::kKeySplit ? 4 : T::kConsumerWarps);
+      mbarrier_init(&s.v_empty[i], T::kKeySplit ? 4 : T::kConsumerWarps);
     }
     fence_mbarrier_init();
   }
