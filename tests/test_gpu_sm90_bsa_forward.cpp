@@ -67,7 +67,7 @@ const Sm90BsaCase kCases[] = {
               spec_of(false, 2, false, true)),
     make_case("Block128D64GqaBshdEmptyRows", shape_of(2, 4, 2, 257, 256, 64, 128, 2, kBshd),
               spec_of(true, -1, true, false)),
-    // block 64: one consumer warpgroup, two CTAs per SM
+    // block 64: key-split mode (two consumer warpgroups on one 64-row tile, 128-key stages)
     make_case("Block64D128GqaBshdPartialLenEmptyRows",
               shape_of(1, 4, 2, 130, 200, 128, 64, 3, kBshd), spec_of(true, -1, true, true)),
     make_case("Block64D128MhaBhsd", shape_of(2, 2, 2, 192, 256, 128, 64, 4),
@@ -101,6 +101,10 @@ const Sm90BsaCase kCases[] = {
               spec_of(true, -1, true, true)),
     make_case("Block64D64PersistentManyTiles", shape_of(2, 4, 2, 4096, 1024, 64, 64, 2, kBshd),
               spec_of(true, -1, true, true, true)),
+    // block 64 key-split mode in persistent CTAs: counts 0..7 give tiles of 0..4 stages (odd and
+    // even, a missing second block, warpgroup 1 without a stage) one after another
+    make_case("Block64D128PersistentMixedCounts", shape_of(1, 4, 2, 4096, 478, 128, 64, 7, kBshd),
+              spec_of(true, -1, true, true)),
     // padded keys inside the tensor hold NaN in K and V: they must not take part
     make_case("Block128D128NanInPaddedKeys", shape_of(1, 2, 1, 256, 512, 128, 128, 4),
               spec_of(true, -1, false, true), 0.f, 8, true),

@@ -1,7 +1,6 @@
 // Hopper DSA forward, host side: support checks, kernel arguments, launch, and the four
 // instantiations of the kernel in dsa_forward_kernel.cuh: D_qk in {512, 576} (H 64 and 128 share
-// them: H / 64 CTAs per token) x head padding (H 16 and 32: one 64-row CTA per token), bf16;
-// plus the K-split experiment's two (D_qk 512, 576), used only under SA_TUNE_SM90_DSA_FWD=1.
+// them: H / 64 CTAs per token) x head padding (H 16 and 32: one 64-row CTA per token), bf16.
 #include "sm90/dsa_forward.hpp"
 
 #include <cuda_runtime_api.h>
@@ -9,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
 #include <sstream>
 
@@ -38,9 +36,9 @@ constexpr size_t smem_bytes() {
 static_assert(smem_bytes<576>() <= kMaxSmemSm90, "sm90 DSA forward exceeds 227 KB of smem");
 static_assert(smem_bytes<512>() <= kMaxSmemSm90, "sm90 DSA forward exceeds 227 KB of smem");
 
-template <int kDqk, bool kPadHeads = false, bool kKSplit = false>
+template <int kDqk, bool kPadHeads = false>
 void launch(const DsaFwdSm90Params& params, int64_t grid, cudaStream_t stream) {
-  using Traits = DsaFwdTraits<kDqk, kPadHeads, kKSplit>;
+  using Traits = DsaFwdTraits<kDqk, kPadHeads>;
   constexpr size_t kSmem = smem_bytes<kDqk>();
   auto* kernel = &dsa_fwd::dsa_forward_sm90_kernel<Traits>;
   // Every launch (cheap, and right for whichever device is current).
@@ -48,13 +46,6 @@ void launch(const DsaFwdSm90Params& params, int64_t grid, cudaStream_t stream) {
                                      static_cast<int>(kSmem)));
   kernel<<<static_cast<unsigned>(grid), Traits::kThreads, kSmem, stream>>>(params);
   SA_CUDA_CHECK_LAUNCH();
-}
-
-// Experiment bit 1 of SA_TUNE_SM90_DSA_FWD: the K-split S (dsa_forward_kernel.cuh), H 64 and 128
-// only; its two instantiations are separate from the default kernels. Read per call (host only).
-bool k_split_requested() {
-  const char* v = std::getenv("SA_TUNE_SM90_DSA_FWD");
-  return v != nullptr && (std::strtol(v, nullptr, 0) & 1) != 0;
 }
 
 }  // namespace
@@ -107,19 +98,14 @@ void dsa_forward(const DsaFwdProblem& p, cudaStream_t stream) {
 
   const int64_t grid = d.Sq * prm.head_groups;
   if (grid == 0) return;
-  const bool k_split = !pad_heads && k_split_requested();
   if (d.Dqk == 576) {
     if (pad_heads)
       launch<576, true>(prm, grid, stream);
-    else if (k_split)
-      launch<576, false, true>(prm, grid, stream);
     else
       launch<576>(prm, grid, stream);
   } else {
     if (pad_heads)
       launch<512, true>(prm, grid, stream);
-    else if (k_split)
-      launch<512, false, true>(prm, grid, stream);
     else
       launch<512>(prm, grid, stream);
   }

@@ -100,8 +100,6 @@ enum class NamedBarrier : uint32_t {
   kMaxReady = 1,
   kPReady = 2,
   kSumReady = 3,
-  kXchgFree = 4,   // K-split: both S halves and both P V of the previous chunk are done
-  kXchgReady = 5,  // K-split: both warpgroups' partial scores are written
 };
 __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint32_t>(b); }
 
@@ -112,12 +110,10 @@ __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint
 constexpr float kLazyRescaleLog2 = 8.f;
 
 // kPadHeads_: H < 64 (16 or 32) runs one 64-row CTA per token whose rows >= H are padding
-// (zero Q rows, never stored). kKSplit_: the K-split S experiment (consumer_main, [C1]; only with
-// SA_TUNE_SM90_DSA_FWD=1, its own instantiations).
-template <int kDqk_, bool kPadHeads_ = false, bool kKSplit_ = false>
+// (zero Q rows, never stored).
+template <int kDqk_, bool kPadHeads_ = false>
 struct DsaFwdTraits : DsaCta<kDqk_> {
   static constexpr bool kPadHeads = kPadHeads_;
-  static constexpr bool kKSplit = kKSplit_;
   using Base = DsaCta<kDqk_>;
   using Element = typename Base::Element;
   using H64 = typename Base::H64;
@@ -133,13 +129,6 @@ struct DsaFwdTraits : DsaCta<kDqk_> {
   using AtomPV = cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
                                                                 cute::SM90::GMMA::Major::MN>;
   using TiledMmaQK = decltype(cute::make_tiled_mma(AtomQK{}, WgLayout{}));
-  // K-split S: each warpgroup all 64 keys (N = 64) over half of the k-blocks; its nope half is
-  // 4 consecutive panels (columns 256 wg ..) of the Q and K tiles.
-  using TiledMmaQKHalf = decltype(cute::make_tiled_mma(
-      cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
-                                                    cute::SM90::GMMA::Major::K>{}));
-  using SmemLayoutHalf = decltype(cute::tile_to_shape(
-      cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<H64, cute::Int<256>>{}));
   using TiledMmaPV = decltype(cute::make_tiled_mma(AtomPV{}, WgLayout{}));
 
   using SmemLayoutQNope = decltype(cute::tile_to_shape(
@@ -258,74 +247,15 @@ __device__ __forceinline__ void consumer_main(const DsaFwdSm90Params& p, SharedS
   for (int c = 0; c < n_chunks; ++c) {
     const int st = c % T::kStages;
     const uint32_t phase = (c / T::kStages) & 1;
-    // [C1] S_c = Q K^T over this warpgroup's 32 keys (tSrS, or sc with the K-split: element i
-    // of the 64 x 32 accumulator fragment, the layout above).
+    // [C1] S_c = Q K^T over this warpgroup's 32 keys.
     mbarrier_wait(&s.kv_full[st], phase);
-    float sc[16];  // K-split only
-    if constexpr (T::kKSplit) {
-      // K-split S: this warpgroup's partial of S over all 64 keys, k-blocks nope 16 wg ..
-      // 16 wg + 15 (and rope 2 wg, 2 wg + 1): Q is read once per chunk instead of twice. (The
-      // nope descriptors come from per-warpgroup base pointers with compile-time k-block
-      // offsets: indexing the full tiles' descriptors by 16 wg + k kept 16 of them live per
-      // stage and spilled.)
-      typename T::TiledMmaQKHalf mma_qh;
-      auto thr_qh = mma_qh.get_thread_slice(wtid);
-      Tensor tHrQn = thr_qh.partition_fragment_A(make_tensor(
-          make_smem_ptr(s.q_nope + wg * 4 * T::kPanelElems), typename T::SmemLayoutHalf{}));
-      Tensor tHrKn = thr_qh.partition_fragment_B(make_tensor(
-          make_smem_ptr(s.kv_nope + st * T::kNopeElems + wg * 4 * T::kPanelElems),
-          typename T::SmemLayoutHalf{}));  // (MMA, 1, 16): all 64 keys, this half's dims
-      Tensor tHrQr = thr_qh.partition_fragment_A(sQr);  // (MMA, 1, 4)
-      Tensor tHrKr = thr_qh.partition_fragment_B(sKr);  // (MMA, 1, 4, stages): all 64 keys
-      Tensor tHrS = partition_fragment_C(mma_qh, Shape<typename T::H64, typename T::H64>{});
-      warpgroup_fence_operand(tHrS);
-      warpgroup_arrive();
-      gemm_ss(mma_qh, tHrQn, tHrKn, tHrS, true);
-      if constexpr (T::kRope) {
-        CUTE_UNROLL
-        for (int k = 0; k < 2; ++k)
-          cute::gemm(mma_qh, tHrQr(_, _, 2 * wg + k), tHrKr(_, _, 2 * wg + k, st), tHrS);
-      }
-      warpgroup_commit_batch();
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tHrS);
-      // Exchange: thread wtid of either warpgroup holds the same (row, key) positions, so the
-      // other warpgroup's keys are elements 16 o .. 16 o + 15 (o = 1 - wg) of this fragment and
-      // its own 16 wg .. 16 wg + 15. The partials for warpgroup 0 go through the P tile, those
-      // for warpgroup 1 through this stage's rope tile, as [k / 4][wtid] float4 (conflict-free).
-      // Both are free once both warpgroups are past S_c and past P_{c-1} V_{c-1}. (Fragment
-      // elements are picked by selects: a runtime index would put the fragment in local memory.)
-      named_barrier_sync(id(NamedBarrier::kXchgFree), T::kConsumerThreads);
-      const bool w0 = wg == 0;
-      uint8_t* rope_bytes = reinterpret_cast<uint8_t*>(s.kv_rope + st * T::kPanelElems);
-      uint8_t* to_other = w0 ? rope_bytes : p_bytes;
-      const uint8_t* to_me = w0 ? p_bytes : rope_bytes;
-      CUTE_UNROLL
-      for (int q = 0; q < 4; ++q) {
-        float v[4];
-        CUTE_UNROLL
-        for (int u = 0; u < 4; ++u) v[u] = w0 ? tHrS(16 + 4 * q + u) : tHrS(4 * q + u);
-        *reinterpret_cast<float4*>(to_other + (q * 128 + wtid) * 16) =
-            make_float4(v[0], v[1], v[2], v[3]);
-      }
-      named_barrier_sync(id(NamedBarrier::kXchgReady), T::kConsumerThreads);
-      CUTE_UNROLL
-      for (int q = 0; q < 4; ++q) {
-        const float4 v = *reinterpret_cast<const float4*>(to_me + (q * 128 + wtid) * 16);
-        const float r[4] = {v.x, v.y, v.z, v.w};
-        CUTE_UNROLL
-        for (int u = 0; u < 4; ++u)
-          sc[4 * q + u] = (w0 ? tHrS(4 * q + u) : tHrS(16 + 4 * q + u)) + r[u];
-      }
-    } else {
-      warpgroup_fence_operand(tSrS);
-      warpgroup_arrive();
-      gemm_ss(mma_qk, tSrQn, tSrKn(_, _, _, st), tSrS, true);
-      if constexpr (T::kRope) gemm_ss(mma_qk, tSrQr, tSrKr(_, _, _, st), tSrS, false);
-      warpgroup_commit_batch();
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tSrS);
-    }
+    warpgroup_fence_operand(tSrS);
+    warpgroup_arrive();
+    gemm_ss(mma_qk, tSrQn, tSrKn(_, _, _, st), tSrS, true);
+    if constexpr (T::kRope) gemm_ss(mma_qk, tSrQr, tSrKr(_, _, _, st), tSrS, false);
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrS);
 
     // [C2] Scale, mask, row max over this warpgroup's keys. x and P live in their own
     // registers: S is only ever defined by wgmma.
@@ -334,7 +264,7 @@ __device__ __forceinline__ void consumer_main(const DsaFwdSm90Params& p, SharedS
     float mx[2] = {-INFINITY, -INFINITY};
     CUTE_UNROLL
     for (int i = 0; i < 16; ++i) {
-      x[i] = fmaf(T::kKSplit ? sc[i] : tSrS(i), scale_log2, bias[8 * (i / 4) + (i % 2)]);
+      x[i] = fmaf(tSrS(i), scale_log2, bias[8 * (i / 4) + (i % 2)]);
       mx[(i / 2) % 2] = fmaxf(mx[(i / 2) % 2], x[i]);
     }
     CUTE_UNROLL
