@@ -11,13 +11,14 @@
 #            the headline shape, block 128 and 64, 50%, and block 128 at 12.5%)
 #   PASSES   passes over all shapes (default 2)
 #   ROUNDS   --rounds per run (default 3)
+#   BIN      the bench binary (default ./build/sparse-attention)
 # Output: $OUT/ab.log (every run) and a summary table on stdout (median TFLOPS per library and
 # shape, each pass).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/sa_ab_out}"
 mkdir -p "$OUT"
-BIN=./build/sparse-attention
+BIN="${BIN:-./build/sparse-attention}"
 H="--batch 1 --heads 32 --kv-heads 32 --seq 8192 --dim 128"
 DEFAULT_SHAPES="--op bsa_fwd $H --block 128 --density 0.5;--op bsa_fwd $H --block 64 --density 0.5"
 DEFAULT_SHAPES+=";--op bsa_fwd $H --block 128 --density 0.125;--op bsa_bwd $H --block 128 --density 0.5"
