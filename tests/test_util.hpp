@@ -1,5 +1,6 @@
 // Helpers shared by the test files: host tensors of any dtype, random fills, NaN poisoning,
-// comparisons, a scoped environment variable. Header-only; nothing here calls into the library except through its public API.
+// comparisons, a scoped environment variable. Header-only; nothing here calls into the library
+// except through its public API.
 #pragma once
 
 #include <gtest/gtest.h>

@@ -1,6 +1,7 @@
 // Arch-neutral device helpers that the portable (sm80+) and Hopper kernels share: the MUFU
 // exponential, quad reductions over mma accumulator rows, small cp.async copies, fp32 pair
-// reductions to global memory and fp32 -> 16-bit pair packing. Device code only; each function is one to three instructions.
+// reductions to global memory and fp32 -> 16-bit pair packing. Device code only; each function
+// is one to three instructions.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -39,7 +40,7 @@ __device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
 }
 __device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

@@ -40,13 +40,9 @@ __device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src,
                "r"(src_bytes)
                : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
+using sa::cp_async_commit;  // common/device_math.cuh
 // Every cp.async group of this thread has landed. Other threads see the data after a barrier.
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
+__device__ __forceinline__ void cp_async_wait_all() { cp_async_wait<0>(); }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
