@@ -1,6 +1,7 @@
 // Hopper DSA backward, host side: support checks and the instantiations of the main kernel in
 // dsa_backward_kernel.cuh (D_qk in {512, 576}; H 64 and 128 share them: H / 64 CTAs per
-// token; bf16; plus the per-fragment reduction layout per D_qk for A/B, DkvRed::kFrag). Every other pass is the portable backward's (portable::dsa_backward_around): the
+// token; bf16; plus the per-fragment reduction layout per D_qk for A/B, DkvRed::kFrag). Every
+// other pass is the portable backward's (portable::dsa_backward_around): the
 // fp32 dkv accumulator, deterministic mode's token slices (slot keys, sort, fixed-order reduction
 // of the partial rows this kernel stores), the dkv conversion and the d_sink reduction.
 #include "sm90/dsa_backward.hpp"

@@ -96,11 +96,7 @@ struct DsaFwdSm90Params {
 };
 
 // Named barriers (id 0 is __syncthreads), all over the 256 consumer threads.
-enum class NamedBarrier : uint32_t {
-  kMaxReady = 1,
-  kPReady = 2,
-  kSumReady = 3,
-};
+enum class NamedBarrier : uint32_t { kMaxReady = 1, kPReady = 2, kSumReady = 3 };
 __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint32_t>(b); }
 
 // The running maximum of a row (log2 units) moves only when a chunk exceeds it by more than
