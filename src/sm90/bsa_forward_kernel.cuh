@@ -783,14 +783,16 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
       // states by 2^(m_w - m) with m the larger maximum (an empty row keeps m = -inf: both
       // weights 0). Both warpgroups pass the same two barrier instructions: the buffer is
       // written before the first and read between them.
-      float* x = s.xchg + wtid;  // word k of this thread at x[128 k]
+      // Word k of this thread at x + 512 k (explicit shared accesses: a generic pointer into
+      // s.xchg compiled to generic ST.E / LD.E).
+      const uint32_t x = smem_u32(s.xchg) + 4 * wtid;
       if (wg == 1) {
         CUTE_UNROLL
-        for (int i = 0; i < kOWords; ++i) x[128 * i] = tOrO(i);
+        for (int i = 0; i < kOWords; ++i) st_shared_u32(x + 512 * i, __float_as_uint(tOrO(i)));
         CUTE_UNROLL
         for (int r = 0; r < 2; ++r) {
-          x[128 * (kOWords + r)] = st.row_max[r];
-          x[128 * (kOWords + 2 + r)] = st.row_sum[r];
+          st_shared_u32(x + 512 * (kOWords + r), __float_as_uint(st.row_max[r]));
+          st_shared_u32(x + 512 * (kOWords + 2 + r), __float_as_uint(st.row_sum[r]));
         }
       }
       named_barrier_sync(id(NamedBarrier::kXchgFull), 256);
@@ -798,8 +800,8 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
         float f0[2], f1[2];
         CUTE_UNROLL
         for (int r = 0; r < 2; ++r) {
-          const float m1 = x[128 * (kOWords + r)];
-          const float l1 = x[128 * (kOWords + 2 + r)];
+          const float m1 = ld_shared_f32(x + 512 * (kOWords + r));
+          const float l1 = ld_shared_f32(x + 512 * (kOWords + 2 + r));
           const float m = fmaxf(st.row_max[r], m1);
           const float m_use = m == -INFINITY ? 0.f : m;
           f0[r] = exp2_approx(st.row_max[r] - m_use);
@@ -810,7 +812,7 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
         CUTE_UNROLL
         for (int i = 0; i < kOWords; ++i) {
           const int r = (i / 2) % 2;
-          tOrO(i) = tOrO(i) * f0[r] + x[128 * i] * f1[r];
+          tOrO(i) = tOrO(i) * f0[r] + ld_shared_f32(x + 512 * i) * f1[r];
         }
       }
       named_barrier_sync(id(NamedBarrier::kXchgEmpty), 256);
