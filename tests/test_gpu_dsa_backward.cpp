@@ -88,6 +88,10 @@ std::vector<GpuDsaBwdCase> gpu_dsa_bwd_cases() {
        spec_of(L::kMixed, true, false, S::kFinite)},
       {"H16_D512_K33_ManyTokens", shape_of(64, 512, 16, 512, 33),
        spec_of(L::kMixed, true, false, S::kFinite)},
+      // More work items (tokens x head groups: 400) than an H200's 132 SMs: the Hopper kernel's
+      // persistent CTAs walk several tokens each, some without an active slot.
+      {"H128_D576_K130_PersistentItems", shape_of(200, 800, 128, 576, 130),
+       spec_of(L::kMixed, true, true, S::kMixed)},
       {"H128_D576_K300_Deterministic", shape_of(16, 900, 128, 576, 300),
        spec_of(L::kMixed, true, true, S::kMixed), kDet},
       {"H32_D512_K64_Deterministic", shape_of(24, 200, 32, 512, 64),
