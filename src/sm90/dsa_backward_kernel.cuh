@@ -34,16 +34,18 @@
 // of the next chunk then overlaps [5] (the seed's "K-consuming MMAs first" order).
 //
 // Roles (warpgroups, 384 threads):
-//   kProducer  warpgroup 0, setmaxnreg down: Q and dO once, then each chunk's 64 kv rows with
-//              16-byte cp.async (8 lanes per row); a chunk's indices are read lane-parallel (lane i
-//              of warp w: slot 16 w + i) and broadcast with __shfl_sync when the row is copied.
+//   kProducer  warpgroup 0, setmaxnreg down: per item Q and dO (with chunk 0), and each chunk's
+//              64 kv rows, with 16-byte cp.async (8 lanes per row); a chunk's indices are read
+//              lane-parallel (lane i of warp w: slot 16 w + i) and broadcast with __shfl_sync when
+//              the row is copied.
 //              Inactive slots are never dereferenced: cp.async with src-size 0 zero-fills the
-//              row, its bias is -inf and its kidx -1. bias and kidx are double-buffered (chunk
-//              c % 2): the consumers read kidx in [5] after the K stage is already refilled.
+//              row, its bias is -inf and its kidx -1. bias and kidx are double-buffered (by the
+//              global chunk index g % 2): the consumers read kidx in [5] after the K stage is
+//              already refilled.
 //   kConsumer0/1  warpgroups 1 and 2, setmaxnreg up.
 //
-// Per chunk c, consumers:
-//   wait kv_full (parity c % 2) | issue [1] [2] (one batch) | bar kPdsFree (everyone's [5] of
+// Per chunk (global index g over the CTA's items), consumers:
+//   wait kv_full (parity g % 2) | issue [1] [2] (one batch) | bar kPdsFree (everyone's [5] of
 //   chunk c - 1 is done with sP, sDs) | wait | [3] P, dS' -> bf16 sP, sDs | fence.proxy.async,
 //   bar kPdsReady | [4] one batch, wait | arrive kv_empty (8 warps) | [5] pieces: batch, wait,
 //   reduce
