@@ -231,26 +231,28 @@ __device__ __forceinline__ void producer_item(const Params& p, SharedStorage<T>&
   }
 }
 
-// Work item i of the launch: token tok_begin + i / head_groups, heads from (i % head_groups) 64.
-struct WorkItem {
-  int64_t tok;
-  int h0;
-};
-template <class T>
-__device__ __forceinline__ WorkItem work_item(const Params& p, int64_t i) {
-  return {p.tok_begin + i / p.head_groups, static_cast<int>(i % p.head_groups) * T::kHeads};
+// The CTA's walk over its work items: item i = blockIdx.x, blockIdx.x + gridDim.x, ... is token
+// tok_begin + i / head_groups with heads from (i % head_groups) 64; f(tok, h0, n_slots, g0) runs
+// for each, g0 being the ring's index of the item's first chunk (the chunks of the earlier items).
+template <class T, class F>
+__device__ __forceinline__ void for_each_item(const Params& p, F f) {
+  uint32_t g0 = 0;
+#pragma unroll 1
+  for (int64_t i = blockIdx.x; i < p.items; i += gridDim.x) {
+    const int64_t tok = p.tok_begin + i / p.head_groups;
+    const int h0 = static_cast<int>(i % p.head_groups) * T::kHeads;
+    const int n_slots = dsa_active_slots(p.len, p.len_s, p.topk, tok);
+    f(tok, h0, n_slots, g0);
+    g0 += static_cast<uint32_t>((n_slots + T::kBlockN - 1) / T::kBlockN);
+  }
 }
 
 template <class T>
 __device__ __forceinline__ void producer_main(const Params& p, SharedStorage<T>& s) {
-  uint32_t g0 = 0, qdo_phase = 0;
-#pragma unroll 1
-  for (int64_t i = blockIdx.x; i < p.items; i += gridDim.x) {
-    const WorkItem w = work_item<T>(p, i);
-    const int n_slots = dsa_active_slots(p.len, p.len_s, p.topk, w.tok);
-    producer_item<T>(p, s, w.tok, w.h0, n_slots, g0, qdo_phase);
-    g0 += static_cast<uint32_t>((n_slots + T::kBlockN - 1) / T::kBlockN);
-  }
+  uint32_t qdo_phase = 0;
+  for_each_item<T>(p, [&](int64_t tok, int h0, int n_slots, uint32_t g0) {
+    producer_item<T>(p, s, tok, h0, n_slots, g0, qdo_phase);
+  });
 }
 
 // ---- consumers (warpgroups 1, 2) ----------------------------------------------------------------
@@ -615,14 +617,9 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
 
 template <class T>
 __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>& s, int wg) {
-  uint32_t g0 = 0;
-#pragma unroll 1
-  for (int64_t i = blockIdx.x; i < p.items; i += gridDim.x) {
-    const WorkItem w = work_item<T>(p, i);
-    const int n_slots = dsa_active_slots(p.len, p.len_s, p.topk, w.tok);
-    consumer_item<T>(p, s, w.tok, w.h0, n_slots, g0, wg);
-    g0 += static_cast<uint32_t>((n_slots + T::kBlockN - 1) / T::kBlockN);
-  }
+  for_each_item<T>(p, [&](int64_t tok, int h0, int n_slots, uint32_t g0) {
+    consumer_item<T>(p, s, tok, h0, n_slots, g0, wg);
+  });
 }
 
 // ---- kernel -------------------------------------------------------------------------------------
