@@ -88,6 +88,11 @@ std::vector<GpuDsaBwdCase> gpu_dsa_bwd_cases() {
        spec_of(L::kMixed, true, false, S::kFinite)},
       {"H16_D512_K33_ManyTokens", shape_of(64, 512, 16, 512, 33),
        spec_of(L::kMixed, true, false, S::kFinite)},
+      // More work items (tokens x head groups: 400) than an H200's 132 SMs: the Hopper kernel's
+      // persistent CTAs walk several tokens each, some without an active slot (tokens 0, 1, 66,
+      // 133: the first, second and third items of some CTAs).
+      {"H128_D576_K130_PersistentItems", shape_of(200, 800, 128, 576, 130),
+       spec_of(L::kMixed, true, true, S::kMixed)},
       {"H128_D576_K300_Deterministic", shape_of(16, 900, 128, 576, 300),
        spec_of(L::kMixed, true, true, S::kMixed), kDet},
       {"H32_D512_K64_Deterministic", shape_of(24, 200, 32, 512, 64),
@@ -96,6 +101,8 @@ std::vector<GpuDsaBwdCase> gpu_dsa_bwd_cases() {
        spec_of(L::kMixed, false, false, S::kFinite), kDet},
       {"H128_D512_K300_Deterministic", shape_of(16, 900, 128, 512, 300),
        spec_of(L::kMixed, true, true, S::kMixed), kDet},
+      {"H128_D576_K96_DeterministicPersistentItems", shape_of(200, 600, 128, 576, 96),
+       spec_of(L::kMixed, true, false, S::kFinite), kDet},
   };
 }
 
@@ -500,7 +507,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, Sm90DsaBackward, ::testing::ValuesIn(sm90_dsa_bw
 
 // The Hopper kernel's experiment variants (SA_TUNE_SM90_DSA_BWD bits, bench/NOTES.md: 1 late K
 // release, 2 per-row index loads, 4 staged dQ epilogue, 64 session 9's per-fragment reductions;
-// bit 16 is a diagnostic with wrong results), on three cases: the same results.
+// bit 16 is a diagnostic with wrong results), on four cases (one with several work items per
+// persistent CTA): the same results.
 TEST(Sm90DsaBackwardTuned, MatchesReference) {
   SA_SKIP_WITHOUT_GPU();
   SA_SKIP_UNLESS_SM90();
@@ -508,7 +516,7 @@ TEST(Sm90DsaBackwardTuned, MatchesReference) {
     const ScopedEnv tune("SA_TUNE_SM90_DSA_BWD", bits);
     for (const GpuDsaBwdCase& p : gpu_dsa_bwd_cases()) {
       if (p.name != "H64_D576_K100_LengthsInvalid" && p.name != "H128_D512_K2048_Plain" &&
-          p.name != "H128_D576_K160_SinkMixed")
+          p.name != "H128_D576_K160_SinkMixed" && p.name != "H128_D576_K130_PersistentItems")
         continue;
       SCOPED_TRACE(p.name + " tune " + bits);
       ASSERT_NO_FATAL_FAILURE(expect_case_matches(p, {Variant::kSm90}));

@@ -37,6 +37,8 @@ struct DsaBwdParams {
   float scale_log2;       // scale * log2(e)
   int32_t dqk;            // D_qk (the kernels are compiled for one; launchers dispatch on it)
   int32_t tune;           // Hopper kernel experiment bits (sm90/dsa_backward_kernel.cuh); 0
+  int64_t items;          // Hopper persistent kernel: work items (tokens x head groups) of the
+                          // launch, item i = (token tok_begin + i / head_groups, group i % ..)
 };
 
 // Kernel arguments of a validated problem (the host checks support first). The workspace

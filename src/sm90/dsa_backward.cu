@@ -8,6 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
@@ -67,11 +68,14 @@ int32_t tune_bits(const dsa_bwd::Params& prm) {
   return bits;
 }
 
-// The main kernel for portable::dsa_backward_around.
-void launch_main(const dsa_bwd::Params& prm, int64_t grid, int /*device*/, cudaStream_t stream) {
+// The main kernel for portable::dsa_backward_around: `grid` work items (tokens x head groups),
+// walked by at most one persistent CTA per SM.
+void launch_main(const dsa_bwd::Params& prm, int64_t grid, int device, cudaStream_t stream) {
   if (grid == 0) return;
   dsa_bwd::Params tuned = prm;
   tuned.tune = tune_bits(prm);
+  tuned.items = grid;
+  grid = std::min<int64_t>(grid, sm_count(device));
   using dsa_bwd::DkvRed;
   const bool frag = (tuned.tune & dsa_bwd::kTuneFragRed) != 0;
   auto go = [&](auto dqk) {

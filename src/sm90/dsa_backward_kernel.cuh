@@ -7,8 +7,12 @@
 // deterministic mode: there each piece is stored to its slot's own partial row instead of being
 // reduced, and the portable passes sum the partial rows of each key in a fixed order.
 //
-// Work split (as the Hopper forward and the portable backward): one CTA per (query token t, group
-// of 64 heads); the token's active slots are walked in chunks of 64 keys. Per chunk, with Q
+// Work split: a work item is one (query token t, group of 64 heads) (as the Hopper forward and
+// the portable backward), and the kernel is persistent: at most one CTA per SM walks items b,
+// b + gridDim.x, ... The K stage, its barriers and the bias / kidx buffers run on across items; an
+// item's first chunk is gathered while the previous item's last [5] still runs, and its Q and dO
+// as soon as that [5] is done (qdo_empty), during the previous item's epilogue. The token's
+// active slots are walked in chunks of 64 keys. Per chunk, with Q
 // [64 x D_qk] and dO [64 x 512] resident in shared memory and the chunk's kv rows K [64 x D_qk]
 // gathered (V = their first 512 columns, the same buffer):
 //
@@ -30,16 +34,18 @@
 // of the next chunk then overlaps [5] (the seed's "K-consuming MMAs first" order).
 //
 // Roles (warpgroups, 384 threads):
-//   kProducer  warpgroup 0, setmaxnreg down: Q and dO once, then each chunk's 64 kv rows with
-//              16-byte cp.async (8 lanes per row); a chunk's indices are read lane-parallel (lane i
-//              of warp w: slot 16 w + i) and broadcast with __shfl_sync when the row is copied.
+//   kProducer  warpgroup 0, setmaxnreg down: per item Q and dO (with chunk 0), and each chunk's
+//              64 kv rows, with 16-byte cp.async (8 lanes per row); a chunk's indices are read
+//              lane-parallel (lane i of warp w: slot 16 w + i) and broadcast with __shfl_sync when
+//              the row is copied.
 //              Inactive slots are never dereferenced: cp.async with src-size 0 zero-fills the
-//              row, its bias is -inf and its kidx -1. bias and kidx are double-buffered (chunk
-//              c % 2): the consumers read kidx in [5] after the K stage is already refilled.
+//              row, its bias is -inf and its kidx -1. bias and kidx are double-buffered (by the
+//              global chunk index g % 2): the consumers read kidx in [5] after the K stage is
+//              already refilled.
 //   kConsumer0/1  warpgroups 1 and 2, setmaxnreg up.
 //
-// Per chunk c, consumers:
-//   wait kv_full (parity c % 2) | issue [1] [2] (one batch) | bar kPdsFree (everyone's [5] of
+// Per chunk (global index g over the CTA's items), consumers:
+//   wait kv_full (parity g % 2) | issue [1] [2] (one batch) | bar kPdsFree (everyone's [5] of
 //   chunk c - 1 is done with sP, sDs) | wait | [3] P, dS' -> bf16 sP, sDs | fence.proxy.async,
 //   bar kPdsReady | [4] one batch, wait | arrive kv_empty (8 warps) | [5] pieces: batch, wait,
 //   reduce
@@ -163,42 +169,41 @@ struct alignas(1024) SharedStorage {
   int32_t kidx[2][64];         // per chunk parity: the slot's kv row, -1 when inactive
   uint64_t kv_full;            // producer (128 arrivals) -> consumers: the chunk's rows landed
   uint64_t kv_empty;           // consumers (8 warp arrivals) -> producer: the K stage is free
+  uint64_t qdo_empty;          // consumers (8 warp arrivals) -> producer: Q and dO are free (the
+                               // item's last [5] is done), the next item's may land
 };
 
 // ---- producer (warpgroup 0) ---------------------------------------------------------------------
-// The gather pieces are the forward's (dsa_common.cuh).
+// The gather pieces are the forward's (dsa_common.cuh). One work item (token tok, heads h0 ..
+// h0 + 63): its chunks are the ring's chunks g0, g0 + 1, ... (the K stage and the bias / kidx
+// double buffers run on across items). The item's Q and dO are gathered after its chunk 0's rows
+// (so that those overlap the previous item's last [5], which still reads the old Q and dO), once
+// the consumers release the tiles (qdo_empty, phase qdo_phase), in chunk 0's cp.async group.
 template <class T>
-__device__ __forceinline__ void producer_main(const Params& p, SharedStorage<T>& s, int64_t tok,
-                                              int h0, int n_slots) {
+__device__ __forceinline__ void producer_item(const Params& p, SharedStorage<T>& s, int64_t tok,
+                                              int h0, int n_slots, uint32_t g0,
+                                              uint32_t& qdo_phase) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;  // threads 0..127
   const int n_chunks = (n_slots + T::kBlockN - 1) / T::kBlockN;
-  if (n_chunks == 0) return;
-
-  // [P0] Q and dO of the 64 heads (all < H: H is a multiple of 64); they land with chunk 0.
-  gather_head_rows<T::kRope>(smem_u32(s.q_nope), smem_u32(s.q_rope),
-                             static_cast<const DsaElement*>(p.q) + tok * p.q_ss, p.q_sh, h0, warp,
-                             lane);
-  gather_head_rows<false>(smem_u32(s.dout), 0u,
-                          static_cast<const DsaElement*>(p.dout) + tok * p.do_ss, p.do_sh, h0,
-                          warp, lane);
   const DsaElement* kv = static_cast<const DsaElement*>(p.kv);
   const int32_t* idx_row = p.idx + tok * p.idx_ss;
 #pragma unroll 1
   for (int c = 0; c < n_chunks; ++c) {
-    const int buf = c & 1;
+    const uint32_t g = g0 + static_cast<uint32_t>(c);
+    const int buf = g & 1;
     // [P1] Indices of this warp's 16 slots, read before waiting for the stage; the rows, their
-    // bias and kv row (double-buffered: the consumers still reduce chunk c - 1's pieces).
+    // bias and kv row (double-buffered: the consumers still reduce chunk g - 1's pieces).
     auto mark = [&](int row, bool active, int32_t jr) {
       s.bias[buf][row] = active ? 0.f : -INFINITY;
       s.kidx[buf][row] = active ? jr : -1;
     };
     if ((p.tune & kTuneRowIndex) == 0) {
       const int32_t j = chunk_slot_index(idx_row, p.idx_si, n_slots, c, warp, lane);
-      mbarrier_wait(&s.kv_empty, (c & 1) ^ 1);
+      mbarrier_wait(&s.kv_empty, (g & 1) ^ 1);
       gather_chunk<T::kRope>(smem_u32(s.k_nope), smem_u32(s.k_rope), kv, p.kv_ss, p.skv,
                              ShuffledRowIndex{j}, warp, lane, mark);
     } else {
-      mbarrier_wait(&s.kv_empty, (c & 1) ^ 1);
+      mbarrier_wait(&s.kv_empty, (g & 1) ^ 1);
       const auto row_index = [&](int r_in_warp) {
         const int slot = c * T::kBlockN + 16 * warp + r_in_warp;
         return slot < n_slots ? idx_row[slot * p.idx_si] : int32_t{-1};
@@ -206,8 +211,19 @@ __device__ __forceinline__ void producer_main(const Params& p, SharedStorage<T>&
       gather_chunk<T::kRope>(smem_u32(s.k_nope), smem_u32(s.k_rope), kv, p.kv_ss, p.skv,
                              row_index, warp, lane, mark);
     }
+    if (c == 0) {
+      // [P0] Q and dO of the 64 heads (all < H: H is a multiple of 64).
+      mbarrier_wait(&s.qdo_empty, qdo_phase ^ 1);
+      qdo_phase ^= 1;
+      gather_head_rows<T::kRope>(smem_u32(s.q_nope), smem_u32(s.q_rope),
+                                 static_cast<const DsaElement*>(p.q) + tok * p.q_ss, p.q_sh, h0,
+                                 warp, lane);
+      gather_head_rows<false>(smem_u32(s.dout), 0u,
+                              static_cast<const DsaElement*>(p.dout) + tok * p.do_ss, p.do_sh,
+                              h0, warp, lane);
+    }
     cp_async_commit();
-    // [P2] This thread's copies (Q and dO too, the first time) have landed: visible to wgmma
+    // [P2] This thread's copies (Q and dO too, for chunk 0) have landed: visible to wgmma
     // (async proxy), published by the arrive (128 arrivals complete the phase).
     cp_async_wait_all();
     fence_proxy_async_shared();
@@ -215,13 +231,38 @@ __device__ __forceinline__ void producer_main(const Params& p, SharedStorage<T>&
   }
 }
 
+// The CTA's walk over its work items: item i = blockIdx.x, blockIdx.x + gridDim.x, ... is token
+// tok_begin + i / head_groups with heads from (i % head_groups) 64; f(tok, h0, n_slots, g0) runs
+// for each, g0 being the ring's index of the item's first chunk (the chunks of the earlier items).
+template <class T, class F>
+__device__ __forceinline__ void for_each_item(const Params& p, F f) {
+  uint32_t g0 = 0;
+#pragma unroll 1
+  for (int64_t i = blockIdx.x; i < p.items; i += gridDim.x) {
+    const int64_t tok = p.tok_begin + i / p.head_groups;
+    const int h0 = static_cast<int>(i % p.head_groups) * T::kHeads;
+    const int n_slots = dsa_active_slots(p.len, p.len_s, p.topk, tok);
+    f(tok, h0, n_slots, g0);
+    g0 += static_cast<uint32_t>((n_slots + T::kBlockN - 1) / T::kBlockN);
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void producer_main(const Params& p, SharedStorage<T>& s) {
+  uint32_t qdo_phase = 0;
+  for_each_item<T>(p, [&](int64_t tok, int h0, int n_slots, uint32_t g0) {
+    producer_item<T>(p, s, tok, h0, n_slots, g0, qdo_phase);
+  });
+}
+
 // ---- consumers (warpgroups 1, 2) ----------------------------------------------------------------
 // Accumulator fragments of a 64 x N wgmma tile (per thread, register index i):
 //   row = 16 * warp_in_warpgroup + lane / 4 + 8 * ((i / 2) % 2)
 //   col = 8 * (i / 4) + 2 * (lane % 4) + i % 2          (within the warpgroup's N)
+// One work item, as producer_item (its chunks are the ring's g0, g0 + 1, ...).
 template <class T>
-__device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>& s, int64_t tok,
-                                              int h0, int n_slots, int wg) {
+__device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>& s, int64_t tok,
+                                              int h0, int n_slots, uint32_t g0, int wg) {
   using namespace cute;
   using Element = typename T::Element;
   const int ctid = threadIdx.x - 128;  // 0..255
@@ -403,6 +444,9 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
       }
     }
   };
+  // kTuneStagedDq: the epilogue stages dQ in the dead Q / dO tiles (an item without chunks stores
+  // its zeros directly: the producer may already fill the tiles for the next item).
+  const bool staged = (p.tune & kTuneStagedDq) != 0 && n_chunks > 0;
   auto kv_piece = [&](int c, int buf, int panel, auto rope_tag) {
     issue_piece(panel, rope_tag, tKrAcc);
     warpgroup_wait<0>();
@@ -411,8 +455,9 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
 
 #pragma unroll 1
   for (int c = 0; c < n_chunks; ++c) {
-    const int buf = c & 1;
-    mbarrier_wait(&s.kv_full, c & 1);
+    const uint32_t g = g0 + static_cast<uint32_t>(c);
+    const int buf = g & 1;
+    mbarrier_wait(&s.kv_full, g & 1);
     // [1] S, alone: S and dP are never allocated together (with dQ's 160 fp32 at D_qk 576 that
     // spilled).
     warpgroup_fence_operand(tSrS);
@@ -495,6 +540,9 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
       if (wg == 0) kv_piece(c, buf, T::kNopePanels, cute::true_type{});
     }
     if (releaser && late_release) mbarrier_arrive(&s.kv_empty);
+    // The item's last [5] (waited) was the last read of Q and dO: the next item's may land
+    // (unless the staged dQ epilogue still uses the tiles: then after it).
+    if (releaser && c == n_chunks - 1 && !staged) mbarrier_arrive(&s.qdo_empty);
   }
 
   // Epilogue: dQ (scale is in dS') -> dq; the d_sink terms. Default: bf16 pairs stored from the
@@ -502,7 +550,6 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
   // pitch 1,168 bytes, so a warp's 8 rows of a store hit 8 different bank groups) and out with
   // 16-byte stores of whole rows.
   Element* dq = static_cast<Element*>(p.dq);
-  const bool staged = (p.tune & kTuneStagedDq) != 0;
   constexpr uint32_t kStagePitch = (T::kDqk + 8) * 2;  // bytes per staged row
   static_assert(64 * kStagePitch <= sizeof(s.q_nope) + sizeof(s.q_rope) + sizeof(s.dout),
                 "dQ staging must fit the dead Q and dO tiles");
@@ -550,6 +597,9 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
                    : "r"(stage_base + row * kStagePitch + ch * 16));
       *reinterpret_cast<uint4*>(dq + tok * p.dq_ss + (h0 + row) * p.dq_sh + ch * 8) = v;
     }
+    // Every thread of the warp has read its staged rows: Q and dO are free.
+    __syncwarp();
+    if (releaser) mbarrier_arrive(&s.qdo_empty);
   }
   if (p.sink_terms != nullptr && wg == 0 && lane % 4 == 0) {
     CUTE_UNROLL
@@ -565,7 +615,17 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
   }
 }
 
+template <class T>
+__device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>& s, int wg) {
+  for_each_item<T>(p, [&](int64_t tok, int h0, int n_slots, uint32_t g0) {
+    consumer_item<T>(p, s, tok, h0, n_slots, g0, wg);
+  });
+}
+
 // ---- kernel -------------------------------------------------------------------------------------
+// Persistent: CTA b walks the work items b, b + gridDim.x, ... (the host launches at most one CTA
+// per SM), so that an item's first gather and its Q / dO overlap the previous item's last chunk
+// and epilogue.
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, 1)
     dsa_backward_sm90_kernel(const __grid_constant__ Params p) {
@@ -573,19 +633,15 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   SharedStorage<T>& s = aligned_shared_storage<SharedStorage<T>>(smem_raw);
 
-  const int64_t tok = p.tok_begin + blockIdx.x / p.head_groups;
-  const int h0 = (blockIdx.x % p.head_groups) * T::kHeads;
-  const int n_slots = dsa_active_slots(p.len, p.len_s, p.topk, tok);
-
   if (threadIdx.x == 0) {
     mbarrier_init(&s.kv_full, T::kProducerThreads);
     mbarrier_init(&s.kv_empty, T::kConsumerWarps);
+    mbarrier_init(&s.qdo_empty, T::kConsumerWarps);
     fence_mbarrier_init();
   }
   __syncthreads();
 
-  run_roles<T>([&] { producer_main<T>(p, s, tok, h0, n_slots); },
-               [&](int wg) { consumer_main<T>(p, s, tok, h0, n_slots, wg); });
+  run_roles<T>([&] { producer_main<T>(p, s); }, [&](int wg) { consumer_main<T>(p, s, wg); });
 #endif
 }
 
