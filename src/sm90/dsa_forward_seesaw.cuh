@@ -124,7 +124,7 @@ __device__ __forceinline__ void producer_seesaw(const DsaFwdSm90Params& p, Share
     fill(0, 1, j0, false);
     fill(1, 0, j1, false);
   }
-  cp_async_wait_all();  // no copy outlives the CTA's shared memory
+  // Every copy completes on a half_full barrier that a consumer waits for before the CTA ends.
 }
 
 template <class T>
@@ -267,6 +267,7 @@ __device__ __forceinline__ void consumer_seesaw(const DsaFwdSm90Params& p, Share
       // maximum, the rescaled P0 for warpgroup 1, and O += sP1 V1.
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
+      __syncwarp();  // the warp's reads of the buffer (and bias) precede lane 0's release
       if (releaser) mbarrier_arrive(&s.half_empty[0][0]);
       named_barrier_sync(id(NamedBarrier::kMax1), T::kConsumerThreads);
       float sf[2];
@@ -291,6 +292,7 @@ __device__ __forceinline__ void consumer_seesaw(const DsaFwdSm90Params& p, Share
       warpgroup_commit_batch();
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
+      __syncwarp();  // the warp's reads of the buffer (and bias) precede lane 0's release
       if (releaser) mbarrier_arrive(&s.half_empty[1][0]);
     } else {
       // Warpgroup 1: P1 (already at the joint maximum) -> sP1 while its own batch runs; then
@@ -307,9 +309,11 @@ __device__ __forceinline__ void consumer_seesaw(const DsaFwdSm90Params& p, Share
       warpgroup_commit_batch();
       named_barrier_arrive(id(NamedBarrier::kP1), T::kConsumerThreads);
       warpgroup_wait<1>();
+      __syncwarp();  // the warp's reads of the buffer (and bias) precede lane 0's release
       if (releaser) mbarrier_arrive(&s.half_empty[1][1]);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
+      __syncwarp();  // the warp's reads of the buffer (and bias) precede lane 0's release
       if (releaser) mbarrier_arrive(&s.half_empty[0][1]);
     }
   }
