@@ -30,7 +30,8 @@
 // comes with the first half filled, on its own barrier. A missing odd block (odd chunk count) is
 // an all-inactive chunk: zero rows, bias -inf, P = 0.
 //
-// No lazy rescale here yet (the default schedule's +3-4%).
+// The running maximum moves lazily as in the default schedule (kLazyRescaleLog2: P <= 2^8), and
+// O is rescaled only by warps whose rows' maximum moved.
 #pragma once
 
 namespace sa::sm90::dsa_fwd {
@@ -232,7 +233,9 @@ __device__ __forceinline__ void consumer_seesaw(const DsaFwdSm90Params& p, Share
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) {
       const float base = wg == 0 ? m_run[r] : s.red_max[0][frag_row + 8 * r];
-      m_new[r] = fmaxf(base, quad_max(mx[r]));
+      // Lazy (kLazyRescaleLog2): the maximum moves only when exceeded by more than 2^8.
+      const float m_block = quad_max(mx[r]);
+      m_new[r] = m_block > base + kLazyRescaleLog2 ? m_block : base;
       if (lane % 4 == 0) s.red_max[wg][frag_row + 8 * r] = m_new[r];
       m_use[r] = m_new[r] == -INFINITY ? 0.f : m_new[r];  // no key yet: 2^(-inf - 0) = 0
     }
