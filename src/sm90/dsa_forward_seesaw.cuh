@@ -43,30 +43,27 @@ __device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
                : "memory");
 }
 
-// Copies columns [256 half, 256 half + 256) (and, half 1, the rope panel) of the chunk's 64 rows.
+// Copies columns [256 half, 256 half + 256) (and, half 1, the rope panel) of the chunk's 64 rows
+// (for_chunk_rows).
 template <bool kRope, class RowIndex, class Mark>
 __device__ __forceinline__ void gather_half(uint32_t nope, uint32_t rope, int half,
                                             const DsaElement* kv, int64_t kv_ss, int64_t skv,
                                             RowIndex row_index, int warp, int lane, Mark mark) {
   const int sub = lane % 8;
-#pragma unroll 1
-  for (int pass = 0; pass < 4; ++pass) {
-    const int r_in_warp = 4 * pass + lane / 8;
-    const int32_t jr = row_index(r_in_warp);
-    const int row = 16 * warp + r_in_warp;
-    const bool active = jr >= 0 && jr < skv;
-    const DsaElement* src = kv + (active ? jr * kv_ss : int64_t{0});
-    const int bytes = active ? 16 : 0;
+  for_chunk_rows(
+      kv, kv_ss, skv, row_index, warp, lane,
+      [&](int row, const DsaElement* src, int bytes) {
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int pnl = 4 * half + q;
-      cp_async_16_zfill(nope + pnl * 64 * 64 * 2 + swz(row, sub), src + pnl * 64 + sub * 8, bytes);
-    }
-    if constexpr (kRope) {
-      if (half == 1) cp_async_16_zfill(rope + swz(row, sub), src + 512 + sub * 8, bytes);
-    }
-    if (lane % 8 == 0) mark(row, active);
-  }
+        for (int q = 0; q < 4; ++q) {
+          const int pnl = 4 * half + q;
+          cp_async_16_zfill(nope + pnl * 64 * 64 * 2 + swz(row, sub), src + pnl * 64 + sub * 8,
+                            bytes);
+        }
+        if constexpr (kRope) {
+          if (half == 1) cp_async_16_zfill(rope + swz(row, sub), src + 512 + sub * 8, bytes);
+        }
+      },
+      mark);
 }
 
 // P (fp32 accumulator fragment of 64 x 64) -> the A fragment of an RS wgmma (bf16 pairs in the
@@ -114,7 +111,7 @@ __device__ __forceinline__ void producer_seesaw(const DsaFwdSm90Params& p, Share
       mbarrier_wait(&s.half_empty[buf][half], parity ^ 1);
       gather_half<T::kRope>(smem_u32(s.kv_nope + buf * T::kNopeElems),
                             smem_u32(s.kv_rope + buf * T::kPanelElems), half, kv, p.kv_ss, p.skv,
-                            j, warp, lane, [&](int row, bool active) {
+                            j, warp, lane, [&](int row, bool active, int32_t) {
                               if (with_bias) s.bias[buf][row] = active ? 0.f : -INFINITY;
                             });
       if (with_bias) mbarrier_arrive(&s.bias_full[buf]);  // releases this thread's bias stores
