@@ -169,6 +169,12 @@ if has bench; then
     F="impl=sm90,env.SA_TUNE_SM90_FWD_SPLITS"
     run --op bsa_fwd --batch 1 --heads 1 --kv-heads 1 --seq 4096 --dim 128 --block 128 \
       --density 0.5 --variants "$F=1/impl=sm90/$F=8"
+    # The DSA forward's seesaw schedule (SA_TUNE_SM90_DSA_FWD=1, session 12, not yet measured).
+    for hd in "128 576" "64 576" "128 512"; do
+      set -- $hd
+      run --op dsa_fwd "${DSA[@]}" --dsa-heads "$1" --dsa-dqk "$2" --rounds 3 --calls 10 \
+        --variants "impl=sm90/impl=sm90,env.SA_TUNE_SM90_DSA_FWD=1"
+    done
   fi
   grep -E "^\[|^  [a-z]|^####" "$OUT/bench.log" | tail -60
 fi

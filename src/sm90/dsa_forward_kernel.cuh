@@ -96,7 +96,16 @@ struct DsaFwdSm90Params {
 };
 
 // Named barriers (id 0 is __syncthreads), all over the 256 consumer threads.
-enum class NamedBarrier : uint32_t { kMaxReady = 1, kPReady = 2, kSumReady = 3 };
+enum class NamedBarrier : uint32_t {
+  kMaxReady = 1,
+  kPReady = 2,
+  kSumReady = 3,
+  // Seesaw: warpgroup w's row maxima / P tile of the iteration are published (256 threads).
+  kMax0 = 4,
+  kMax1 = 5,
+  kP0 = 6,
+  kP1 = 7,
+};
 __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint32_t>(b); }
 
 // The running maximum of a row (log2 units) moves only when a chunk exceeds it by more than
@@ -106,10 +115,12 @@ __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint
 constexpr float kLazyRescaleLog2 = 8.f;
 
 // kPadHeads_: H < 64 (16 or 32) runs one 64-row CTA per token whose rows >= H are padding
-// (zero Q rows, never stored).
-template <int kDqk_, bool kPadHeads_ = false>
+// (zero Q rows, never stored). kSeesaw_: the seesaw schedule (dsa_forward_seesaw.cuh; an
+// experiment, only with SA_TUNE_SM90_DSA_FWD=1, its own instantiations).
+template <int kDqk_, bool kPadHeads_ = false, bool kSeesaw_ = false>
 struct DsaFwdTraits : DsaCta<kDqk_> {
   static constexpr bool kPadHeads = kPadHeads_;
+  static constexpr bool kSeesaw = kSeesaw_;
   using Base = DsaCta<kDqk_>;
   using Element = typename Base::Element;
   using H64 = typename Base::H64;
@@ -117,8 +128,9 @@ struct DsaFwdTraits : DsaCta<kDqk_> {
   using D64 = typename Base::D64;
   using WgLayout = typename Base::WgLayout;
   static constexpr int kStages = 2;
-  static constexpr int kProducerRegs = 56;
-  static constexpr int kConsumerRegs = 224;
+  // The seesaw's consumers hold P in fp32 and bf16 besides O: 8 registers more for them.
+  static constexpr int kProducerRegs = kSeesaw ? 40 : 56;
+  static constexpr int kConsumerRegs = kSeesaw ? 232 : 224;
   using StagesT = cute::Int<kStages>;
   using AtomQK = cute::SM90::GMMA::MMA_64x32x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
                                                                cute::SM90::GMMA::Major::K>;
@@ -126,6 +138,15 @@ struct DsaFwdTraits : DsaCta<kDqk_> {
                                                                 cute::SM90::GMMA::Major::MN>;
   using TiledMmaQK = decltype(cute::make_tiled_mma(AtomQK{}, WgLayout{}));
   using TiledMmaPV = decltype(cute::make_tiled_mma(AtomPV{}, WgLayout{}));
+  // Seesaw: S of a warpgroup's own 64-key block (one warpgroup, N = 64), and P V with P from
+  // registers (RS; the warpgroups split N = 512 as in TiledMmaPV).
+  using TiledMmaQK64 = decltype(cute::make_tiled_mma(
+      cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
+                                                    cute::SM90::GMMA::Major::K>{}));
+  using TiledMmaPVrs = decltype(cute::make_tiled_mma(
+      cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K,
+                                                     cute::SM90::GMMA::Major::MN>{},
+      WgLayout{}));
 
   using SmemLayoutQNope = decltype(cute::tile_to_shape(
       cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<H64, D512>{}));
@@ -141,6 +162,11 @@ struct DsaFwdTraits : DsaCta<kDqk_> {
       cute::Step<cute::_2, cute::_1, cute::_3>{}));
   using SmemLayoutP = decltype(cute::tile_to_shape(
       cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<H64, H64>{}));
+  // Seesaw: one buffer's V (a per-buffer base pointer: descriptors indexed by a runtime stage
+  // stay live and spill).
+  using SmemLayoutVt1 = decltype(cute::tile_to_shape(
+      cute::SM90::GMMA::Layout_MN_SW128_Atom<Element>{}, cute::Shape<D512, H64>{},
+      cute::Step<cute::_2, cute::_1>{}));
 };
 
 template <class T>
@@ -156,6 +182,11 @@ struct alignas(1024) SharedStorage {
   float red_sum[2][64];
   uint64_t kv_full[T::kStages];
   uint64_t kv_empty[T::kStages];
+  // Seesaw only: per buffer (block parity) and half (0: columns 0-255, 1: 256-575), the producer's
+  // cp.async completions (128) / the releasing warpgroup's warps (4); the buffer's bias (128).
+  uint64_t half_full[2][2];
+  uint64_t half_empty[2][2];
+  uint64_t bias_full[2];
 };
 
 // ---- producer (warpgroup 0) ---------------------------------------------------------------------
@@ -196,6 +227,55 @@ __device__ __forceinline__ void producer_main(const DsaFwdSm90Params& p, SharedS
 }
 
 // ---- consumers (warpgroups 1, 2) ----------------------------------------------------------------
+// [C5] Row sums of both warpgroups' shares (l_run: this thread's part of its rows' sums of the
+// warpgroup's P), lse, sink, normalisation, stores of this warpgroup's 256 columns of O. Both
+// warpgroups hold the same running maximum m_run.
+template <class T, class FragO>
+__device__ __forceinline__ void consumer_epilogue(const DsaFwdSm90Params& p, SharedStorage<T>& s,
+                                                  int64_t tok, int h0, int wg, int lane,
+                                                  int frag_row, const float (&m_run)[2],
+                                                  const float (&l_run)[2], const FragO& tOrO) {
+  using Element = typename T::Element;
+  float l_half[2];
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    l_half[r] = quad_sum(l_run[r]);
+    if (lane % 4 == 0) s.red_sum[wg][frag_row + 8 * r] = l_half[r];
+  }
+  named_barrier_sync(id(NamedBarrier::kSumReady), T::kConsumerThreads);
+  constexpr float kLn2 = 0.693147180559945309f;
+  float factor[2];
+  Element* out = static_cast<Element*>(p.out);
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const int row = frag_row + 8 * r;
+    // Both warpgroups add the halves in the same order: the same l, lse and factor.
+    const float l = s.red_sum[0][row] + s.red_sum[1][row];
+    const int h = h0 + row;
+    const bool real = !T::kPadHeads || h < p.heads;  // a padding row is neither read nor stored
+    float lse = INFINITY;  // no active slot: out = 0, lse = +inf
+    factor[r] = 0.f;
+    if (l > 0.f) {
+      lse = (m_run[r] + log2f(l)) * kLn2;
+      // out = O / l / (1 + e^(sink - lse)): sink -inf gives e^-inf = 0; +inf or huge gives an
+      // infinite denominator, factor 0. Never NaN.
+      const float sink = p.sink != nullptr && real ? p.sink[h * p.sink_s] : -INFINITY;
+      factor[r] = 1.f / (l * (1.f + expf(sink - lse)));
+    }
+    if (wg == 0 && lane % 4 == 0 && real) p.lse[tok * p.lse_ss + h * p.lse_sh] = lse;
+  }
+  CUTE_UNROLL
+  for (int i = 0; i < cute::size(tOrO); i += 2) {
+    const int r = (i / 2) % 2;
+    const int h = h0 + frag_row + 8 * r;
+    const int col = 256 * wg + 8 * (i / 4) + 2 * (lane % 4);
+    if (T::kPadHeads && h >= p.heads) continue;
+    *reinterpret_cast<uint32_t*>(out + tok * p.o_ss + h * p.o_sh + col) =
+        pack_bf16x2(tOrO(i) * factor[r], tOrO(i + 1) * factor[r]);
+  }
+}
+
+
 // Accumulator fragments of a 64 x N wgmma tile (per thread, register index i):
 //   row = 16 * warp_in_warpgroup + lane / 4 + 8 * ((i / 2) % 2)   -> row slot r = (i / 2) % 2
 //   col = 8 * (i / 4) + 2 * (lane % 4) + i % 2                     (within the warpgroup's N)
@@ -319,45 +399,14 @@ __device__ __forceinline__ void consumer_main(const DsaFwdSm90Params& p, SharedS
     if (releaser) mbarrier_arrive(&s.kv_empty[st]);
   }
 
-  // [C5] Row sums of both halves, lse, sink, normalisation, stores.
-  float l_half[2];
-  CUTE_UNROLL
-  for (int r = 0; r < 2; ++r) {
-    l_half[r] = quad_sum(l_run[r]);
-    if (lane % 4 == 0) s.red_sum[wg][frag_row + 8 * r] = l_half[r];
-  }
-  named_barrier_sync(id(NamedBarrier::kSumReady), T::kConsumerThreads);
-  constexpr float kLn2 = 0.693147180559945309f;
-  float factor[2];
-  Element* out = static_cast<Element*>(p.out);
-  CUTE_UNROLL
-  for (int r = 0; r < 2; ++r) {
-    const int row = frag_row + 8 * r;
-    // Both warpgroups add the halves in the same order: the same l, lse and factor.
-    const float l = s.red_sum[0][row] + s.red_sum[1][row];
-    const int h = h0 + row;
-    const bool real = !T::kPadHeads || h < p.heads;  // a padding row is neither read nor stored
-    float lse = INFINITY;  // no active slot: out = 0, lse = +inf
-    factor[r] = 0.f;
-    if (l > 0.f) {
-      lse = (m_run[r] + log2f(l)) * kLn2;
-      // out = O / l / (1 + e^(sink - lse)): sink -inf gives e^-inf = 0; +inf or huge gives an
-      // infinite denominator, factor 0. Never NaN.
-      const float sink = p.sink != nullptr && real ? p.sink[h * p.sink_s] : -INFINITY;
-      factor[r] = 1.f / (l * (1.f + expf(sink - lse)));
-    }
-    if (wg == 0 && lane % 4 == 0 && real) p.lse[tok * p.lse_ss + h * p.lse_sh] = lse;
-  }
-  CUTE_UNROLL
-  for (int i = 0; i < size(tOrO); i += 2) {
-    const int r = (i / 2) % 2;
-    const int h = h0 + frag_row + 8 * r;
-    const int col = 256 * wg + 8 * (i / 4) + 2 * (lane % 4);
-    if (T::kPadHeads && h >= p.heads) continue;
-    *reinterpret_cast<uint32_t*>(out + tok * p.o_ss + h * p.o_sh + col) =
-        pack_bf16x2(tOrO(i) * factor[r], tOrO(i + 1) * factor[r]);
-  }
+  consumer_epilogue<T>(p, s, tok, h0, wg, lane, frag_row, m_run, l_run, tOrO);
 }
+
+}  // namespace sa::sm90::dsa_fwd
+
+#include "sm90/dsa_forward_seesaw.cuh"  // producer_seesaw, consumer_seesaw (kSeesaw)
+
+namespace sa::sm90::dsa_fwd {
 
 // ---- kernel -------------------------------------------------------------------------------------
 template <class T>
@@ -377,12 +426,26 @@ __global__ void __launch_bounds__(T::kThreads, 1)
       mbarrier_init(&s.kv_full[i], T::kProducerThreads);
       mbarrier_init(&s.kv_empty[i], T::kConsumerWarps);
     }
+    if constexpr (T::kSeesaw) {
+      for (int b = 0; b < 2; ++b) {
+        for (int h = 0; h < 2; ++h) {
+          mbarrier_init(&s.half_full[b][h], T::kProducerThreads);
+          mbarrier_init(&s.half_empty[b][h], T::kConsumerWarps / 2);
+        }
+        mbarrier_init(&s.bias_full[b], T::kProducerThreads);
+      }
+    }
     fence_mbarrier_init();
   }
   __syncthreads();
 
-  run_roles<T>([&] { producer_main<T>(p, s, tok, h0, n_slots); },
-               [&](int wg) { consumer_main<T>(p, s, tok, h0, n_slots, wg); });
+  if constexpr (T::kSeesaw) {
+    run_roles<T>([&] { producer_seesaw<T>(p, s, tok, h0, n_slots); },
+                 [&](int wg) { consumer_seesaw<T>(p, s, tok, h0, n_slots, wg); });
+  } else {
+    run_roles<T>([&] { producer_main<T>(p, s, tok, h0, n_slots); },
+                 [&](int wg) { consumer_main<T>(p, s, tok, h0, n_slots, wg); });
+  }
 #endif
 }
 

@@ -1,0 +1,323 @@
+// The Hopper DSA forward's "seesaw" schedule (an experiment: DsaFwdTraits::kSeesaw, selected by
+// SA_TUNE_SM90_DSA_FWD=1; bench/NOTES.md session 12). Included by dsa_forward_kernel.cuh, whose
+// traits, shared storage, parameters and epilogue it uses.
+//
+// The default schedule splits every 64-key chunk between the consumer warpgroups (S of 32 keys
+// each, then P V over all 64 keys for 256 columns each) and runs both in lockstep: the tensor
+// pipe idles through every softmax. Here (the public FlashMLA sparse prefill's structure) each
+// consumer owns whole blocks: warpgroup 0 the even 64-key blocks (buffer 0), warpgroup 1 the odd
+// ones (buffer 1), so one iteration covers 128 keys. Per iteration:
+//
+//   WG0  S0 = Q K0^T (m64n64, all of D_qk) | m0 = max(m, rowmax S0) -> smem, bar.arrive kMax0 |
+//        O *= 2^(m - m0); P0 = 2^(S0 - m0) | O += P0 V0[:, 0:256] (RS) | release half 0 of buf 0 |
+//        bar.sync kMax1: m1 (the joint maximum) | P0 *= 2^(m0 - m1) -> sP0 (bf16), arrive kP0 |
+//        bar.sync kP1 | O *= 2^(m0 - m1) | O += sP1 V1[:, 0:256] (SS) | release half 0 of buf 1
+//   WG1  S1 = Q K1^T | bar.sync kMax0: m0 | m1 = max(m0, rowmax S1) -> smem, arrive kMax1 |
+//        O *= 2^(m - m1); P1 = 2^(S1 - m1) | O += P1 V1[:, 256:512] (RS); P1 -> sP1 |
+//        bar.sync kP0 | O += sP0 V0[:, 256:512] (SS) | arrive kP1 | release half 1 of buf 1,
+//        then of buf 0
+//
+// so warpgroup 1's softmax runs under warpgroup 0's P V and the reverse. Both end an iteration
+// with the joint maximum m1; each warpgroup's row sums cover its own P, and the shared epilogue
+// adds the two. sP1 is the P tile, sP0 the rope tile of buffer 0 (dead once S0 is done; it is
+// refilled only after warpgroup 1's last read of sP0). Without rope (D_qk 512) the tile is unused
+// anyway.
+//
+// Producer: the buffers are filled in halves (columns 0-255 | 256-511 and the rope), each with its
+// own full / empty mbarriers, in the order the consumers need them (buf 0 half 0, buf 1 half 1,
+// buf 0 half 1, buf 1 half 0); each half's copies complete on its full barrier by
+// cp.async.mbarrier.arrive.noinc (no wait in the producer). A block's bias (0 / -inf per key)
+// comes with the first half filled, on its own barrier. A missing odd block (odd chunk count) is
+// an all-inactive chunk: zero rows, bias -inf, P = 0.
+//
+// The running maximum moves lazily as in the default schedule (kLazyRescaleLog2: P <= 2^8), and
+// O is rescaled only by warps whose rows' maximum moved.
+#pragma once
+
+namespace sa::sm90::dsa_fwd {
+
+// cp.async completions of the executing thread arrive on `bar` (its expected count not
+// incremented: the barrier is initialised with one arrival per producer thread).
+__device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar))
+               : "memory");
+}
+
+// Copies columns [256 half, 256 half + 256) (and, half 1, the rope panel) of the chunk's 64 rows
+// (for_chunk_rows).
+template <bool kRope, class RowIndex, class Mark>
+__device__ __forceinline__ void gather_half(uint32_t nope, uint32_t rope, int half,
+                                            const DsaElement* kv, int64_t kv_ss, int64_t skv,
+                                            RowIndex row_index, int warp, int lane, Mark mark) {
+  const int sub = lane % 8;
+  for_chunk_rows(
+      kv, kv_ss, skv, row_index, warp, lane,
+      [&](int row, const DsaElement* src, int bytes) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int pnl = 4 * half + q;
+          cp_async_16_zfill(nope + pnl * 64 * 64 * 2 + swz(row, sub), src + pnl * 64 + sub * 8,
+                            bytes);
+        }
+        if constexpr (kRope) {
+          if (half == 1) cp_async_16_zfill(rope + swz(row, sub), src + 512 + sub * 8, bytes);
+        }
+      },
+      mark);
+}
+
+// P (fp32 accumulator fragment of 64 x 64) -> the A fragment of an RS wgmma (bf16 pairs in the
+// same order).
+template <class FragS, class FragP>
+__device__ __forceinline__ void convert_p_bf16(const FragS& sc, FragP& pf) {
+  auto p32 = cute::recast<uint32_t>(pf);
+  CUTE_UNROLL
+  for (int j = 0; j < cute::size(p32); ++j) p32(j) = pack_bf16x2(sc(2 * j), sc(2 * j + 1));
+}
+
+// P * f (per row) -> bf16 -> a 64 x 64 K-major 128B-swizzled tile at `tile` (4-byte stores; a
+// warp's stores of one pair index hit 32 different banks).
+template <class FragS>
+__device__ __forceinline__ void store_p(const FragS& sc, const float (&f)[2], uint8_t* tile,
+                                        int frag_row, int lane) {
+  CUTE_UNROLL
+  for (int i = 0; i < 32; i += 2) {
+    const int r = (i / 2) % 2;
+    *reinterpret_cast<uint32_t*>(tile + swz(frag_row + 8 * r, i / 4) + 4 * (lane % 4)) =
+        pack_bf16x2(sc(i) * f[r], sc(i + 1) * f[r]);
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void producer_seesaw(const DsaFwdSm90Params& p, SharedStorage<T>& s,
+                                                int64_t tok, int h0, int n_slots) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;  // threads 0..127
+  const int n_chunks = (n_slots + T::kBlockN - 1) / T::kBlockN;
+  const int n_iter = (n_chunks + 1) / 2;
+  if (n_iter == 0) return;
+  gather_head_rows<T::kRope, T::kPadHeads>(smem_u32(s.q_nope), smem_u32(s.q_rope),
+                                           static_cast<const DsaElement*>(p.q) + tok * p.q_ss,
+                                           p.q_sh, h0, warp, lane, p.heads - h0);
+  const DsaElement* kv = static_cast<const DsaElement*>(p.kv);
+  const int32_t* idx_row = p.idx + tok * p.idx_ss;
+#pragma unroll 1
+  for (int it = 0; it < n_iter; ++it) {
+    const uint32_t parity = it & 1;
+    // The indices of both blocks' slots, lane-parallel, before any wait.
+    const ShuffledRowIndex j0{chunk_slot_index(idx_row, p.idx_si, n_slots, 2 * it, warp, lane)};
+    const ShuffledRowIndex j1{
+        chunk_slot_index(idx_row, p.idx_si, n_slots, 2 * it + 1, warp, lane)};
+    auto fill = [&](int buf, int half, const ShuffledRowIndex& j, bool with_bias) {
+      mbarrier_wait(&s.half_empty[buf][half], parity ^ 1);
+      gather_half<T::kRope>(smem_u32(s.kv_nope + buf * T::kNopeElems),
+                            smem_u32(s.kv_rope + buf * T::kPanelElems), half, kv, p.kv_ss, p.skv,
+                            j, warp, lane, [&](int row, bool active, int32_t) {
+                              if (with_bias) s.bias[buf][row] = active ? 0.f : -INFINITY;
+                            });
+      if (with_bias) mbarrier_arrive(&s.bias_full[buf]);  // releases this thread's bias stores
+      cp_async_arrive_noinc(&s.half_full[buf][half]);
+    };
+    fill(0, 0, j0, true);
+    fill(1, 1, j1, true);
+    fill(0, 1, j0, false);
+    fill(1, 0, j1, false);
+  }
+  // Every copy completes on a half_full barrier that a consumer waits for before the CTA ends.
+}
+
+template <class T>
+__device__ __forceinline__ void consumer_seesaw(const DsaFwdSm90Params& p, SharedStorage<T>& s,
+                                                int64_t tok, int h0, int n_slots, int wg) {
+  using namespace cute;
+  using Element = typename T::Element;
+  const int ctid = threadIdx.x - 128;  // 0..255
+  const int wtid = ctid % 128;
+  const int lane = threadIdx.x % 32;
+  const int warp_in_wg = wtid / 32;
+  const int frag_row = 16 * warp_in_wg + lane / 4;  // + 8 r
+  const int n_chunks = (n_slots + T::kBlockN - 1) / T::kBlockN;
+  const int n_iter = (n_chunks + 1) / 2;
+  const int other = 1 - wg;
+
+  typename T::TiledMmaQK64 mma_qk;
+  typename T::TiledMmaPVrs mma_rs;
+  typename T::TiledMmaPV mma_ss;
+  auto thr_qk = mma_qk.get_thread_slice(wtid);
+  auto thr_rs = mma_rs.get_thread_slice(ctid);
+  auto thr_ss = mma_ss.get_thread_slice(ctid);
+  // S of this warpgroup's own buffer: Q (64 x D_qk) against the buffer's 64 rows.
+  Tensor sQn = make_tensor(make_smem_ptr(s.q_nope), typename T::SmemLayoutQNope{});
+  Tensor sQr = make_tensor(make_smem_ptr(s.q_rope), typename T::SmemLayoutQRope{});
+  Tensor sKn = make_tensor(make_smem_ptr(s.kv_nope + wg * T::kNopeElems),
+                           typename T::SmemLayoutQNope{});
+  Tensor sKr = make_tensor(make_smem_ptr(s.kv_rope + wg * T::kPanelElems),
+                           typename T::SmemLayoutQRope{});
+  Tensor tSrQn = thr_qk.partition_fragment_A(sQn);  // descriptors (MMA, 1, 32)
+  Tensor tSrQr = thr_qk.partition_fragment_A(sQr);  // (MMA, 1, 4)
+  Tensor tSrKn = thr_qk.partition_fragment_B(sKn);  // (MMA, 1, 32)
+  Tensor tSrKr = thr_qk.partition_fragment_B(sKr);  // (MMA, 1, 4)
+  Tensor tSrS = partition_fragment_C(mma_qk, Shape<typename T::H64, typename T::H64>{});  // 32
+  static_assert(decltype(size(tSrS))::value == 32, "S fragment: 64 x 64 per warpgroup");
+  // P V: this warpgroup's 256 columns of V in both buffers; its own P from registers, the other
+  // warpgroup's from shared memory (sP1: the P tile; sP0: buffer 0's rope tile).
+  Tensor sVown = make_tensor(make_smem_ptr(s.kv_nope + wg * T::kNopeElems),
+                             typename T::SmemLayoutVt1{});
+  Tensor sVother = make_tensor(make_smem_ptr(s.kv_nope + other * T::kNopeElems),
+                               typename T::SmemLayoutVt1{});
+  Tensor tOrVrs = thr_rs.partition_fragment_B(sVown);    // (MMA, 1, 4)
+  Tensor tOrVss = thr_ss.partition_fragment_B(sVother);  // (MMA, 1, 4)
+  Element* const sp_own = wg == 0 ? s.kv_rope : s.p;  // sP0: buffer 0's rope tile; sP1: P tile
+  Element* const sp_other = wg == 0 ? s.p : s.kv_rope;
+  Tensor sPo = make_tensor(make_smem_ptr(sp_other), typename T::SmemLayoutP{});
+  Tensor tOrPo = thr_ss.partition_fragment_A(sPo);    // (MMA, 1, 4): the other's P
+  Tensor tOrP = make_tensor<Element>(partition_shape_A(mma_rs, Shape<typename T::H64,
+                                                                     typename T::H64>{}));
+  static_assert(decltype(size(tOrP))::value == 32, "P fragment: 64 x 64 per warpgroup");
+  Tensor tOrO = partition_fragment_C(mma_ss, Shape<typename T::H64, typename T::D512>{});  // 128
+  uint8_t* const my_p = reinterpret_cast<uint8_t*>(sp_own);
+
+  const float scale_log2 = p.scale_log2;
+  const bool releaser = lane == 0;
+  float m_run[2] = {-INFINITY, -INFINITY};  // the joint running maximum (log2 units)
+  float l_run[2] = {0.f, 0.f};              // this thread's part of its own P's row sums
+  clear(tOrO);
+
+#pragma unroll 1
+  for (int it = 0; it < n_iter; ++it) {
+    const uint32_t parity = it & 1;
+    // [S] Own block: the half that arrives first (warpgroup 0: half 0, warpgroup 1: half 1),
+    // then the other; one batch. (Compile-time k-block ranges: a runtime index into the
+    // descriptor fragments would put them in local memory.)
+    warpgroup_fence_operand(tSrS);
+    auto issue_half = [&](auto half_tag) {
+      constexpr int kHalf = decltype(half_tag)::value;
+      mbarrier_wait(&s.half_full[wg][kHalf], parity);
+      fence_proxy_async_shared();
+      CUTE_UNROLL
+      for (int k = 0; k < 16; ++k) {
+        cute::gemm(mma_qk, tSrQn(_, _, 16 * kHalf + k), tSrKn(_, _, 16 * kHalf + k), tSrS);
+        mma_qk.accumulate_ = SM90::GMMA::ScaleOut::One;
+      }
+      if constexpr (T::kRope && kHalf == 1) {
+        CUTE_UNROLL
+        for (int k = 0; k < 4; ++k) cute::gemm(mma_qk, tSrQr(_, _, k), tSrKr(_, _, k), tSrS);
+      }
+    };
+    mma_qk.accumulate_ = SM90::GMMA::ScaleOut::Zero;
+    warpgroup_arrive();
+    if (wg == 0) {
+      issue_half(cute::Int<0>{});
+      issue_half(cute::Int<1>{});
+    } else {
+      issue_half(cute::Int<1>{});
+      issue_half(cute::Int<0>{});
+    }
+    warpgroup_commit_batch();
+    mbarrier_wait(&s.bias_full[wg], parity);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrS);
+
+    // [M] Scale, mask, row maximum of the own block; warpgroup 1 folds in warpgroup 0's.
+    const float* bias = s.bias[wg] + 2 * (lane % 4);
+    float mx[2] = {-INFINITY, -INFINITY};
+    CUTE_UNROLL
+    for (int i = 0; i < 32; ++i) {
+      tSrS(i) = fmaf(tSrS(i), scale_log2, bias[8 * (i / 4) + (i % 2)]);
+      mx[(i / 2) % 2] = fmaxf(mx[(i / 2) % 2], tSrS(i));
+    }
+    if (wg == 1) named_barrier_sync(id(NamedBarrier::kMax0), T::kConsumerThreads);
+    float m_new[2], m_use[2];
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      const float base = wg == 0 ? m_run[r] : s.red_max[0][frag_row + 8 * r];
+      // Lazy (kLazyRescaleLog2): the maximum moves only when exceeded by more than 2^8.
+      const float m_block = quad_max(mx[r]);
+      m_new[r] = m_block > base + kLazyRescaleLog2 ? m_block : base;
+      if (lane % 4 == 0) s.red_max[wg][frag_row + 8 * r] = m_new[r];
+      m_use[r] = m_new[r] == -INFINITY ? 0.f : m_new[r];  // no key yet: 2^(-inf - 0) = 0
+    }
+    named_barrier_arrive(id(wg == 0 ? NamedBarrier::kMax0 : NamedBarrier::kMax1),
+                         T::kConsumerThreads);
+    // [P] O *= 2^(m_run - m_new); P = 2^(x - m_new); own row sums.
+    float alpha[2], rs[2] = {0.f, 0.f};
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r)
+      alpha[r] = m_new[r] == m_run[r] ? 1.f : exp2_approx(m_run[r] - m_use[r]);
+    CUTE_UNROLL
+    for (int i = 0; i < 32; ++i) {
+      tSrS(i) = exp2_approx(tSrS(i) - m_use[(i / 2) % 2]);
+      rs[(i / 2) % 2] += tSrS(i);
+    }
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) l_run[r] = l_run[r] * alpha[r] + rs[r];
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= alpha[(i / 2) % 2];
+    }
+    convert_p_bf16(tSrS, tOrP);
+    // [PV own] O += P_own V_own (RS), this warpgroup's 256 columns.
+    warpgroup_fence_operand(tOrO);
+    warpgroup_fence_operand(tOrP);
+    warpgroup_arrive();
+    gemm_ss(mma_rs, tOrP, tOrVrs, tOrO, false);
+    warpgroup_commit_batch();
+
+    if (wg == 0) {
+      // Warpgroup 0: its half of buffer 0 is free once this batch is done; then the joint
+      // maximum, the rescaled P0 for warpgroup 1, and O += sP1 V1.
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      __syncwarp();  // the warp's reads of the buffer (and bias) precede lane 0's release
+      if (releaser) mbarrier_arrive(&s.half_empty[0][0]);
+      named_barrier_sync(id(NamedBarrier::kMax1), T::kConsumerThreads);
+      float sf[2];
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        const float m1 = s.red_max[1][frag_row + 8 * r];
+        sf[r] = m1 == m_new[r] ? 1.f : exp2_approx(m_new[r] - (m1 == -INFINITY ? 0.f : m1));
+        m_run[r] = m1;
+        l_run[r] *= sf[r];
+      }
+      store_p(tSrS, sf, my_p, frag_row, lane);
+      fence_proxy_async_shared();  // sP0 is read by wgmma (async proxy)
+      named_barrier_arrive(id(NamedBarrier::kP0), T::kConsumerThreads);
+      named_barrier_sync(id(NamedBarrier::kP1), T::kConsumerThreads);
+      if (__any_sync(0xffffffffu, sf[0] != 1.f || sf[1] != 1.f)) {
+        CUTE_UNROLL
+        for (int i = 0; i < size(tOrO); ++i) tOrO(i) *= sf[(i / 2) % 2];
+      }
+      warpgroup_fence_operand(tOrO);
+      warpgroup_arrive();
+      gemm_ss(mma_ss, tOrPo, tOrVss, tOrO, false);
+      warpgroup_commit_batch();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      __syncwarp();  // the warp's reads of the buffer (and bias) precede lane 0's release
+      if (releaser) mbarrier_arrive(&s.half_empty[1][0]);
+    } else {
+      // Warpgroup 1: P1 (already at the joint maximum) -> sP1 while its own batch runs; then
+      // O += sP0 V0; its halves of buffers 1 and 0 are free when those batches are done.
+      const float one[2] = {1.f, 1.f};
+      store_p(tSrS, one, my_p, frag_row, lane);
+      fence_proxy_async_shared();
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) m_run[r] = m_new[r];
+      named_barrier_sync(id(NamedBarrier::kP0), T::kConsumerThreads);
+      warpgroup_fence_operand(tOrO);
+      warpgroup_arrive();
+      gemm_ss(mma_ss, tOrPo, tOrVss, tOrO, false);
+      warpgroup_commit_batch();
+      named_barrier_arrive(id(NamedBarrier::kP1), T::kConsumerThreads);
+      warpgroup_wait<1>();
+      __syncwarp();  // the warp's reads of the buffer (and bias) precede lane 0's release
+      if (releaser) mbarrier_arrive(&s.half_empty[1][1]);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      __syncwarp();  // the warp's reads of the buffer (and bias) precede lane 0's release
+      if (releaser) mbarrier_arrive(&s.half_empty[0][1]);
+    }
+  }
+  consumer_epilogue<T>(p, s, tok, h0, wg, lane, frag_row, m_run, l_run, tOrO);
+}
+
+}  // namespace sa::sm90::dsa_fwd
