@@ -62,22 +62,6 @@ TEST(Sm90DsaForwardLargeScale, RescalesMatchReference) {
   }
 }
 
-// The seesaw schedule (SA_TUNE_SM90_DSA_FWD=1, dsa_forward_seesaw.cuh, bench/NOTES.md session
-// 12): every H 64 / 128 case and the large-scale one, the same checks. In the suite's gated step
-// (*Tuned*).
-TEST(Sm90DsaForwardTuned, SeesawMatchesReference) {
-  SA_SKIP_UNLESS_SM90();
-  const ScopedEnv seesaw("SA_TUNE_SM90_DSA_FWD", "1");
-  for (const GpuDsaFwdCase& p : gpu_dsa_forward_cases(SA_IMPL_SM90)) {
-    SCOPED_TRACE(p.name);
-    ASSERT_NO_FATAL_FAILURE(expect_sm90_case_matches(p));
-  }
-  const GpuDsaFwdCase large{"H64_D576_K1024_LargeScale", shape_of(4, 2048, 64, 576, 1024),
-                            spec_of(DsaLengths::kMixed, true, false, DsaSink::kFinite)};
-  SCOPED_TRACE(large.name);
-  ASSERT_NO_FATAL_FAILURE(expect_sm90_case_matches(large, 2.f));
-}
-
 INSTANTIATE_TEST_SUITE_P(Cases, Sm90DsaForward,
                          ::testing::ValuesIn(gpu_dsa_forward_cases(SA_IMPL_SM90)),
                          [](const ::testing::TestParamInfo<GpuDsaFwdCase>& info) {

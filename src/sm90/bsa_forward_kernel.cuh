@@ -21,8 +21,8 @@
 //              its rows.
 //              Block 64 (key-split mode): both work on the tile's 64 rows, consumer w on stages
 //              w, w + 2, ... with its own softmax state (m, l, O). At the end of the tile consumer
-//              1 hands its state to consumer 0 through shared memory (s.xchg, between two named
-//              barriers both pass), and consumer 0 merges the two (O = O0 2^(m0 - m) +
+//              1 hands its state to consumer 0 through shared memory (s.xchg, with the mbarriers
+//              xchg_full / xchg_empty), and consumer 0 merges the two (O = O0 2^(m0 - m) +
 //              O1 2^(m1 - m), m the larger maximum) and writes the rows. So block 64 runs the
 //              block-128 mainloop (S of 64 x 128, one softmax and rescale per 128 keys, ping-pong)
 //              instead of a 64 x 64 one (bench/NOTES.md, session 12: +7-14%).
@@ -54,7 +54,7 @@
 //                                  the start); the producer syncs before loading the next Q
 //   NamedBarrier::kScheduleWg0/1   ping-pong of the two consumers' GEMM issue (FA3-style)
 //   NamedBarrier::kEpilogueWg0/1   a consumer's O staging tile is written / is free again
-//   NamedBarrier::kXchgFull/Empty  key-split mode: consumer 1's state is in s.xchg / was read
+//   xchg_full / xchg_empty         key-split mode: consumer 1's state is in s.xchg / was read
 //
 // Split-KV (FwdTraits::kSplit, a separate instantiation; the default kernels do not contain it):
 // tile t = split * base_tiles + (query block, head, batch) walks only slots [lo, hi) of its row's
@@ -119,8 +119,6 @@ enum class NamedBarrier : uint32_t {
   kScheduleWg1 = 3,
   kEpilogueWg0 = 4,
   kEpilogueWg1 = 5,
-  kXchgFull = 6,   // key-split mode: warpgroup 1's state is in s.xchg (both sync)
-  kXchgEmpty = 7,  // key-split mode: warpgroup 0 has read s.xchg (both sync)
 };
 __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint32_t>(b); }
 __device__ __forceinline__ NamedBarrier offset(NamedBarrier b, int i) {
@@ -234,6 +232,8 @@ struct alignas(1024) SharedStorage {
   uint64_t v_full[T::kStages];
   uint64_t v_empty[T::kStages];
   uint64_t v_pad;
+  uint64_t xchg_full;   // key-split mode: warpgroup 1's 128 threads stored their state
+  uint64_t xchg_empty;  // key-split mode: warpgroup 0's 128 threads loaded it
 };
 
 struct TileCoord {
@@ -625,6 +625,7 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
   uint32_t phase = 0;     // the ring cursor ("full" barriers): this warpgroup's next stage
   uint32_t pos_base = 0;  // key-split mode: ring position of the tile's first stage
   uint32_t q_phase = 0;   // of q_full
+  uint32_t xchg_phase = 0;  // key-split mode: of xchg_full (warpgroup 0) / xchg_empty (1)
   uint8_t* s_o = reinterpret_cast<uint8_t*>(s.o) + wg * 64 * T::kRowBytes;
 
 #pragma unroll 1
@@ -781,12 +782,12 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
       // [C4a] Merge: warpgroup 1 hands its O, row maxima and sums (one word column per thread:
       // the two warpgroups' fragments have the same layout) to warpgroup 0, which weighs the two
       // states by 2^(m_w - m) with m the larger maximum (an empty row keeps m = -inf: both
-      // weights 0). Both warpgroups pass the same two barrier instructions: the buffer is
-      // written before the first and read between them.
-      // Word k of this thread at x + 512 k (explicit shared accesses: a generic pointer into
-      // s.xchg compiled to generic ST.E / LD.E).
+      // weights 0). Every thread arrives on the mbarrier after its own accesses (xchg_full after
+      // its stores, xchg_empty after its loads), so warpgroup 1 goes on to its next tile without
+      // waiting for the merge. Word k of this thread at x + 512 k.
       const uint32_t x = smem_u32(s.xchg) + 4 * wtid;
       if (wg == 1) {
+        mbarrier_wait(&s.xchg_empty, xchg_phase ^ 1);  // the previous tile's state was read
         CUTE_UNROLL
         for (int i = 0; i < kOWords; ++i) st_shared_u32(x + 512 * i, __float_as_uint(tOrO(i)));
         CUTE_UNROLL
@@ -794,9 +795,12 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
           st_shared_u32(x + 512 * (kOWords + r), __float_as_uint(st.row_max[r]));
           st_shared_u32(x + 512 * (kOWords + 2 + r), __float_as_uint(st.row_sum[r]));
         }
+        mbarrier_arrive(&s.xchg_full);
+        xchg_phase ^= 1;
+        continue;
       }
-      named_barrier_sync(id(NamedBarrier::kXchgFull), 256);
-      if (wg == 0) {
+      mbarrier_wait(&s.xchg_full, xchg_phase);
+      {
         float f0[2], f1[2];
         CUTE_UNROLL
         for (int r = 0; r < 2; ++r) {
@@ -815,8 +819,8 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
           tOrO(i) = tOrO(i) * f0[r] + ld_shared_f32(x + 512 * i) * f1[r];
         }
       }
-      named_barrier_sync(id(NamedBarrier::kXchgEmpty), 256);
-      if (wg == 1) continue;
+      mbarrier_arrive(&s.xchg_empty);
+      xchg_phase ^= 1;
     }
 
     // [C4] Epilogue: O / rowsum -> 16-bit -> staging smem (16-byte chunks XOR-swizzled by row) ->
@@ -895,6 +899,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
   if (threadIdx.x == 0) {
     mbarrier_init(&s.q_full, 1);
     mbarrier_init(&s.v_pad, 1);
+    mbarrier_init(&s.xchg_full, 128);
+    mbarrier_init(&s.xchg_empty, 128);
 #pragma unroll
     for (int i = 0; i < T::kStages; ++i) {
       mbarrier_init(&s.k_full[i], 1);

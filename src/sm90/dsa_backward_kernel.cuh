@@ -47,7 +47,7 @@
 // Per chunk (global index g over the CTA's items), consumers:
 //   wait kv_full (parity g % 2) | issue [1] [2] (one batch) | bar kPdsFree (everyone's [5] of
 //   chunk c - 1 is done with sP, sDs) | wait | [3] P, dS' -> bf16 sP, sDs | fence.proxy.async,
-//   bar kPdsReady | [4] one batch, wait | arrive kv_empty (8 warps) | [5] pieces: batch, wait,
+//   bar kPdsReady | [4] one batch, wait | arrive kv_empty (every lane) | [5] pieces: batch, wait,
 //   reduce
 // Nothing is in flight across a loop iteration (an accumulator in flight over the back edge made
 // ptxas serialize the wgmma of other kernels, C7515).
@@ -168,8 +168,8 @@ struct alignas(1024) SharedStorage {
   float bias[2][64];           // per chunk parity: 0 for an active slot, -inf otherwise
   int32_t kidx[2][64];         // per chunk parity: the slot's kv row, -1 when inactive
   uint64_t kv_full;            // producer (128 arrivals) -> consumers: the chunk's rows landed
-  uint64_t kv_empty;           // consumers (8 warp arrivals) -> producer: the K stage is free
-  uint64_t qdo_empty;          // consumers (8 warp arrivals) -> producer: Q and dO are free (the
+  uint64_t kv_empty;           // consumers (kReleaseArrivals) -> producer: the K stage is free
+  uint64_t qdo_empty;          // consumers (kReleaseArrivals) -> producer: Q and dO free (the
                                // item's last [5] is done), the next item's may land
 };
 
@@ -346,7 +346,7 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
 
   const float scale_log2 = p.scale_log2;
   const float scale = p.scale;
-  const bool releaser = lane == 0;
+  const bool releaser = lane < T::kReleaseLanes;
   bool saw_active = false;
   clear(tQrdQ);
   clear(tRrdQ);
@@ -635,8 +635,8 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 
   if (threadIdx.x == 0) {
     mbarrier_init(&s.kv_full, T::kProducerThreads);
-    mbarrier_init(&s.kv_empty, T::kConsumerWarps);
-    mbarrier_init(&s.qdo_empty, T::kConsumerWarps);
+    mbarrier_init(&s.kv_empty, T::kReleaseArrivals);
+    mbarrier_init(&s.qdo_empty, T::kReleaseArrivals);
     fence_mbarrier_init();
   }
   __syncthreads();

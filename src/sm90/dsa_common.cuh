@@ -37,6 +37,13 @@ struct DsaCta {
   static constexpr int kConsumerThreads = 256;
   static constexpr int kConsumerWarps = 8;
   static constexpr int kProducerThreads = 128;
+  // Lanes of a consumer warp that arrive on a release ("empty") mbarrier. The consumers read the
+  // producer's generic stores (bias, kidx) too: with every lane arriving, each thread's own reads
+  // precede the producer's next stores through its own arrive, which is the form
+  // compute-sanitizer's racecheck follows. A lane-0 arrive after a bar.sync or __syncwarp orders
+  // the same reads, but racecheck does not follow the chain (bench/NOTES.md session 13).
+  static constexpr int kReleaseLanes = 32;
+  static constexpr int kReleaseArrivals = kConsumerWarps * kReleaseLanes;  // per consumer release
   static constexpr int kPanelElems = 64 * 64;  // one 64-row x 64-column panel (8 KB)
   static constexpr int kNopeElems = 64 * 512;  // 8 panels
   static constexpr int kNopePanels = 8;

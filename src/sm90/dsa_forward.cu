@@ -1,7 +1,7 @@
 // Hopper DSA forward, host side: support checks, kernel arguments, launch, and the four
-// instantiations of the kernel in dsa_forward_kernel.cuh: D_qk in {512, 576} (H 64 and 128 share
-// them: H / 64 CTAs per token) x head padding (H 16 and 32: one 64-row CTA per token), bf16;
-// plus the seesaw experiment's two (D_qk 512, 576), used only under SA_TUNE_SM90_DSA_FWD=1.
+// instantiations of the kernel in dsa_forward_kernel.cuh, bf16, D_qk in {512, 576} each:
+//   H 64 and 128 (H / 64 CTAs per token): the seesaw schedule (dsa_forward_seesaw.cuh);
+//   H 16 and 32 (one 64-row CTA per token, rows >= H padding): the lockstep schedule.
 #include "sm90/dsa_forward.hpp"
 
 #include <cuda_runtime_api.h>
@@ -48,13 +48,6 @@ void launch(const DsaFwdSm90Params& params, int64_t grid, cudaStream_t stream) {
                                      static_cast<int>(kSmem)));
   kernel<<<static_cast<unsigned>(grid), Traits::kThreads, kSmem, stream>>>(params);
   SA_CUDA_CHECK_LAUNCH();
-}
-
-// Experiment bit 1 of SA_TUNE_SM90_DSA_FWD: the seesaw schedule (dsa_forward_seesaw.cuh), H 64
-// and 128 only; its two instantiations are separate from the default kernels. Read per call.
-bool seesaw_requested() {
-  const char* v = std::getenv("SA_TUNE_SM90_DSA_FWD");
-  return v != nullptr && (std::strtol(v, nullptr, 0) & 1) != 0;
 }
 
 }  // namespace
@@ -107,21 +100,16 @@ void dsa_forward(const DsaFwdProblem& p, cudaStream_t stream) {
 
   const int64_t grid = d.Sq * prm.head_groups;
   if (grid == 0) return;
-  const bool seesaw = !pad_heads && seesaw_requested();
   if (d.Dqk == 576) {
     if (pad_heads)
       launch<576, true>(prm, grid, stream);
-    else if (seesaw)
-      launch<576, false, true>(prm, grid, stream);
     else
-      launch<576>(prm, grid, stream);
+      launch<576, false, true>(prm, grid, stream);
   } else {
     if (pad_heads)
       launch<512, true>(prm, grid, stream);
-    else if (seesaw)
-      launch<512, false, true>(prm, grid, stream);
     else
-      launch<512>(prm, grid, stream);
+      launch<512, false, true>(prm, grid, stream);
   }
 }
 

@@ -100,9 +100,7 @@ enum class NamedBarrier : uint32_t {
   kMaxReady = 1,
   kPReady = 2,
   kSumReady = 3,
-  // Seesaw: warpgroup w's row maxima / P tile of the iteration are published (256 threads).
-  kMax0 = 4,
-  kMax1 = 5,
+  // Seesaw: warpgroup w's P tile of the iteration is published (256 threads).
   kP0 = 6,
   kP1 = 7,
 };
@@ -115,8 +113,8 @@ __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint
 constexpr float kLazyRescaleLog2 = 8.f;
 
 // kPadHeads_: H < 64 (16 or 32) runs one 64-row CTA per token whose rows >= H are padding
-// (zero Q rows, never stored). kSeesaw_: the seesaw schedule (dsa_forward_seesaw.cuh; an
-// experiment, only with SA_TUNE_SM90_DSA_FWD=1, its own instantiations).
+// (zero Q rows, never stored). kSeesaw_: the seesaw schedule (dsa_forward_seesaw.cuh), the one
+// H 64 and 128 run (+9-10% over the lockstep schedule below, bench/NOTES.md session 13).
 template <int kDqk_, bool kPadHeads_ = false, bool kSeesaw_ = false>
 struct DsaFwdTraits : DsaCta<kDqk_> {
   static constexpr bool kPadHeads = kPadHeads_;
@@ -183,10 +181,14 @@ struct alignas(1024) SharedStorage {
   uint64_t kv_full[T::kStages];
   uint64_t kv_empty[T::kStages];
   // Seesaw only: per buffer (block parity) and half (0: columns 0-255, 1: 256-575), the producer's
-  // cp.async completions (128) / the releasing warpgroup's warps (4); the buffer's bias (128).
+  // cp.async completions (128) / the releasing warpgroup's (kReleaseArrivals / 2); the buffer's
+  // bias (128).
   uint64_t half_full[2][2];
   uint64_t half_empty[2][2];
   uint64_t bias_full[2];
+  // Seesaw only: warpgroup w's row maxima of the iteration are in red_max[w] (its 128 threads
+  // arrive, each after its own store or its last load of red_max[1 - w]).
+  uint64_t max_full[2];
 };
 
 // ---- producer (warpgroup 0) ---------------------------------------------------------------------
@@ -313,7 +315,7 @@ __device__ __forceinline__ void consumer_main(const DsaFwdSm90Params& p, SharedS
   static_assert(decltype(size(tOrO))::value == 128, "O fragment: 64 x 256 per warpgroup");
 
   const float scale_log2 = p.scale_log2;
-  const bool releaser = lane == 0;
+  const bool releaser = lane < T::kReleaseLanes;
   float m_run[2] = {-INFINITY, -INFINITY};  // running row max of x (log2 units)
   float l_run[2] = {0.f, 0.f};              // this thread's part of the row sums of P
   clear(tOrO);
@@ -424,15 +426,19 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #pragma unroll
     for (int i = 0; i < T::kStages; ++i) {
       mbarrier_init(&s.kv_full[i], T::kProducerThreads);
-      mbarrier_init(&s.kv_empty[i], T::kConsumerWarps);
+      mbarrier_init(&s.kv_empty[i], T::kReleaseArrivals);
     }
     if constexpr (T::kSeesaw) {
       for (int b = 0; b < 2; ++b) {
         for (int h = 0; h < 2; ++h) {
           mbarrier_init(&s.half_full[b][h], T::kProducerThreads);
-          mbarrier_init(&s.half_empty[b][h], T::kConsumerWarps / 2);
+          // Buffer 0's half 1 holds the rope tile that warpgroup 0 overwrites with sP0: its
+          // threads release their stores too.
+          mbarrier_init(&s.half_empty[b][h], T::kReleaseArrivals / 2 +
+                                                 (b == 0 && h == 1 ? T::kConsumerThreads / 2 : 0));
         }
         mbarrier_init(&s.bias_full[b], T::kProducerThreads);
+        mbarrier_init(&s.max_full[b], T::kConsumerThreads / 2);
       }
     }
     fence_mbarrier_init();

@@ -1,27 +1,30 @@
-// The Hopper DSA forward's "seesaw" schedule (an experiment: DsaFwdTraits::kSeesaw, selected by
-// SA_TUNE_SM90_DSA_FWD=1; bench/NOTES.md session 12). Included by dsa_forward_kernel.cuh, whose
-// traits, shared storage, parameters and epilogue it uses.
+// The Hopper DSA forward's "seesaw" schedule (DsaFwdTraits::kSeesaw: H 64 and 128; designed in
+// session 12, measured +9-10% over the lockstep schedule in session 13, bench/NOTES.md). Included
+// by dsa_forward_kernel.cuh, whose traits, shared storage, parameters and epilogue it uses.
 //
-// The default schedule splits every 64-key chunk between the consumer warpgroups (S of 32 keys
-// each, then P V over all 64 keys for 256 columns each) and runs both in lockstep: the tensor
-// pipe idles through every softmax. Here (the public FlashMLA sparse prefill's structure) each
-// consumer owns whole blocks: warpgroup 0 the even 64-key blocks (buffer 0), warpgroup 1 the odd
-// ones (buffer 1), so one iteration covers 128 keys. Per iteration:
+// The lockstep schedule (still H 16 and 32's) splits every 64-key chunk between the consumer
+// warpgroups (S of 32 keys each, then P V over all 64 keys for 256 columns each) and runs both in
+// lockstep: the tensor pipe idles through every softmax. Here (the public FlashMLA sparse prefill's
+// structure) each consumer owns whole blocks: warpgroup 0 the even 64-key blocks (buffer 0),
+// warpgroup 1 the odd ones (buffer 1), so one iteration covers 128 keys. Per iteration:
 //
-//   WG0  S0 = Q K0^T (m64n64, all of D_qk) | m0 = max(m, rowmax S0) -> smem, bar.arrive kMax0 |
+//   WG0  S0 = Q K0^T (m64n64, all of D_qk) | m0 = max(m, rowmax S0) -> smem, arrive max_full[0] |
 //        O *= 2^(m - m0); P0 = 2^(S0 - m0) | O += P0 V0[:, 0:256] (RS) | release half 0 of buf 0 |
-//        bar.sync kMax1: m1 (the joint maximum) | P0 *= 2^(m0 - m1) -> sP0 (bf16), arrive kP0 |
-//        bar.sync kP1 | O *= 2^(m0 - m1) | O += sP1 V1[:, 0:256] (SS) | release half 0 of buf 1
-//   WG1  S1 = Q K1^T | bar.sync kMax0: m0 | m1 = max(m0, rowmax S1) -> smem, arrive kMax1 |
-//        O *= 2^(m - m1); P1 = 2^(S1 - m1) | O += P1 V1[:, 256:512] (RS); P1 -> sP1 |
-//        bar.sync kP0 | O += sP0 V0[:, 256:512] (SS) | arrive kP1 | release half 1 of buf 1,
-//        then of buf 0
+//        wait max_full[1]: m1 (the joint maximum) | P0 *= 2^(m0 - m1) -> sP0 (bf16), release
+//        half 1 of buf 0 (sP0's stores), arrive kP0 | bar.sync kP1 | O *= 2^(m0 - m1) |
+//        O += sP1 V1[:, 0:256] (SS) | release half 0 of buf 1
+//   WG1  S1 = Q K1^T | wait max_full[0]: m0 | m1 = max(m0, rowmax S1) -> smem, arrive
+//        max_full[1] | O *= 2^(m - m1); P1 = 2^(S1 - m1) | O += P1 V1[:, 256:512] (RS);
+//        P1 -> sP1 | bar.sync kP0 | O += sP0 V0[:, 256:512] (SS) | arrive kP1 | release half 1
+//        of buf 1, then of buf 0
 //
 // so warpgroup 1's softmax runs under warpgroup 0's P V and the reverse. Both end an iteration
 // with the joint maximum m1; each warpgroup's row sums cover its own P, and the shared epilogue
 // adds the two. sP1 is the P tile, sP0 the rope tile of buffer 0 (dead once S0 is done; it is
 // refilled only after warpgroup 1's last read of sP0). Without rope (D_qk 512) the tile is unused
-// anyway.
+// anyway. The maxima cross on mbarriers that every thread of the writing warpgroup arrives on
+// (compute-sanitizer's racecheck does not follow a bar.arrive -> bar.sync hand-off of data
+// written with generic stores; the P tiles are read by wgmma only).
 //
 // Producer: the buffers are filled in halves (columns 0-255 | 256-511 and the rope), each with its
 // own full / empty mbarriers, in the order the consumers need them (buf 0 half 0, buf 1 half 1,
@@ -30,7 +33,7 @@
 // comes with the first half filled, on its own barrier. A missing odd block (odd chunk count) is
 // an all-inactive chunk: zero rows, bias -inf, P = 0.
 //
-// The running maximum moves lazily as in the default schedule (kLazyRescaleLog2: P <= 2^8), and
+// The running maximum moves lazily as in the lockstep schedule (kLazyRescaleLog2: P <= 2^8), and
 // O is rescaled only by warps whose rows' maximum moved.
 #pragma once
 
@@ -177,7 +180,7 @@ __device__ __forceinline__ void consumer_seesaw(const DsaFwdSm90Params& p, Share
   uint8_t* const my_p = reinterpret_cast<uint8_t*>(sp_own);
 
   const float scale_log2 = p.scale_log2;
-  const bool releaser = lane == 0;
+  const bool releaser = lane < T::kReleaseLanes;
   float m_run[2] = {-INFINITY, -INFINITY};  // the joint running maximum (log2 units)
   float l_run[2] = {0.f, 0.f};              // this thread's part of its own P's row sums
   clear(tOrO);
@@ -225,7 +228,7 @@ __device__ __forceinline__ void consumer_seesaw(const DsaFwdSm90Params& p, Share
       tSrS(i) = fmaf(tSrS(i), scale_log2, bias[8 * (i / 4) + (i % 2)]);
       mx[(i / 2) % 2] = fmaxf(mx[(i / 2) % 2], tSrS(i));
     }
-    if (wg == 1) named_barrier_sync(id(NamedBarrier::kMax0), T::kConsumerThreads);
+    if (wg == 1) mbarrier_wait(&s.max_full[0], parity);
     float m_new[2], m_use[2];
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) {
@@ -236,8 +239,7 @@ __device__ __forceinline__ void consumer_seesaw(const DsaFwdSm90Params& p, Share
       if (lane % 4 == 0) s.red_max[wg][frag_row + 8 * r] = m_new[r];
       m_use[r] = m_new[r] == -INFINITY ? 0.f : m_new[r];  // no key yet: 2^(-inf - 0) = 0
     }
-    named_barrier_arrive(id(wg == 0 ? NamedBarrier::kMax0 : NamedBarrier::kMax1),
-                         T::kConsumerThreads);
+    mbarrier_arrive(&s.max_full[wg]);  // after this thread's red_max accesses
     // [P] O *= 2^(m_run - m_new); P = 2^(x - m_new); own row sums.
     float alpha[2], rs[2] = {0.f, 0.f};
     CUTE_UNROLL
@@ -267,9 +269,9 @@ __device__ __forceinline__ void consumer_seesaw(const DsaFwdSm90Params& p, Share
       // maximum, the rescaled P0 for warpgroup 1, and O += sP1 V1.
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
-      __syncwarp();  // the warp's reads of the buffer (and bias) precede lane 0's release
+      __syncwarp();  // the warp's reads of the buffer (and bias) precede its lanes' releases
       if (releaser) mbarrier_arrive(&s.half_empty[0][0]);
-      named_barrier_sync(id(NamedBarrier::kMax1), T::kConsumerThreads);
+      mbarrier_wait(&s.max_full[1], parity);
       float sf[2];
       CUTE_UNROLL
       for (int r = 0; r < 2; ++r) {
@@ -280,6 +282,7 @@ __device__ __forceinline__ void consumer_seesaw(const DsaFwdSm90Params& p, Share
       }
       store_p(tSrS, sf, my_p, frag_row, lane);
       fence_proxy_async_shared();  // sP0 is read by wgmma (async proxy)
+      mbarrier_arrive(&s.half_empty[0][1]);  // with warpgroup 1's: sP0 may be refilled
       named_barrier_arrive(id(NamedBarrier::kP0), T::kConsumerThreads);
       named_barrier_sync(id(NamedBarrier::kP1), T::kConsumerThreads);
       if (__any_sync(0xffffffffu, sf[0] != 1.f || sf[1] != 1.f)) {
@@ -292,7 +295,7 @@ __device__ __forceinline__ void consumer_seesaw(const DsaFwdSm90Params& p, Share
       warpgroup_commit_batch();
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
-      __syncwarp();  // the warp's reads of the buffer (and bias) precede lane 0's release
+      __syncwarp();  // the warp's reads of the buffer (and bias) precede its lanes' releases
       if (releaser) mbarrier_arrive(&s.half_empty[1][0]);
     } else {
       // Warpgroup 1: P1 (already at the joint maximum) -> sP1 while its own batch runs; then
@@ -309,11 +312,11 @@ __device__ __forceinline__ void consumer_seesaw(const DsaFwdSm90Params& p, Share
       warpgroup_commit_batch();
       named_barrier_arrive(id(NamedBarrier::kP1), T::kConsumerThreads);
       warpgroup_wait<1>();
-      __syncwarp();  // the warp's reads of the buffer (and bias) precede lane 0's release
+      __syncwarp();  // the warp's reads of the buffer (and bias) precede its lanes' releases
       if (releaser) mbarrier_arrive(&s.half_empty[1][1]);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
-      __syncwarp();  // the warp's reads of the buffer (and bias) precede lane 0's release
+      __syncwarp();  // the warp's reads of the buffer (and bias) precede its lanes' releases
       if (releaser) mbarrier_arrive(&s.half_empty[0][1]);
     }
   }
