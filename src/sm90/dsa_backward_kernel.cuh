@@ -54,8 +54,9 @@
 //
 // Shared memory (bytes), operand tiles in 64-column panels of 128-byte rows with the 128-byte
 // swizzle (chunk c of row r at c ^ (r % 8)): q_nope 65,536, q_rope 8,192, dout 65,536, k_nope
-// 65,536, k_rope 8,192, P 8,192, dS' 8,192 = 229,376; bias, kidx 2 x 64 each (1,024), mbarriers;
-// 1024-aligned: 231,424, + 1,024 to align the dynamic base = 232,448 (sm_90's opt-in limit).
+// 65,536, k_rope 8,192, P 8,192, dS' 8,192 = 229,376; bias, kidx 2 x 64 each (1,024), the delta
+// halves 2 x 64 (512), mbarriers; 1024-aligned: 231,424, + 1,024 to align the dynamic base =
+// 232,448 (sm_90's opt-in limit).
 //
 // Numerics and edge cases follow the portable kernel (src/portable/dsa_backward_kernel.cuh):
 // L2 = logaddexp(lse, sink) log2(e), +inf for rows that take no part (P = 0 exactly); delta =
@@ -167,6 +168,7 @@ struct alignas(1024) SharedStorage {
   Element ds[T::kPanelElems];  // dS' [head][key], bf16
   float bias[2][64];           // per chunk parity: 0 for an active slot, -inf otherwise
   int32_t kidx[2][64];         // per chunk parity: the slot's kv row, -1 when inactive
+  float dpart[2][64];          // per consumer warpgroup: its half of each row's delta
   uint64_t kv_full;            // producer (128 arrivals) -> consumers: the chunk's rows landed
   uint64_t kv_empty;           // consumers (kReleaseArrivals) -> producer: the K stage is free
   uint64_t qdo_empty;          // consumers (kReleaseArrivals) -> producer: Q and dO free (the
@@ -315,33 +317,75 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
   Tensor tKrAcc = partition_fragment_C(mma_kv, Shape<typename T::D64, typename T::D64>{});
   static_assert(decltype(size(tKrAcc))::value == 32, "dKV piece: 64 x 64 per warpgroup");
 
-  // L2 (log2 units) and delta of this thread's rows frag_row + 8 r (both warpgroups compute them:
-  // no shared hand-off). delta: the quad's 4 lanes each sum 128 columns, then a quad sum.
-  float l2[2], delta[2];
+  // L2 (log2 units) and delta = rowsum(O * dO) of this thread's rows frag_row + 8 r. delta is
+  // split by columns: warpgroup w sums columns [256 w, 256 w + 256) (lane q of a quad: 64 of
+  // them) of O from global against dO from its shared tile (landed with chunk 0); row 0's O is
+  // loaded before the wait for chunk 0 (8 x 16 bytes per thread, in flight while Q, dO and the
+  // rows land), row 1's is prefetched into L2 then. The halves meet in s.dpart across a barrier
+  // both warpgroups pass. (Session 13: with O and dO both from global, in 8 dependent rounds per
+  // item, this took ~11% of the consumers' time at topk 512.) An item without chunks needs no
+  // delta (its d_sink term is 0).
+  float l2[2], delta[2] = {0.f, 0.f};
   const float kInf = INFINITY;
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {
     const int h = h0 + frag_row + 8 * r;
-    const Element* o_row = static_cast<const Element*>(p.out) + tok * p.o_ss + h * p.o_sh;
-    const Element* d_row = static_cast<const Element*>(p.dout) + tok * p.do_ss + h * p.do_sh;
-    float acc = 0.f;
-#pragma unroll 4
-    for (int k = 0; k < 16; ++k) {
-      const int col = 128 * (lane % 4) + 8 * k;
-      const uint4 a = *reinterpret_cast<const uint4*>(o_row + col);
-      const uint4 b = *reinterpret_cast<const uint4*>(d_row + col);
-      const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
-      CUTE_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const float2 af = unpack_bf16x2(aw[e]), bf = unpack_bf16x2(bw[e]);
-        acc = fmaf(af.x, bf.x, acc);
-        acc = fmaf(af.y, bf.y, acc);
-      }
-    }
-    delta[r] = quad_sum(acc);
     const float lse = p.lse[tok * p.lse_ss + h * p.lse_sh];
     const float sink = p.sink != nullptr ? p.sink[h * p.sink_s] : -kInf;
     l2[r] = portable::dsa_bwd::row_log2_normalizer(lse, sink);
+  }
+  if (n_chunks > 0) {
+    // This thread's 64 columns (8 chunks of 8) in panel 4 wg + lane % 4 of the dO tile. Entry j
+    // of its list is chunk j ^ x, x = the rows' swizzle ((frag_row + 8 r) % 8 = lane / 4): in the
+    // swizzled shared row that chunk sits at byte 16 j, so the shared loads take immediate
+    // offsets (16 computed addresses were hoisted out of the item loop and spilled).
+    const int col0 = 256 * wg + 64 * (lane % 4);
+    const int x = lane / 4;
+    const Element* o_row0 =
+        static_cast<const Element*>(p.out) + tok * p.o_ss + (h0 + frag_row) * p.o_sh + col0;
+    const int64_t o_row_step = 8 * p.o_sh;  // row frag_row + 8
+    // Row 0's chunks into registers now; row 1's (one 128-byte line) only into L2: its registers
+    // are taken in the second pass of the loop below, not unrolled so that its loads cannot
+    // overlap row 0's (both rows' loads in flight at once spilled).
+    uint4 o_part[8];
+    CUTE_UNROLL
+    for (int j = 0; j < 8; ++j)
+      o_part[j] = *reinterpret_cast<const uint4*>(o_row0 + 8 * (j ^ x));
+    prefetch_l2(o_row0 + o_row_step);
+    mbarrier_wait(&s.kv_full, g0 & 1);  // chunk 0's rows, Q and dO have landed
+    const uint32_t do_panel = smem_u32(s.dout) + (4 * wg + lane % 4) * T::kPanelElems * 2;
+#pragma unroll 1
+    for (int r = 0; r < 2; ++r) {
+      if (r == 1) {
+        CUTE_UNROLL
+        for (int j = 0; j < 8; ++j)
+          o_part[j] = *reinterpret_cast<const uint4*>(o_row0 + o_row_step + 8 * (j ^ x));
+      }
+      const uint32_t do_row = do_panel + (frag_row + 8 * r) * 128;  // swz(row, j ^ x) = 16 j
+      float acc = 0.f;
+      CUTE_UNROLL
+      for (int j = 0; j < 8; ++j) {
+        const uint4 b = ld_shared_v4(do_row + 16 * j);
+        const uint4 a = o_part[j];
+        const uint32_t aw[4] = {a.x, a.y, a.z, a.w}, bw[4] = {b.x, b.y, b.z, b.w};
+        CUTE_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          const float2 af = unpack_bf16x2(aw[e]), bf = unpack_bf16x2(bw[e]);
+          acc = fmaf(af.x, bf.x, acc);
+          acc = fmaf(af.y, bf.y, acc);
+        }
+      }
+      acc = quad_sum(acc);
+      if (lane % 4 == 0)
+        st_shared_u32(smem_u32(&s.dpart[wg][frag_row + 8 * r]), __float_as_uint(acc));
+    }
+    // Both warpgroups pass it (kPdsFree: the same barrier sequence as the chunks'); the previous
+    // item's reads of s.dpart are behind its chunks' and epilogue's kPdsFree.
+    named_barrier_sync(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r)  // the two halves in the same order on both warpgroups
+      delta[r] = ld_shared_f32(smem_u32(&s.dpart[0][frag_row + 8 * r])) +
+                 ld_shared_f32(smem_u32(&s.dpart[1][frag_row + 8 * r]));
   }
 
   const float scale_log2 = p.scale_log2;

@@ -114,6 +114,11 @@ __device__ __forceinline__ float2 unpack_bf16x2(uint32_t bits) {
   return make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xffff0000u));
 }
 
+// The line holding global address p into L2 (no registers, no wait).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
 // ---- shared memory by address -------------------------------------------------------------------
 // Explicit st/ld.shared (a generic pointer into shared memory can compile to generic accesses).
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
@@ -131,6 +136,14 @@ __device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
 }
 __device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
   return __uint_as_float(ld_shared_u32(addr));
+}
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
 }
 __device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float a, float b) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
