@@ -8,7 +8,7 @@
 // [begin, end) of its reverse row, each a (query head hl of the group, query block m). It walks
 // those query blocks as tiles of kBlockM = 64 query rows (a 128-row block is two tiles), keeps dK
 // and dV of its keys in fp32 wgmma accumulators for the whole walk, and adds each tile's dQ into
-// the fp32 dQ workspace with red.global.add.v2.f32.
+// the fp32 dQ workspace with bulk reductions from shared memory ([7]).
 //
 // Roles (warpgroups):
 //   kProducer  warpgroup 0 (setmaxnreg down); lane 0 of warp 0 issues every load: K and V once,
@@ -33,16 +33,16 @@
 //     [6] dS^T -> s.ds (the warpgroup's 64 x 64 part), between two named barriers of the
 //              consumers that share s.ds
 //     [7] dQ   = dS K         SS  M = 64 rows, N = 64 columns (a panel) of D, K = keys.
-//              Block 128 (dq_bulk): the fp32 panel goes to shared memory in fragment order
+//              Both block sizes (dq_bulk): the fp32 panel goes to shared memory in fragment order
 //              (common/dq_tile_layout.hpp: conflict-free 8-byte stores), and one thread of the
-//              warpgroup adds it to dq_accum with one 16 KB bulk reduction
-//              (cp.reduce.async.bulk .add.f32), waited for (.read) only before the next tile
-//              rewrites the buffer; the consumers issue no per-element atomics. Block 64 (no
-//              shared memory left for the buffer at two CTAs per SM): red.global.add.v2.f32 of
-//              the fragments, dq_accum row-major. Block 128 with D 128: warpgroup w takes
-//              panel w over all 128 keys (both dS tiles in shared memory: barrier of all
-//              consumers). Block 64: the one warpgroup takes every panel. Block 128 with D 64:
-//              each warpgroup adds the partial of its own 64 keys (2x the reduction traffic).
+//              warpgroup adds it to dq_accum with one 16 KB bulk reduction (cp.reduce.async.bulk
+//              .add.f32), waited for (.read) only before the next tile rewrites the buffer; the
+//              consumers issue no per-element atomics. (The red.global.add.v2.f32 path of the
+//              fragments into a row-major dq_accum is kept for a block size without room for the
+//              staging; none is instantiated.) Block 128 with D 128: warpgroup w takes panel w over
+//              all 128 keys (both dS tiles in shared memory: barrier of all consumers). Block 64:
+//              the one warpgroup takes every panel. Block 128 with D 64: each warpgroup adds the
+//              partial of its own 64 keys (2x the reduction traffic).
 //   Deterministic mode (no dQ accumulator, p.dq_accum null): [6]'s dS stores and [7] are
 //   skipped (dQ comes from the portable query-major pass); rows have one owner, so dK and dV
 //   are accumulated by one CTA in a fixed order and written directly.
