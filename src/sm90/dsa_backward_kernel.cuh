@@ -635,10 +635,7 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
     constexpr int kChunks = T::kDqk / 8;  // 16-byte chunks per row
     for (int idx = threadIdx.x - 128; idx < 64 * kChunks; idx += T::kConsumerThreads) {
       const int row = idx / kChunks, ch = idx % kChunks;
-      uint4 v;
-      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                   : "r"(stage_base + row * kStagePitch + ch * 16));
+      const uint4 v = ld_shared_v4(stage_base + row * kStagePitch + ch * 16);
       *reinterpret_cast<uint4*>(dq + tok * p.dq_ss + (h0 + row) * p.dq_sh + ch * 8) = v;
     }
     // Every thread of the warp has read its staged rows: Q and dO are free.

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
 #include <sstream>
 
@@ -38,9 +37,9 @@ constexpr size_t smem_bytes() {
 static_assert(smem_bytes<576>() <= kMaxSmemSm90, "sm90 DSA forward exceeds 227 KB of smem");
 static_assert(smem_bytes<512>() <= kMaxSmemSm90, "sm90 DSA forward exceeds 227 KB of smem");
 
-template <int kDqk, bool kPadHeads = false, bool kSeesaw = false>
+template <int kDqk, bool kPadHeads>
 void launch(const DsaFwdSm90Params& params, int64_t grid, cudaStream_t stream) {
-  using Traits = DsaFwdTraits<kDqk, kPadHeads, kSeesaw>;
+  using Traits = DsaFwdTraits<kDqk, kPadHeads>;
   constexpr size_t kSmem = smem_bytes<kDqk>();
   auto* kernel = &dsa_fwd::dsa_forward_sm90_kernel<Traits>;
   // Every launch (cheap, and right for whichever device is current).
@@ -104,12 +103,12 @@ void dsa_forward(const DsaFwdProblem& p, cudaStream_t stream) {
     if (pad_heads)
       launch<576, true>(prm, grid, stream);
     else
-      launch<576, false, true>(prm, grid, stream);
+      launch<576, false>(prm, grid, stream);
   } else {
     if (pad_heads)
       launch<512, true>(prm, grid, stream);
     else
-      launch<512, false, true>(prm, grid, stream);
+      launch<512, false>(prm, grid, stream);
   }
 }
 

@@ -113,12 +113,13 @@ __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint
 constexpr float kLazyRescaleLog2 = 8.f;
 
 // kPadHeads_: H < 64 (16 or 32) runs one 64-row CTA per token whose rows >= H are padding
-// (zero Q rows, never stored). kSeesaw_: the seesaw schedule (dsa_forward_seesaw.cuh), the one
-// H 64 and 128 run (+9-10% over the lockstep schedule below, bench/NOTES.md session 13).
-template <int kDqk_, bool kPadHeads_ = false, bool kSeesaw_ = false>
+// (zero Q rows, never stored) with the lockstep schedule below; H 64 and 128 (kPadHeads_ false)
+// run the seesaw schedule (kSeesaw, dsa_forward_seesaw.cuh: +9-10% over the lockstep one,
+// bench/NOTES.md session 13).
+template <int kDqk_, bool kPadHeads_ = false>
 struct DsaFwdTraits : DsaCta<kDqk_> {
   static constexpr bool kPadHeads = kPadHeads_;
-  static constexpr bool kSeesaw = kSeesaw_;
+  static constexpr bool kSeesaw = !kPadHeads;
   using Base = DsaCta<kDqk_>;
   using Element = typename Base::Element;
   using H64 = typename Base::H64;
@@ -276,7 +277,6 @@ __device__ __forceinline__ void consumer_epilogue(const DsaFwdSm90Params& p, Sha
         pack_bf16x2(tOrO(i) * factor[r], tOrO(i + 1) * factor[r]);
   }
 }
-
 
 // Accumulator fragments of a 64 x N wgmma tile (per thread, register index i):
 //   row = 16 * warp_in_warpgroup + lane / 4 + 8 * ((i / 2) % 2)   -> row slot r = (i / 2) % 2
