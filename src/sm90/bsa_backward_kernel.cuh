@@ -141,12 +141,13 @@ struct BwdTraits {
   // stage fits).
   static constexpr int kStages = kBlockN == 128 ? 3 : 1;
   static constexpr int kCtasPerSm = kConsumerWgs == 1 ? 2 : 1;
-  // Register split (multiples of 8), per CTA 65536 / kCtasPerSm: the producer needs few; the
-  // consumers hold dK, dV (D/2 fp32 each), S^T, dP^T (32 each) or a dQ chunk (32).
+  // Register split (multiples of 8) of the CTA's pool (setmaxnreg_pool): the producer needs few;
+  // the consumers hold dK, dV (D/2 fp32 each), S^T, dP^T (32 each) or a dQ chunk (32).
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = kConsumerWgs == 2 ? 240 : 232;
-  static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536 / kCtasPerSm,
-                "register split exceeds the CTA's register file share");
+  static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <=
+                    setmaxnreg_pool(kThreads, kCtasPerSm),
+                "register split exceeds the CTA's register pool");
   static constexpr int kPanels = kHeadDim / 64;
   static constexpr int kKvTileBytes = kBlockN * kHeadDim * 2;
   static constexpr int kQTileBytes = kBlockM * kHeadDim * 2;

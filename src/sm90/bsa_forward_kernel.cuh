@@ -183,8 +183,8 @@ struct FwdTraits {
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
   static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <=
-                    65536 / kCtasPerSm,
-                "register split exceeds the CTA's register file share");
+                    setmaxnreg_pool(kThreads, kCtasPerSm),
+                "register split exceeds the CTA's register pool");
   static constexpr int kPanels = kHeadDim / 64;  // 128-byte swizzle spans of a row
   static constexpr int kTileBytes = kBlock * kHeadDim * 2;  // Q, O staging, one KV block
   static constexpr int kStageBytes = kKeys * kHeadDim * 2;  // one K or V stage

@@ -62,12 +62,9 @@ enum class Role : int { kProducer = 0, kConsumer0 = 1, kConsumer1 = 2 };
 // consumer(wg) with wg = 0 or 1.
 template <class T, class Producer, class Consumer>
 __device__ __forceinline__ void run_roles(Producer producer, Consumer consumer) {
-  // The CTA's pool is kThreads x the launch allocation (65536 / kThreads rounded down to a
-  // multiple of 8: 168 at 384 threads, one CTA per SM); a split above it makes the last
-  // setmaxnreg.inc wait forever.
   static_assert(T::kProducerThreads * T::kProducerRegs +
                         T::kConsumerThreads * T::kConsumerRegs <=
-                    T::kThreads * (65536 / T::kThreads / 8 * 8),
+                    setmaxnreg_pool(T::kThreads, 1),
                 "register split exceeds the CTA's register pool");
   const Role role = static_cast<Role>(__shfl_sync(0xffffffffu, threadIdx.x / 128, 0));
   if (role == Role::kProducer) {

@@ -99,6 +99,13 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 }
 
 // ---- register reconfiguration (whole warpgroup, sm_90a) -----------------------------------------
+// setmaxnreg moves registers inside the CTA's launch allocation: kThreads x the launch bound's
+// per-thread count (65536 / ctas_per_sm / threads, down to a multiple of 8; 168 at 384 threads
+// and one CTA per SM), not the whole register file share. A split above it makes the last
+// setmaxnreg.inc wait forever (session 14: 128 x 32 + 256 x 240 = 65536 > 384 x 168 hung).
+constexpr int setmaxnreg_pool(int threads, int ctas_per_sm) {
+  return threads * (65536 / ctas_per_sm / threads / 8 * 8);
+}
 template <uint32_t kRegs>
 __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
