@@ -7,6 +7,7 @@
 #include <string>
 
 #include "api/dispatch.hpp"
+#include "api/enum_bits.hpp"
 #include "api/validate.hpp"
 #include "common/error.hpp"
 #include "sparse_attention/sparse_attention.h"
@@ -111,7 +112,7 @@ sa_status workspace_size_op(const Args* args, size_t* bytes,
 extern "C" {
 
 const char* sa_status_name(sa_status s) {
-  switch (s) {
+  switch (sa::api::enum_bits(s)) {  // a C caller may pass any int
     case SA_OK: return "SA_OK";
     case SA_ERROR_INVALID_ARGUMENT: return "SA_ERROR_INVALID_ARGUMENT";
     case SA_ERROR_UNSUPPORTED: return "SA_ERROR_UNSUPPORTED";
@@ -126,7 +127,7 @@ const char* sa_status_name(sa_status s) {
 const char* sa_last_error(void) { return g_last_error.c_str(); }
 
 const char* sa_impl_name(sa_impl impl) {
-  switch (impl) {
+  switch (sa::api::enum_bits(impl)) {  // a C caller may pass any int
     case SA_IMPL_AUTO: return "auto";
     case SA_IMPL_REFERENCE: return "reference";
     case SA_IMPL_PORTABLE: return "portable";

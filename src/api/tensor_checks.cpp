@@ -41,11 +41,12 @@ void check_tensor(const sa_tensor& t, const char* name, const TensorRules& r,
                name << ": expected rank " << r.rank << ", got rank " << t.rank << " "
                     << shape_str(t));
   bool dtype_ok = false;
+  const int32_t dtype = enum_bits(t.dtype);
   if (r.dtypes.size() == 0) {
-    dtype_ok = t.dtype == SA_DTYPE_BF16 || t.dtype == SA_DTYPE_FP16 || t.dtype == SA_DTYPE_FP32 ||
-               t.dtype == SA_DTYPE_FP64;
+    dtype_ok = dtype == SA_DTYPE_BF16 || dtype == SA_DTYPE_FP16 || dtype == SA_DTYPE_FP32 ||
+               dtype == SA_DTYPE_FP64;
   } else {
-    for (sa_dtype d : r.dtypes) dtype_ok |= (d == t.dtype);
+    for (sa_dtype d : r.dtypes) dtype_ok |= (d == dtype);
   }
   if (!dtype_ok) {
     std::ostringstream allowed;
@@ -59,9 +60,8 @@ void check_tensor(const sa_tensor& t, const char* name, const TensorRules& r,
       }
     }
     SA_FAIL(SA_ERROR_INVALID_ARGUMENT, name << ": expected dtype " << allowed.str() << ", got "
-                                            << (static_cast<int>(t.dtype) >= 0 &&
-                                                        static_cast<int>(t.dtype) <= 4
-                                                    ? dtype_name(t.dtype)
+                                            << (dtype >= SA_DTYPE_BF16 && dtype <= SA_DTYPE_INT32
+                                                    ? dtype_name(static_cast<sa_dtype>(dtype))
                                                     : "an unknown dtype"));
   }
   for (int i = 0; i < t.rank; ++i) {
@@ -78,8 +78,8 @@ void check_tensor(const sa_tensor& t, const char* name, const TensorRules& r,
     SA_CHECK_ARG(t.strides[t.rank - 1] == 1, name << ": the last dimension must be contiguous "
                                                   << "(stride 1), got stride "
                                                   << t.strides[t.rank - 1]);
-  SA_CHECK_ARG(t.device == SA_DEVICE_CPU || t.device == SA_DEVICE_CUDA,
-               name << ": unknown device type " << static_cast<int>(t.device));
+  SA_CHECK_ARG(enum_bits(t.device) == SA_DEVICE_CPU || enum_bits(t.device) == SA_DEVICE_CUDA,
+               name << ": unknown device type " << enum_bits(t.device));
   if (!place.set) {
     place.set = true;
     place.device = t.device;

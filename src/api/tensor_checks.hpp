@@ -6,6 +6,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "api/enum_bits.hpp"
 #include "common/error.hpp"
 #include "common/problem.hpp"
 #include "sparse_attention/sparse_attention.h"

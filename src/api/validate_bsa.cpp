@@ -56,17 +56,17 @@ struct Common {
 };
 
 void check_options(const sa_bsa_options& o) {
-  SA_CHECK_ARG(o.layout == SA_LAYOUT_BHSD || o.layout == SA_LAYOUT_BSHD,
+  SA_CHECK_ARG(enum_bits(o.layout) == SA_LAYOUT_BHSD || enum_bits(o.layout) == SA_LAYOUT_BSHD,
                "options.layout: expected SA_LAYOUT_BHSD or SA_LAYOUT_BSHD, got "
-                   << static_cast<int>(o.layout));
+                   << enum_bits(o.layout));
   SA_CHECK_ARG(o.block_size == 64 || o.block_size == 128,
                "options.block_size: expected 64 or 128, got " << o.block_size);
   SA_CHECK_ARG(std::isfinite(o.scale), "options.scale: expected a finite value (0 for "
                                        "1/sqrt(D)), got " << o.scale);
   SA_CHECK_ARG(o.bucket_size >= 0,
                "options.bucket_size: expected >= 0 (0 = automatic), got " << o.bucket_size);
-  SA_CHECK_ARG(o.impl >= SA_IMPL_AUTO && o.impl <= SA_IMPL_SM90,
-               "options.impl: unknown implementation " << static_cast<int>(o.impl));
+  SA_CHECK_ARG(enum_bits(o.impl) >= SA_IMPL_AUTO && enum_bits(o.impl) <= SA_IMPL_SM90,
+               "options.impl: unknown implementation " << enum_bits(o.impl));
 }
 
 // q, k, v and the sparsity metadata: what forward and backward share.

@@ -35,8 +35,8 @@ Common check_inputs(const sa_tensor& q, const sa_tensor& kv, const sa_tensor& to
                     const sa_dsa_options& opt) {
   SA_CHECK_ARG(std::isfinite(opt.scale), "options.scale: expected a finite value (0 for "
                                          "1/sqrt(D_qk)), got " << opt.scale);
-  SA_CHECK_ARG(opt.impl >= SA_IMPL_AUTO && opt.impl <= SA_IMPL_SM90,
-               "options.impl: unknown implementation " << static_cast<int>(opt.impl));
+  SA_CHECK_ARG(enum_bits(opt.impl) >= SA_IMPL_AUTO && enum_bits(opt.impl) <= SA_IMPL_SM90,
+               "options.impl: unknown implementation " << enum_bits(opt.impl));
   Common c;
   check_tensor(q, "q", {3, {}, true, false}, c.place);
   check_tensor(kv, "kv", {2, {}, true, false}, c.place);
