@@ -9,6 +9,7 @@
 #include <functional>
 #include <initializer_list>
 #include <iomanip>
+#include <new>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -264,6 +265,11 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     std::fprintf(stderr, "error: %s\n", e.what());
     return e.exit_code();
+  } catch (const std::bad_alloc&) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "error: out of host memory for the problem's tensors (std::bad_alloc); "
+                         "use smaller sizes\n");
+    return sa_tool::kExitCheckFailed;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "error: internal: %s\n", e.what());
