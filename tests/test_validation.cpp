@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "api/enum_bits.hpp"
 #include "sparse_attention/sparse_attention.h"
 #include "sparse_attention/sparse_attention.hpp"
 #include "test_util.hpp"
@@ -41,19 +42,15 @@ using sa_test::HostTensor;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
-// Out-of-range enum values, as a C caller may store them: written and read as bits (in C++,
-// converting such a value to the enum type, or reading it through that type, is undefined).
+// Out-of-range enum values, as a C caller may store them: written as bits here and read as bits
+// (sa::api::enum_bits, the library's own reader): in C++, converting such a value to the enum
+// type, or reading it through that type, is undefined.
 template <class E>
 void store_bits(E& field, int32_t v) {
   static_assert(sizeof(E) == sizeof v);
   std::memcpy(&field, &v, sizeof v);
 }
-template <class E>
-int32_t load_bits(const E& field) {
-  int32_t v;
-  std::memcpy(&v, &field, sizeof v);
-  return v;
-}
+using sa::api::enum_bits;
 constexpr int32_t kImplSentinel = 77;  // impl_used before a call: no implementation has it
 
 enum class Op { kForward, kBackward };
@@ -262,7 +259,7 @@ void expect_rejected(Call& c, sa_status code, const std::vector<std::string>& ex
   const std::string msg = sa_last_error();
   EXPECT_EQ(st, code) << "got " << sa_status_name(st) << ": " << msg;
   for (const std::string& s : expect) EXPECT_TRUE(has_substr(msg, with_op(s, c.op_name())));
-  EXPECT_EQ(load_bits(used), kImplSentinel) << "a failed call wrote context.impl_used";
+  EXPECT_EQ(enum_bits(used), kImplSentinel) << "a failed call wrote context.impl_used";
   ::testing::Test::RecordProperty("message", msg);  // in --gtest_output=xml, for review
   if (code != SA_ERROR_INVALID_METADATA) {
     EXPECT_EQ(ws_msg, msg);
@@ -289,7 +286,7 @@ void expect_accepted(Call& c) {
   ctx.impl_used = &used;
   ASSERT_EQ(c.run(&ctx), SA_OK) << sa_last_error();
   EXPECT_STREQ(sa_last_error(), "");
-  EXPECT_EQ(load_bits(used), SA_IMPL_REFERENCE);
+  EXPECT_EQ(enum_bits(used), SA_IMPL_REFERENCE);
   EXPECT_TRUE(c.outputs_written());
   const sa_cpp::Status s = c.run_cpp(ctx);
   EXPECT_TRUE(s.ok()) << s.to_string();
