@@ -93,6 +93,7 @@ struct DsaFwdSm90Params {
   int32_t head_groups;  // H / 64 (1 with head padding)
   float scale_log2;     // scale * log2(e)
   int32_t heads;        // H
+  int64_t items;        // S_q * head_groups: the work items (token, head group)
 };
 
 // Named barriers (id 0 is __syncthreads), all over the 256 consumer threads.
@@ -190,6 +191,9 @@ struct alignas(1024) SharedStorage {
   // Seesaw only: warpgroup w's row maxima of the iteration are in red_max[w] (its 128 threads
   // arrive, each after its own store or its last load of red_max[1 - w]).
   uint64_t max_full[2];
+  // Seesaw only (persistent CTAs): every consumer thread is done with the item's Q (after its last
+  // S; items without iterations have no Q); the producer waits before gathering the next item's.
+  uint64_t q_empty;
 };
 
 // ---- producer (warpgroup 0) ---------------------------------------------------------------------
@@ -440,14 +444,42 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         mbarrier_init(&s.bias_full[b], T::kProducerThreads);
         mbarrier_init(&s.max_full[b], T::kConsumerThreads / 2);
       }
+      mbarrier_init(&s.q_empty, T::kConsumerThreads);
     }
     fence_mbarrier_init();
   }
   __syncthreads();
 
   if constexpr (T::kSeesaw) {
-    run_roles<T>([&] { producer_seesaw<T>(p, s, tok, h0, n_slots); },
-                 [&](int wg) { consumer_seesaw<T>(p, s, tok, h0, n_slots, wg); });
+    // Persistent when the host launches fewer CTAs than items (equal items: no topk_length): CTA b
+    // takes items b, b + gridDim.x, ... The barriers' parities run on across the items (it0: the
+    // CTA's iterations before the item; kq: its items with iterations before it, which alone
+    // gather Q and release it, so that the consumers cannot complete two q_empty phases before
+    // the producer waited for the first).
+    auto for_each_item = [&](auto f) {
+      uint32_t it0 = 0, kq = 0;
+#pragma unroll 1
+      for (int64_t i = blockIdx.x; i < p.items; i += gridDim.x) {
+        const int64_t t = i / p.head_groups;
+        const int n = dsa_active_slots(p.len, p.len_s, p.topk, t);
+        f(t, static_cast<int>(i % p.head_groups) * T::kHeads, n, it0, kq);
+        const uint32_t n_iter = seesaw_iterations<T>(n);
+        it0 += n_iter;
+        kq += n_iter > 0 ? 1 : 0;
+      }
+    };
+    run_roles<T>(
+        [&] {
+          for_each_item([&](int64_t t, int h, int n, uint32_t it0, uint32_t kq) {
+            producer_seesaw<T>(p, s, t, h, n, it0, kq);
+          });
+        },
+        [&](int wg) {
+          for_each_item([&](int64_t t, int h, int n, uint32_t it0, uint32_t kq) {
+            consumer_seesaw<T>(p, s, t, h, n, wg, it0);
+            (void)kq;
+          });
+        });
   } else {
     run_roles<T>([&] { producer_main<T>(p, s, tok, h0, n_slots); },
                  [&](int wg) { consumer_main<T>(p, s, tok, h0, n_slots, wg); });
