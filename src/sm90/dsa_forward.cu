@@ -105,7 +105,8 @@ void dsa_forward(const DsaFwdProblem& p, cudaStream_t stream) {
   // leave the CTAs' sums far apart; then one CTA per item, balanced by the hardware).
   const bool persistent = !pad_heads && p.meta.topk_length.data == nullptr;
   const int64_t grid =
-      persistent ? std::min<int64_t>(prm.items, sm_count(p.device_index)) : prm.items;
+      persistent ? std::min<int64_t>(prm.items, std::max(1, sm_count(p.device_index)))
+                 : prm.items;
   if (d.Dqk == 576) {
     if (pad_heads)
       launch<576, true>(prm, grid, stream);

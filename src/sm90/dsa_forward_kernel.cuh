@@ -3,7 +3,9 @@
 // warpgroups sharing S through shared memory (FlashMLA-style split of O's 512 columns).
 // Device code only; dsa_forward.cu checks the problem and instantiates it.
 //
-// Work split. One CTA per (query token t, group of 64 heads): H = 128 runs two CTAs per token
+// Work split. A work item is one (query token t, group of 64 heads), one CTA each, except that the
+// seesaw kernels without topk_length run one persistent CTA per SM over the items (the kernel
+// function). H = 128 runs two items per token
 // (one CTA of 128 heads would need 64 x 512 fp32 O accumulators per 64 heads twice over: 4
 // consumer warpgroups of 128 registers of O each, more than the register file). The token's
 // active slots are walked in chunks of 64 keys; each gathered kv row is the key (D_qk columns)

@@ -337,11 +337,12 @@ __device__ __forceinline__ void consumer_seesaw(const DsaFwdSm90Params& p, Share
       if (releaser) mbarrier_arrive(&s.half_empty[0][1]);
     }
   }
-  consumer_epilogue<T>(p, s, tok, h0, wg, lane, frag_row, m_run, l_run, tOrO);
-  // Persistent CTAs: the next item's epilogue rewrites red_sum. An item with iterations first
-  // passes kP0 / kP1 with both warpgroups (so both are done reading this one's); one without
-  // (possible only with topk_length, when the host launches one CTA per item) is separated here.
+  // Persistent CTAs: this epilogue rewrites red_sum, which the other warpgroup may still read for
+  // the previous item. With iterations, this item's max_full exchange orders the two (each reader
+  // arrives on it after its reads); without (possible only with topk_length, when the host
+  // launches one CTA per item), a barrier of both warpgroups does.
   if (n_iter == 0) named_barrier_sync(id(NamedBarrier::kSumReady), T::kConsumerThreads);
+  consumer_epilogue<T>(p, s, tok, h0, wg, lane, frag_row, m_run, l_run, tOrO);
 }
 
 }  // namespace sa::sm90::dsa_fwd
