@@ -898,6 +898,17 @@ inline std::vector<GpuDsaFwdCase> gpu_dsa_forward_cases(sa_impl impl) {
                   spec_of(L::kMixed, true, false, S::kFinite)}},
       {kSm90, {"H128_D512_K600_LengthsInvalid", shape_of(4, 1500, 128, 512, 600),
               spec_of(L::kMixed, true, false, S::kMixed)}},
+      // More work items (tokens x head groups) than an H200's 132 SMs and no topk_length: the
+      // Hopper seesaw kernel's persistent CTAs walk several items each (3 chunks: an odd count, 2
+      // iterations; and 1 chunk: one iteration whose second block is all inactive).
+      {kSm90, {"H128_D576_K130_PersistentItems", shape_of(200, 800, 128, 576, 130),
+              spec_of(L::kNone, true, true, S::kMixed)}},
+      {kSm90, {"H64_D512_K64_PersistentItems", shape_of(300, 400, 64, 512, 64),
+              spec_of(L::kNone, true, false, S::kFinite)}},
+      // 5 chunks: 3 iterations per item, so the CTA's iteration count (the barriers' parity base)
+      // is odd after its first item.
+      {kSm90, {"H64_D576_K300_PersistentItems", shape_of(300, 700, 64, 576, 300),
+              spec_of(L::kNone, false, false, S::kNone)}},
       {kPortable, {"H64_D576_K100_Fp16", shape_of(8, 400, 64, 576, 100),
                   spec_of(L::kMixed, true, true, S::kFinite), kFp16}},
       {kPortable, {"H128_D512_K600_Fp16", shape_of(4, 1500, 128, 512, 600),

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "common/cuda_check.hpp"
+#include "common/cuda_device.hpp"
 #include "common/dsa_params.hpp"
 #include "common/host_numeric.hpp"
 #include "common/narrow.hpp"
@@ -97,8 +98,15 @@ void dsa_forward(const DsaFwdProblem& p, cudaStream_t stream) {
   prm.head_groups = pad_heads ? 1 : narrow_i32(d.H / 64, "H / 64");
   prm.heads = narrow_i32(d.H, "H");
 
-  const int64_t grid = d.Sq * prm.head_groups;
-  if (grid == 0) return;
+  prm.items = d.Sq * prm.head_groups;
+  if (prm.items == 0) return;
+  // The seesaw kernels (H 64, 128) are persistent when the items are equal (no topk_length): one
+  // CTA per SM walks items b, b + grid, ... (a static stride over items of random lengths would
+  // leave the CTAs' sums far apart; then one CTA per item, balanced by the hardware).
+  const bool persistent = !pad_heads && p.meta.topk_length.data == nullptr;
+  const int64_t grid =
+      persistent ? std::min<int64_t>(prm.items, std::max(1, sm_count(p.device_index)))
+                 : prm.items;
   if (d.Dqk == 576) {
     if (pad_heads)
       launch<576, true>(prm, grid, stream);

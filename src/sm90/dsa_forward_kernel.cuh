@@ -3,7 +3,9 @@
 // warpgroups sharing S through shared memory (FlashMLA-style split of O's 512 columns).
 // Device code only; dsa_forward.cu checks the problem and instantiates it.
 //
-// Work split. One CTA per (query token t, group of 64 heads): H = 128 runs two CTAs per token
+// Work split. A work item is one (query token t, group of 64 heads), one CTA each, except that the
+// seesaw kernels without topk_length run one persistent CTA per SM over the items (the kernel
+// function). H = 128 runs two items per token
 // (one CTA of 128 heads would need 64 x 512 fp32 O accumulators per 64 heads twice over: 4
 // consumer warpgroups of 128 registers of O each, more than the register file). The token's
 // active slots are walked in chunks of 64 keys; each gathered kv row is the key (D_qk columns)
@@ -93,6 +95,7 @@ struct DsaFwdSm90Params {
   int32_t head_groups;  // H / 64 (1 with head padding)
   float scale_log2;     // scale * log2(e)
   int32_t heads;        // H
+  int64_t items;        // S_q * head_groups: the work items (token, head group)
 };
 
 // Named barriers (id 0 is __syncthreads), all over the 256 consumer threads.
@@ -190,6 +193,9 @@ struct alignas(1024) SharedStorage {
   // Seesaw only: warpgroup w's row maxima of the iteration are in red_max[w] (its 128 threads
   // arrive, each after its own store or its last load of red_max[1 - w]).
   uint64_t max_full[2];
+  // Seesaw only (persistent CTAs): every consumer thread is done with the item's Q (after its last
+  // S; items without iterations have no Q); the producer waits before gathering the next item's.
+  uint64_t q_empty;
 };
 
 // ---- producer (warpgroup 0) ---------------------------------------------------------------------
@@ -440,14 +446,42 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         mbarrier_init(&s.bias_full[b], T::kProducerThreads);
         mbarrier_init(&s.max_full[b], T::kConsumerThreads / 2);
       }
+      mbarrier_init(&s.q_empty, T::kConsumerThreads);
     }
     fence_mbarrier_init();
   }
   __syncthreads();
 
   if constexpr (T::kSeesaw) {
-    run_roles<T>([&] { producer_seesaw<T>(p, s, tok, h0, n_slots); },
-                 [&](int wg) { consumer_seesaw<T>(p, s, tok, h0, n_slots, wg); });
+    // Persistent when the host launches fewer CTAs than items (equal items: no topk_length): CTA b
+    // takes items b, b + gridDim.x, ... The barriers' parities run on across the items (it0: the
+    // CTA's iterations before the item; kq: its items with iterations before it, which alone
+    // gather Q and release it, so that the consumers cannot complete two q_empty phases before
+    // the producer waited for the first).
+    auto for_each_item = [&](auto f) {
+      uint32_t it0 = 0, kq = 0;
+#pragma unroll 1
+      for (int64_t i = blockIdx.x; i < p.items; i += gridDim.x) {
+        const int64_t t = i / p.head_groups;
+        const int n = dsa_active_slots(p.len, p.len_s, p.topk, t);
+        f(t, static_cast<int>(i % p.head_groups) * T::kHeads, n, it0, kq);
+        const uint32_t n_iter = seesaw_iterations<T>(n);
+        it0 += n_iter;
+        kq += n_iter > 0 ? 1 : 0;
+      }
+    };
+    run_roles<T>(
+        [&] {
+          for_each_item([&](int64_t t, int h, int n, uint32_t it0, uint32_t kq) {
+            producer_seesaw<T>(p, s, t, h, n, it0, kq);
+          });
+        },
+        [&](int wg) {
+          for_each_item([&](int64_t t, int h, int n, uint32_t it0, uint32_t kq) {
+            consumer_seesaw<T>(p, s, t, h, n, wg, it0);
+            (void)kq;
+          });
+        });
   } else {
     run_roles<T>([&] { producer_main<T>(p, s, tok, h0, n_slots); },
                  [&](int wg) { consumer_main<T>(p, s, tok, h0, n_slots, wg); });

@@ -35,6 +35,11 @@
 //
 // The running maximum moves lazily as in the lockstep schedule (kLazyRescaleLog2: P <= 2^8), and
 // O is rescaled only by warps whose rows' maximum moved.
+//
+// Persistent CTAs (the host launches one per SM when there is no topk_length): a CTA walks items
+// b, b + gridDim.x, ... (see the kernel); the buffers' barrier parities run on over the CTA's
+// iterations (it0), and the next item's Q is gathered once every consumer thread has passed its
+// last S of the previous item (q_empty), during that item's last P V and epilogue.
 #pragma once
 
 namespace sa::sm90::dsa_fwd {
@@ -91,13 +96,24 @@ __device__ __forceinline__ void store_p(const FragS& sc, const float (&f)[2], ui
   }
 }
 
+// Iterations (128 keys: two 64-key blocks) of an item with n_slots active slots.
+template <class T>
+__device__ __forceinline__ uint32_t seesaw_iterations(int n_slots) {
+  const int n_chunks = (n_slots + T::kBlockN - 1) / T::kBlockN;
+  return static_cast<uint32_t>((n_chunks + 1) / 2);
+}
+
+// it0: the CTA's iterations before this item; kq: its items with iterations before it (persistent
+// CTAs: see the kernel).
 template <class T>
 __device__ __forceinline__ void producer_seesaw(const DsaFwdSm90Params& p, SharedStorage<T>& s,
-                                                int64_t tok, int h0, int n_slots) {
+                                                int64_t tok, int h0, int n_slots, uint32_t it0,
+                                                uint32_t kq) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;  // threads 0..127
-  const int n_chunks = (n_slots + T::kBlockN - 1) / T::kBlockN;
-  const int n_iter = (n_chunks + 1) / 2;
+  const int n_iter = static_cast<int>(seesaw_iterations<T>(n_slots));
   if (n_iter == 0) return;
+  // The previous item's S are done with Q.
+  mbarrier_wait(&s.q_empty, (kq & 1) ^ 1);
   gather_head_rows<T::kRope, T::kPadHeads>(smem_u32(s.q_nope), smem_u32(s.q_rope),
                                            static_cast<const DsaElement*>(p.q) + tok * p.q_ss,
                                            p.q_sh, h0, warp, lane, p.heads - h0);
@@ -105,7 +121,7 @@ __device__ __forceinline__ void producer_seesaw(const DsaFwdSm90Params& p, Share
   const int32_t* idx_row = p.idx + tok * p.idx_ss;
 #pragma unroll 1
   for (int it = 0; it < n_iter; ++it) {
-    const uint32_t parity = it & 1;
+    const uint32_t parity = (it0 + it) & 1;
     // The indices of both blocks' slots, lane-parallel, before any wait.
     const ShuffledRowIndex j0{chunk_slot_index(idx_row, p.idx_si, n_slots, 2 * it, warp, lane)};
     const ShuffledRowIndex j1{
@@ -130,7 +146,8 @@ __device__ __forceinline__ void producer_seesaw(const DsaFwdSm90Params& p, Share
 
 template <class T>
 __device__ __forceinline__ void consumer_seesaw(const DsaFwdSm90Params& p, SharedStorage<T>& s,
-                                                int64_t tok, int h0, int n_slots, int wg) {
+                                                int64_t tok, int h0, int n_slots, int wg,
+                                                uint32_t it0) {
   using namespace cute;
   using Element = typename T::Element;
   const int ctid = threadIdx.x - 128;  // 0..255
@@ -138,8 +155,7 @@ __device__ __forceinline__ void consumer_seesaw(const DsaFwdSm90Params& p, Share
   const int lane = threadIdx.x % 32;
   const int warp_in_wg = wtid / 32;
   const int frag_row = 16 * warp_in_wg + lane / 4;  // + 8 r
-  const int n_chunks = (n_slots + T::kBlockN - 1) / T::kBlockN;
-  const int n_iter = (n_chunks + 1) / 2;
+  const int n_iter = static_cast<int>(seesaw_iterations<T>(n_slots));
   const int other = 1 - wg;
 
   typename T::TiledMmaQK64 mma_qk;
@@ -187,7 +203,7 @@ __device__ __forceinline__ void consumer_seesaw(const DsaFwdSm90Params& p, Share
 
 #pragma unroll 1
   for (int it = 0; it < n_iter; ++it) {
-    const uint32_t parity = it & 1;
+    const uint32_t parity = (it0 + it) & 1;
     // [S] Own block: the half that arrives first (warpgroup 0: half 0, warpgroup 1: half 1),
     // then the other; one batch. (Compile-time k-block ranges: a runtime index into the
     // descriptor fragments would put them in local memory.)
@@ -219,6 +235,7 @@ __device__ __forceinline__ void consumer_seesaw(const DsaFwdSm90Params& p, Share
     mbarrier_wait(&s.bias_full[wg], parity);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tSrS);
+    if (it == n_iter - 1) mbarrier_arrive(&s.q_empty);  // the item's last read of Q
 
     // [M] Scale, mask, row maximum of the own block; warpgroup 1 folds in warpgroup 0's.
     const float* bias = s.bias[wg] + 2 * (lane % 4);
@@ -320,6 +337,11 @@ __device__ __forceinline__ void consumer_seesaw(const DsaFwdSm90Params& p, Share
       if (releaser) mbarrier_arrive(&s.half_empty[0][1]);
     }
   }
+  // Persistent CTAs: this epilogue rewrites red_sum, which the other warpgroup may still read for
+  // the previous item. With iterations, this item's max_full exchange orders the two (each reader
+  // arrives on it after its reads); without (possible only with topk_length, when the host
+  // launches one CTA per item), a barrier of both warpgroups does.
+  if (n_iter == 0) named_barrier_sync(id(NamedBarrier::kSumReady), T::kConsumerThreads);
   consumer_epilogue<T>(p, s, tok, h0, wg, lane, frag_row, m_run, l_run, tOrO);
 }
 
