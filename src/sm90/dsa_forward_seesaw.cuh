@@ -187,36 +187,41 @@ __device__ __forceinline__ void consumer_seesaw(const DsaFwdSm90Params& p, Share
   float l_run[2] = {0.f, 0.f};              // this thread's part of its own P's row sums
   clear(tOrO);
 
+  // [S] Own block: the half that arrives first (warpgroup 0: half 0, warpgroup 1: half 1), then
+  // the other. (Compile-time k-block ranges: a runtime index into the descriptor fragments would
+  // put them in local memory.)
+  auto issue_half = [&](auto half_tag, uint32_t par) {
+    constexpr int kHalf = decltype(half_tag)::value;
+    mbarrier_wait(&s.half_full[wg][kHalf], par);
+    fence_proxy_async_shared();
+    CUTE_UNROLL
+    for (int k = 0; k < 16; ++k) {
+      cute::gemm(mma_qk, tSrQn(_, _, 16 * kHalf + k), tSrKn(_, _, 16 * kHalf + k), tSrS);
+      mma_qk.accumulate_ = SM90::GMMA::ScaleOut::One;
+    }
+    if constexpr (T::kRope && kHalf == 1) {
+      CUTE_UNROLL
+      for (int k = 0; k < 4; ++k) cute::gemm(mma_qk, tSrQr(_, _, k), tSrKr(_, _, k), tSrS);
+    }
+  };
+  // Warpgroup 0's half-0 part of S is always issued one step early, as its own commit group: here
+  // for the first iteration, at the end of the previous iteration for the others (behind its SS
+  // P V, FlashMLA's order). Every entry of the loop then has that group in flight (a loop entered
+  // with and without it made ptxas inject a full wgmma wait before the back edge).
+  if (wg == 0 && n_iter > 0) {
+    warpgroup_fence_operand(tSrS);
+    mma_qk.accumulate_ = SM90::GMMA::ScaleOut::Zero;
+    warpgroup_arrive();
+    issue_half(cute::Int<0>{}, 0u);
+    warpgroup_commit_batch();
+  }
+
 #pragma unroll 1
   for (int it = 0; it < n_iter; ++it) {
     const uint32_t parity = it & 1;
-    // [S] Own block: the half that arrives first (warpgroup 0: half 0, warpgroup 1: half 1),
-    // then the other; one batch. (Compile-time k-block ranges: a runtime index into the
-    // descriptor fragments would put them in local memory.)
     warpgroup_fence_operand(tSrS);
-    auto issue_half = [&](auto half_tag, uint32_t par) {
-      constexpr int kHalf = decltype(half_tag)::value;
-      mbarrier_wait(&s.half_full[wg][kHalf], par);
-      fence_proxy_async_shared();
-      CUTE_UNROLL
-      for (int k = 0; k < 16; ++k) {
-        cute::gemm(mma_qk, tSrQn(_, _, 16 * kHalf + k), tSrKn(_, _, 16 * kHalf + k), tSrS);
-        mma_qk.accumulate_ = SM90::GMMA::ScaleOut::One;
-      }
-      if constexpr (T::kRope && kHalf == 1) {
-        CUTE_UNROLL
-        for (int k = 0; k < 4; ++k) cute::gemm(mma_qk, tSrQr(_, _, k), tSrKr(_, _, k), tSrS);
-      }
-    };
     if (wg == 0) {
-      // Half 0 of iterations after the first was issued at the end of the previous one.
-      if (it == 0) {
-        mma_qk.accumulate_ = SM90::GMMA::ScaleOut::Zero;
-        warpgroup_arrive();
-        issue_half(cute::Int<0>{}, parity);
-      } else {
-        warpgroup_arrive();
-      }
+      warpgroup_arrive();
       issue_half(cute::Int<1>{}, parity);
     } else {
       mma_qk.accumulate_ = SM90::GMMA::ScaleOut::Zero;
