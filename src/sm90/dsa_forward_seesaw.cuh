@@ -12,7 +12,9 @@
 //        O *= 2^(m - m0); P0 = 2^(S0 - m0) | O += P0 V0[:, 0:256] (RS) | release half 0 of buf 0 |
 //        wait max_full[1]: m1 (the joint maximum) | P0 *= 2^(m0 - m1) -> sP0 (bf16), release
 //        half 1 of buf 0 (sP0's stores), arrive kP0 | bar.sync kP1 | O *= 2^(m0 - m1) |
-//        O += sP1 V1[:, 0:256] (SS) | release half 0 of buf 1
+//        O += sP1 V1[:, 0:256] (SS), the next S0's half-0 part queued behind it (FlashMLA's
+//        order: half 0 of buffer 0 is the first half released and refilled) | release half 0 of
+//        buf 1
 //   WG1  S1 = Q K1^T | wait max_full[0]: m0 | m1 = max(m0, rowmax S1) -> smem, arrive
 //        max_full[1] | O *= 2^(m - m1); P1 = 2^(S1 - m1) | O += P1 V1[:, 256:512] (RS);
 //        P1 -> sP1 | bar.sync kP0 | O += sP0 V0[:, 256:512] (SS) | arrive kP1 | release half 1
@@ -201,35 +203,47 @@ __device__ __forceinline__ void consumer_seesaw(const DsaFwdSm90Params& p, Share
   float l_run[2] = {0.f, 0.f};              // this thread's part of its own P's row sums
   clear(tOrO);
 
+  // [S] Own block: the half that arrives first (warpgroup 0: half 0, warpgroup 1: half 1), then
+  // the other. (Compile-time k-block ranges: a runtime index into the descriptor fragments would
+  // put them in local memory.)
+  auto issue_half = [&](auto half_tag, uint32_t par) {
+    constexpr int kHalf = decltype(half_tag)::value;
+    mbarrier_wait(&s.half_full[wg][kHalf], par);
+    fence_proxy_async_shared();
+    CUTE_UNROLL
+    for (int k = 0; k < 16; ++k) {
+      cute::gemm(mma_qk, tSrQn(_, _, 16 * kHalf + k), tSrKn(_, _, 16 * kHalf + k), tSrS);
+      mma_qk.accumulate_ = SM90::GMMA::ScaleOut::One;
+    }
+    if constexpr (T::kRope && kHalf == 1) {
+      CUTE_UNROLL
+      for (int k = 0; k < 4; ++k) cute::gemm(mma_qk, tSrQr(_, _, k), tSrKr(_, _, k), tSrS);
+    }
+  };
+  // Warpgroup 0's half-0 part of S is always issued one step early, as its own commit group: here
+  // for the first iteration, at the end of the previous iteration for the others (behind its SS
+  // P V, FlashMLA's order). Every entry of the loop then has that group in flight (a loop entered
+  // with and without it made ptxas inject a full wgmma wait before the back edge).
+  if (wg == 0 && n_iter > 0) {
+    warpgroup_fence_operand(tSrS);
+    mma_qk.accumulate_ = SM90::GMMA::ScaleOut::Zero;
+    warpgroup_arrive();
+    issue_half(cute::Int<0>{}, it0 & 1u);
+    warpgroup_commit_batch();
+  }
+
 #pragma unroll 1
   for (int it = 0; it < n_iter; ++it) {
     const uint32_t parity = (it0 + it) & 1;
-    // [S] Own block: the half that arrives first (warpgroup 0: half 0, warpgroup 1: half 1),
-    // then the other; one batch. (Compile-time k-block ranges: a runtime index into the
-    // descriptor fragments would put them in local memory.)
     warpgroup_fence_operand(tSrS);
-    auto issue_half = [&](auto half_tag) {
-      constexpr int kHalf = decltype(half_tag)::value;
-      mbarrier_wait(&s.half_full[wg][kHalf], parity);
-      fence_proxy_async_shared();
-      CUTE_UNROLL
-      for (int k = 0; k < 16; ++k) {
-        cute::gemm(mma_qk, tSrQn(_, _, 16 * kHalf + k), tSrKn(_, _, 16 * kHalf + k), tSrS);
-        mma_qk.accumulate_ = SM90::GMMA::ScaleOut::One;
-      }
-      if constexpr (T::kRope && kHalf == 1) {
-        CUTE_UNROLL
-        for (int k = 0; k < 4; ++k) cute::gemm(mma_qk, tSrQr(_, _, k), tSrKr(_, _, k), tSrS);
-      }
-    };
-    mma_qk.accumulate_ = SM90::GMMA::ScaleOut::Zero;
-    warpgroup_arrive();
     if (wg == 0) {
-      issue_half(cute::Int<0>{});
-      issue_half(cute::Int<1>{});
+      warpgroup_arrive();
+      issue_half(cute::Int<1>{}, parity);
     } else {
-      issue_half(cute::Int<1>{});
-      issue_half(cute::Int<0>{});
+      mma_qk.accumulate_ = SM90::GMMA::ScaleOut::Zero;
+      warpgroup_arrive();
+      issue_half(cute::Int<1>{}, parity);
+      issue_half(cute::Int<0>{}, parity);
     }
     warpgroup_commit_batch();
     mbarrier_wait(&s.bias_full[wg], parity);
@@ -310,7 +324,19 @@ __device__ __forceinline__ void consumer_seesaw(const DsaFwdSm90Params& p, Share
       warpgroup_arrive();
       gemm_ss(mma_ss, tOrPo, tOrVss, tOrO, false);
       warpgroup_commit_batch();
-      warpgroup_wait<0>();
+      if (it + 1 < n_iter) {
+        // The next block's S over half 0 goes in behind this P V (FlashMLA's order), so the
+        // tensor pipe has it queued when the P V ends: half 0 of buffer 0 was released first in
+        // this iteration and is the producer's first fill, and S is dead (P went to tOrP and sP0).
+        warpgroup_fence_operand(tSrS);
+        mma_qk.accumulate_ = SM90::GMMA::ScaleOut::Zero;
+        warpgroup_arrive();
+        issue_half(cute::Int<0>{}, parity ^ 1);
+        warpgroup_commit_batch();
+        warpgroup_wait<1>();  // the P V (the older group) is done
+      } else {
+        warpgroup_wait<0>();
+      }
       warpgroup_fence_operand(tOrO);
       __syncwarp();  // the warp's reads of the buffer (and bias) precede its lanes' releases
       if (releaser) mbarrier_arrive(&s.half_empty[1][0]);
