@@ -33,6 +33,27 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// A quad's 4 x 4 words, transposed: on entry lane q of the quad holds w[k] = element (q, k), on
+// return element (k, q). Two butterfly stages with partner q ^ m (m = 2, then 1): the elements
+// whose index differs from q in bit m swap with the partner's (a lane with bit m clear sends w[k
+// | m] and gets the partner's w[k]). Two shuffles per stage; every lane of the warp calls it.
+__device__ __forceinline__ void quad_transpose_4x4(uint32_t (&w)[4], int q) {
+#pragma unroll
+  for (int m = 2; m >= 1; m /= 2) {
+    const bool hi = (q & m) != 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (k & m) continue;  // one exchange per pair (k, k | m)
+      const uint32_t got = __shfl_xor_sync(0xffffffffu, hi ? w[k] : w[k | m], m);
+      if (hi) {
+        w[k] = got;
+      } else {
+        w[k | m] = got;
+      }
+    }
+  }
+}
+
 // cp.async (sm80 and newer): 4 bytes global -> shared (through L1: .ca is the only mode for 4
 // bytes), asynchronously; commit the thread's copies as a group; wait until at most N committed
 // groups of this thread are in flight (other threads see the data after a following barrier).

@@ -273,14 +273,28 @@ __device__ __forceinline__ void consumer_epilogue(const DsaFwdSm90Params& p, Sha
     }
     if (wg == 0 && lane % 4 == 0 && real) p.lse[tok * p.lse_ss + h * p.lse_sh] = lse;
   }
+  // 16-byte stores: a quad's 4 x 4 words (lane q: the column pair 2q of four 8-column tiles) are
+  // transposed so that lane q holds tile q's 8 columns (out's rows are 16-byte aligned:
+  // tensor_checks). A quad shares its row, so a padding row skips the store, never a shuffle.
+  const int q = lane % 4;
   CUTE_UNROLL
-  for (int i = 0; i < cute::size(tOrO); i += 2) {
-    const int r = (i / 2) % 2;
+  for (int r = 0; r < 2; ++r) {
     const int h = h0 + frag_row + 8 * r;
-    const int col = 256 * wg + 8 * (i / 4) + 2 * (lane % 4);
-    if (T::kPadHeads && h >= p.heads) continue;
-    *reinterpret_cast<uint32_t*>(out + tok * p.o_ss + h * p.o_sh + col) =
-        pack_bf16x2(tOrO(i) * factor[r], tOrO(i + 1) * factor[r]);
+    const bool store = !T::kPadHeads || h < p.heads;
+    Element* const row_out = out + tok * p.o_ss + static_cast<int64_t>(h) * p.o_sh + 256 * wg;
+    CUTE_UNROLL
+    for (int g = 0; g < cute::size(tOrO) / 16; ++g) {
+      uint32_t w[4];
+      CUTE_UNROLL
+      for (int k = 0; k < 4; ++k) {
+        const int i = 4 * (4 * g + k) + 2 * r;
+        w[k] = pack_bf16x2(tOrO(i) * factor[r], tOrO(i + 1) * factor[r]);
+      }
+      quad_transpose_4x4(w, q);
+      if (store) {
+        *reinterpret_cast<uint4*>(row_out + 8 * (4 * g + q)) = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    }
   }
 }
 
