@@ -22,6 +22,33 @@ __device__ __forceinline__ uint32_t swz(int r, int ch) {
   return static_cast<uint32_t>(r * 128 + ((ch ^ (r & 7)) << 4));
 }
 
+// Rows of a warpgroup accumulator (a 64 x 8 kTiles wgmma fragment; thread's row slot r = 0, 1:
+// row 16 warp + lane / 4 + 8 r; fragment index i of tile j, slot r: 4 j + 2 r, + 1 for the odd
+// column) leave as bf16 in 16-byte stores: word(i) packs elements i and i + 1 of the fragment,
+// row_dst(r) gives the slot's destination row (column 0 of this fragment; 16-byte aligned) or
+// nullptr to skip it (a quad shares its row, so a skipped row never skips a shuffle). A quad's
+// 4 x 4 words of four tiles are transposed (quad_transpose_4x4), so that lane q writes tile q's 8
+// columns: one store where the fragment layout needs four 4-byte ones into 8 rows.
+template <int kTiles, class Word, class RowDst>
+__device__ __forceinline__ void store_fragment_rows_16b(int lane, Word&& word, RowDst&& row_dst) {
+  static_assert(kTiles % 4 == 0, "whole groups of four 8-column tiles");
+  const int q = lane % 4;
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    auto* const dst = row_dst(r);
+    CUTE_UNROLL
+    for (int g = 0; g < kTiles / 4; ++g) {
+      uint32_t w[4];
+      CUTE_UNROLL
+      for (int k = 0; k < 4; ++k) w[k] = word(4 * (4 * g + k) + 2 * r);
+      quad_transpose_4x4(w, q);
+      if (dst != nullptr) {
+        *reinterpret_cast<uint4*>(dst + 8 * (4 * g + q)) = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    }
+  }
+}
+
 // ---- the CTA both kernels run ------------------------------------------------------------------
 // One query token x 64 heads, the token's active slots in chunks of 64 gathered kv rows (the key:
 // D_qk columns; the value: their first 512), a producer warpgroup and two consumer warpgroups.

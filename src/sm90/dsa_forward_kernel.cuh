@@ -273,29 +273,18 @@ __device__ __forceinline__ void consumer_epilogue(const DsaFwdSm90Params& p, Sha
     }
     if (wg == 0 && lane % 4 == 0 && real) p.lse[tok * p.lse_ss + h * p.lse_sh] = lse;
   }
-  // 16-byte stores: a quad's 4 x 4 words (lane q: the column pair 2q of four 8-column tiles) are
-  // transposed so that lane q holds tile q's 8 columns (out's rows are 16-byte aligned:
-  // tensor_checks). A quad shares its row, so a padding row skips the store, never a shuffle.
-  const int q = lane % 4;
-  CUTE_UNROLL
-  for (int r = 0; r < 2; ++r) {
-    const int h = h0 + frag_row + 8 * r;
-    const bool store = !T::kPadHeads || h < p.heads;
-    Element* const row_out = out + tok * p.o_ss + static_cast<int64_t>(h) * p.o_sh + 256 * wg;
-    CUTE_UNROLL
-    for (int g = 0; g < cute::size(tOrO) / 16; ++g) {
-      uint32_t w[4];
-      CUTE_UNROLL
-      for (int k = 0; k < 4; ++k) {
-        const int i = 4 * (4 * g + k) + 2 * r;
-        w[k] = pack_bf16x2(tOrO(i) * factor[r], tOrO(i + 1) * factor[r]);
-      }
-      quad_transpose_4x4(w, q);
-      if (store) {
-        *reinterpret_cast<uint4*>(row_out + 8 * (4 * g + q)) = make_uint4(w[0], w[1], w[2], w[3]);
-      }
-    }
-  }
+  // 16-byte stores (out's rows are 16-byte aligned: tensor_checks); a padding row is not stored.
+  store_fragment_rows_16b<decltype(cute::size(tOrO))::value / 4>(
+      lane,
+      [&](int i) {
+        const float f = factor[(i / 2) % 2];
+        return pack_bf16x2(tOrO(i) * f, tOrO(i + 1) * f);
+      },
+      [&](int r) -> Element* {
+        const int h = h0 + frag_row + 8 * r;
+        if (T::kPadHeads && h >= p.heads) return nullptr;
+        return out + tok * p.o_ss + static_cast<int64_t>(h) * p.o_sh + 256 * wg;
+      });
 }
 
 // Accumulator fragments of a 64 x N wgmma tile (per thread, register index i):
