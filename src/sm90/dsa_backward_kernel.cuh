@@ -86,8 +86,8 @@ using Params = portable::dsa_bwd::DsaBwdParams;
 //                     order without the "K-consuming MMAs first" technique)
 //   kTuneRowIndex     each row's index loaded by its own lanes inside the gather loop instead of
 //                     lane-parallel before it (without the "lane-parallel index loads" technique)
-//   kTuneStagedDq     dQ through shared memory and 16-byte stores of whole rows instead of
-//                     16-byte stores from quad-transposed fragments (the staged dQ epilogue)
+//   kTuneStagedDq     dQ through shared memory and 16-byte coalesced stores instead of 4-byte
+//                     stores from the fragments (the staged dQ epilogue)
 //   kTuneNoDkv        DIAGNOSTIC, WRONG RESULTS: the dKV pieces are computed but never reduced
 //                     (the time of the kernel without its fp32 dkv reductions: the "atomic wall")
 //   kTuneFragRed      the reduction layout before session 10 (its own instantiation,
@@ -589,9 +589,8 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
     if (releaser && c == n_chunks - 1 && !staged) mbarrier_arrive(&s.qdo_empty);
   }
 
-  // Epilogue: dQ (scale is in dS') -> dq; the d_sink terms. Default: 16-byte stores from the
-  // fragments, four 8-column tiles transposed across each quad (store_fragment_rows_16b).
-  // kTuneStagedDq: the rows go through shared memory (Q, dO and P are dead now; row
+  // Epilogue: dQ (scale is in dS') -> dq; the d_sink terms. Default: bf16 pairs stored from the
+  // fragments. kTuneStagedDq: the rows go through shared memory (Q, dO and P are dead now; row
   // pitch 1,168 bytes, so a warp's 8 rows of a store hit 8 different bank groups) and out with
   // 16-byte stores of whole rows.
   Element* dq = static_cast<Element*>(p.dq);
@@ -601,20 +600,17 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
   const uint32_t stage_base = smem_u32(s.q_nope);
   // Every consumer's last [5] is done: Q, dO, P and dS' are free.
   named_barrier_sync(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
-  auto dq_row = [&](int r) -> Element* {  // row slot r's dq row (16-byte aligned: tensor_checks)
-    return dq + tok * p.dq_ss + static_cast<int64_t>(h0 + frag_row + 8 * r) * p.dq_sh;
+  auto put_pair = [&](int row, int col, float x, float y) {
+    const uint32_t v = pack_bf16x2(x, y);
+    if (staged)
+      st_shared_u32(stage_base + row * kStagePitch + col * 2, v);
+    else
+      *reinterpret_cast<uint32_t*>(dq + tok * p.dq_ss + (h0 + row) * p.dq_sh + col) = v;
   };
-  if (staged) {
-    CUTE_UNROLL
-    for (int i = 0; i < size(tQrdQ); i += 2) {
-      const int row = frag_row + 8 * ((i / 2) % 2), col = 256 * wg + 8 * (i / 4) + 2 * (lane % 4);
-      st_shared_u32(stage_base + row * kStagePitch + col * 2, pack_bf16x2(tQrdQ(i), tQrdQ(i + 1)));
-    }
-  } else {
-    store_fragment_rows_16b<32>(
-        lane, [&](int i) { return pack_bf16x2(tQrdQ(i), tQrdQ(i + 1)); },
-        [&](int r) { return dq_row(r) + 256 * wg; });
-  }
+  CUTE_UNROLL
+  for (int i = 0; i < size(tQrdQ); i += 2)
+    put_pair(frag_row + 8 * ((i / 2) % 2), 256 * wg + 8 * (i / 4) + 2 * (lane % 4), tQrdQ(i),
+             tQrdQ(i + 1));
   if constexpr (T::kRope) {
     // Rope columns: warpgroup 0's partial through shared memory (the P and dS' tiles, 16 KB; same
     // fragment order on both sides), warpgroup 1 adds it to its own.
@@ -626,18 +622,11 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
     }
     named_barrier_sync(id(NamedBarrier::kPdsReady), T::kConsumerThreads);
     if (wg == 1) {
-      auto sum_word = [&](int i) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(tRrdQ); i += 2) {
         const float2 o = ld_shared_f32x2(part + 1024 * (i / 2));
-        return pack_bf16x2(tRrdQ(i) + o.x, tRrdQ(i + 1) + o.y);
-      };
-      if (staged) {
-        CUTE_UNROLL
-        for (int i = 0; i < size(tRrdQ); i += 2) {
-          const int row = frag_row + 8 * ((i / 2) % 2), col = 512 + 8 * (i / 4) + 2 * (lane % 4);
-          st_shared_u32(stage_base + row * kStagePitch + col * 2, sum_word(i));
-        }
-      } else {
-        store_fragment_rows_16b<8>(lane, sum_word, [&](int r) { return dq_row(r) + 512; });
+        put_pair(frag_row + 8 * ((i / 2) % 2), 512 + 8 * (i / 4) + 2 * (lane % 4),
+                 tRrdQ(i) + o.x, tRrdQ(i + 1) + o.y);
       }
     }
   }
