@@ -212,6 +212,17 @@ if has full && [ "${BENCH_FULL:-0}" = 1 ]; then
     run --op dsa_fwd "${DSA[@]}" --dsa-heads "$h" --dsa-dqk 576 --rounds 2 --calls 10 \
       --variants "impl=portable/impl=sm90"
   done
+  # BENCHMARKING.md's other DSA rows: D_qk 512 forward, topk_length on (random in [1, topk]),
+  # S 8192.
+  for h in 128 64; do
+    run --op dsa_fwd "${DSA[@]}" --dsa-heads "$h" --dsa-dqk 512 --rounds 2 --calls 10
+  done
+  DSA_LEN=(--dsa-seq 4096 --topk 2048 --topk-length on --sink on --dsa-heads 128 --dsa-dqk 576)
+  run --op dsa_fwd "${DSA_LEN[@]}" --rounds 2 --calls 10
+  run --op dsa_bwd "${DSA_LEN[@]}" --rounds 2 --calls 5
+  DSA_8K=(--dsa-seq 8192 --topk 2048 --topk-length off --sink on --dsa-heads 128 --dsa-dqk 576)
+  run --op dsa_fwd "${DSA_8K[@]}" --rounds 2 --calls 5
+  run --op dsa_bwd "${DSA_8K[@]}" --rounds 2 --calls 2 --warmup 2
   grep -E "^\[|^  [a-z]" "$OUT/bench.log" | tail -50
 fi
 note "done, status $status"
