@@ -85,17 +85,23 @@ __device__ __forceinline__ void convert_p_bf16(const FragS& sc, FragP& pf) {
   for (int j = 0; j < cute::size(p32); ++j) p32(j) = pack_bf16x2(sc(2 * j), sc(2 * j + 1));
 }
 
-// P * f (per row) -> bf16 -> a 64 x 64 K-major 128B-swizzled tile at `tile` (4-byte stores; a
-// warp's stores of one pair index hit 32 different banks).
+// P * f (per row) -> bf16 -> a 64 x 64 K-major 128B-swizzled tile at `tile`, by stmatrix: per
+// warp (rows 16 w .. + 15) four x4 stores, each two column chunks x the two 8-row halves (matrix
+// m: rows + 8 (m % 2), chunk + m / 2); a matrix's 8 rows land in 8 different 16-byte bank groups
+// (the swizzle), so no conflicts. Fragment index of column tile j, row slot r: 4 j + 2 r.
 template <class FragS>
 __device__ __forceinline__ void store_p(const FragS& sc, const float (&f)[2], uint8_t* tile,
                                         int frag_row, int lane) {
+  const int m = lane / 8;
+  const int row = (frag_row - lane / 4) + 8 * (m % 2) + lane % 8;  // frag_row - lane / 4 = 16 w
+  const uint32_t base = smem_u32(tile);
+  auto word = [&](int j, int r) {
+    return pack_bf16x2(sc(4 * j + 2 * r) * f[r], sc(4 * j + 2 * r + 1) * f[r]);
+  };
   CUTE_UNROLL
-  for (int i = 0; i < 32; i += 2) {
-    const int r = (i / 2) % 2;
-    *reinterpret_cast<uint32_t*>(tile + swz(frag_row + 8 * r, i / 4) + 4 * (lane % 4)) =
-        pack_bf16x2(sc(i) * f[r], sc(i + 1) * f[r]);
-  }
+  for (int j = 0; j < 8; j += 2)
+    stmatrix_x4(base + swz(row, j + m / 2), word(j, 0), word(j, 1), word(j + 1, 0),
+                word(j + 1, 1));
 }
 
 // Iterations (128 keys: two 64-key blocks) of an item with n_slots active slots.

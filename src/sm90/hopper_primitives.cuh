@@ -155,6 +155,15 @@ __device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
 __device__ __forceinline__ void st_shared_f32x2(uint32_t addr, float a, float b) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(a), "f"(b) : "memory");
 }
+// Four 8 x 8 16-bit matrices from a warp's registers to shared memory: lane l holds row l / 4,
+// columns 2 (l % 4) .. + 1 of matrix m in r[m] (the mma accumulator layout of an 8 x 8 block),
+// and gives the address of row l % 8 of matrix l / 8 (16 bytes).
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
+                                            uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
 
 // ---- 16-bit pair packing (cutlass element types) -----------------------------------------------
 // Two floats -> packed bf16x2 (round to nearest even); `lo` in the low half.
