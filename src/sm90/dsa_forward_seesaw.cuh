@@ -63,14 +63,18 @@ __device__ __forceinline__ void gather_half(uint32_t nope, uint32_t rope, int ha
   for_chunk_rows(
       kv, kv_ss, skv, row_index, warp, lane,
       [&](int row, const DsaElement* src, int bytes) {
+        // The lane's chunk, opaque (opaque_ptr): each panel's source is this pointer plus an
+        // immediate. (Otherwise the panels' offsets are hoisted into registers and every copy
+        // pays a 64-bit add and shift: 44 instructions per row pass instead of 32.)
+        const DsaElement* const src_lane = opaque_ptr(src + sub * 8);
+        const uint32_t dst = nope + swz(row, sub);
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const int pnl = 4 * half + q;
-          cp_async_16_zfill(nope + pnl * 64 * 64 * 2 + swz(row, sub), src + pnl * 64 + sub * 8,
-                            bytes);
+          cp_async_16_zfill(dst + pnl * 64 * 64 * 2, src_lane + pnl * 64, bytes);
         }
         if constexpr (kRope) {
-          if (half == 1) cp_async_16_zfill(rope + swz(row, sub), src + 512 + sub * 8, bytes);
+          if (half == 1) cp_async_16_zfill(rope + swz(row, sub), src_lane + 512, bytes);
         }
       },
       mark);
