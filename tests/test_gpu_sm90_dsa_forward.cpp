@@ -86,13 +86,16 @@ INSTANTIATE_TEST_SUITE_P(Padded, Sm90DsaForward, ::testing::ValuesIn(padded_case
 // optional: without it the same cases run one CTA per item.
 TEST(Sm90DsaForwardWorkspace, OptionalWithTopkLength) {
   SA_SKIP_UNLESS_SM90();
+  int ran = 0;
   for (const GpuDsaFwdCase& p : gpu_dsa_forward_cases(SA_IMPL_SM90)) {
     if (p.name != "H128_D576_K130_LengthsDynamicItems" &&
         p.name != "H64_D512_K64_LengthsDynamicItems")
       continue;
     SCOPED_TRACE(p.name);
     expect_sm90_case_matches(p, 0.f, /*workspace=*/false);
+    ++ran;
   }
+  EXPECT_EQ(ran, 2);
 }
 
 // On an sm_90 device AUTO picks the sm90 forward for the shapes it serves.

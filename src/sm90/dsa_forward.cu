@@ -118,11 +118,15 @@ void dsa_forward(const DsaFwdProblem& p, void* workspace, size_t workspace_bytes
   // random lengths would leave the CTAs' sums far apart) the CTAs take their items after the first
   // from a counter in the workspace (zeroed here, in stream order); without that workspace, one
   // CTA per item, balanced by the hardware.
+  // The counter at the workspace's first 16-byte boundary (the caller's pointer may be less
+  // aligned; kItemCounterBytes leaves room).
+  const uintptr_t base = reinterpret_cast<uintptr_t>(workspace);
+  const uintptr_t counter = (base + 15) & ~uintptr_t{15};
   const bool dynamic = wants_item_counter(p) && workspace != nullptr &&
-                       workspace_bytes >= sizeof(uint32_t);
+                       counter + sizeof(uint32_t) <= base + workspace_bytes;
   if (dynamic) {
-    prm.item_counter = static_cast<uint32_t*>(workspace);
-    SA_CUDA_CHECK(cudaMemsetAsync(workspace, 0, sizeof(uint32_t), stream));
+    prm.item_counter = reinterpret_cast<uint32_t*>(counter);
+    SA_CUDA_CHECK(cudaMemsetAsync(prm.item_counter, 0, sizeof(uint32_t), stream));
   }
   const bool persistent = !pad_heads && (p.meta.topk_length.data == nullptr || dynamic);
   const int64_t grid =

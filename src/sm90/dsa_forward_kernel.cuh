@@ -60,8 +60,10 @@
 //
 // Registers (ptxas 13.0, -v, both instantiations): 168 per thread at launch (384 threads, 1 CTA
 // per SM), producer setmaxnreg 56, consumers 224 (O 128 + S 16 + x 16 + state; SASS uses R0-R217);
-// no spills, no local memory, no C7508/C7515. Nothing is in flight across a loop iteration (an
-// in-flight P V batch across the back edge made ptxas serialize every wgmma, C7515).
+// no C7508/C7515/C7520. Nothing is in flight across a loop iteration (an in-flight P V batch
+// across the back edge made ptxas serialize every wgmma, C7515). The seesaw kernels' persistent
+// item loop costs 16-24 bytes of stack, stored and reloaded once per item (none inside the
+// iteration or fill loops).
 //
 // Numerics and edge cases follow the portable kernel (src/portable/dsa_forward_kernel.cuh): the
 // running max is over x (log2 units, scale folded in, so any sign of scale works; lazily updated,
@@ -204,7 +206,7 @@ struct alignas(1024) SharedStorage {
   // Seesaw with an item counter: the CTA's item k + 1 in next_item[k % 2], written by thread 0
   // while the CTA works on item k (item_full: 1 arrival), read by every thread at the end of item
   // k (item_empty: every thread arrives after its read).
-  int32_t next_item[2];
+  uint32_t next_item[2];
   uint64_t item_full[2];
   uint64_t item_empty[2];
 };
@@ -479,50 +481,59 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // With an item counter (topk_length: items of different lengths) the items after the first
     // come from it instead (p.item_counter): thread 0 takes the CTA's next item while the CTA
     // works on the current one, and every thread reads it from shared memory at the item's end.
-    auto for_each_item = [&](auto f) {
+    // is_producer (compile time): only the producer's copy contains thread 0's fetch; the item
+    // read back is made warp-uniform by a warp reduction. (A fetch compiled into the consumers'
+    // path, or an item index the compiler cannot prove uniform, made their branches look
+    // divergent, and ptxas serialized every wgmma, C7520.)
+    auto for_each_item = [&](auto is_producer, auto f) {
       uint32_t it0 = 0, kq = 0;
       // Item indices fit in 31 bits (the host checks S_q * H / 64 < 2^31).
-      const int32_t items = static_cast<int32_t>(p.items);
+      const uint32_t items = static_cast<uint32_t>(p.items);
       // Only it0, kq and k live across f (the consumers have no register to spare).
 #pragma unroll 1
       for (uint32_t k = 0;; ++k) {
-        int32_t i = static_cast<int32_t>(blockIdx.x);  // the CTA's item k
+        uint32_t i = blockIdx.x;  // the CTA's item k
         if (k > 0) {
           if (p.item_counter != nullptr) {
             const int slot = (k - 1) & 1;  // written during item k - 1
             mbarrier_wait(&s.item_full[slot], ((k - 1) >> 1) & 1);
-            i = s.next_item[slot];
+            i = __reduce_max_sync(0xffffffffu, s.next_item[slot]);
             mbarrier_arrive(&s.item_empty[slot]);  // after this thread's read
           } else {
-            i += static_cast<int32_t>(k * gridDim.x);  // < items + gridDim.x < 2^31
+            i += k * gridDim.x;  // < items + gridDim.x <= 2^32 - 1 (both below 2^31)
           }
         }
         if (i >= items) break;
-        if (p.item_counter != nullptr && threadIdx.x == 0) {
-          // Item k + 1 into slot k % 2, once every thread has read the slot's previous value
-          // (item k - 1, at the start of that item).
-          if (k >= 2) mbarrier_wait(&s.item_empty[k & 1], ((k >> 1) - 1) & 1);
-          // At most items + gridDim.x - 1 < 2^32; stored clamped to items (the end).
-          const uint32_t next = gridDim.x + atomicAdd(p.item_counter, 1u);
-          s.next_item[k & 1] = static_cast<int32_t>(min(next, static_cast<uint32_t>(items)));
-          mbarrier_arrive(&s.item_full[k & 1]);  // releases the store
-        }
-        const int32_t t = i / p.head_groups;
+        const int32_t t = static_cast<int32_t>(i / static_cast<uint32_t>(p.head_groups));
         const int n = dsa_active_slots(p.len, p.len_s, p.topk, t);
-        f(static_cast<int64_t>(t), (i % p.head_groups) * T::kHeads, n, it0, kq);
+        f(static_cast<int64_t>(t),
+          static_cast<int>(i % static_cast<uint32_t>(p.head_groups)) * T::kHeads, n, it0, kq);
         const uint32_t n_iter = seesaw_iterations<T>(n);
         it0 += n_iter;
         kq += n_iter > 0 ? 1 : 0;
+        // Item k + 1, claimed once the producer has issued item k (so that a CTA near the end takes
+        // no item it could leave to a CTA that finishes sooner; the consumers, still on item k,
+        // read it later).
+        if constexpr (decltype(is_producer)::value) {
+          if (p.item_counter != nullptr && threadIdx.x == 0) {
+            // Into slot k % 2, once every thread has read the slot's previous value (item k - 1,
+            // at the start of that item).
+            if (k >= 2) mbarrier_wait(&s.item_empty[k & 1], ((k >> 1) - 1) & 1);
+            // At most items + gridDim.x - 1 < 2^32; stored clamped to items (the end).
+            s.next_item[k & 1] = min(gridDim.x + atomicAdd(p.item_counter, 1u), items);
+            mbarrier_arrive(&s.item_full[k & 1]);  // releases the store
+          }
+        }
       }
     };
     run_roles<T>(
         [&] {
-          for_each_item([&](int64_t t, int h, int n, uint32_t it0, uint32_t kq) {
+          for_each_item(cute::true_type{}, [&](int64_t t, int h, int n, uint32_t it0, uint32_t kq) {
             producer_seesaw<T>(p, s, t, h, n, it0, kq);
           });
         },
         [&](int wg) {
-          for_each_item([&](int64_t t, int h, int n, uint32_t it0, uint32_t kq) {
+          for_each_item(cute::false_type{}, [&](int64_t t, int h, int n, uint32_t it0, uint32_t kq) {
             consumer_seesaw<T>(p, s, t, h, n, wg, it0);
             (void)kq;
           });
