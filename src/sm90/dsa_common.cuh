@@ -11,7 +11,6 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
-#include "common/device_math.cuh"  // opaque_ptr
 #include "common/dsa_device.cuh"
 #include "portable/dsa_mma.hpp"  // cp.async wrappers
 #include "sm90/hopper_primitives.cuh"
@@ -114,18 +113,17 @@ using portable::dsa::cp_async_wait_all;
 using DsaElement = cutlass::bfloat16_t;
 
 // Row `row` of the destination: 8 nope panels at `nope` (+ the rope panel at `rope` when kRope)
-// from `src` (512 or 576 columns), 16 bytes per lane; bytes 0 zero-fills and reads nothing.
+// from `src` (512 or 576 columns), 16 bytes per lane; bytes 0 zero-fills and reads nothing. (The
+// backward's chunks come through here; with the seesaw's opaque lane pointer (gather_half) it ran
+// 1% slower at H64 D512, bench/NOTES.md session 16, so it stays as it was.)
 template <bool kRope>
 __device__ __forceinline__ void gather_row(uint32_t nope, uint32_t rope, int row,
                                            const DsaElement* src, int bytes, int lane) {
   const int sub = lane % 8;
-  // The lane's chunk, opaque (opaque_ptr): each panel's source is this pointer plus an immediate.
-  const DsaElement* const src_lane = opaque_ptr(src + sub * 8);
-  const uint32_t dst = nope + swz(row, sub);
 #pragma unroll
   for (int pnl = 0; pnl < 8; ++pnl)
-    cp_async_16_zfill(dst + pnl * 64 * 64 * 2, src_lane + pnl * 64, bytes);
-  if constexpr (kRope) cp_async_16_zfill(rope + swz(row, sub), src_lane + 512, bytes);
+    cp_async_16_zfill(nope + pnl * 64 * 64 * 2 + swz(row, sub), src + pnl * 64 + sub * 8, bytes);
+  if constexpr (kRope) cp_async_16_zfill(rope + swz(row, sub), src + 512 + sub * 8, bytes);
 }
 
 // 64 rows of one token's heads [h0, h0 + 64) (Q or dO), into panels at nope / rope. kPartial:
