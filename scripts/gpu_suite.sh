@@ -98,8 +98,10 @@ if has sanitize; then
   # Three or more chunks per token: the bias / kidx buffers are reused (session 13); several
   # work items per CTA (the persistent DSA backward).
   DEFAULT_SAN+="Cases/Sm90DsaForward.MatchesReference/H128_D576_K160_SinkMixed:"
-  # Persistent seesaw CTAs (no topk_length, more items than SMs).
+  # Persistent seesaw CTAs (more items than SMs), without topk_length and with it (the dynamic
+  # schedule: items from the workspace counter).
   DEFAULT_SAN+="Cases/Sm90DsaForward.MatchesReference/H64_D512_K64_PersistentItems:"
+  DEFAULT_SAN+="Cases/Sm90DsaForward.MatchesReference/H64_D512_K64_LengthsDynamicItems:"
   DEFAULT_SAN+="Cases/Sm90DsaBackward.MatchesReference/H128_D576_K160_SinkMixed:"
   DEFAULT_SAN+="Cases/Sm90DsaBackward.MatchesReference/H128_D576_K130_PersistentItems:"
   DEFAULT_SAN+="Cases/Sm90BsaForwardFp16.MatchesReference/Block128D128GqaBshdPartialLenPerBatchEmptyRows:"

@@ -909,6 +909,18 @@ inline std::vector<GpuDsaFwdCase> gpu_dsa_forward_cases(sa_impl impl) {
       // is odd after its first item.
       {kSm90, {"H64_D576_K300_PersistentItems", shape_of(300, 700, 64, 576, 300),
               spec_of(L::kNone, false, false, S::kNone)}},
+      // The same with topk_length: the persistent CTAs take their items from the workspace's
+      // counter (dynamic scheduling), items of 0 to 5 chunks, some without any (kMixed: tokens
+      // 0, 1, 66, 133, ...).
+      {kSm90, {"H128_D576_K130_LengthsDynamicItems", shape_of(200, 800, 128, 576, 130),
+              spec_of(L::kMixed, true, true, S::kMixed)}},
+      {kSm90, {"H64_D576_K300_LengthsDynamicItems", shape_of(300, 700, 64, 576, 300),
+              spec_of(L::kMixed, true, false, S::kFinite)}},
+      {kSm90, {"H64_D512_K64_LengthsDynamicItems", shape_of(300, 400, 64, 512, 64),
+              spec_of(L::kMixed, false, false, S::kNone)}},
+      // ~10 items per CTA on 132 SMs: the item slots' barriers wrap their parities.
+      {kSm90, {"H64_D512_K16_LengthsDynamicManyItems", shape_of(1400, 256, 64, 512, 16),
+              spec_of(L::kMixed, true, false, S::kFinite)}},
       {kPortable, {"H64_D576_K100_Fp16", shape_of(8, 400, 64, 576, 100),
                   spec_of(L::kMixed, true, true, S::kFinite), kFp16}},
       {kPortable, {"H128_D512_K600_Fp16", shape_of(4, 1500, 128, 512, 600),
@@ -931,9 +943,12 @@ struct DsaFwdDeviceBuffers {
 };
 
 // sa_dsa_forward through the public API on `d` with options.impl = `impl`; `expect_used` is the
-// implementation that must have run.
+// implementation that must have run. With `workspace` the queried workspace is passed, full of
+// garbage (the forward must not rely on its contents); without, none (the forward's workspace is
+// optional).
 inline void launch_dsa_forward_public_api(const DsaHostCase& c, const DsaFwdDeviceBuffers& d,
-                                          sa_impl impl, sa_impl expect_used) {
+                                          sa_impl impl, sa_impl expect_used,
+                                          bool workspace = true) {
   const DsaShape& s = c.shape;
   sa_dsa_fwd_args a{};
   a.q = view_of(d.q.get(), c.dtype, {s.Sq, s.H, s.Dqk}, SA_DEVICE_CUDA);
@@ -950,10 +965,22 @@ inline void launch_dsa_forward_public_api(const DsaHostCase& c, const DsaFwdDevi
   a.options.d_v = static_cast<int32_t>(s.Dv);
   a.options.impl = impl;
   sa_context ctx = sa_context_default();
+  size_t bytes = 0;
+  ASSERT_EQ(sa_dsa_forward_workspace_size(&a, &bytes), SA_OK) << sa_last_error();
+  DeviceBuffer ws(workspace ? bytes : 0);
+  ASSERT_TRUE(ws.ok());
+  if (workspace && bytes > 0) {
+    // Garbage that would skip items if the forward did not zero its item counter.
+    ASSERT_EQ(cudaMemset(ws.get(), 0x40, bytes), cudaSuccess);
+    ctx.workspace = ws.get();
+    ctx.workspace_bytes = bytes;
+  }
   sa_impl used = SA_IMPL_AUTO;
   ctx.impl_used = &used;
   ASSERT_EQ(sa_dsa_forward(&a, &ctx), SA_OK) << sa_last_error();
   ASSERT_EQ(used, expect_used);
+  // The workspace is freed when this returns: the kernel must be done with it.
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
 }
 
 // A kernel on device copies of the case's inputs, out and lse starting as NaN: `launch`, called
@@ -980,10 +1007,12 @@ void run_dsa_forward_on_device(const DsaHostCase& c, Launch&& launch, DsaFwdOutp
 // The public API on device copies of the case's inputs (out and lse start as NaN); `impl` is the
 // implementation forced, `expect_used` the one that must have run.
 inline void run_dsa_forward_public_api(const DsaHostCase& c, sa_impl impl, sa_impl expect_used,
-                                       DsaFwdOutputs* result) {
+                                       DsaFwdOutputs* result, bool workspace = true) {
   run_dsa_forward_on_device(
       c,
-      [&](const DsaFwdDeviceBuffers& d) { launch_dsa_forward_public_api(c, d, impl, expect_used); },
+      [&](const DsaFwdDeviceBuffers& d) {
+        launch_dsa_forward_public_api(c, d, impl, expect_used, workspace);
+      },
       result);
 }
 

@@ -31,7 +31,7 @@ namespace {
 // (gpu_test_util.hpp); here SA_IMPL_SM90 is forced and must run.
 class Sm90DsaForward : public ::testing::TestWithParam<GpuDsaFwdCase> {};
 
-void expect_sm90_case_matches(const GpuDsaFwdCase& p, float scale = 0.f) {
+void expect_sm90_case_matches(const GpuDsaFwdCase& p, float scale = 0.f, bool workspace = true) {
   DsaHostCase c =
       make_dsa_host_case(p.shape, p.spec, SA_DTYPE_BF16, seed_of(0x5390d5a, p.name), scale);
 
@@ -40,7 +40,8 @@ void expect_sm90_case_matches(const GpuDsaFwdCase& p, float scale = 0.f) {
 
   DsaFwdOutputs want, got;
   ASSERT_NO_FATAL_FAILURE(run_dsa_forward_fp64_reference(c, &want));
-  ASSERT_NO_FATAL_FAILURE(run_dsa_forward_public_api(c, SA_IMPL_SM90, SA_IMPL_SM90, &got));
+  ASSERT_NO_FATAL_FAILURE(
+      run_dsa_forward_public_api(c, SA_IMPL_SM90, SA_IMPL_SM90, &got, workspace));
   expect_dsa_forward_matches(c, got, want, nullptr);
 }
 
@@ -80,6 +81,22 @@ INSTANTIATE_TEST_SUITE_P(Padded, Sm90DsaForward, ::testing::ValuesIn(padded_case
                          [](const ::testing::TestParamInfo<GpuDsaFwdCase>& info) {
                            return info.param.name;
                          });
+
+// The forward's workspace (the item counter of the dynamic schedule, with topk_length) is
+// optional: without it the same cases run one CTA per item.
+TEST(Sm90DsaForwardWorkspace, OptionalWithTopkLength) {
+  SA_SKIP_UNLESS_SM90();
+  int ran = 0;
+  for (const GpuDsaFwdCase& p : gpu_dsa_forward_cases(SA_IMPL_SM90)) {
+    if (p.name != "H128_D576_K130_LengthsDynamicItems" &&
+        p.name != "H64_D512_K64_LengthsDynamicItems")
+      continue;
+    SCOPED_TRACE(p.name);
+    expect_sm90_case_matches(p, 0.f, /*workspace=*/false);
+    ++ran;
+  }
+  EXPECT_EQ(ran, 2);
+}
 
 // On an sm_90 device AUTO picks the sm90 forward for the shapes it serves.
 TEST(Sm90DsaForwardDispatch, AutoPicksSm90) {

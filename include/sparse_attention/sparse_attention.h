@@ -197,6 +197,9 @@ typedef struct sa_dsa_bwd_args {
   sa_dsa_options options;
 } sa_dsa_bwd_args;
 
+/* The forward's workspace is optional: with topk_length the Hopper forward asks for a few bytes
+ * (a counter from which its persistent CTAs take the rows of different lengths); given neither
+ * that workspace nor an allocator, it runs one CTA per row instead (slower, same results). */
 sa_status sa_dsa_forward_workspace_size(const sa_dsa_fwd_args* args, size_t* bytes);
 sa_status sa_dsa_forward(const sa_dsa_fwd_args* args, const sa_context* ctx);
 sa_status sa_dsa_backward_workspace_size(const sa_dsa_bwd_args* args, size_t* bytes);

@@ -38,10 +38,11 @@ sa_status guarded(F&& f) {
 }
 
 // Workspace for one call: the caller's buffer when it is large enough, else the caller's
-// allocator (released in stream order after the launches), else an error naming the size.
+// allocator (released in stream order after the launches), else none when the workspace is
+// optional (the implementation's slower path), else an error naming the size.
 class Workspace {
  public:
-  Workspace(const sa_context& ctx, size_t bytes) : ctx_(ctx) {
+  Workspace(const sa_context& ctx, size_t bytes, bool optional) : ctx_(ctx) {
     exec_.stream = ctx.stream;
     if (bytes == 0) return;
     if (ctx.workspace != nullptr && ctx.workspace_bytes >= bytes) {
@@ -49,6 +50,7 @@ class Workspace {
       exec_.workspace_bytes = ctx.workspace_bytes;
       return;
     }
+    if (optional && ctx.alloc == nullptr) return;
     SA_CHECK(ctx.alloc != nullptr, SA_ERROR_WORKSPACE,
              "context: this call needs " << bytes << " bytes of device workspace; pass "
                                          << "context.workspace of that size (query it with the "
@@ -89,7 +91,7 @@ sa_status run_op(const Args* args, const sa_context* ctx,
     Problem p = sa::api::make_problem(*args);
     const sa::Implementation& impl = sa::api::select(p);
     const sa::OpEntry<Problem>& e = impl.*entry;
-    Workspace ws(c, workspace_of(e, p));
+    Workspace ws(c, workspace_of(e, p), e.workspace_optional);
     e.run(p, ws.exec());
     if (c.impl_used) *c.impl_used = impl.id;
   });

@@ -17,8 +17,8 @@ namespace sa {
 // Resources of one call, already acquired by the API layer.
 struct ExecContext {
   sa_stream_t stream = nullptr;
-  void* workspace = nullptr;     // at least the bytes the implementation asked for
-  size_t workspace_bytes = 0;
+  void* workspace = nullptr;     // at least the bytes the implementation asked for, or null when
+  size_t workspace_bytes = 0;    // the entry's workspace is optional and the caller gave none
 };
 
 template <class Problem>
@@ -28,6 +28,9 @@ struct OpEntry {
   std::string (*unsupported)(const Problem& p) = nullptr;
   size_t (*workspace_bytes)(const Problem& p) = nullptr;  // null: none
   void (*run)(const Problem& p, const ExecContext& ctx) = nullptr;
+  // The workspace only speeds the call up: without a workspace of that size and without an
+  // allocator, run() gets none and takes a slower path instead of the call failing.
+  bool workspace_optional = false;
 };
 
 struct Implementation {

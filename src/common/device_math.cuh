@@ -109,4 +109,14 @@ __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// The same pointer, opaque to the compiler: offsets added to it afterwards stay immediates of
+// the memory instructions that use it (instead of being hoisted into registers and re-added in
+// 64 bits per access).
+template <class T>
+__device__ __forceinline__ const T* opaque_ptr(const T* p) {
+  uint64_t v;
+  asm("mov.b64 %0, %1;\n" : "=l"(v) : "l"(reinterpret_cast<uint64_t>(p)));
+  return reinterpret_cast<const T*>(v);
+}
+
 }  // namespace sa

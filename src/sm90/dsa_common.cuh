@@ -113,7 +113,9 @@ using portable::dsa::cp_async_wait_all;
 using DsaElement = cutlass::bfloat16_t;
 
 // Row `row` of the destination: 8 nope panels at `nope` (+ the rope panel at `rope` when kRope)
-// from `src` (512 or 576 columns), 16 bytes per lane; bytes 0 zero-fills and reads nothing.
+// from `src` (512 or 576 columns), 16 bytes per lane; bytes 0 zero-fills and reads nothing. (The
+// backward's chunks come through here; with the seesaw's opaque lane pointer (gather_half) it ran
+// 1% slower at H64 D512, bench/NOTES.md session 16, so it stays as it was.)
 template <bool kRope>
 __device__ __forceinline__ void gather_row(uint32_t nope, uint32_t rope, int row,
                                            const DsaElement* src, int bytes, int lane) {

@@ -87,7 +87,20 @@ std::string dsa_forward_unsupported(const DsaFwdProblem& p) {
   return "";
 }
 
-void dsa_forward(const DsaFwdProblem& p, cudaStream_t stream) {
+namespace {
+// With topk_length the items differ in length: persistent CTAs then take them from a counter.
+bool wants_item_counter(const DsaFwdProblem& p) {
+  return p.dims.H >= 64 && p.meta.topk_length.data != nullptr;
+}
+constexpr size_t kItemCounterBytes = 256;  // one uint32_t, padded to an allocation granule
+}  // namespace
+
+size_t dsa_forward_workspace_bytes(const DsaFwdProblem& p) {
+  return wants_item_counter(p) ? kItemCounterBytes : 0;
+}
+
+void dsa_forward(const DsaFwdProblem& p, void* workspace, size_t workspace_bytes,
+                 cudaStream_t stream) {
   const std::string why = dsa_forward_unsupported(p);
   SA_CHECK(why.empty(), SA_ERROR_UNSUPPORTED, "sm90 dsa_forward: " << why);
   const DsaDims& d = p.dims;
@@ -100,10 +113,22 @@ void dsa_forward(const DsaFwdProblem& p, cudaStream_t stream) {
 
   prm.items = d.Sq * prm.head_groups;
   if (prm.items == 0) return;
-  // The seesaw kernels (H 64, 128) are persistent when the items are equal (no topk_length): one
-  // CTA per SM walks items b, b + grid, ... (a static stride over items of random lengths would
-  // leave the CTAs' sums far apart; then one CTA per item, balanced by the hardware).
-  const bool persistent = !pad_heads && p.meta.topk_length.data == nullptr;
+  // The seesaw kernels (H 64, 128) are persistent: one CTA per SM walks items b, b + grid, ...
+  // when the items are equal (no topk_length). With topk_length (a static stride over items of
+  // random lengths would leave the CTAs' sums far apart) the CTAs take their items after the first
+  // from a counter in the workspace (zeroed here, in stream order); without that workspace, one
+  // CTA per item, balanced by the hardware.
+  // The counter at the workspace's first 16-byte boundary (the caller's pointer may be less
+  // aligned; kItemCounterBytes leaves room).
+  const uintptr_t base = reinterpret_cast<uintptr_t>(workspace);
+  const uintptr_t counter = (base + 15) & ~uintptr_t{15};
+  const bool dynamic = wants_item_counter(p) && workspace != nullptr &&
+                       counter + sizeof(uint32_t) <= base + workspace_bytes;
+  if (dynamic) {
+    prm.item_counter = reinterpret_cast<uint32_t*>(counter);
+    SA_CUDA_CHECK(cudaMemsetAsync(prm.item_counter, 0, sizeof(uint32_t), stream));
+  }
+  const bool persistent = !pad_heads && (p.meta.topk_length.data == nullptr || dynamic);
   const int64_t grid =
       persistent ? std::min<int64_t>(prm.items, std::max(1, sm_count(p.device_index)))
                  : prm.items;

@@ -15,9 +15,16 @@ namespace sa::sm90 {
 // otherwise the reason, e.g. "H = 48 (sm90 DSA forward supports 16, 32, 64, 128)".
 std::string dsa_forward_unsupported(const DsaFwdProblem& p);
 
+// Workspace that speeds dsa_forward up: with topk_length (items of different lengths) at H 64
+// and 128, a 4-byte counter from which persistent CTAs take the items (dynamic scheduling); 0
+// otherwise. Optional: without it those problems run one CTA per item.
+size_t dsa_forward_workspace_bytes(const DsaFwdProblem& p);
+
 // Writes every element of p.out and p.lse; launches on `stream` (device p.device_index must be
-// current), no host sync. Throws sa::Error (SA_ERROR_UNSUPPORTED) when
+// current), no host sync. `workspace` may be null (or smaller than dsa_forward_workspace_bytes):
+// then without dynamic scheduling. Throws sa::Error (SA_ERROR_UNSUPPORTED) when
 // dsa_forward_unsupported(p) is not empty.
-void dsa_forward(const DsaFwdProblem& p, cudaStream_t stream);
+void dsa_forward(const DsaFwdProblem& p, void* workspace, size_t workspace_bytes,
+                 cudaStream_t stream);
 
 }  // namespace sa::sm90

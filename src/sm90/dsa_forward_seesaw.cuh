@@ -38,10 +38,10 @@
 // The running maximum moves lazily as in the lockstep schedule (kLazyRescaleLog2: P <= 2^8), and
 // O is rescaled only by warps whose rows' maximum moved.
 //
-// Persistent CTAs (the host launches one per SM when there is no topk_length): a CTA walks items
-// b, b + gridDim.x, ... (see the kernel); the buffers' barrier parities run on over the CTA's
-// iterations (it0), and the next item's Q is gathered once every consumer thread has passed its
-// last S of the previous item (q_empty), during that item's last P V and epilogue.
+// Persistent CTAs (one per SM; the kernel says how a CTA finds its items): the buffers' barrier
+// parities run on over the CTA's iterations (it0), and the next item's Q is gathered once every
+// consumer thread has passed its last S of the previous item (q_empty), during that item's last
+// P V and epilogue.
 #pragma once
 
 namespace sa::sm90::dsa_fwd {
@@ -63,14 +63,18 @@ __device__ __forceinline__ void gather_half(uint32_t nope, uint32_t rope, int ha
   for_chunk_rows(
       kv, kv_ss, skv, row_index, warp, lane,
       [&](int row, const DsaElement* src, int bytes) {
+        // The lane's chunk, opaque (opaque_ptr): each panel's source is this pointer plus an
+        // immediate. (Otherwise the panels' offsets are hoisted into registers and every copy
+        // pays a 64-bit add and shift: 44 instructions per row pass instead of 32.)
+        const DsaElement* const src_lane = opaque_ptr(src + sub * 8);
+        const uint32_t dst = nope + swz(row, sub);
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const int pnl = 4 * half + q;
-          cp_async_16_zfill(nope + pnl * 64 * 64 * 2 + swz(row, sub), src + pnl * 64 + sub * 8,
-                            bytes);
+          cp_async_16_zfill(dst + pnl * 64 * 64 * 2, src_lane + pnl * 64, bytes);
         }
         if constexpr (kRope) {
-          if (half == 1) cp_async_16_zfill(rope + swz(row, sub), src + 512 + sub * 8, bytes);
+          if (half == 1) cp_async_16_zfill(rope + swz(row, sub), src_lane + 512, bytes);
         }
       },
       mark);
@@ -371,8 +375,8 @@ __device__ __forceinline__ void consumer_seesaw(const DsaFwdSm90Params& p, Share
   }
   // Persistent CTAs: this epilogue rewrites red_sum, which the other warpgroup may still read for
   // the previous item. With iterations, this item's max_full exchange orders the two (each reader
-  // arrives on it after its reads); without (possible only with topk_length, when the host
-  // launches one CTA per item), a barrier of both warpgroups does.
+  // arrives on it after its reads); without (an item without active slots: topk_length), a
+  // barrier of both warpgroups does.
   if (n_iter == 0) named_barrier_sync(id(NamedBarrier::kSumReady), T::kConsumerThreads);
   consumer_epilogue<T>(p, s, tok, h0, wg, lane, frag_row, m_run, l_run, tOrO);
 }

@@ -47,6 +47,19 @@ __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
 
+// mbarrier_arrive by the threads with `pred` set, without a branch (a warp that calls it stays
+// converged as far as the compiler can tell).
+__device__ __forceinline__ void mbarrier_arrive_if(uint64_t* bar, bool pred) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %1, 0;\n"
+      "@p mbarrier.arrive.shared::cta.b64 _, [%0];\n"
+      "}\n" ::"r"(smem_u32(bar)),
+      "r"(static_cast<uint32_t>(pred))
+      : "memory");
+}
+
 // Waits (acquire) until the phase of parity `parity` has completed. A fresh barrier is in phase 0,
 // so waiting for parity 1 returns at once ("the previous phase has completed").
 __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
@@ -127,6 +140,33 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 }
 
 // ---- shared memory by address -------------------------------------------------------------------
+// A 32-bit shared store by the threads with `pred` set, without a branch.
+__device__ __forceinline__ void st_shared_u32_if(uint32_t addr, uint32_t v, bool pred) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %2, 0;\n"
+      "@p st.shared.u32 [%0], %1;\n"
+      "}\n" ::"r"(addr),
+      "r"(v), "r"(static_cast<uint32_t>(pred))
+      : "memory");
+}
+
+// atomicAdd(ptr, 1) on global memory by the threads with `pred` set, without a branch; returns
+// the old value there (0 elsewhere).
+__device__ __forceinline__ uint32_t atomic_inc_if(uint32_t* ptr, bool pred) {
+  uint32_t old = 0;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %2, 0;\n"
+      "@p atom.global.add.u32 %0, [%1], 1;\n"
+      "}\n"
+      : "+r"(old)
+      : "l"(ptr), "r"(static_cast<uint32_t>(pred))
+      : "memory");
+  return old;
+}
 // Explicit st/ld.shared (a generic pointer into shared memory can compile to generic accesses).
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");

@@ -84,9 +84,13 @@ std::string dsa_fwd_unsupported(const DsaFwdProblem& p) {
   return unsupported(p, &sm90::dsa_forward_unsupported);
 }
 
+size_t dsa_fwd_workspace_bytes(const DsaFwdProblem& p) {
+  return sm90::dsa_forward_workspace_bytes(p);
+}
+
 void dsa_fwd_run(const DsaFwdProblem& p, const ExecContext& ctx) {
   DeviceScope scope(p.device_index);
-  sm90::dsa_forward(p, ctx.stream);
+  sm90::dsa_forward(p, ctx.workspace, ctx.workspace_bytes, ctx.stream);
 }
 
 // ---- DSA backward ------------------------------------------------------------------------------
@@ -119,7 +123,8 @@ extern const Implementation kSm90Implementation = {
     "sm90",
     /*bsa_fwd=*/{&bsa_fwd_unsupported, &bsa_fwd_workspace_bytes, &bsa_fwd_run},
     /*bsa_bwd=*/{&bsa_bwd_unsupported, &bsa_bwd_workspace_bytes, &bsa_bwd_run},
-    /*dsa_fwd=*/{&dsa_fwd_unsupported, nullptr, &dsa_fwd_run},
+    // The forward's workspace (an item counter, with topk_length) is optional.
+    /*dsa_fwd=*/{&dsa_fwd_unsupported, &dsa_fwd_workspace_bytes, &dsa_fwd_run, true},
     /*dsa_bwd=*/{&dsa_bwd_unsupported, &dsa_bwd_workspace_bytes, &dsa_bwd_run},
 };
 
