@@ -103,6 +103,7 @@ if has sanitize; then
   DEFAULT_SAN+="Cases/Sm90DsaForward.MatchesReference/H64_D512_K64_PersistentItems:"
   DEFAULT_SAN+="Cases/Sm90DsaForward.MatchesReference/H64_D512_K64_LengthsDynamicItems:"
   DEFAULT_SAN+="Cases/Sm90DsaBackward.MatchesReference/H128_D576_K160_SinkMixed:"
+  # Several items per persistent backward CTA, with topk_length: the dynamic schedule.
   DEFAULT_SAN+="Cases/Sm90DsaBackward.MatchesReference/H128_D576_K130_PersistentItems:"
   DEFAULT_SAN+="Cases/Sm90BsaForwardFp16.MatchesReference/Block128D128GqaBshdPartialLenPerBatchEmptyRows:"
   DEFAULT_SAN+="Padded/Sm90DsaForward.MatchesReference/H32_D512_K7_Lengths:"

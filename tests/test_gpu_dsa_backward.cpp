@@ -93,6 +93,10 @@ std::vector<GpuDsaBwdCase> gpu_dsa_bwd_cases() {
       // 133: the first, second and third items of some CTAs).
       {"H128_D576_K130_PersistentItems", shape_of(200, 800, 128, 576, 130),
        spec_of(L::kMixed, true, true, S::kMixed)},
+      // ~10 items per CTA of the Hopper kernel's dynamic schedule (topk_length): its two hand-off
+      // slots wrap several times, and CTAs that draw short items take more of them.
+      {"H64_D512_K16_LengthsDynamicManyItems", shape_of(1400, 600, 64, 512, 16),
+       spec_of(L::kMixed, true, false, S::kFinite)},
       {"H128_D576_K300_Deterministic", shape_of(16, 900, 128, 576, 300),
        spec_of(L::kMixed, true, true, S::kMixed), kDet},
       {"H32_D512_K64_Deterministic", shape_of(24, 200, 32, 512, 64),
@@ -224,6 +228,8 @@ void run_gpu(const DsaHostCase& c, const Inputs& in, Variant variant, bool deter
     ASSERT_EQ(sa_dsa_backward_workspace_size(&a, &bytes), SA_OK) << sa_last_error();
     DeviceBuffer workspace(bytes);
     ASSERT_TRUE(workspace.ok()) << "workspace allocation of " << bytes << " bytes failed";
+    // Garbage first: the backward zeroes what it needs (the fp32 dkv, the Hopper item counter).
+    ASSERT_EQ(cudaMemset(workspace.get(), 0x40, bytes), cudaSuccess);
     sa_context ctx = sa_context_default();
     ctx.workspace = workspace.get();
     ctx.workspace_bytes = bytes;
@@ -254,6 +260,7 @@ void run_gpu(const DsaHostCase& c, const Inputs& in, Variant variant, bool deter
         const size_t bytes = sa::sm90::dsa_backward_workspace_bytes(p, 5);
         DeviceBuffer workspace(bytes);
         ASSERT_TRUE(workspace.ok()) << "workspace allocation of " << bytes << " bytes failed";
+        ASSERT_EQ(cudaMemset(workspace.get(), 0x40, bytes), cudaSuccess);
         sa::sm90::dsa_backward(p, workspace.get(), bytes, nullptr, 5);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << cudaGetErrorString(cudaGetLastError());
       } catch (const std::exception& e) {

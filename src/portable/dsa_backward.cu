@@ -81,6 +81,8 @@ struct Plan {
   size_t cub_bytes = 0;
   size_t acc = 0, terms = 0, part = 0, keys_in = 0, keys_out = 0, vals_in = 0, vals_out = 0,
          cub = 0;
+  bool counter = false;  // an item counter (with topk_length; the Hopper kernel's dynamic items)
+  size_t counter_at = 0;
   size_t total = 0;  // including the slack to align the caller's pointer
 };
 
@@ -99,6 +101,10 @@ Plan make_plan(const DsaBwdProblem& p, int block_m, int64_t slice_tokens) {
   };
   plan.acc = take(d.Skv * d.Dqk * 4);
   if (p.d_sink != nullptr) plan.terms = take(d.H * d.Sq * 4);
+  if (p.meta.topk_length.data != nullptr) {
+    plan.counter = true;
+    plan.counter_at = take(4);
+  }
   if (plan.deterministic) {
     const int64_t per_token = plan.groups * d.topk * d.Dqk * 4;
     plan.slice =
@@ -151,6 +157,7 @@ void run_passes(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes,
   DsaBwdParams prm = dsa_bwd::make_params(p, plan.block_m);
   prm.dkv_acc = acc;
   prm.sink_terms = p.d_sink != nullptr ? reinterpret_cast<float*>(base + plan.terms) : nullptr;
+  prm.item_counter = plan.counter ? reinterpret_cast<uint32_t*>(base + plan.counter_at) : nullptr;
   const int dqk = static_cast<int>(d.Dqk);
 
   SA_CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<size_t>(d.Skv * d.Dqk) * 4, stream));

@@ -39,6 +39,9 @@ struct DsaBwdParams {
   int32_t tune;           // Hopper kernel experiment bits (sm90/dsa_backward_kernel.cuh); 0
   int64_t items;          // Hopper persistent kernel: work items (tokens x head groups) of the
                           // launch, item i = (token tok_begin + i / head_groups, group i % ..)
+  uint32_t* item_counter;  // Hopper persistent kernel with topk_length (items of different
+                           // lengths): dynamic items from this counter, zeroed by the Hopper
+                           // launcher before each launch (sm90/persistent_items.cuh); else null
 };
 
 // Kernel arguments of a validated problem (the host checks support first). The workspace

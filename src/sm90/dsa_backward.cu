@@ -69,12 +69,16 @@ int32_t tune_bits(const dsa_bwd::Params& prm) {
 }
 
 // The main kernel for portable::dsa_backward_around: `grid` work items (tokens x head groups),
-// walked by at most one persistent CTA per SM.
+// walked by at most one persistent CTA per SM; with topk_length (prm.item_counter, in the
+// workspace) the CTAs take their items after the first from the counter, zeroed here.
 void launch_main(const dsa_bwd::Params& prm, int64_t grid, int device, cudaStream_t stream) {
   if (grid == 0) return;
   dsa_bwd::Params tuned = prm;
   tuned.tune = tune_bits(prm);
   tuned.items = grid;
+  if (prm.item_counter != nullptr) {
+    SA_CUDA_CHECK(cudaMemsetAsync(prm.item_counter, 0, sizeof(uint32_t), stream));
+  }
   grid = std::min<int64_t>(grid, sm_count(device));
   using dsa_bwd::DkvRed;
   const bool frag = (tuned.tune & dsa_bwd::kTuneFragRed) != 0;

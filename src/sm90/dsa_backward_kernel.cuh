@@ -9,7 +9,8 @@
 //
 // Work split: a work item is one (query token t, group of 64 heads) (as the Hopper forward and
 // the portable backward), and the kernel is persistent: at most one CTA per SM walks items b,
-// b + gridDim.x, ... The K stage, its barriers and the bias / kidx buffers run on across items; an
+// b + gridDim.x, ... (with topk_length, items of different lengths: the items after the first
+// from a counter, persistent_items.cuh). The K stage, its barriers and the bias / kidx buffers run on across items; an
 // item's first chunk is gathered while the previous item's last [5] still runs, and its Q and dO
 // as soon as that [5] is done (qdo_empty), during the previous item's epilogue. The token's
 // active slots are walked in chunks of 64 keys. Per chunk, with Q
@@ -75,6 +76,7 @@
 #include "portable/dsa_backward_params.cuh"
 #include "sm90/dsa_common.cuh"
 #include "sm90/hopper_primitives.cuh"
+#include "sm90/persistent_items.cuh"
 
 namespace sa::sm90::dsa_bwd {
 
@@ -173,6 +175,7 @@ struct alignas(1024) SharedStorage {
   uint64_t kv_empty;           // consumers (kReleaseArrivals) -> producer: the K stage is free
   uint64_t qdo_empty;          // consumers (kReleaseArrivals) -> producer: Q and dO free (the
                                // item's last [5] is done), the next item's may land
+  ItemHandoff items;           // dynamic items (with topk_length; persistent_items.cuh)
 };
 
 // ---- producer (warpgroup 0) ---------------------------------------------------------------------
@@ -233,26 +236,30 @@ __device__ __forceinline__ void producer_item(const Params& p, SharedStorage<T>&
   }
 }
 
-// The CTA's walk over its work items: item i = blockIdx.x, blockIdx.x + gridDim.x, ... is token
+// The CTA's walk over its work items (persistent_items.cuh: blockIdx.x, blockIdx.x + gridDim.x,
+// ..., or from p.item_counter with topk_length; kClaims: the producer's copy): item i is token
 // tok_begin + i / head_groups with heads from (i % head_groups) 64; f(tok, h0, n_slots, g0) runs
 // for each, g0 being the ring's index of the item's first chunk (the chunks of the earlier items).
-template <class T, class F>
-__device__ __forceinline__ void for_each_item(const Params& p, F f) {
+template <class T, bool kClaims, class F>
+__device__ __forceinline__ void for_each_item(const Params& p, SharedStorage<T>& s, F f) {
   uint32_t g0 = 0;
-#pragma unroll 1
-  for (int64_t i = blockIdx.x; i < p.items; i += gridDim.x) {
-    const int64_t tok = p.tok_begin + i / p.head_groups;
-    const int h0 = static_cast<int>(i % p.head_groups) * T::kHeads;
-    const int n_slots = dsa_active_slots(p.len, p.len_s, p.topk, tok);
-    f(tok, h0, n_slots, g0);
-    g0 += static_cast<uint32_t>((n_slots + T::kBlockN - 1) / T::kBlockN);
-  }
+  // Item indices fit in 31 bits (the host checks S_q * H / 64 < 2^31).
+  for_each_cta_item<kClaims>(s.items, p.item_counter, static_cast<uint32_t>(p.items),
+                             [&](uint32_t i) {
+                               const uint32_t groups = static_cast<uint32_t>(p.head_groups);
+                               const int64_t tok = p.tok_begin + i / groups;
+                               const int h0 = static_cast<int>(i % groups) * T::kHeads;
+                               const int n_slots = dsa_active_slots(p.len, p.len_s, p.topk, tok);
+                               f(tok, h0, n_slots, g0);
+                               g0 += static_cast<uint32_t>((n_slots + T::kBlockN - 1) /
+                                                           T::kBlockN);
+                             });
 }
 
 template <class T>
 __device__ __forceinline__ void producer_main(const Params& p, SharedStorage<T>& s) {
   uint32_t qdo_phase = 0;
-  for_each_item<T>(p, [&](int64_t tok, int h0, int n_slots, uint32_t g0) {
+  for_each_item<T, true>(p, s, [&](int64_t tok, int h0, int n_slots, uint32_t g0) {
     producer_item<T>(p, s, tok, h0, n_slots, g0, qdo_phase);
   });
 }
@@ -658,15 +665,14 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
 
 template <class T>
 __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>& s, int wg) {
-  for_each_item<T>(p, [&](int64_t tok, int h0, int n_slots, uint32_t g0) {
+  for_each_item<T, false>(p, s, [&](int64_t tok, int h0, int n_slots, uint32_t g0) {
     consumer_item<T>(p, s, tok, h0, n_slots, g0, wg);
   });
 }
 
 // ---- kernel -------------------------------------------------------------------------------------
-// Persistent: CTA b walks the work items b, b + gridDim.x, ... (the host launches at most one CTA
-// per SM), so that an item's first gather and its Q / dO overlap the previous item's last chunk
-// and epilogue.
+// Persistent: at most one CTA per SM walks its work items (for_each_item), so that an item's first
+// gather and its Q / dO overlap the previous item's last chunk and epilogue.
 template <class T>
 __global__ void __launch_bounds__(T::kThreads, 1)
     dsa_backward_sm90_kernel(const __grid_constant__ Params p) {
@@ -678,6 +684,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     mbarrier_init(&s.kv_full, T::kProducerThreads);
     mbarrier_init(&s.kv_empty, T::kReleaseArrivals);
     mbarrier_init(&s.qdo_empty, T::kReleaseArrivals);
+    item_handoff_init(s.items, T::kThreads);
     fence_mbarrier_init();
   }
   __syncthreads();

@@ -80,6 +80,7 @@
 
 #include "sm90/dsa_common.cuh"
 #include "sm90/hopper_primitives.cuh"
+#include "sm90/persistent_items.cuh"
 
 namespace sa::sm90::dsa_fwd {
 
@@ -202,12 +203,8 @@ struct alignas(1024) SharedStorage {
   // Seesaw only (persistent CTAs): every consumer thread is done with the item's Q (after its last
   // S; items without iterations have no Q); the producer waits before gathering the next item's.
   uint64_t q_empty;
-  // Seesaw with an item counter: the CTA's item k + 1 in next_item[k % 2], written by thread 0
-  // while the CTA works on item k (item_full: 1 arrival), read by every thread at the end of item
-  // k (item_empty: every thread arrives after its read).
-  uint32_t next_item[2];
-  uint64_t item_full[2];
-  uint64_t item_empty[2];
+  // Seesaw with an item counter: the dynamic items' hand-off (persistent_items.cuh).
+  ItemHandoff items;
 };
 
 // ---- producer (warpgroup 0) ---------------------------------------------------------------------
@@ -462,10 +459,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
         mbarrier_init(&s.max_full[b], T::kConsumerThreads / 2);
       }
       mbarrier_init(&s.q_empty, T::kConsumerThreads);
-      for (int k = 0; k < 2; ++k) {
-        mbarrier_init(&s.item_full[k], 1);
-        mbarrier_init(&s.item_empty[k], T::kThreads);
-      }
+      item_handoff_init(s.items, T::kThreads);
     }
     fence_mbarrier_init();
   }
@@ -478,59 +472,20 @@ __global__ void __launch_bounds__(T::kThreads, 1)
     // gather Q and release it, so that the consumers cannot complete two q_empty phases before
     // the producer waited for the first).
     // With an item counter (topk_length: items of different lengths) the items after the first
-    // come from it instead (p.item_counter): thread 0 takes the CTA's next item while the CTA
-    // works on the current one, and every thread reads it from shared memory at the item's end.
-    // is_producer (compile time): only the producer's copy contains thread 0's fetch; the item
-    // read back is made warp-uniform by a warp reduction. (A fetch compiled into the consumers'
-    // path, or an item index the compiler cannot prove uniform, made their branches look
-    // divergent, and ptxas serialized every wgmma, C7520.)
+    // come from it instead (p.item_counter; persistent_items.cuh).
     auto for_each_item = [&](auto is_producer, auto f) {
       uint32_t it0 = 0, kq = 0;
       // Item indices fit in 31 bits (the host checks S_q * H / 64 < 2^31).
-      const uint32_t items = static_cast<uint32_t>(p.items);
-      // Only it0, kq and k live across f (the consumers have no register to spare).
-#pragma unroll 1
-      for (uint32_t k = 0;; ++k) {
-        uint32_t i = blockIdx.x;  // the CTA's item k
-        if (k > 0) {
-          if (p.item_counter != nullptr) {
-            const int slot = (k - 1) & 1;  // written during item k - 1
-            mbarrier_wait(&s.item_full[slot], ((k - 1) >> 1) & 1);
-            i = __reduce_max_sync(0xffffffffu, s.next_item[slot]);
-            mbarrier_arrive(&s.item_empty[slot]);  // after this thread's read
-          } else {
-            i += k * gridDim.x;  // < items + gridDim.x <= 2^32 - 1 (both below 2^31)
-          }
-        }
-        if (i >= items) break;
-        const int32_t t = static_cast<int32_t>(i / static_cast<uint32_t>(p.head_groups));
-        const int n = dsa_active_slots(p.len, p.len_s, p.topk, t);
-        f(static_cast<int64_t>(t),
-          static_cast<int>(i % static_cast<uint32_t>(p.head_groups)) * T::kHeads, n, it0, kq);
-        const uint32_t n_iter = seesaw_iterations<T>(n);
-        it0 += n_iter;
-        kq += n_iter > 0 ? 1 : 0;
-        // Item k + 1, claimed once the producer has issued item k (so that a CTA near the end takes
-        // no item it could leave to a CTA that finishes sooner; the consumers, still on item k,
-        // read it later).
-        // Warp 0 (a warp-uniform branch) with lane 0's steps predicated, not branched: a branch on
-        // the lane made the compiler treat the producer's loops as possibly divergent (a BRA.DIV
-        // before every shuffle of the gather, +30% instructions per row pass).
-        if constexpr (decltype(is_producer)::value) {
-          if (p.item_counter != nullptr && __shfl_sync(0xffffffffu, threadIdx.x / 32, 0) == 0) {
-            const bool lane0 = threadIdx.x == 0;
-            // Into slot k % 2, once every thread has read the slot's previous value (item k - 1,
-            // at the start of that item).
-            if (k >= 2) mbarrier_wait(&s.item_empty[k & 1], ((k >> 1) - 1) & 1);
-            // At most items + gridDim.x - 1 < 2^32; stored clamped to items (the end).
-            const uint32_t next = min(
-                gridDim.x + __shfl_sync(0xffffffffu, atomic_inc_if(p.item_counter, lane0), 0),
-                items);
-            st_shared_u32_if(smem_u32(&s.next_item[k & 1]), next, lane0);
-            mbarrier_arrive_if(&s.item_full[k & 1], lane0);  // releases lane 0's store
-          }
-        }
-      }
+      for_each_cta_item<decltype(is_producer)::value>(
+          s.items, p.item_counter, static_cast<uint32_t>(p.items), [&](uint32_t i) {
+            const int32_t t = static_cast<int32_t>(i / static_cast<uint32_t>(p.head_groups));
+            const int n = dsa_active_slots(p.len, p.len_s, p.topk, t);
+            f(static_cast<int64_t>(t),
+              static_cast<int>(i % static_cast<uint32_t>(p.head_groups)) * T::kHeads, n, it0, kq);
+            const uint32_t n_iter = seesaw_iterations<T>(n);
+            it0 += n_iter;
+            kq += n_iter > 0 ? 1 : 0;
+          });
     };
     run_roles<T>(
         [&] {

@@ -1,0 +1,78 @@
+// The work items of a persistent CTA (the Hopper DSA forward's seesaw kernels and the DSA
+// backward): item 0 of CTA b is b; item k after it is either b + k gridDim.x (static: items of
+// equal length) or taken from a counter in global memory (dynamic: items of different lengths,
+// with topk_length), gridDim.x + atomicAdd(counter, 1), so that a CTA that finishes early takes
+// more. The host zeroes the counter before each launch, in stream order.
+//
+// The dynamic hand-off: warp 0 of the producer warpgroup claims the CTA's item k + 1 right after
+// it has issued item k (a CTA near the end takes no item that a CTA finishing sooner could run),
+// and every thread of the CTA reads it at the end of its item k. Two slots: next[k % 2] is written
+// during item k (full[k % 2]: one arrival, lane 0 after its store), read at its end (empty[k % 2]:
+// every thread of the CTA arrives after its read).
+//
+// Code generation (bench/NOTES.md, session 16): the claim is a warp-uniform branch (warp 0) with
+// lane 0's atomic, store and arrive predicated, not a branch on the lane: a lane branch made the
+// compiler treat the producer's whole path as possibly divergent (a BRA.DIV before every shuffle
+// of the gather; -7% on every shape). The item read back is made warp-uniform by a warp reduction
+// (an index the compiler cannot prove uniform made the consumers' wgmma look divergent: ptxas
+// serialized them, C7520). Only the producer's copy of the loop contains the claim (kClaims).
+#pragma once
+
+#include <cstdint>
+
+#include "sm90/hopper_primitives.cuh"
+
+namespace sa::sm90 {
+
+struct ItemHandoff {
+  uint32_t next[2];
+  uint64_t full[2];
+  uint64_t empty[2];
+};
+
+// By one thread, before the CTA's __syncthreads (with the other barriers' initialisation).
+__device__ __forceinline__ void item_handoff_init(ItemHandoff& h, uint32_t cta_threads) {
+  for (int k = 0; k < 2; ++k) {
+    mbarrier_init(&h.full[k], 1);
+    mbarrier_init(&h.empty[k], cta_threads);
+  }
+}
+
+// Runs f(i) for each item i (< items, which fit in 31 bits) of this CTA, in order; `counter` null:
+// static items. Every thread of the CTA runs the loop (each reads the dynamic hand-off); kClaims:
+// the producer warpgroup's copy, whose warp 0 claims the items.
+template <bool kClaims, class F>
+__device__ __forceinline__ void for_each_cta_item(ItemHandoff& h, uint32_t* counter,
+                                                  uint32_t items, F f) {
+#pragma unroll 1
+  for (uint32_t k = 0;; ++k) {
+    uint32_t i = blockIdx.x;  // the CTA's item k
+    if (k > 0) {
+      if (counter != nullptr) {
+        const int slot = (k - 1) & 1;  // written during item k - 1
+        mbarrier_wait(&h.full[slot], ((k - 1) >> 1) & 1);
+        i = __reduce_max_sync(0xffffffffu, h.next[slot]);
+        mbarrier_arrive(&h.empty[slot]);  // after this thread's read
+      } else {
+        i += k * gridDim.x;  // < items + gridDim.x <= 2^32 - 1 (both below 2^31)
+      }
+    }
+    if (i >= items) break;
+    f(i);
+    if constexpr (kClaims) {
+      if (counter != nullptr && __shfl_sync(0xffffffffu, threadIdx.x / 32, 0) == 0) {
+        const bool lane0 = threadIdx.x == 0;
+        // Into slot k % 2, once every thread has read the slot's previous value (item k - 1, at
+        // the start of that item).
+        if (k >= 2) mbarrier_wait(&h.empty[k & 1], ((k >> 1) - 1) & 1);
+        // At most items + gridDim.x - 1 < 2^32; stored clamped to items (the end).
+        const uint32_t next =
+            min(gridDim.x + __shfl_sync(0xffffffffu, atomic_inc_if(counter, lane0), 0), items);
+        st_shared_u32_if(smem_u32(&h.next[k & 1]), next, lane0);
+        mbarrier_arrive_if(&h.full[k & 1], lane0);  // releases lane 0's store
+      }
+    }
+  }
+}
+
+}  // namespace sa::sm90
