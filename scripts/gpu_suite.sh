@@ -159,6 +159,18 @@ if has bench; then
   run --op dsa_fwd "${DSA[@]}" --dsa-heads 128 --dsa-dqk 576 --rounds 3 --calls 10 --variants "$PS"
   run --op dsa_bwd "${DSA[@]}" --dsa-heads 128 --dsa-dqk 576 --rounds 2 --calls 5 \
     --variants "deterministic=0/deterministic=1"
+  if "$BIN/sparse-attention" help | grep -q "built in: yes"; then
+    # FlashMLA's Hopper sparse prefill beside ours on the same tensors, checked against the same
+    # reference (a CLI built by scripts/flashmla_anchor.sh); the anchor first, so that "speedup"
+    # is ours over FlashMLA's.
+    FM="anchor=flashmla/impl=sm90"
+    for h in 128 64; do
+      run --op dsa_fwd "${DSA[@]}" --dsa-heads "$h" --dsa-dqk 576 --rounds 3 --calls 10 --variants "$FM"
+    done
+    run --op dsa_fwd "${DSA[@]}" --dsa-heads 128 --dsa-dqk 512 --rounds 3 --calls 10 --variants "$FM"
+    run --op dsa_fwd --dsa-seq 4096 --topk 2048 --topk-length on --sink on --dsa-heads 128 \
+      --dsa-dqk 576 --rounds 3 --calls 10 --variants "$FM"
+  fi
   if [ $gated_ok -eq 1 ]; then
     # The gated Hopper DSA backward (forced) against the portable one.
     run --op dsa_bwd "${DSA[@]}" --dsa-heads 128 --dsa-dqk 576 --rounds 2 --calls 5 --variants "$PS"

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstdio>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include <memory>
 #include <sstream>
 
+#include "flashmla_anchor.hpp"
 #include "reference_sample.hpp"
 #include "tool_error.hpp"
 
@@ -29,6 +31,7 @@ struct Subject {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   sa_impl impl = SA_IMPL_AUTO;
+  const char* impl_label = nullptr;  // an anchor's name instead of sa_impl_name(impl)
   bool ok = true;
   bool checked = false;  // compared with the reference (not with --no-check)
   double max_rel_l2 = 0;
@@ -45,6 +48,10 @@ double median(std::vector<double> v) {
 void cuda_ok(cudaError_t e, const char* what) {
   if (e != cudaSuccess)
     throw ToolError(kExitCheckFailed, std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
+}
+
+const char* impl_name(const Subject& s) {
+  return s.impl_label != nullptr ? s.impl_label : sa_impl_name(s.impl);
 }
 
 sa_context context_of(Subject& s) {
@@ -134,7 +141,7 @@ std::string to_json(const Record& r) {
   os << std::setprecision(6);
   double lo = *std::min_element(r.s->rounds_ms.begin(), r.s->rounds_ms.end());
   double hi = *std::max_element(r.s->rounds_ms.begin(), r.s->rounds_ms.end());
-  os << "{\"op\": \"" << r.op << "\", \"impl\": \"" << sa_impl_name(r.s->impl)
+  os << "{\"op\": \"" << r.op << "\", \"impl\": \"" << impl_name(*r.s)
      << "\", \"variant\": \"" << json_escape(r.s->variant.label) << "\", \"shape\": "
      << r.shape_json << ", \"ms\": " << r.s->median_ms << ", \"ms_min\": " << lo
      << ", \"ms_max\": " << hi << ", \"tflops\": " << r.flops / (r.s->median_ms * 1e-3) / 1e12
@@ -186,7 +193,7 @@ void print_table(const std::string& op, const std::vector<Subject>& subjects, do
     const double lo = *std::min_element(s.rounds_ms.begin(), s.rounds_ms.end());
     const double hi = *std::max_element(s.rounds_ms.begin(), s.rounds_ms.end());
     std::cout << "  " << std::left << std::setw(34) << s.variant.label << std::setw(10)
-              << sa_impl_name(s.impl) << std::right << std::setprecision(4) << std::setw(10)
+              << impl_name(s) << std::right << std::setprecision(4) << std::setw(10)
               << s.median_ms << std::setw(9) << std::setprecision(1)
               << 100.0 * (hi - lo) / s.median_ms << "%" << std::setw(10) << std::setprecision(1)
               << flops / (s.median_ms * 1e-3) / 1e12 << std::setw(8) << std::setprecision(3)
@@ -250,6 +257,17 @@ int bench_op(const OpSetup& setup, const BenchOptions& o, const CudaDevice& dev,
              std::vector<std::string>* records) {
   std::vector<Subject> subjects;
   for (const BenchVariant& v : o.variants) {
+    if (!v.anchor.empty() && setup.op != "dsa_fwd") {
+      // An anchor serves one operation: elsewhere the variant is reported, not run.
+      Subject s;
+      s.variant = v;
+      s.ok = false;
+      s.workspace_size = [](size_t*) {
+        return api::Status(SA_ERROR_UNSUPPORTED, "anchor=flashmla serves dsa_fwd only");
+      };
+      subjects.push_back(std::move(s));
+      continue;
+    }
     Subject s = setup.make(v);
     if (!v.env.empty()) {
       // The knobs are read when the library sizes its workspace and when it launches: set them
@@ -295,6 +313,58 @@ int bench_op(const OpSetup& setup, const BenchOptions& o, const CudaDevice& dev,
     if (s.workspace) cudaFree(s.workspace);
   }
   return status;
+}
+
+// The FlashMLA anchor (flashmla_anchor.hpp) as a subject: FlashMLA's kernel on our device tensors
+// (its max_logits output in a scratch buffer the run function owns), on the stream of the
+// context; "not run" with the reason when this build or device has no anchor for the shape.
+void flashmla_subject(const DsaProblem& p, const DsaViews& v, Subject* s) {
+  const DsaShape& sh = p.shape;
+  s->impl_label = "flashmla";
+  FlashMlaFwdCall call{};
+  call.q = v.q.data;
+  call.kv = v.kv.data;
+  call.topk_idx = static_cast<const int32_t*>(v.topk_idx.data);
+  call.topk_length = static_cast<const int32_t*>(v.topk_length.data);
+  call.sink = static_cast<const float*>(v.sink.data);
+  call.out = v.out.data;
+  call.lse = static_cast<float*>(v.lse.data);
+  call.s_q = static_cast<int>(sh.Sq);
+  call.s_kv = static_cast<int>(sh.Skv);
+  call.h = static_cast<int>(sh.H);
+  call.d_qk = static_cast<int>(sh.Dqk);
+  call.topk = static_cast<int>(sh.topk);
+  call.scale = 1.0f / std::sqrt(static_cast<float>(sh.Dqk));  // DsaOptions' default (scale 0)
+  int dev = 0, major = 0, minor = 0, sms = 0;
+  cuda_ok(cudaGetDevice(&dev), "cudaGetDevice");
+  cuda_ok(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "attribute");
+  cuda_ok(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), "attribute");
+  cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "attribute");
+  std::string why = flashmla_unsupported(call, major, minor);
+  if (why.empty() && (sh.dtype != SA_DTYPE_BF16 || sh.Dv != 512))
+    why = "FlashMLA's sparse prefill takes bf16 with D_v 512";
+  if (why.empty() && (v.q.strides[0] != sh.H * sh.Dqk || v.q.strides[1] != sh.Dqk ||
+                      v.kv.strides[0] != sh.Dqk || v.topk_idx.strides[0] != sh.topk ||
+                      v.out.strides[0] != sh.H * sh.Dv || v.lse.strides[0] != sh.H))
+    why = "FlashMLA anchor: expects contiguous tensors";
+  s->workspace_size = [why](size_t* bytes) {
+    *bytes = 0;
+    return why.empty() ? api::Status() : api::Status(SA_ERROR_UNSUPPORTED, why);
+  };
+  if (!why.empty()) {
+    s->run = [why](const sa_context&) { return api::Status(SA_ERROR_UNSUPPORTED, why); };
+    return;
+  }
+  void* scratch = nullptr;
+  cuda_ok(cudaMalloc(&scratch, static_cast<size_t>(sh.Sq * sh.H) * sizeof(float)), "cudaMalloc");
+  std::shared_ptr<void> max_logits(scratch, [](void* q) { cudaFree(q); });
+  call.max_logits = static_cast<float*>(scratch);
+  s->run = [call, sms, max_logits](const sa_context& c) {
+    const cudaError_t e = flashmla_sparse_fwd(call, sms, static_cast<cudaStream_t>(c.stream));
+    return e == cudaSuccess ? api::Status()
+                            : api::Status(SA_ERROR_CUDA, std::string("FlashMLA anchor: ") +
+                                                             cudaGetErrorString(e));
+  };
 }
 
 std::string bsa_shape_json(const BsaShape& s) {
@@ -344,9 +414,14 @@ std::vector<BenchVariant> parse_variants(const std::string& text) {
         (key == "bucket" ? v.bucket : v.deterministic) = static_cast<int>(x);
       } else if (key.rfind("env.", 0) == 0 && key.size() > 4 && eq != std::string::npos) {
         v.env.emplace_back(key.substr(4), val);
+      } else if (key == "anchor") {
+        if (val != "flashmla")
+          throw ToolError(kExitBadArgument, "--variants: anchor must be flashmla, got '" + val + "'");
+        v.anchor = val;
       } else {
-        throw ToolError(kExitBadArgument, "--variants: unknown key '" + key +
-                                              "' (impl=, bucket=, deterministic=, env.NAME=)");
+        throw ToolError(kExitBadArgument,
+                        "--variants: unknown key '" + key +
+                            "' (impl=, bucket=, deterministic=, env.NAME=, anchor=flashmla)");
       }
     }
     out.push_back(v);
@@ -433,7 +508,9 @@ int run_bench(const DemoOptions& demo, const BenchOptions& o) {
       setup.make = [p, dv, fwd](const BenchVariant& v) {
         Subject s;
         s.variant = v;
-        if (fwd) {
+        if (fwd && v.anchor == "flashmla") {
+          flashmla_subject(*p, *dv, &s);
+        } else if (fwd) {
           auto a = std::make_shared<api::DsaForwardArgs>(dsa_forward_args(p->shape, *dv));
           apply(v, &a->options.impl, nullptr, &a->options.deterministic);
           s.run = [a](const sa_context& c) { return api::dsa_forward(*a, c); };

@@ -9,7 +9,8 @@
 // with CUDA events: warm-up calls, rounds of `calls` calls, variants alternating round by round,
 // a second pass in reverse order; the median round is reported. FLOPs count attended pairs only.
 // JSON records follow BENCHMARKING.md ("anchor" is the first variant; "speedup" = its median
-// over this one's).
+// over this one's). A variant can also be another library's kernel on the same tensors:
+// anchor=flashmla (flashmla_anchor.hpp; records with impl "flashmla").
 #pragma once
 
 #include <string>
@@ -28,6 +29,9 @@ struct BenchVariant {
   // Environment variables set around each of this variant's calls (the library's SA_TUNE_*
   // experiment knobs, read at launch), restored after: "env.NAME=VALUE" in --variants.
   std::vector<std::pair<std::string, std::string>> env;
+  // "anchor=flashmla": not our library but FlashMLA's Hopper sparse prefill (dsa_fwd only;
+  // flashmla_anchor.hpp) on the same tensors, checked against the same reference.
+  std::string anchor;
 };
 
 struct BenchOptions {

@@ -16,6 +16,7 @@
 
 #include "bench.hpp"
 #include "demo.hpp"
+#include "flashmla_anchor.hpp"
 #include "tool_error.hpp"
 
 namespace sa_tool {
@@ -43,7 +44,10 @@ std::string usage() {
      << "           bucket=, deterministic=, env.NAME= (set around the variant's calls);\n"
      << "           ',' joins keys, '/' separates variants; the first is the A/B\n"
      << "           anchor), --warmup N (10), --rounds N (5 per pass, 2 passes), --calls N\n"
-     << "           (20 per round), --json FILE (append records), --no-check\n"
+     << "           (20 per round), --json FILE (append records), --no-check;\n"
+     << "           anchor=flashmla: FlashMLA's Hopper sparse prefill on the same tensors\n"
+     << "           (dsa_fwd; built in: " << (sa_tool::flashmla_anchor_built() ? "yes" : "no")
+     << ", -DSA_FLASHMLA_DIR)\n"
      << "  help     this text (also --help, -h)\n\n"
      << "demo flags (--flag VALUE or --flag=VALUE):\n";
   flag("--op OPS", "bsa_fwd | bsa_bwd | dsa_fwd | dsa_bwd | all, or a comma list (all)");
