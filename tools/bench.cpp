@@ -416,7 +416,8 @@ std::vector<BenchVariant> parse_variants(const std::string& text) {
         v.env.emplace_back(key.substr(4), val);
       } else if (key == "anchor") {
         if (val != "flashmla")
-          throw ToolError(kExitBadArgument, "--variants: anchor must be flashmla, got '" + val + "'");
+          throw ToolError(kExitBadArgument,
+                          "--variants: anchor must be flashmla, got '" + val + "'");
         v.anchor = val;
       } else {
         throw ToolError(kExitBadArgument,

@@ -1,7 +1,7 @@
 // Arch-neutral device helpers that the portable (sm80+) and Hopper kernels share: the MUFU
 // exponential, quad reductions over mma accumulator rows, small cp.async copies, fp32 pair
-// reductions to global memory and fp32 -> 16-bit pair packing. Device code only; each function
-// is one to three instructions.
+// reductions and a predicated counter increment in global memory, fp32 -> 16-bit pair packing.
+// Device code only; each function is one to three instructions.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -92,6 +92,22 @@ __device__ __forceinline__ void red_add_f32x2_if(float* addr, float a, float b, 
 #else
   if (pred) red_add_f32x2(addr, a, b);
 #endif
+}
+
+// atomicAdd(ptr, 1) on global memory by the threads with `pred` set, without a branch; returns
+// the old value there (0 elsewhere).
+__device__ __forceinline__ uint32_t atomic_inc_if(uint32_t* ptr, bool pred) {
+  uint32_t old = 0;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %2, 0;\n"
+      "@p atom.global.add.u32 %0, [%1], 1;\n"
+      "}\n"
+      : "+r"(old)
+      : "l"(ptr), "r"(static_cast<uint32_t>(pred))
+      : "memory");
+  return old;
 }
 
 // Two floats -> a packed pair of Element (__nv_bfloat16 or __half), round to nearest even; `lo`

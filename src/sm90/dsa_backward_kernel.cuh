@@ -10,10 +10,10 @@
 // Work split: a work item is one (query token t, group of 64 heads) (as the Hopper forward and
 // the portable backward), and the kernel is persistent: at most one CTA per SM walks items b,
 // b + gridDim.x, ... (with topk_length, items of different lengths: the items after the first
-// from a counter, persistent_items.cuh). The K stage, its barriers and the bias / kidx buffers run on across items; an
-// item's first chunk is gathered while the previous item's last [5] still runs, and its Q and dO
-// as soon as that [5] is done (qdo_empty), during the previous item's epilogue. The token's
-// active slots are walked in chunks of 64 keys. Per chunk, with Q
+// from a counter, persistent_items.cuh). The K stage, its barriers and the bias / kidx buffers
+// run on across items; an item's first chunk is gathered while the previous item's last [5]
+// still runs, and its Q and dO as soon as that [5] is done (qdo_empty), during the previous
+// item's epilogue. The token's active slots are walked in chunks of 64 keys. Per chunk, with Q
 // [64 x D_qk] and dO [64 x 512] resident in shared memory and the chunk's kv rows K [64 x D_qk]
 // gathered (V = their first 512 columns, the same buffer):
 //

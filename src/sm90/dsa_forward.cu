@@ -118,10 +118,10 @@ void dsa_forward(const DsaFwdProblem& p, void* workspace, size_t workspace_bytes
   // random lengths would leave the CTAs' sums far apart) the CTAs take their items after the first
   // from a counter in the workspace (zeroed here, in stream order); without that workspace, one
   // CTA per item, balanced by the hardware.
-  // The counter at the workspace's first 16-byte boundary (the caller's pointer may be less
+  // The counter at the workspace's first 4-byte boundary (the caller's pointer may be less
   // aligned; kItemCounterBytes leaves room).
   const uintptr_t base = reinterpret_cast<uintptr_t>(workspace);
-  const uintptr_t counter = (base + 15) & ~uintptr_t{15};
+  const uintptr_t counter = (base + 3) & ~uintptr_t{3};
   const bool dynamic = wants_item_counter(p) && workspace != nullptr &&
                        counter + sizeof(uint32_t) <= base + workspace_bytes;
   if (dynamic) {

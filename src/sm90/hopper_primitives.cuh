@@ -152,21 +152,6 @@ __device__ __forceinline__ void st_shared_u32_if(uint32_t addr, uint32_t v, bool
       : "memory");
 }
 
-// atomicAdd(ptr, 1) on global memory by the threads with `pred` set, without a branch; returns
-// the old value there (0 elsewhere).
-__device__ __forceinline__ uint32_t atomic_inc_if(uint32_t* ptr, bool pred) {
-  uint32_t old = 0;
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %2, 0;\n"
-      "@p atom.global.add.u32 %0, [%1], 1;\n"
-      "}\n"
-      : "+r"(old)
-      : "l"(ptr), "r"(static_cast<uint32_t>(pred))
-      : "memory");
-  return old;
-}
 // Explicit st/ld.shared (a generic pointer into shared memory can compile to generic accesses).
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");

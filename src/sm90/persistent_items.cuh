@@ -20,6 +20,7 @@
 
 #include <cstdint>
 
+#include "common/device_math.cuh"  // atomic_inc_if
 #include "sm90/hopper_primitives.cuh"
 
 namespace sa::sm90 {
