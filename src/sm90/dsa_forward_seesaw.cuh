@@ -53,31 +53,55 @@ __device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
                : "memory");
 }
 
-// Copies columns [256 half, 256 half + 256) (and, half 1, the rope panel) of the chunk's 64 rows
-// (for_chunk_rows).
-template <bool kRope, class RowIndex, class Mark>
-__device__ __forceinline__ void gather_half(uint32_t nope, uint32_t rope, int half,
-                                            const DsaElement* kv, int64_t kv_ss, int64_t skv,
-                                            RowIndex row_index, int warp, int lane, Mark mark) {
-  const int sub = lane % 8;
-  for_chunk_rows(
-      kv, kv_ss, skv, row_index, warp, lane,
-      [&](int row, const DsaElement* src, int bytes) {
-        // The lane's chunk, opaque (opaque_ptr): each panel's source is this pointer plus an
-        // immediate. (Otherwise the panels' offsets are hoisted into registers and every copy
-        // pays a 64-bit add and shift: 44 instructions per row pass instead of 32.)
-        const DsaElement* const src_lane = opaque_ptr(src + sub * 8);
-        const uint32_t dst = nope + swz(row, sub);
+// The producer thread t's (0..127) rows of an iteration's two 64-key blocks (FlashMLA's producer
+// layout): 16-byte chunk t % 8 of rows 16 r + t / 8 (r = 0..3) of each block. The four rows share
+// one swizzle phase (row % 8 = (t / 8) % 8), so their destinations are one register plus
+// immediates, and their sources are computed once per iteration, before the producer's first
+// wait: each fill is then its copies and nothing else. (The warp-row walk with shuffled indices,
+// for_chunk_rows, recomputed each row's source in every half: ~32 instructions per row and half
+// with a shuffle, compare and 64-bit multiply on the chain to the copies, and the consumers
+// waited on the fills a third of their time; ncu, bench/NOTES.md session 17.)
+struct SeesawRowSources {
+  const DsaElement* src[2][4];  // block b, row r: this lane's chunk of the kv row (kv's base: none)
+  uint32_t active;              // bit 4 b + r: the row's index is in [0, S_kv)
+};
+
+// idx_lane: this thread's first slot of the iteration (128 it + t / 8); its rows' slots follow
+// every 16 (idx_step = 16 slots).
+__device__ __forceinline__ SeesawRowSources seesaw_row_sources(const DsaFwdSm90Params& p,
+                                                               const int32_t* idx_lane,
+                                                               int64_t idx_step, int slot0,
+                                                               int n_slots, int t) {
+  SeesawRowSources rs;
+  rs.active = 0;
+  const DsaElement* const kv = static_cast<const DsaElement*>(p.kv) + (t % 8) * 8;
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int pnl = 4 * half + q;
-          cp_async_16_zfill(dst + pnl * 64 * 64 * 2, src_lane + pnl * 64, bytes);
-        }
-        if constexpr (kRope) {
-          if (half == 1) cp_async_16_zfill(rope + swz(row, sub), src_lane + 512, bytes);
-        }
-      },
-      mark);
+  for (int k = 0; k < 8; ++k) {  // block k / 4, row k % 4: slot slot0 + 16 k
+    const int32_t j = slot0 + 16 * k < n_slots ? __ldg(idx_lane + k * idx_step) : -1;
+    const bool a = j >= 0 && j < p.skv;
+    rs.src[k / 4][k % 4] = kv + (a ? j * p.kv_ss : int64_t{0});
+    rs.active |= static_cast<uint32_t>(a) << k;
+  }
+  return rs;
+}
+
+// Columns [256 half, 256 half + 256) (and, half 1, the rope panel) of block kBuf's rows of this
+// thread (seesaw_row_sources) into buffer kBuf; inactive rows are zero-filled without a read.
+template <bool kRope, int kBuf, int kHalf>
+__device__ __forceinline__ void gather_half(uint32_t nope, uint32_t rope,
+                                            const SeesawRowSources& rs) {
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    // Opaque (opaque_ptr): each panel's source is this pointer plus an immediate.
+    const DsaElement* const src = opaque_ptr(rs.src[kBuf][r]);
+    const int bytes = (rs.active >> (4 * kBuf + r)) & 1u ? 16 : 0;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int pnl = 4 * kHalf + q;
+      cp_async_16_zfill(nope + r * 16 * 128 + pnl * 64 * 64 * 2, src + pnl * 64, bytes);
+    }
+    if constexpr (kRope && kHalf == 1) cp_async_16_zfill(rope + r * 16 * 128, src + 512, bytes);
+  }
 }
 
 // P (fp32 accumulator fragment of 64 x 64) -> the A fragment of an RS wgmma (bf16 pairs in the
@@ -121,7 +145,7 @@ template <class T>
 __device__ __forceinline__ void producer_seesaw(const DsaFwdSm90Params& p, SharedStorage<T>& s,
                                                 int64_t tok, int h0, int n_slots, uint32_t it0,
                                                 uint32_t kq) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;  // threads 0..127
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;  // threads 0..127 (Q gather)
   const int n_iter = static_cast<int>(seesaw_iterations<T>(n_slots));
   if (n_iter == 0) return;
   // The previous item's S are done with Q.
@@ -129,29 +153,40 @@ __device__ __forceinline__ void producer_seesaw(const DsaFwdSm90Params& p, Share
   gather_head_rows<T::kRope, T::kPadHeads>(smem_u32(s.q_nope), smem_u32(s.q_rope),
                                            static_cast<const DsaElement*>(p.q) + tok * p.q_ss,
                                            p.q_sh, h0, warp, lane, p.heads - h0);
-  const DsaElement* kv = static_cast<const DsaElement*>(p.kv);
-  const int32_t* idx_row = p.idx + tok * p.idx_ss;
+  const int t = threadIdx.x;  // 0..127
+  const uint32_t lane_dst = swz(t / 8, t % 8);
+  const int64_t idx_step = 16 * p.idx_si;
+  const int32_t* idx_lane = p.idx + tok * p.idx_ss + (t / 8) * p.idx_si;
 #pragma unroll 1
-  for (int it = 0; it < n_iter; ++it) {
+  for (int it = 0; it < n_iter; ++it, idx_lane += 8 * idx_step) {
     const uint32_t parity = (it0 + it) & 1;
-    // The indices of both blocks' slots, lane-parallel, before any wait.
-    const ShuffledRowIndex j0{chunk_slot_index(idx_row, p.idx_si, n_slots, 2 * it, warp, lane)};
-    const ShuffledRowIndex j1{
-        chunk_slot_index(idx_row, p.idx_si, n_slots, 2 * it + 1, warp, lane)};
-    auto fill = [&](int buf, int half, const ShuffledRowIndex& j, bool with_bias) {
-      mbarrier_wait(&s.half_empty[buf][half], parity ^ 1);
-      gather_half<T::kRope>(smem_u32(s.kv_nope + buf * T::kNopeElems),
-                            smem_u32(s.kv_rope + buf * T::kPanelElems), half, kv, p.kv_ss, p.skv,
-                            j, warp, lane, [&](int row, bool active, int32_t) {
-                              if (with_bias) s.bias[buf][row] = active ? 0.f : -INFINITY;
-                            });
-      if (with_bias) mbarrier_arrive(&s.bias_full[buf]);  // releases this thread's bias stores
-      cp_async_arrive_noinc(&s.half_full[buf][half]);
+    // Both blocks' row sources, before any wait.
+    const SeesawRowSources rs =
+        seesaw_row_sources(p, idx_lane, idx_step, 128 * it + t / 8, n_slots, t);
+    auto fill = [&](auto buf_tag, auto half_tag) {
+      constexpr int kBuf = decltype(buf_tag)::value, kHalf = decltype(half_tag)::value;
+      constexpr bool kWithBias = kHalf == kBuf;  // each block's first half (see below)
+      mbarrier_wait(&s.half_empty[kBuf][kHalf], parity ^ 1);
+      gather_half<T::kRope, kBuf, kHalf>(smem_u32(s.kv_nope + kBuf * T::kNopeElems) + lane_dst,
+                                         smem_u32(s.kv_rope + kBuf * T::kPanelElems) + lane_dst,
+                                         rs);
+      if constexpr (kWithBias) {
+        if (t % 8 == 0) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r)
+            st_shared_f32(smem_u32(&s.bias[kBuf][16 * r + t / 8]),
+                          (rs.active >> (4 * kBuf + r)) & 1u ? 0.f : -INFINITY);
+        }
+        mbarrier_arrive(&s.bias_full[kBuf]);  // releases this thread's bias stores
+      }
+      cp_async_arrive_noinc(&s.half_full[kBuf][kHalf]);
     };
-    fill(0, 0, j0, true);
-    fill(1, 1, j1, true);
-    fill(0, 1, j0, false);
-    fill(1, 0, j1, false);
+    // In the order the consumers release and need them; each block's bias comes with its first
+    // half (buffer 0: half 0, buffer 1: half 1).
+    fill(cute::Int<0>{}, cute::Int<0>{});
+    fill(cute::Int<1>{}, cute::Int<1>{});
+    fill(cute::Int<0>{}, cute::Int<1>{});
+    fill(cute::Int<1>{}, cute::Int<0>{});
   }
   // Every copy completes on a half_full barrier that a consumer waits for before the CTA ends.
 }
