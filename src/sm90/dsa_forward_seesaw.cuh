@@ -244,6 +244,11 @@ __device__ __forceinline__ void consumer_seesaw(const DsaFwdSm90Params& p, Share
 
   const float scale_log2 = p.scale_log2;
   const bool releaser = lane < T::kReleaseLanes;
+  // Shared-memory addresses (explicit ld/st.shared) of this thread's bias pairs (+ 32 k bytes:
+  // columns 8 k, 8 k + 1) and of red_max[own / other warpgroup][frag_row] (+ 32 bytes: row slot 1).
+  const uint32_t bias_at = smem_u32(s.bias[wg]) + 8 * (lane % 4);
+  const uint32_t max_own = smem_u32(&s.red_max[wg][frag_row]);
+  const uint32_t max_other = smem_u32(&s.red_max[other][frag_row]);
   float m_run[2] = {-INFINITY, -INFINITY};  // the joint running maximum (log2 units)
   float l_run[2] = {0.f, 0.f};              // this thread's part of its own P's row sums
   clear(tOrO);
@@ -292,27 +297,31 @@ __device__ __forceinline__ void consumer_seesaw(const DsaFwdSm90Params& p, Share
     }
     warpgroup_commit_batch();
     mbarrier_wait(&s.bias_full[wg], parity);
+    // The bias of this thread's 16 columns (pairs 8 k, 8 k + 1), loaded while S completes
+    // (explicit ld.shared: through the generic pointer they were generic LD.E after the wait).
+    float2 bias2[8];
+    CUTE_UNROLL
+    for (int k = 0; k < 8; ++k) bias2[k] = ld_shared_f32x2(bias_at + 32 * k);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tSrS);
     if (it == n_iter - 1) mbarrier_arrive(&s.q_empty);  // the item's last read of Q
 
     // [M] Scale, mask, row maximum of the own block; warpgroup 1 folds in warpgroup 0's.
-    const float* bias = s.bias[wg] + 2 * (lane % 4);
     float mx[2] = {-INFINITY, -INFINITY};
     CUTE_UNROLL
     for (int i = 0; i < 32; ++i) {
-      tSrS(i) = fmaf(tSrS(i), scale_log2, bias[8 * (i / 4) + (i % 2)]);
+      tSrS(i) = fmaf(tSrS(i), scale_log2, i % 2 ? bias2[i / 4].y : bias2[i / 4].x);
       mx[(i / 2) % 2] = fmaxf(mx[(i / 2) % 2], tSrS(i));
     }
     if (wg == 1) mbarrier_wait(&s.max_full[0], parity);
     float m_new[2], m_use[2];
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) {
-      const float base = wg == 0 ? m_run[r] : s.red_max[0][frag_row + 8 * r];
+      const float base = wg == 0 ? m_run[r] : ld_shared_f32(max_other + 32 * r);
       // Lazy (kLazyRescaleLog2): the maximum moves only when exceeded by more than 2^8.
       const float m_block = quad_max(mx[r]);
       m_new[r] = m_block > base + kLazyRescaleLog2 ? m_block : base;
-      if (lane % 4 == 0) s.red_max[wg][frag_row + 8 * r] = m_new[r];
+      if (lane % 4 == 0) st_shared_f32(max_own + 32 * r, m_new[r]);
       m_use[r] = m_new[r] == -INFINITY ? 0.f : m_new[r];  // no key yet: 2^(-inf - 0) = 0
     }
     mbarrier_arrive(&s.max_full[wg]);  // after this thread's red_max accesses
@@ -351,7 +360,7 @@ __device__ __forceinline__ void consumer_seesaw(const DsaFwdSm90Params& p, Share
       float sf[2];
       CUTE_UNROLL
       for (int r = 0; r < 2; ++r) {
-        const float m1 = s.red_max[1][frag_row + 8 * r];
+        const float m1 = ld_shared_f32(max_other + 32 * r);
         sf[r] = m1 == m_new[r] ? 1.f : exp2_approx(m_new[r] - (m1 == -INFINITY ? 0.f : m1));
         m_run[r] = m1;
         l_run[r] *= sf[r];
