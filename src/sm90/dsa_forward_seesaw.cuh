@@ -286,16 +286,19 @@ __device__ __forceinline__ void consumer_seesaw(const DsaFwdSm90Params& p, Share
   for (int it = 0; it < n_iter; ++it) {
     const uint32_t parity = (it0 + it) & 1;
     warpgroup_fence_operand(tSrS);
+    // (Each branch commits its own batch: a commit after the join compiled to an extra empty
+    // HGMMA that both warpgroups issued.)
     if (wg == 0) {
       warpgroup_arrive();
       issue_half(cute::Int<1>{}, parity);
+      warpgroup_commit_batch();
     } else {
       mma_qk.accumulate_ = SM90::GMMA::ScaleOut::Zero;
       warpgroup_arrive();
       issue_half(cute::Int<1>{}, parity);
       issue_half(cute::Int<0>{}, parity);
+      warpgroup_commit_batch();
     }
-    warpgroup_commit_batch();
     mbarrier_wait(&s.bias_full[wg], parity);
     // The bias of this thread's 16 columns (pairs 8 k, 8 k + 1), loaded while S completes
     // (explicit ld.shared: through the generic pointer they were generic LD.E after the wait).
