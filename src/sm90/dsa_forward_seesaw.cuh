@@ -33,7 +33,9 @@
 // buf 0 half 1, buf 1 half 0); each half's copies complete on its full barrier by
 // cp.async.mbarrier.arrive.noinc (no wait in the producer). A block's bias (0 / -inf per key)
 // comes with the first half filled, on its own barrier. A missing odd block (odd chunk count) is
-// an all-inactive chunk: zero rows, bias -inf, P = 0.
+// an all-inactive chunk: zero rows, bias -inf, P = 0. Each thread computes its 8 rows' sources
+// of the iteration before its first wait (seesaw_row_sources), so a fill is its copies alone
+// (+5-8% over a per-row walk, bench/NOTES.md session 17).
 //
 // The running maximum moves lazily as in the lockstep schedule (kLazyRescaleLog2: P <= 2^8), and
 // O is rescaled only by warps whose rows' maximum moved.
