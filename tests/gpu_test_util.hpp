@@ -918,6 +918,12 @@ inline std::vector<GpuDsaFwdCase> gpu_dsa_forward_cases(sa_impl impl) {
               spec_of(L::kMixed, true, false, S::kFinite)}},
       {kSm90, {"H64_D512_K64_LengthsDynamicItems", shape_of(300, 400, 64, 512, 64),
               spec_of(L::kMixed, false, false, S::kNone)}},
+      // H 16 and 32 (head padding) run the same persistent seesaw kernel: more items than SMs,
+      // without and with topk_length (static and dynamic items).
+      {kSm90, {"H16_D576_K130_PersistentItems", shape_of(300, 800, 16, 576, 130),
+              spec_of(L::kNone, true, true, S::kMixed)}},
+      {kSm90, {"H32_D512_K64_LengthsDynamicItems", shape_of(300, 400, 32, 512, 64),
+              spec_of(L::kMixed, true, false, S::kFinite)}},
       // ~10 items per CTA on 132 SMs: the item slots' barriers wrap their parities.
       {kSm90, {"H64_D512_K16_LengthsDynamicManyItems", shape_of(1400, 256, 64, 512, 16),
               spec_of(L::kMixed, true, false, S::kFinite)}},

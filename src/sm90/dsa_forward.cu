@@ -90,7 +90,7 @@ std::string dsa_forward_unsupported(const DsaFwdProblem& p) {
 namespace {
 // With topk_length the items differ in length: persistent CTAs then take them from a counter.
 bool wants_item_counter(const DsaFwdProblem& p) {
-  return p.dims.H >= 64 && p.meta.topk_length.data != nullptr;
+  return p.meta.topk_length.data != nullptr;
 }
 constexpr size_t kItemCounterBytes = 256;  // one uint32_t, padded to an allocation granule
 }  // namespace
@@ -113,7 +113,7 @@ void dsa_forward(const DsaFwdProblem& p, void* workspace, size_t workspace_bytes
 
   prm.items = d.Sq * prm.head_groups;
   if (prm.items == 0) return;
-  // The seesaw kernels (H 64, 128) are persistent: one CTA per SM walks items b, b + grid, ...
+  // The seesaw kernels are persistent: one CTA per SM walks items b, b + grid, ...
   // when the items are equal (no topk_length). With topk_length (a static stride over items of
   // random lengths would leave the CTAs' sums far apart) the CTAs take their items after the first
   // from a counter in the workspace (zeroed here, in stream order); without that workspace, one
@@ -128,7 +128,7 @@ void dsa_forward(const DsaFwdProblem& p, void* workspace, size_t workspace_bytes
     prm.item_counter = reinterpret_cast<uint32_t*>(counter);
     SA_CUDA_CHECK(cudaMemsetAsync(prm.item_counter, 0, sizeof(uint32_t), stream));
   }
-  const bool persistent = !pad_heads && (p.meta.topk_length.data == nullptr || dynamic);
+  const bool persistent = p.meta.topk_length.data == nullptr || dynamic;
   const int64_t grid =
       persistent ? std::min<int64_t>(prm.items, std::max(1, sm_count(p.device_index)))
                  : prm.items;

@@ -129,7 +129,7 @@ constexpr float kLazyRescaleLog2 = 8.f;
 template <int kDqk_, bool kPadHeads_ = false>
 struct DsaFwdTraits : DsaCta<kDqk_> {
   static constexpr bool kPadHeads = kPadHeads_;
-  static constexpr bool kSeesaw = !kPadHeads;
+  static constexpr bool kSeesaw = true;
   using Base = DsaCta<kDqk_>;
   using Element = typename Base::Element;
   using H64 = typename Base::H64;
