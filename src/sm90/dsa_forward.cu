@@ -1,7 +1,7 @@
 // Hopper DSA forward, host side: support checks, kernel arguments, launch, and the four
-// instantiations of the kernel in dsa_forward_kernel.cuh, bf16, D_qk in {512, 576} each:
-//   H 64 and 128 (H / 64 CTAs per token): the seesaw schedule (dsa_forward_seesaw.cuh);
-//   H 16 and 32 (one 64-row CTA per token, rows >= H padding): the lockstep schedule.
+// instantiations of the kernel in dsa_forward_kernel.cuh (the seesaw schedule,
+// dsa_forward_seesaw.cuh), bf16, D_qk in {512, 576} each: H 64 and 128 (H / 64 items per token),
+// H 16 and 32 (one 64-row item per token, rows >= H padding).
 #include "sm90/dsa_forward.hpp"
 
 #include <cuda_runtime_api.h>
@@ -107,7 +107,7 @@ void dsa_forward(const DsaFwdProblem& p, void* workspace, size_t workspace_bytes
 
   DsaFwdSm90Params prm{};
   fill_dsa_common_params(prm, p);
-  const bool pad_heads = d.H < 64;  // 16 or 32: one 64-row CTA per token, rows >= H padding
+  const bool pad_heads = d.H < 64;  // 16 or 32: one 64-row item per token, rows >= H padding
   prm.head_groups = pad_heads ? 1 : narrow_i32(d.H / 64, "H / 64");
   prm.heads = narrow_i32(d.H, "H");
 

@@ -1,12 +1,13 @@
-// The Hopper DSA forward's "seesaw" schedule (DsaFwdTraits::kSeesaw: H 64 and 128; designed in
-// session 12, measured +9-10% over the lockstep schedule in session 13, bench/NOTES.md). Included
-// by dsa_forward_kernel.cuh, whose traits, shared storage, parameters and epilogue it uses.
+// The Hopper DSA forward's "seesaw" schedule (designed in session 12; +9-10% over the older
+// lockstep schedule at H 64 / 128 in session 13, +25-31% at H 16 / 32 in session 17, when the
+// lockstep one was retired; bench/NOTES.md). Included by dsa_forward_kernel.cuh, whose traits,
+// shared storage, parameters and epilogue it uses.
 //
-// The lockstep schedule (still H 16 and 32's) splits every 64-key chunk between the consumer
-// warpgroups (S of 32 keys each, then P V over all 64 keys for 256 columns each) and runs both in
-// lockstep: the tensor pipe idles through every softmax. Here (the public FlashMLA sparse prefill's
-// structure) each consumer owns whole blocks: warpgroup 0 the even 64-key blocks (buffer 0),
-// warpgroup 1 the odd ones (buffer 1), so one iteration covers 128 keys. Per iteration:
+// The lockstep schedule split every 64-key block between the consumer warpgroups and ran both in
+// lockstep: the tensor pipe idled through every softmax. Here (the public FlashMLA sparse
+// prefill's structure) each consumer owns whole blocks: warpgroup 0 the even 64-key blocks
+// (buffer 0), warpgroup 1 the odd ones (buffer 1), so one iteration covers 128 keys. Per
+// iteration:
 //
 //   WG0  S0 = Q K0^T (m64n64, all of D_qk) | m0 = max(m, rowmax S0) -> smem, arrive max_full[0] |
 //        O *= 2^(m - m0); P0 = 2^(S0 - m0) | O += P0 V0[:, 0:256] (RS) | release half 0 of buf 0 |
@@ -37,8 +38,8 @@
 // of the iteration before its first wait (seesaw_row_sources), so a fill is its copies alone
 // (+5-8% over a per-row walk, bench/NOTES.md session 17).
 //
-// The running maximum moves lazily as in the lockstep schedule (kLazyRescaleLog2: P <= 2^8), and
-// O is rescaled only by warps whose rows' maximum moved.
+// The running maximum moves lazily (kLazyRescaleLog2: P <= 2^8), and O is rescaled only by warps
+// whose rows' maximum moved.
 //
 // Persistent CTAs (one per SM; the kernel says how a CTA finds its items): the buffers' barrier
 // parities run on over the CTA's iterations (it0), and the next item's Q is gathered once every
