@@ -65,9 +65,9 @@ struct DsaCta {
   static constexpr int kConsumerWarps = 8;
   static constexpr int kProducerThreads = 128;
   // Lanes of a consumer warp that arrive on a release ("empty") mbarrier. The consumers read the
-  // producer's generic stores (bias, kidx) too: with every lane arriving, each thread's own reads
-  // precede the producer's next stores through its own arrive, which is the form
-  // compute-sanitizer's racecheck follows. A lane-0 arrive after a bar.sync or __syncwarp orders
+  // producer's plain stores (bias; kidx in the backward) too: with every lane arriving, each
+  // thread's own reads precede the producer's next stores through its own arrive, which is the
+  // form compute-sanitizer's racecheck follows. A lane-0 arrive after a bar.sync or __syncwarp orders
   // the same reads, but racecheck does not follow the chain (bench/NOTES.md session 13).
   static constexpr int kReleaseLanes = 32;
   static constexpr int kReleaseArrivals = kConsumerWarps * kReleaseLanes;  // per consumer release
@@ -108,14 +108,15 @@ using portable::dsa::cp_async_commit;
 using portable::dsa::cp_async_wait_all;
 
 // ---- the producer warpgroup's gather (128 threads) ----------------------------------------------
-// Thread mapping of every copy: warp w owns rows [16 w, 16 w + 16), 4 rows per pass (8 lanes per
-// row, lane % 8 = the 16-byte chunk within each 128-byte panel row).
+// Thread mapping of the copies below (Q and dO rows; the backward's kv rows): warp w owns rows
+// [16 w, 16 w + 16), 4 rows per pass (8 lanes per row, lane % 8 = the 16-byte chunk within each
+// 128-byte panel row). The forward's kv gather has its own layout (seesaw_row_sources).
 using DsaElement = cutlass::bfloat16_t;
 
 // Row `row` of the destination: 8 nope panels at `nope` (+ the rope panel at `rope` when kRope)
 // from `src` (512 or 576 columns), 16 bytes per lane; bytes 0 zero-fills and reads nothing. (The
-// backward's chunks come through here; with the seesaw's opaque lane pointer (gather_half) it ran
-// 1% slower at H64 D512, bench/NOTES.md session 16, so it stays as it was.)
+// backward's chunks come through here; with an opaque lane pointer (opaque_ptr) it ran 1% slower
+// at H64 D512, bench/NOTES.md session 16, so it stays as it was.)
 template <bool kRope>
 __device__ __forceinline__ void gather_row(uint32_t nope, uint32_t rope, int row,
                                            const DsaElement* src, int bytes, int lane) {

@@ -15,8 +15,8 @@ namespace sa::sm90 {
 // otherwise the reason, e.g. "H = 48 (sm90 DSA forward supports 16, 32, 64, 128)".
 std::string dsa_forward_unsupported(const DsaFwdProblem& p);
 
-// Workspace that speeds dsa_forward up: with topk_length (items of different lengths) at H 64
-// and 128, a 4-byte counter from which persistent CTAs take the items (dynamic scheduling); 0
+// Workspace that speeds dsa_forward up: with topk_length (items of different lengths), a 4-byte
+// counter (256 bytes asked) from which persistent CTAs take the items (dynamic scheduling); 0
 // otherwise. Optional: without it those problems run one CTA per item.
 size_t dsa_forward_workspace_bytes(const DsaFwdProblem& p);
 

@@ -23,7 +23,7 @@
 // 128-byte swizzle (chunk c of row r at c ^ (r % 8)), the layout wgmma descriptors expect:
 //   q_nope 64 x 512 (65,536), q_rope 64 x 64 (8,192, D_qk 576 only used), kv_nope 2 buffers x
 //   64 x 512 (131,072), kv_rope 2 x 64 x 64 (16,384), P 64 x 64 (8,192), bias 2 x 64 fp32,
-//   red_max / red_sum 2 x 64 fp32 each, mbarriers: 229,376 + 1,568, rounded to 231,424 by the
+//   red_max / red_sum 2 x 64 fp32 each, mbarriers: 229,376 + 1,680, rounded to 231,424 by the
 //   1024-byte alignment, + 1,024 slack to align the dynamic base = 232,448: exactly sm_90's 227 KB.
 //
 // Registers (ptxas 13.0, -v, all four instantiations): 168 per thread at launch (384 threads, 1
@@ -65,7 +65,7 @@ struct DsaFwdSm90Params {
   float scale_log2;     // scale * log2(e)
   int32_t heads;        // H
   int64_t items;        // S_q * head_groups: the work items (token, head group)
-  // Seesaw kernels with topk_length: zeroed before the launch; a CTA's items after its first
+  // With topk_length: zeroed before the launch; a CTA's items after its first
   // (blockIdx.x) are gridDim.x + atomicAdd(item_counter, 1). Null: items b, b + gridDim.x, ...
   uint32_t* item_counter;
 };
@@ -140,8 +140,8 @@ struct alignas(1024) SharedStorage {
   float red_max[2][64];        // per consumer warpgroup, per row
   float red_sum[2][64];
   // Per buffer (block parity) and half (0: columns 0-255, 1: 256-575), the producer's
-  // cp.async completions (128) / the releasing warpgroup's (kReleaseArrivals / 2); the buffer's
-  // bias (128).
+  // cp.async completions (128) / the releasing warpgroup's (kReleaseArrivals / 2; half 1 of
+  // buffer 0 also warpgroup 0's 128 sP0 writers, see the kernel); the buffer's bias (128).
   uint64_t half_full[2][2];
   uint64_t half_empty[2][2];
   uint64_t bias_full[2];

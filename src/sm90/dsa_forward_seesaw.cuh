@@ -27,7 +27,7 @@
 // refilled only after warpgroup 1's last read of sP0). Without rope (D_qk 512) the tile is unused
 // anyway. The maxima cross on mbarriers that every thread of the writing warpgroup arrives on
 // (compute-sanitizer's racecheck does not follow a bar.arrive -> bar.sync hand-off of data
-// written with generic stores; the P tiles are read by wgmma only).
+// written with plain stores; the P tiles are read by wgmma only).
 //
 // Producer: the buffers are filled in halves (columns 0-255 | 256-511 and the rope), each with its
 // own full / empty mbarriers, in the order the consumers need them (buf 0 half 0, buf 1 half 1,
@@ -65,8 +65,9 @@ __device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
 // with a shuffle, compare and 64-bit multiply on the chain to the copies, and the consumers
 // waited on the fills a third of their time; ncu, bench/NOTES.md session 17.)
 struct SeesawRowSources {
-  const DsaElement* src[2][4];  // block b, row r: this lane's chunk of the kv row (kv's base: none)
-  uint32_t active;              // bit 4 b + r: the row's index is in [0, S_kv)
+  // Block b, row r: this lane's chunk of the kv row (row 0's when inactive: never read).
+  const DsaElement* src[2][4];
+  uint32_t active;  // bit 4 b + r: the row's index is in [0, S_kv)
 };
 
 // idx_lane: this thread's first slot of the iteration (128 it + t / 8); its rows' slots follow
