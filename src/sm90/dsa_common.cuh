@@ -67,8 +67,8 @@ struct DsaCta {
   // Lanes of a consumer warp that arrive on a release ("empty") mbarrier. The consumers read the
   // producer's plain stores (bias; kidx in the backward) too: with every lane arriving, each
   // thread's own reads precede the producer's next stores through its own arrive, which is the
-  // form compute-sanitizer's racecheck follows. A lane-0 arrive after a bar.sync or __syncwarp orders
-  // the same reads, but racecheck does not follow the chain (bench/NOTES.md session 13).
+  // form compute-sanitizer's racecheck follows. A lane-0 arrive after a bar.sync or __syncwarp
+  // orders the same reads, but racecheck does not follow the chain (bench/NOTES.md session 13).
   static constexpr int kReleaseLanes = 32;
   static constexpr int kReleaseArrivals = kConsumerWarps * kReleaseLanes;  // per consumer release
   static constexpr int kPanelElems = 64 * 64;  // one 64-row x 64-column panel (8 KB)
