@@ -164,36 +164,24 @@ struct ShuffledRowIndex {
   }
 };
 
-// The walk over a chunk's 64 kv rows (row r_in_warp of warp w at index row_index(r_in_warp)):
-// copy(row, src, bytes) for each of this lane's rows, active rows (0 <= index < skv) with src
-// their kv row and bytes 16, inactive ones with kv's base and 0 (zero-filled without a read);
-// mark(row, active, index) once per row (on lane % 8 == 0) for the chunk's per-row metadata.
-template <class RowIndex, class Copy, class Mark>
-__device__ __forceinline__ void for_chunk_rows(const DsaElement* kv, int64_t kv_ss, int64_t skv,
-                                               RowIndex row_index, int warp, int lane, Copy copy,
-                                               Mark mark) {
+// The 64 kv rows of a chunk, all columns (the backward's gather; row r_in_warp of warp w at index
+// row_index(r_in_warp)): active rows (0 <= index < skv) from their kv row, inactive ones
+// zero-filled without a read; mark(row, active, index) once per row (on lane % 8 == 0) for the
+// chunk's per-row metadata.
+template <bool kRope, class RowIndex, class Mark>
+__device__ __forceinline__ void gather_chunk(uint32_t nope, uint32_t rope, const DsaElement* kv,
+                                             int64_t kv_ss, int64_t skv, RowIndex row_index,
+                                             int warp, int lane, Mark mark) {
 #pragma unroll 1
   for (int pass = 0; pass < 4; ++pass) {
     const int r_in_warp = 4 * pass + lane / 8;
     const int32_t jr = row_index(r_in_warp);
     const int row = 16 * warp + r_in_warp;
     const bool active = jr >= 0 && jr < skv;
-    copy(row, kv + (active ? jr * kv_ss : int64_t{0}), active ? 16 : 0);
+    gather_row<kRope>(nope, rope, row, kv + (active ? jr * kv_ss : int64_t{0}), active ? 16 : 0,
+                      lane);
     if (lane % 8 == 0) mark(row, active, jr);
   }
-}
-
-// The 64 kv rows of a chunk, all columns (for_chunk_rows).
-template <bool kRope, class RowIndex, class Mark>
-__device__ __forceinline__ void gather_chunk(uint32_t nope, uint32_t rope, const DsaElement* kv,
-                                             int64_t kv_ss, int64_t skv, RowIndex row_index,
-                                             int warp, int lane, Mark mark) {
-  for_chunk_rows(
-      kv, kv_ss, skv, row_index, warp, lane,
-      [&](int row, const DsaElement* src, int bytes) {
-        gather_row<kRope>(nope, rope, row, src, bytes, lane);
-      },
-      mark);
 }
 
 // Appends C (+)= A B over the K extent of a and b to the current wgmma batch (no arrive/commit).

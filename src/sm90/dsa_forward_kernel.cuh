@@ -156,7 +156,7 @@ struct alignas(1024) SharedStorage {
 };
 
 // ---- consumers (warpgroups 1, 2) ----------------------------------------------------------------
-// [C5] Row sums of both warpgroups' shares (l_run: this thread's part of its rows' sums of the
+// The epilogue: row sums of both warpgroups' shares (l_run: this thread's part of its rows' sums of the
 // warpgroup's P), lse, sink, normalisation, stores of this warpgroup's 256 columns of O. Both
 // warpgroups hold the same running maximum m_run.
 template <class T, class FragO>

@@ -61,13 +61,16 @@ __device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
 // one swizzle phase (row % 8 = (t / 8) % 8), so their destinations are one register plus
 // immediates, and their sources are computed once per iteration, before the producer's first
 // wait: each fill is then its copies and nothing else. (The warp-row walk with shuffled indices,
-// for_chunk_rows, recomputed each row's source in every half: ~32 instructions per row and half
+// the backward's gather_chunk, recomputed each row's source in every half: ~32 instructions per row and half
 // with a shuffle, compare and 64-bit multiply on the chain to the copies, and the consumers
 // waited on the fills a third of their time; ncu, bench/NOTES.md session 17.)
 struct SeesawRowSources {
   // Block b, row r: this lane's chunk of the kv row (row 0's when inactive: never read).
   const DsaElement* src[2][4];
   uint32_t active;  // bit 4 b + r: the row's index is in [0, S_kv)
+  __device__ __forceinline__ bool is_active(int b, int r) const {
+    return (active >> (4 * b + r)) & 1u;
+  }
 };
 
 // idx_lane: this thread's first slot of the iteration (128 it + t / 8); its rows' slots follow
@@ -98,7 +101,7 @@ __device__ __forceinline__ void gather_half(uint32_t nope, uint32_t rope,
   for (int r = 0; r < 4; ++r) {
     // Opaque (opaque_ptr): each panel's source is this pointer plus an immediate.
     const DsaElement* const src = opaque_ptr(rs.src[kBuf][r]);
-    const int bytes = (rs.active >> (4 * kBuf + r)) & 1u ? 16 : 0;
+    const int bytes = rs.is_active(kBuf, r) ? 16 : 0;
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int pnl = 4 * kHalf + q;
@@ -179,7 +182,7 @@ __device__ __forceinline__ void producer_seesaw(const DsaFwdSm90Params& p, Share
 #pragma unroll
           for (int r = 0; r < 4; ++r)
             st_shared_f32(smem_u32(&s.bias[kBuf][16 * r + t / 8]),
-                          (rs.active >> (4 * kBuf + r)) & 1u ? 0.f : -INFINITY);
+                          rs.is_active(kBuf, r) ? 0.f : -INFINITY);
         }
         mbarrier_arrive(&s.bias_full[kBuf]);  // releases this thread's bias stores
       }
