@@ -156,9 +156,9 @@ struct alignas(1024) SharedStorage {
 };
 
 // ---- consumers (warpgroups 1, 2) ----------------------------------------------------------------
-// The epilogue: row sums of both warpgroups' shares (l_run: this thread's part of its rows' sums of the
-// warpgroup's P), lse, sink, normalisation, stores of this warpgroup's 256 columns of O. Both
-// warpgroups hold the same running maximum m_run.
+// The epilogue: row sums of both warpgroups' shares (l_run: this thread's part of its rows' sums
+// of the warpgroup's P), lse, sink, normalisation, stores of this warpgroup's 256 columns of O.
+// Both warpgroups hold the same running maximum m_run.
 template <class T, class FragO>
 __device__ __forceinline__ void consumer_epilogue(const DsaFwdSm90Params& p, SharedStorage<T>& s,
                                                   int64_t tok, int h0, int wg, int lane,

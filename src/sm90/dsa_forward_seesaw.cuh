@@ -61,9 +61,9 @@ __device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
 // one swizzle phase (row % 8 = (t / 8) % 8), so their destinations are one register plus
 // immediates, and their sources are computed once per iteration, before the producer's first
 // wait: each fill is then its copies and nothing else. (The warp-row walk with shuffled indices,
-// the backward's gather_chunk, recomputed each row's source in every half: ~32 instructions per row and half
-// with a shuffle, compare and 64-bit multiply on the chain to the copies, and the consumers
-// waited on the fills a third of their time; ncu, bench/NOTES.md session 17.)
+// the backward's gather_chunk, recomputed each row's source in every half: ~32 instructions per
+// row and half with a shuffle, compare and 64-bit multiply on the chain to the copies, and the
+// consumers waited on the fills a third of their time; ncu, bench/NOTES.md session 17.)
 struct SeesawRowSources {
   // Block b, row r: this lane's chunk of the kv row (row 0's when inactive: never read).
   const DsaElement* src[2][4];
