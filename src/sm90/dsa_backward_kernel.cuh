@@ -24,8 +24,8 @@
 //                                                   (D_qk 576): both, each over its 32 keys
 //   [5] dKV pieces: dS'^T Q_p + P^T dO_p            64 keys x one 64-column panel p at a time
 //                   (rope: dS'^T Q_rope),           -> red.global.add.v2.f32 into the fp32 dkv
-//                   panels split between the         rows of the chunk's active keys, one
-//                                                   row's 256 bytes per warp instruction (a
+//                   panels split between the         rows of the chunk's active keys, two
+//                                                   rows' 128 bytes per warp instruction (a
 //                                                   shuffle transpose of the fragments first)
 //                                                   (deterministic: stored to partial rows)
 //                   warpgroups (nope 0-3 + rope: warpgroup 0; nope 4-7: warpgroup 1)
@@ -48,7 +48,8 @@
 // Per chunk (global index g over the CTA's items), consumers:
 //   wait kv_full (parity g % 2) | issue [1] [2] (one batch) | bar kPdsFree (everyone's [5] of
 //   chunk c - 1 is done with sP, sDs) | wait | [3] P, dS' -> bf16 sP, sDs | fence.proxy.async,
-//   bar kPdsReady | [4] one batch, wait | arrive kv_empty (every lane) | [5] pieces: batch, wait,
+//   bar kPdsReady | the first [5] piece, then [4], as two batches | wait for the piece, reduce it
+//   while [4] runs | wait | arrive kv_empty (every lane) | the other [5] pieces: batch, wait,
 //   reduce
 // Nothing is in flight across a loop iteration (an accumulator in flight over the back edge made
 // ptxas serialize the wgmma of other kernels, C7515).
@@ -97,14 +98,18 @@ using Params = portable::dsa_bwd::DsaBwdParams;
 //                     accumulator fragments, 32 bytes in each of 8 rows (8 lines); measured 11%
 //                     slower than the default (session 10)
 // The default reductions: each warp's 8 x 8 grid of column pairs (per fragment half) is
-// transposed across the lane groups by shuffles, so that one red.v2 warp instruction covers 256
-// contiguous bytes of one dkv row (2 lines), with a warp-uniform predicate.
+// partly transposed across the lane groups by shuffles, so that one red.v2 warp instruction
+// covers 128 contiguous bytes in each of two dkv rows (2 lines).
 // Removed after measuring (bench/NOTES.md; the bits had these meanings in the session 8 and 9
 // logs): the S/dP split between the warpgroups (then bit 8: +0.3%); the dKV pieces
 // software-pipelined over two accumulators (then bit 64: +1.5% at D_qk 512, a 392-byte spill at
 // 576, and a racecheck report); the v0 reduction loop, one address register rewritten per
 // reduction (then bit 8: same speed); red.v4 from the fragment layout (then bit 32: ~0); red.v4
-// from the row layout, two rows per warp instruction (bit 32 in session 10: -7%).
+// from the row layout, two rows per warp instruction (bit 32 in session 10: -7%); in session 18 a
+// 1-stage butterfly (4 rows x 64 bytes, ~0), the transposes through 1 KB of shared memory per
+// warp (D_qk 576: with the next chunk's rope panel filled after [5]; -3% at 576, +1% at 512), and
+// the last piece held over the back edge and reduced under the next chunk's S (-1 to -2% at 512,
+// 232 bytes of spill at 576).
 constexpr int32_t kTuneLateRelease = 1, kTuneRowIndex = 2, kTuneStagedDq = 4, kTuneNoDkv = 16,
                   kTuneFragRed = 64;
 
@@ -450,9 +455,12 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
       // Diagnostic only: no reduction.
     } else if constexpr (T::kRed != DkvRed::kFrag) {
       // Per half r, lane (g, q) holds the pairs (row frag_row + 8 r, columns 8 b + 2 q) for
-      // b = 0..7. A 3-stage butterfly over the lane groups (shuffle distances 4, 8, 16)
-      // transposes that 8 x 8 grid: afterwards v[k] is the pair (row 16 warp + k + 8 r, columns
-      // 8 g + 2 q), so reduction k of the warp covers one row's 64 columns.
+      // b = 0..7. A 2-stage butterfly over the lane groups (shuffle distances 4, 8) swaps the low
+      // two bits of b with those of g: afterwards v[k] is the pair (row 16 warp + 8 r + 4 (g / 4)
+      // + k % 4, columns 32 (k / 4) + 8 (g % 4) + 2 q), so reduction k of the warp covers two
+      // rows' 32 contiguous columns (2 x 128 bytes). (A third stage, one row's 256 bytes per
+      // reduction, costs a third more shuffles and selects and measured 1.4-4% slower at D_qk
+      // 576, bench/NOTES.md session 18.)
       const int g = lane >> 2;
       CUTE_UNROLL
       for (int r = 0; r < 2; ++r) {
@@ -460,7 +468,7 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
         CUTE_UNROLL
         for (int b = 0; b < 8; ++b) v[b] = make_float2(acc(4 * b + 2 * r), acc(4 * b + 2 * r + 1));
         CUTE_UNROLL
-        for (int st = 0; st < 3; ++st) {
+        for (int st = 0; st < 2; ++st) {
           const bool up = ((g >> st) & 1) != 0;  // this lane keeps the pair of the upper index
           CUTE_UNROLL
           for (int lo = 0; lo < 8; ++lo) {
@@ -473,13 +481,13 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
             v[hi] = up ? v[hi] : recv;
           }
         }
-        const int col = 64 * panel + 8 * g + 2 * (lane % 4);
         CUTE_UNROLL
         for (int k = 0; k < 8; ++k) {
-          const int32_t jk = static_cast<int32_t>(
-              ld_shared_u32(smem_u32(&s.kidx[buf][16 * warp_in_wg + k + 8 * r])));
-          if (jk >= 0)  // warp-uniform: the whole warp reduces row k
-            red_add_f32x2(p.dkv_acc + static_cast<int64_t>(jk) * dqk + col, v[k].x, v[k].y);
+          const int row = 16 * warp_in_wg + 8 * r + (g & 4) + (k & 3);
+          const int col = 64 * panel + 32 * (k >> 2) + 8 * (g & 3) + 2 * (lane % 4);
+          const int32_t jk = static_cast<int32_t>(ld_shared_u32(smem_u32(&s.kidx[buf][row])));
+          red_add_f32x2_if(p.dkv_acc + static_cast<int64_t>(max(jk, 0)) * dqk + col, v[k].x,
+                           v[k].y, jk >= 0);
         }
       }
     } else {
@@ -561,7 +569,10 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
     fence_proxy_async_shared();  // sP, sDs are read by wgmma (async proxy)
     named_barrier_sync(id(NamedBarrier::kPdsReady), T::kConsumerThreads);
 
-    // [4] dQ += dS' K: the last product that reads the K stage.
+    // [4] dQ += dS' K: the last product that reads the K stage. The warpgroup's first dKV piece
+    // is issued just before it and reduced while it runs (+2.7-3.2%, bench/NOTES.md session 18).
+    const int first = 4 * wg;
+    issue_piece(first, cute::false_type{}, tKrAcc);
     warpgroup_fence_operand(tQrdQ);
     if constexpr (T::kRope) warpgroup_fence_operand(tRrdQ);
     warpgroup_arrive();
@@ -576,6 +587,8 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
         cute::gemm(mma_dqr, tRrDs(_, _, 2 * wg + k), tRrKt(_, _, 2 * wg + k), tRrdQ);
     }
     warpgroup_commit_batch();
+    warpgroup_wait<1>();  // the first piece
+    reduce_piece(c, buf, first, tKrAcc);
     warpgroup_wait<0>();
     warpgroup_fence_operand(tQrdQ);
     if constexpr (T::kRope) warpgroup_fence_operand(tRrdQ);
@@ -583,9 +596,8 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
     if (releaser && !late_release) mbarrier_arrive(&s.kv_empty);  // the next gather may start
 
     // [5] This warpgroup's dKV pieces (the next chunk's gather runs meanwhile).
-    const int first = 4 * wg;
 #pragma unroll 1
-    for (int panel = first; panel < first + 4; ++panel)
+    for (int panel = first + 1; panel < first + 4; ++panel)
       kv_piece(c, buf, panel, cute::false_type{});
     if constexpr (T::kRope) {
       if (wg == 0) kv_piece(c, buf, T::kNopePanels, cute::true_type{});
