@@ -21,14 +21,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                                       \
-  do {                                                                              \
-    cudaError_t e_ = (x);                                                           \
-    if (e_ != cudaSuccess) {                                                        \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                 \
-    }                                                                               \
-  } while (0)
+#include "check.cuh"
 
 constexpr int kRows = 4096, kCols = 576, kPanels = 9, kThreads = 256;
 
