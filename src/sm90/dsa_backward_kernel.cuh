@@ -109,7 +109,8 @@ using Params = portable::dsa_bwd::DsaBwdParams;
 // 1-stage butterfly (4 rows x 64 bytes, ~0), the transposes through 1 KB of shared memory per
 // warp (D_qk 576: with the next chunk's rope panel filled after [5]; -3% at 576, +1% at 512), and
 // the last piece held over the back edge and reduced under the next chunk's S (-1 to -2% at 512,
-// 232 bytes of spill at 576).
+// 232 bytes of spill at 576), and [5]'s A operands from registers (RS wgmma after ldmatrix.trans,
+// D_qk 512: -1.2%).
 constexpr int32_t kTuneLateRelease = 1, kTuneRowIndex = 2, kTuneStagedDq = 4, kTuneNoDkv = 16,
                   kTuneFragRed = 64;
 
