@@ -438,12 +438,17 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
   const int32_t tune = p.tune;
   auto reduce_piece = [&](int c, int buf, int panel, auto& acc) {
     warpgroup_fence_operand(acc);
-    int32_t j[2];
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r)
-      j[r] = static_cast<int32_t>(ld_shared_u32(smem_u32(&s.kidx[buf][frag_row + 8 * r])));
+    // The kv rows of this thread's fragment rows frag_row + 8 r (the deterministic and the
+    // per-fragment paths; the default path reads its transposed rows' own).
+    auto fragment_rows = [&](int32_t (&j)[2]) {
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r)
+        j[r] = static_cast<int32_t>(ld_shared_u32(smem_u32(&s.kidx[buf][frag_row + 8 * r])));
+    };
     const int col0 = 64 * panel + 2 * (lane % 4);
     if (p.deterministic) {
+      int32_t j[2];
+      fragment_rows(j);
       CUTE_UNROLL
       for (int i = 0; i < size(acc); i += 2) {
         const int r = (i / 2) % 2;
@@ -482,19 +487,23 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
             v[hi] = up ? v[hi] : recv;
           }
         }
+        // Reductions k and k + 4 share their rows (one kidx load for both).
         CUTE_UNROLL
-        for (int k = 0; k < 8; ++k) {
-          const int row = 16 * warp_in_wg + 8 * r + (g & 4) + (k & 3);
-          const int col = 64 * panel + 32 * (k >> 2) + 8 * (g & 3) + 2 * (lane % 4);
+        for (int k = 0; k < 4; ++k) {
+          const int row = 16 * warp_in_wg + 8 * r + (g & 4) + k;
           const int32_t jk = static_cast<int32_t>(ld_shared_u32(smem_u32(&s.kidx[buf][row])));
-          red_add_f32x2_if(p.dkv_acc + static_cast<int64_t>(max(jk, 0)) * dqk + col, v[k].x,
-                           v[k].y, jk >= 0);
+          float* const dst = p.dkv_acc + static_cast<int64_t>(max(jk, 0)) * dqk + 64 * panel +
+                             8 * (g & 3) + 2 * (lane % 4);
+          red_add_f32x2_if(dst, v[k].x, v[k].y, jk >= 0);
+          red_add_f32x2_if(dst + 32, v[k + 4].x, v[k + 4].y, jk >= 0);
         }
       }
     } else {
       // kTuneFragRed: one base pointer per row and immediate offsets: the 32 reductions issue
       // back to back, predicated. An inactive slot's row (j < 0) points at row 0 and is never
       // reduced.
+      int32_t j[2];
+      fragment_rows(j);
       float* row0 = p.dkv_acc + static_cast<int64_t>(max(j[0], 0)) * dqk + col0;
       float* row1 = p.dkv_acc + static_cast<int64_t>(max(j[1], 0)) * dqk + col0;
       CUTE_UNROLL
