@@ -468,6 +468,7 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
       // reduction, costs a third more shuffles and selects and measured 1.4-4% slower at D_qk
       // 576, bench/NOTES.md session 18.)
       const int g = lane >> 2;
+      float* const piece_base = p.dkv_acc + 64 * panel + 8 * (g & 3) + 2 * (lane % 4);
       CUTE_UNROLL
       for (int r = 0; r < 2; ++r) {
         float2 v[8];
@@ -487,15 +488,28 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
             v[hi] = up ? v[hi] : recv;
           }
         }
-        // Reductions k and k + 4 share their rows (one kidx load for both).
+        // Reductions k and k + 4 share their rows (one kidx load for both), addressed by one
+        // wide multiply on the piece's base. When the thread's four rows are all active (every
+        // row of a full chunk), the eight reductions run without predicates: ptxas puts each
+        // predicated one in a branch region of three more instructions. Otherwise a pair is
+        // skipped when its slot is inactive (j = -1: that address is never used).
+        int32_t j[4];
         CUTE_UNROLL
-        for (int k = 0; k < 4; ++k) {
-          const int row = 16 * warp_in_wg + 8 * r + (g & 4) + k;
-          const int32_t jk = static_cast<int32_t>(ld_shared_u32(smem_u32(&s.kidx[buf][row])));
-          float* const dst = p.dkv_acc + static_cast<int64_t>(max(jk, 0)) * dqk + 64 * panel +
-                             8 * (g & 3) + 2 * (lane % 4);
-          red_add_f32x2_if(dst, v[k].x, v[k].y, jk >= 0);
-          red_add_f32x2_if(dst + 32, v[k + 4].x, v[k + 4].y, jk >= 0);
+        for (int k = 0; k < 4; ++k)
+          j[k] = static_cast<int32_t>(
+              ld_shared_u32(smem_u32(&s.kidx[buf][16 * warp_in_wg + 8 * r + (g & 4) + k])));
+        if (min(min(j[0], j[1]), min(j[2], j[3])) >= 0) {
+          CUTE_UNROLL
+          for (int k = 0; k < 4; ++k) {
+            float* const dst = offset_rows<T::kDqk * 4>(piece_base, j[k]);
+            red_add_f32x2(dst, v[k].x, v[k].y);
+            red_add_f32x2(dst + 32, v[k + 4].x, v[k + 4].y);
+          }
+        } else {
+          CUTE_UNROLL
+          for (int k = 0; k < 4; ++k)
+            red_add_f32x2_pair_if(offset_rows<T::kDqk * 4>(piece_base, j[k]), v[k].x, v[k].y,
+                                  v[k + 4].x, v[k + 4].y, j[k]);
         }
       }
     } else {
