@@ -110,7 +110,9 @@ using Params = portable::dsa_bwd::DsaBwdParams;
 // warp (D_qk 576: with the next chunk's rope panel filled after [5]; -3% at 576, +1% at 512), and
 // the last piece held over the back edge and reduced under the next chunk's S (-1 to -2% at 512,
 // 232 bytes of spill at 576), and [5]'s A operands from registers (RS wgmma after ldmatrix.trans,
-// D_qk 512: -1.2%).
+// D_qk 512: -1.2%); in session 19 red.v4 from a column-permuted accumulator without shuffles (8
+// rows x 64 bytes per instruction: -12 to -15%), pieces 1-3 over two accumulators (D_qk 512: -2
+// to -3%), and the rope piece on both warpgroups, each reducing half its rows (-1 to -1.5%).
 constexpr int32_t kTuneLateRelease = 1, kTuneRowIndex = 2, kTuneStagedDq = 4, kTuneNoDkv = 16,
                   kTuneFragRed = 64;
 
