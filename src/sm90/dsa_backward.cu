@@ -42,9 +42,9 @@ constexpr size_t smem_bytes() {
 static_assert(smem_bytes<576>() <= kMaxSmemSm90, "sm90 DSA backward exceeds 227 KB of smem");
 static_assert(smem_bytes<512>() <= kMaxSmemSm90, "sm90 DSA backward exceeds 227 KB of smem");
 
-template <int kDqk, dsa_bwd::DkvRed kRed = dsa_bwd::DkvRed::kRow>
+template <int kDqk, dsa_bwd::DkvRed kRed = dsa_bwd::DkvRed::kRow, bool kRoleSplit = false>
 void launch(const dsa_bwd::Params& params, int64_t grid, cudaStream_t stream) {
-  using Traits = DsaBwdTraits<kDqk, kRed>;
+  using Traits = DsaBwdTraits<kDqk, kRed, kRoleSplit>;
   constexpr size_t kSmem = smem_bytes<kDqk, kRed>();
   auto* kernel = &dsa_bwd::dsa_backward_sm90_kernel<Traits>;
   // Every launch (cheap, and right for whichever device is current).
@@ -60,7 +60,8 @@ void launch(const dsa_bwd::Params& params, int64_t grid, cudaStream_t stream) {
 int32_t tune_bits(const dsa_bwd::Params& prm) {
   const char* v = std::getenv("SA_TUNE_SM90_DSA_BWD");
   constexpr int32_t kKnown = dsa_bwd::kTuneLateRelease | dsa_bwd::kTuneRowIndex |
-                             dsa_bwd::kTuneStagedDq | dsa_bwd::kTuneNoDkv | dsa_bwd::kTuneFragRed;
+                             dsa_bwd::kTuneStagedDq | dsa_bwd::kTuneNoDkv | dsa_bwd::kTuneFragRed |
+                             dsa_bwd::kTuneRoleSplit;
   int32_t bits = v != nullptr ? static_cast<int32_t>(std::strtol(v, nullptr, 0)) & kKnown : 0;
   const bool rows16 = reinterpret_cast<uintptr_t>(prm.dq) % 16 == 0 && prm.dq_sh % 8 == 0 &&
                       prm.dq_ss % 8 == 0;
@@ -82,9 +83,12 @@ void launch_main(const dsa_bwd::Params& prm, int64_t grid, int device, cudaStrea
   grid = std::min<int64_t>(grid, sm_count(device));
   using dsa_bwd::DkvRed;
   const bool frag = (tuned.tune & dsa_bwd::kTuneFragRed) != 0;
+  const bool roles = (tuned.tune & dsa_bwd::kTuneRoleSplit) != 0;
   auto go = [&](auto dqk) {
     constexpr int kDqk = decltype(dqk)::value;
-    if (frag)
+    if (roles)
+      launch<kDqk, DkvRed::kRow, true>(tuned, grid, stream);
+    else if (frag)
       launch<kDqk, DkvRed::kFrag>(tuned, grid, stream);
     else
       launch<kDqk>(tuned, grid, stream);

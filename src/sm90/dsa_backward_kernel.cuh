@@ -114,19 +114,25 @@ using Params = portable::dsa_bwd::DsaBwdParams;
 // rows x 64 bytes per instruction: -12 to -15%), pieces 1-3 over two accumulators (D_qk 512: -2
 // to -3%), and the rope piece on both warpgroups, each reducing half its rows (-1 to -1.5%).
 constexpr int32_t kTuneLateRelease = 1, kTuneRowIndex = 2, kTuneStagedDq = 4, kTuneNoDkv = 16,
-                  kTuneFragRed = 64;
+                  kTuneFragRed = 64, kTuneRoleSplit = 128;
 
 // Named barriers (id 0 is __syncthreads), over the 256 consumer threads.
-enum class NamedBarrier : uint32_t { kPdsFree = 1, kPdsReady = 2 };
+enum class NamedBarrier : uint32_t { kPdsFree = 1, kPdsReady = 2, kItem = 3, kWg0 = 4 };
 __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint32_t>(b); }
 
 // How the dKV pieces are reduced (each a separate instantiation, so that an experiment's code never
 // changes the default kernel's registers): see the kTune* bits above.
 enum class DkvRed : int { kRow = 0, kFrag = 1 };
 
-template <int kDqk_, DkvRed kRed_ = DkvRed::kRow>
+// kRoleSplit_ (experiment, bit kTuneRoleSplit): cuDNN's split of the roles instead of the keys.
+// Warpgroup 0 runs S, dP and the softmax over all 64 keys and its half of dQ (with the whole
+// rope panel); warpgroup 1 its half of dQ and every dKV piece with its reduction, the pieces
+// over two accumulators. The reductions then run beside warpgroup 0's products instead of in a
+// window where both warpgroups reduce (bench/NOTES.md, session 19).
+template <int kDqk_, DkvRed kRed_ = DkvRed::kRow, bool kRoleSplit_ = false>
 struct DsaBwdTraits : DsaCta<kDqk_> {
   static constexpr DkvRed kRed = kRed_;
+  static constexpr bool kRoleSplit = kRoleSplit_;
   using Base = DsaCta<kDqk_>;
   using Element = typename Base::Element;
   using H64 = typename Base::H64;
@@ -141,6 +147,9 @@ struct DsaBwdTraits : DsaCta<kDqk_> {
   // [1], [2]: M = 64 heads, N = 32 keys per warpgroup, K = dims; both operands K-major.
   using TiledMmaSdP = decltype(cute::make_tiled_mma(
       cute::SM90::GMMA::MMA_64x32x16_F32BF16BF16_SS<Major::K, Major::K>{}, WgLayout{}));
+  // [1], [2] of the role split: M = 64 heads, N = all 64 keys, on one warpgroup.
+  using TiledMmaSdP64 = decltype(cute::make_tiled_mma(
+      cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<Major::K, Major::K>{}));
   // [4] nope: M = 64 heads, N = 256 dims per warpgroup, K = 64 keys; A = dS' (K-major), B = the K
   // rows seen as (dims, keys) (MN-major).
   using TiledMmaDq = decltype(cute::make_tiled_mma(
@@ -396,11 +405,16 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
     }
     // Both warpgroups pass it (kPdsFree: the same barrier sequence as the chunks'); the previous
     // item's reads of s.dpart are behind its chunks' and epilogue's kPdsFree.
-    named_barrier_sync(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r)  // the two halves in the same order on both warpgroups
-      delta[r] = ld_shared_f32(smem_u32(&s.dpart[0][frag_row + 8 * r])) +
-                 ld_shared_f32(smem_u32(&s.dpart[1][frag_row + 8 * r]));
+    // (Role split: only warpgroup 0 reads them, before its first kPdsReady of the item, so
+    // warpgroup 1's half for the next item is written after the read.)
+    named_barrier_sync(id(T::kRoleSplit ? NamedBarrier::kItem : NamedBarrier::kPdsFree),
+                       T::kConsumerThreads);
+    if (!T::kRoleSplit || wg == 0) {
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r)  // the two halves in the same order on both warpgroups
+        delta[r] = ld_shared_f32(smem_u32(&s.dpart[0][frag_row + 8 * r])) +
+                   ld_shared_f32(smem_u32(&s.dpart[1][frag_row + 8 * r]));
+    }
   }
 
   const float scale_log2 = p.scale_log2;
@@ -531,13 +545,151 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
   };
   // kTuneStagedDq: the epilogue stages dQ in the dead Q / dO tiles (an item without chunks stores
   // its zeros directly: the producer may already fill the tiles for the next item).
-  const bool staged = (p.tune & kTuneStagedDq) != 0 && n_chunks > 0;
+  const bool staged = !T::kRoleSplit && (p.tune & kTuneStagedDq) != 0 && n_chunks > 0;
   auto kv_piece = [&](int c, int buf, int panel, auto rope_tag) {
     issue_piece(panel, rope_tag, tKrAcc);
     warpgroup_wait<0>();
     reduce_piece(c, buf, panel, tKrAcc);
   };
 
+  if constexpr (T::kRoleSplit) {
+    if (wg == 0) {
+      // ---- warpgroup 0: S, P, dP, dS' over the chunk's 64 keys, then its half of dQ ----
+      typename T::TiledMmaSdP64 mma_x;
+      auto thr_x = mma_x.get_thread_slice(wtid);
+      Tensor tXrQn = thr_x.partition_fragment_A(sQn);
+      Tensor tXrQr = thr_x.partition_fragment_A(sQr);
+      Tensor tXrdO = thr_x.partition_fragment_A(sdO);
+      Tensor tXrKn = thr_x.partition_fragment_B(sKn);  // all 64 keys
+      Tensor tXrKr = thr_x.partition_fragment_B(sKr);
+#pragma unroll 1
+      for (int c = 0; c < n_chunks; ++c) {
+        const uint32_t g = g0 + static_cast<uint32_t>(c);
+        const int buf = g & 1;
+        mbarrier_wait(&s.kv_full, g & 1);
+        Tensor tXrS = partition_fragment_C(mma_x, Shape<typename T::H64, typename T::H64>{});
+        static_assert(decltype(size(tXrS))::value == 32, "S fragment: 64 x 64");
+        warpgroup_fence_operand(tXrS);
+        warpgroup_arrive();
+        gemm_ss(mma_x, tXrQn, tXrKn, tXrS, true);
+        if constexpr (T::kRope) gemm_ss(mma_x, tXrQr, tXrKr, tXrS, false);
+        warpgroup_commit_batch();
+        saw_active |=
+            __any_sync(0xffffffffu, s.bias[buf][lane] == 0.f || s.bias[buf][32 + lane] == 0.f);
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tXrS);
+        // P in bf16 pairs (kept for dS' and stored once the tiles are free).
+        const uint32_t bias = smem_u32(s.bias[buf]) + 4 * (2 * (lane % 4));  // + 4 key
+        uint32_t p_pk[16];
+        CUTE_UNROLL
+        for (int i = 0; i < 32; i += 2) {
+          const int r = (i / 2) % 2;
+          float pv[2];
+          CUTE_UNROLL
+          for (int e = 0; e < 2; ++e) {
+            const float off = ld_shared_f32(bias + 4 * (8 * (i / 4) + e)) - l2[r];
+            pv[e] = exp2_approx(fmaf(tXrS(i + e), scale_log2, off));
+          }
+          p_pk[i / 2] = pack_bf16x2(pv[0], pv[1]);
+        }
+        Tensor tXrdP = partition_fragment_C(mma_x, Shape<typename T::H64, typename T::H64>{});
+        warpgroup_fence_operand(tXrdP);
+        warpgroup_arrive();
+        gemm_ss(mma_x, tXrdO, tXrKn, tXrdP, true);
+        warpgroup_commit_batch();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tXrdP);
+        // This warpgroup's last read of the item's Q and dO.
+        if (releaser && c == n_chunks - 1) mbarrier_arrive(&s.qdo_empty);
+        uint32_t ds_pk[16];
+        CUTE_UNROLL
+        for (int i = 0; i < 32; i += 2) {
+          const int r = (i / 2) % 2;
+          const float2 pv = unpack_bf16x2(p_pk[i / 2]);
+          ds_pk[i / 2] = pack_bf16x2(scale * pv.x * (tXrdP(i) - delta[r]),
+                                     scale * pv.y * (tXrdP(i + 1) - delta[r]));
+        }
+        // Warpgroup 1 is done with the previous chunk's sP, sDs (its arrive after its last
+        // piece's wgmma; one extra arrive before the first chunk, consumer_main).
+        named_barrier_sync(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
+        CUTE_UNROLL
+        for (int i = 0; i < 32; i += 2) {
+          const uint32_t at = swz(frag_row + 8 * ((i / 2) % 2), i / 4) + 4 * (lane % 4);
+          st_shared_u32(p_addr + at, p_pk[i / 2]);
+          st_shared_u32(ds_addr + at, ds_pk[i / 2]);
+        }
+        fence_proxy_async_shared();
+        named_barrier_arrive(id(NamedBarrier::kPdsReady), T::kConsumerThreads);
+        // Every warp's rows of sDs are written before this warpgroup's [4] reads them all.
+        named_barrier_sync(id(NamedBarrier::kWg0), 128);
+        // [4] for dims 0-255 and the whole rope panel (all 64 keys).
+        warpgroup_fence_operand(tQrdQ);
+        if constexpr (T::kRope) warpgroup_fence_operand(tRrdQ);
+        warpgroup_arrive();
+        gemm_ss(mma_dq, tQrDs, tQrKt, tQrdQ, false);
+        if constexpr (T::kRope) gemm_ss(mma_dqr, tRrDs, tRrKt, tRrdQ, false);
+        warpgroup_commit_batch();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tQrdQ);
+        if constexpr (T::kRope) warpgroup_fence_operand(tRrdQ);
+        if (releaser) mbarrier_arrive(&s.kv_empty);
+      }
+    } else {
+      // ---- warpgroup 1: its half of dQ, then every piece over two accumulators ----
+      Tensor acc1 = partition_fragment_C(mma_kv, Shape<typename T::D64, typename T::D64>{});
+      auto& acc0 = tKrAcc;
+#pragma unroll 1
+      for (int c = 0; c < n_chunks; ++c) {
+        const uint32_t g = g0 + static_cast<uint32_t>(c);
+        const int buf = g & 1;
+        const bool last_chunk = c == n_chunks - 1;
+        // The last wgmma that reads sP, sDs, Q and dO is done: release them.
+        auto release_tiles = [&] {
+          named_barrier_arrive(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
+          if (releaser && last_chunk) mbarrier_arrive(&s.qdo_empty);
+        };
+        named_barrier_sync(id(NamedBarrier::kPdsReady), T::kConsumerThreads);
+        // Returns at once (warpgroup 0 waited it before kPdsReady); it makes the order of the
+        // producer's K rows and kidx before this warpgroup's reads explicit (racecheck).
+        mbarrier_wait(&s.kv_full, g & 1);
+        warpgroup_fence_operand(tQrdQ);
+        warpgroup_arrive();
+        gemm_ss(mma_dq, tQrDs, tQrKt, tQrdQ, false);
+        warpgroup_commit_batch();
+        issue_piece(0, cute::false_type{}, acc0);
+        issue_piece(1, cute::false_type{}, acc1);
+        warpgroup_wait<2>();  // [4]: the K stage is free
+        warpgroup_fence_operand(tQrdQ);
+        if (releaser) mbarrier_arrive(&s.kv_empty);
+        // Unrolled: two accumulators in flight over a loop's back edge make ptxas serialize
+        // every wgmma (C7514).
+        CUTE_UNROLL
+        for (int q = 0; q < 4; ++q) {  // nope pieces 2q (acc0) and 2q + 1 (acc1) in flight
+          warpgroup_wait<1>();
+          reduce_piece(c, buf, 2 * q, acc0);
+          const bool next0 = q < 3 || T::kRope;
+          if (q < 3) {
+            issue_piece(2 * q + 2, cute::false_type{}, acc0);
+          } else if constexpr (T::kRope) {
+            issue_piece(T::kNopePanels, cute::true_type{}, acc0);
+          }
+          if (next0) {
+            warpgroup_wait<1>();
+          } else {
+            warpgroup_wait<0>();
+            release_tiles();
+          }
+          reduce_piece(c, buf, 2 * q + 1, acc1);
+          if (q < 3) issue_piece(2 * q + 3, cute::false_type{}, acc1);
+        }
+        if constexpr (T::kRope) {
+          warpgroup_wait<0>();
+          release_tiles();
+          reduce_piece(c, buf, T::kNopePanels, acc0);
+        }
+      }
+    }
+  } else {
 #pragma unroll 1
   for (int c = 0; c < n_chunks; ++c) {
     const uint32_t g = g0 + static_cast<uint32_t>(c);
@@ -634,6 +786,8 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
     if (releaser && c == n_chunks - 1 && !staged) mbarrier_arrive(&s.qdo_empty);
   }
 
+  }  // kRoleSplit
+
   // Epilogue: dQ (scale is in dS') -> dq; the d_sink terms. Default: bf16 pairs stored from the
   // fragments. kTuneStagedDq: the rows go through shared memory (Q, dO and P are dead now; row
   // pitch 1,168 bytes, so a warp's 8 rows of a store hit 8 different bank groups) and out with
@@ -643,8 +797,9 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
   static_assert(64 * kStagePitch <= sizeof(s.q_nope) + sizeof(s.q_rope) + sizeof(s.dout),
                 "dQ staging must fit the dead Q and dO tiles");
   const uint32_t stage_base = smem_u32(s.q_nope);
-  // Every consumer's last [5] is done: Q, dO, P and dS' are free.
-  named_barrier_sync(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
+  // Every consumer's last [5] is done: Q, dO, P and dS' are free. (Role split: no shared
+  // memory in the epilogue, warpgroup 0 holds the whole rope panel.)
+  if constexpr (!T::kRoleSplit) named_barrier_sync(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
   auto put_pair = [&](int row, int col, float x, float y) {
     const uint32_t v = pack_bf16x2(x, y);
     if (staged)
@@ -656,7 +811,14 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
   for (int i = 0; i < size(tQrdQ); i += 2)
     put_pair(frag_row + 8 * ((i / 2) % 2), 256 * wg + 8 * (i / 4) + 2 * (lane % 4), tQrdQ(i),
              tQrdQ(i + 1));
-  if constexpr (T::kRope) {
+  if constexpr (T::kRope && T::kRoleSplit) {
+    if (wg == 0) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(tRrdQ); i += 2)
+        put_pair(frag_row + 8 * ((i / 2) % 2), 512 + 8 * (i / 4) + 2 * (lane % 4), tRrdQ(i),
+                 tRrdQ(i + 1));
+    }
+  } else if constexpr (T::kRope) {
     // Rope columns: warpgroup 0's partial through shared memory (the P and dS' tiles, 16 KB; same
     // fragment order on both sides), warpgroup 1 adds it to its own.
     const uint32_t part = smem_u32(s.p) + 8 * wtid;  // pair i / 2 at + 1024 (i / 2)
@@ -703,9 +865,18 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
 
 template <class T>
 __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>& s, int wg) {
+  // Role split: warpgroup 1 arrives on kPdsFree once per chunk after its pieces, warpgroup 0
+  // syncs on it before each chunk's P store; one arrive before the first chunk and one sync
+  // after the last keep the counts equal.
+  if constexpr (T::kRoleSplit) {
+    if (wg == 1) named_barrier_arrive(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
+  }
   for_each_item<T, false>(p, s, [&](int64_t tok, int h0, int n_slots, uint32_t g0) {
     consumer_item<T>(p, s, tok, h0, n_slots, g0, wg);
   });
+  if constexpr (T::kRoleSplit) {
+    if (wg == 0) named_barrier_sync(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
+  }
 }
 
 // ---- kernel -------------------------------------------------------------------------------------
