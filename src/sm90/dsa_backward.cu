@@ -42,9 +42,10 @@ constexpr size_t smem_bytes() {
 static_assert(smem_bytes<576>() <= kMaxSmemSm90, "sm90 DSA backward exceeds 227 KB of smem");
 static_assert(smem_bytes<512>() <= kMaxSmemSm90, "sm90 DSA backward exceeds 227 KB of smem");
 
-template <int kDqk, dsa_bwd::DkvRed kRed = dsa_bwd::DkvRed::kRow, bool kRoleSplit = false>
+template <int kDqk, dsa_bwd::DkvRed kRed = dsa_bwd::DkvRed::kRow, bool kRoleSplit = false,
+          int kWg0Pieces = 0>
 void launch(const dsa_bwd::Params& params, int64_t grid, cudaStream_t stream) {
-  using Traits = DsaBwdTraits<kDqk, kRed, kRoleSplit>;
+  using Traits = DsaBwdTraits<kDqk, kRed, kRoleSplit, kWg0Pieces>;
   constexpr size_t kSmem = smem_bytes<kDqk, kRed>();
   auto* kernel = &dsa_bwd::dsa_backward_sm90_kernel<Traits>;
   // Every launch (cheap, and right for whichever device is current).
@@ -61,7 +62,7 @@ int32_t tune_bits(const dsa_bwd::Params& prm) {
   const char* v = std::getenv("SA_TUNE_SM90_DSA_BWD");
   constexpr int32_t kKnown = dsa_bwd::kTuneLateRelease | dsa_bwd::kTuneRowIndex |
                              dsa_bwd::kTuneStagedDq | dsa_bwd::kTuneNoDkv | dsa_bwd::kTuneFragRed |
-                             dsa_bwd::kTuneRoleSplit;
+                             dsa_bwd::kTuneRoleSplit | dsa_bwd::kTuneRoleWg0One;
   int32_t bits = v != nullptr ? static_cast<int32_t>(std::strtol(v, nullptr, 0)) & kKnown : 0;
   const bool rows16 = reinterpret_cast<uintptr_t>(prm.dq) % 16 == 0 && prm.dq_sh % 8 == 0 &&
                       prm.dq_ss % 8 == 0;
@@ -86,7 +87,9 @@ void launch_main(const dsa_bwd::Params& prm, int64_t grid, int device, cudaStrea
   const bool roles = (tuned.tune & dsa_bwd::kTuneRoleSplit) != 0;
   auto go = [&](auto dqk) {
     constexpr int kDqk = decltype(dqk)::value;
-    if (roles)
+    if (roles && (tuned.tune & dsa_bwd::kTuneRoleWg0One) != 0)
+      launch<kDqk, DkvRed::kRow, true, 1>(tuned, grid, stream);
+    else if (roles)
       launch<kDqk, DkvRed::kRow, true>(tuned, grid, stream);
     else if (frag)
       launch<kDqk, DkvRed::kFrag>(tuned, grid, stream);

@@ -114,7 +114,7 @@ using Params = portable::dsa_bwd::DsaBwdParams;
 // rows x 64 bytes per instruction: -12 to -15%), pieces 1-3 over two accumulators (D_qk 512: -2
 // to -3%), and the rope piece on both warpgroups, each reducing half its rows (-1 to -1.5%).
 constexpr int32_t kTuneLateRelease = 1, kTuneRowIndex = 2, kTuneStagedDq = 4, kTuneNoDkv = 16,
-                  kTuneFragRed = 64, kTuneRoleSplit = 128;
+                  kTuneFragRed = 64, kTuneRoleSplit = 128, kTuneRoleWg0One = 256;
 
 // Named barriers (id 0 is __syncthreads), over the 256 consumer threads.
 enum class NamedBarrier : uint32_t { kPdsFree = 1, kPdsReady = 2, kItem = 3, kWg0 = 4 };
@@ -129,10 +129,13 @@ enum class DkvRed : int { kRow = 0, kFrag = 1 };
 // rope panel); warpgroup 1 its half of dQ and every dKV piece with its reduction, the pieces
 // over two accumulators. The reductions then run beside warpgroup 0's products instead of in a
 // window where both warpgroups reduce (bench/NOTES.md, session 19).
-template <int kDqk_, DkvRed kRed_ = DkvRed::kRow, bool kRoleSplit_ = false>
+// kWg0Pieces_: with the role split, how many of the chunk's last pieces warpgroup 0 takes (after
+// its dQ, one accumulator), so that both warpgroups reduce.
+template <int kDqk_, DkvRed kRed_ = DkvRed::kRow, bool kRoleSplit_ = false, int kWg0Pieces_ = 0>
 struct DsaBwdTraits : DsaCta<kDqk_> {
   static constexpr DkvRed kRed = kRed_;
   static constexpr bool kRoleSplit = kRoleSplit_;
+  static constexpr int kWg0Pieces = kWg0Pieces_;
   using Base = DsaCta<kDqk_>;
   using Element = typename Base::Element;
   using H64 = typename Base::H64;
@@ -553,6 +556,19 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
   };
 
   if constexpr (T::kRoleSplit) {
+    // The chunk's pieces in the order nope 0-7 (+ rope): warpgroup 1 takes the first
+    // wg1_pieces, warpgroup 0 the rest (compile-time: with a runtime split ptxas serialized the
+    // wgmma, C7514).
+    constexpr int kPieces = T::kNopePanels + (T::kRope ? 1 : 0);
+    constexpr int wg0_pieces = T::kWg0Pieces;
+    constexpr int wg1_pieces = kPieces - wg0_pieces;
+    static_assert(wg0_pieces >= 0 && wg0_pieces <= 2, "warpgroup 0 takes at most two pieces");
+    auto issue_any_piece = [&](int k, auto& acc) {
+      if (T::kRope && k == T::kNopePanels)
+        issue_piece(T::kNopePanels, cute::true_type{}, acc);
+      else
+        issue_piece(k, cute::false_type{}, acc);
+    };
     if (wg == 0) {
       // ---- warpgroup 0: S, P, dP, dS' over the chunk's 64 keys, then its half of dQ ----
       typename T::TiledMmaSdP64 mma_x;
@@ -599,8 +615,6 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
         warpgroup_commit_batch();
         warpgroup_wait<0>();
         warpgroup_fence_operand(tXrdP);
-        // This warpgroup's last read of the item's Q and dO.
-        if (releaser && c == n_chunks - 1) mbarrier_arrive(&s.qdo_empty);
         uint32_t ds_pk[16];
         CUTE_UNROLL
         for (int i = 0; i < 32; i += 2) {
@@ -622,17 +636,34 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
         named_barrier_arrive(id(NamedBarrier::kPdsReady), T::kConsumerThreads);
         // Every warp's rows of sDs are written before this warpgroup's [4] reads them all.
         named_barrier_sync(id(NamedBarrier::kWg0), 128);
-        // [4] for dims 0-255 and the whole rope panel (all 64 keys).
+        // [4] for dims 0-255 and the whole rope panel (all 64 keys), then this warpgroup's
+        // pieces (the last wg0_pieces of the order nope 0-7, rope), one accumulator.
         warpgroup_fence_operand(tQrdQ);
         if constexpr (T::kRope) warpgroup_fence_operand(tRrdQ);
         warpgroup_arrive();
         gemm_ss(mma_dq, tQrDs, tQrKt, tQrdQ, false);
         if constexpr (T::kRope) gemm_ss(mma_dqr, tRrDs, tRrKt, tRrdQ, false);
         warpgroup_commit_batch();
-        warpgroup_wait<0>();
+        if constexpr (wg0_pieces > 0) {
+          issue_any_piece(wg1_pieces, tKrAcc);
+          warpgroup_wait<1>();
+        } else {
+          warpgroup_wait<0>();
+        }
         warpgroup_fence_operand(tQrdQ);
         if constexpr (T::kRope) warpgroup_fence_operand(tRrdQ);
         if (releaser) mbarrier_arrive(&s.kv_empty);
+        if constexpr (wg0_pieces > 0) {  // (no loop: a wgmma in flight over a back edge, C7514)
+          warpgroup_wait<0>();
+          reduce_piece(c, buf, wg1_pieces, tKrAcc);
+          if constexpr (wg0_pieces > 1) {
+            issue_any_piece(wg1_pieces + 1, tKrAcc);
+            warpgroup_wait<0>();
+            reduce_piece(c, buf, wg1_pieces + 1, tKrAcc);
+          }
+        }
+        // This warpgroup's last read of the item's Q and dO.
+        if (releaser && c == n_chunks - 1) mbarrier_arrive(&s.qdo_empty);
       }
     } else {
       // ---- warpgroup 1: its half of dQ, then every piece over two accumulators ----
@@ -661,31 +692,27 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
         warpgroup_wait<2>();  // [4]: the K stage is free
         warpgroup_fence_operand(tQrdQ);
         if (releaser) mbarrier_arrive(&s.kv_empty);
-        // Unrolled: two accumulators in flight over a loop's back edge make ptxas serialize
+        // Pieces 0 .. wg1_pieces - 1, k on accumulator k % 2, k and k + 1 in flight. Fully
+        // unrolled: two accumulators in flight over a loop's back edge make ptxas serialize
         // every wgmma (C7514).
-        CUTE_UNROLL
-        for (int q = 0; q < 4; ++q) {  // nope pieces 2q (acc0) and 2q + 1 (acc1) in flight
-          warpgroup_wait<1>();
-          reduce_piece(c, buf, 2 * q, acc0);
-          const bool next0 = q < 3 || T::kRope;
-          if (q < 3) {
-            issue_piece(2 * q + 2, cute::false_type{}, acc0);
-          } else if constexpr (T::kRope) {
-            issue_piece(T::kNopePanels, cute::true_type{}, acc0);
-          }
-          if (next0) {
+        auto step = [&](int k, auto& acc) {
+          if (k + 1 < wg1_pieces) {
             warpgroup_wait<1>();
           } else {
-            warpgroup_wait<0>();
+            warpgroup_wait<0>();  // the last wgmma of this warpgroup that reads the tiles
             release_tiles();
           }
-          reduce_piece(c, buf, 2 * q + 1, acc1);
-          if (q < 3) issue_piece(2 * q + 3, cute::false_type{}, acc1);
-        }
-        if constexpr (T::kRope) {
-          warpgroup_wait<0>();
-          release_tiles();
-          reduce_piece(c, buf, T::kNopePanels, acc0);
+          reduce_piece(c, buf, k, acc);
+          if (k + 2 < wg1_pieces) issue_any_piece(k + 2, acc);
+        };
+        CUTE_UNROLL
+        for (int k = 0; k < kPieces; ++k) {
+          if (k < wg1_pieces) {
+            if (k % 2 == 0)
+              step(k, acc0);
+            else
+              step(k, acc1);
+          }
         }
       }
     }
