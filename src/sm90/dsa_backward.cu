@@ -62,7 +62,8 @@ int32_t tune_bits(const dsa_bwd::Params& prm) {
   const char* v = std::getenv("SA_TUNE_SM90_DSA_BWD");
   constexpr int32_t kKnown = dsa_bwd::kTuneLateRelease | dsa_bwd::kTuneRowIndex |
                              dsa_bwd::kTuneStagedDq | dsa_bwd::kTuneNoDkv | dsa_bwd::kTuneFragRed |
-                             dsa_bwd::kTuneRoleSplit | dsa_bwd::kTuneRoleWg0One;
+                             dsa_bwd::kTuneRoleSplit | dsa_bwd::kTuneRoleWg0One |
+                             dsa_bwd::kTuneRoleWg0Two;
   int32_t bits = v != nullptr ? static_cast<int32_t>(std::strtol(v, nullptr, 0)) & kKnown : 0;
   const bool rows16 = reinterpret_cast<uintptr_t>(prm.dq) % 16 == 0 && prm.dq_sh % 8 == 0 &&
                       prm.dq_ss % 8 == 0;
@@ -87,7 +88,9 @@ void launch_main(const dsa_bwd::Params& prm, int64_t grid, int device, cudaStrea
   const bool roles = (tuned.tune & dsa_bwd::kTuneRoleSplit) != 0;
   auto go = [&](auto dqk) {
     constexpr int kDqk = decltype(dqk)::value;
-    if (roles && (tuned.tune & dsa_bwd::kTuneRoleWg0One) != 0)
+    if (roles && (tuned.tune & dsa_bwd::kTuneRoleWg0Two) != 0)
+      launch<kDqk, DkvRed::kRow, true, 2>(tuned, grid, stream);
+    else if (roles && (tuned.tune & dsa_bwd::kTuneRoleWg0One) != 0)
       launch<kDqk, DkvRed::kRow, true, 1>(tuned, grid, stream);
     else if (roles)
       launch<kDqk, DkvRed::kRow, true>(tuned, grid, stream);

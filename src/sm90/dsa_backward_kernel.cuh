@@ -114,7 +114,8 @@ using Params = portable::dsa_bwd::DsaBwdParams;
 // rows x 64 bytes per instruction: -12 to -15%), pieces 1-3 over two accumulators (D_qk 512: -2
 // to -3%), and the rope piece on both warpgroups, each reducing half its rows (-1 to -1.5%).
 constexpr int32_t kTuneLateRelease = 1, kTuneRowIndex = 2, kTuneStagedDq = 4, kTuneNoDkv = 16,
-                  kTuneFragRed = 64, kTuneRoleSplit = 128, kTuneRoleWg0One = 256;
+                  kTuneFragRed = 64, kTuneRoleSplit = 128, kTuneRoleWg0One = 256,
+                  kTuneRoleWg0Two = 512;
 
 // Named barriers (id 0 is __syncthreads), over the 256 consumer threads.
 enum class NamedBarrier : uint32_t { kPdsFree = 1, kPdsReady = 2, kItem = 3, kWg0 = 4 };
