@@ -564,6 +564,7 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
     constexpr int wg0_pieces = T::kWg0Pieces;
     constexpr int wg1_pieces = kPieces - wg0_pieces;
     static_assert(wg0_pieces >= 0 && wg0_pieces <= 2, "warpgroup 0 takes at most two pieces");
+    static_assert(wg1_pieces >= 2, "warpgroup 1 issues pieces 0 and 1 with its dQ");
     auto issue_any_piece = [&](int k, auto& acc) {
       if (T::kRope && k == T::kNopePanels)
         issue_piece(T::kNopePanels, cute::true_type{}, acc);
@@ -667,7 +668,7 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
         if (releaser && c == n_chunks - 1) mbarrier_arrive(&s.qdo_empty);
       }
     } else {
-      // ---- warpgroup 1: its half of dQ, then every piece over two accumulators ----
+      // ---- warpgroup 1: its half of dQ, then its pieces over two accumulators ----
       Tensor acc1 = partition_fragment_C(mma_kv, Shape<typename T::D64, typename T::D64>{});
       auto& acc0 = tKrAcc;
 #pragma unroll 1
