@@ -510,9 +510,10 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
         }
         // Reductions k and k + 4 share their rows (one kidx load for both), addressed by one
         // wide multiply on the piece's base. When the thread's four rows are all active (every
-        // row of a full chunk), the eight reductions run without predicates: ptxas puts each
-        // predicated one in a branch region of three more instructions. Otherwise a pair is
-        // skipped when its slot is inactive (j = -1: that address is never used).
+        // row of a full chunk), the eight reductions run without a test: ptxas compiles any
+        // predicated reduction to a branch region (three more instructions, `@p red` in PTX
+        // included). Otherwise a pair is skipped when its slot is inactive (j = -1: that
+        // address is never used).
         int32_t j[4];
         CUTE_UNROLL
         for (int k = 0; k < 4; ++k)
@@ -527,9 +528,12 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
           }
         } else {
           CUTE_UNROLL
-          for (int k = 0; k < 4; ++k)
-            red_add_f32x2_pair_if(offset_rows<T::kDqk * 4>(piece_base, j[k]), v[k].x, v[k].y,
-                                  v[k + 4].x, v[k + 4].y, j[k]);
+          for (int k = 0; k < 4; ++k) {
+            if (j[k] < 0) continue;
+            float* const dst = offset_rows<T::kDqk * 4>(piece_base, j[k]);
+            red_add_f32x2(dst, v[k].x, v[k].y);
+            red_add_f32x2(dst + 32, v[k + 4].x, v[k + 4].y);
+          }
         }
       }
     } else {

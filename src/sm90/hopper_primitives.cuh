@@ -193,7 +193,7 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t
                : "memory");
 }
 
-// ---- fp32 reductions into rows of global memory -------------------------------------------------
+// ---- addresses of rows in global memory ----------------------------------------------------------
 // base + row * kPitchBytes as one wide multiply (mad.wide.s32): written in C++, the compiler
 // re-associates it into an index product, a 64-bit shift and an add of the base.
 template <int kPitchBytes>
@@ -201,20 +201,6 @@ __device__ __forceinline__ float* offset_rows(float* base, int32_t row) {
   uint64_t out;
   asm("mad.wide.s32 %0, %1, %2, %3;\n" : "=l"(out) : "r"(row), "n"(kPitchBytes), "l"(base));
   return reinterpret_cast<float*>(out);
-}
-// red.global.add.v2.f32 of (a0, a1) at addr and of (b0, b1) at addr + 32 floats, both only when
-// guard >= 0 (a kv row index, -1 for an inactive slot, whose address is never used): one
-// comparison on the index (a bool argument compiled to three instructions). ptxas still puts
-// each predicated reduction in a branch region (BSSY, BRA, BSYNC): callers that know every
-// guard is >= 0 use red_add_f32x2 (common/device_math.cuh).
-__device__ __forceinline__ void red_add_f32x2_pair_if(float* addr, float a0, float a1, float b0,
-                                                      float b1, int32_t guard) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ge.s32 p, %5, 0;\n"
-      " @p red.global.add.v2.f32 [%0], {%1, %2};\n"
-      " @p red.global.add.v2.f32 [%0+128], {%3, %4};\n}\n" ::"l"(addr),
-      "f"(a0), "f"(a1), "f"(b0), "f"(b1), "r"(guard)
-      : "memory");
 }
 
 // ---- 16-bit pair packing (cutlass element types) -----------------------------------------------
