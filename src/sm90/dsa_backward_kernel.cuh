@@ -124,12 +124,13 @@ enum class NamedBarrier : uint32_t { kPdsFree = 1, kPdsReady = 2, kItem = 3, kWg
 __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint32_t>(b); }
 
 // kWg0Pieces: how many of the chunk's last dKV pieces warpgroup 0 takes besides S, dP, dS' and
-// its half of dQ (the rest are warpgroup 1's). Two at both sizes: against none, +2.4-2.7% at D_qk
-// 576 and -1.5 to -2.5% at 512 at topk 2048 (bench/NOTES.md, session 20), but none loses 8% with
-// topk_length (warpgroup 1's longer chain at each item's end).
+// its half of dQ (the rest are warpgroup 1's). D_qk 576: two (against none, +2.1-2.6% at topk
+// 2048, and none loses 8% with topk_length: warpgroup 1's longer chain ends every item). D_qk
+// 512: none (+0.6-3.1% over two at topk 2048, equal with topk_length). One piece measured
+// slower than both at both sizes (bench/NOTES.md, session 20).
 template <int kDqk_>
 struct DsaBwdTraits : DsaCta<kDqk_> {
-  static constexpr int kWg0Pieces = 2;
+  static constexpr int kWg0Pieces = kDqk_ == 576 ? 2 : 0;
   using Base = DsaCta<kDqk_>;
   using Element = typename Base::Element;
   using H64 = typename Base::H64;
