@@ -177,14 +177,13 @@ if has bench; then
   fi
   if [ $gated_ok -eq 1 ] && [ "${BENCH_EXPERIMENTS:-0}" = 1 ]; then
     # The Hopper DSA backward's experiment bits (SA_TUNE_SM90_DSA_BWD, dsa_backward_kernel.cuh),
-    # paired in one process with the default kernel (row-contiguous dkv reductions): the
-    # per-fragment reductions of session 9 (64) and the no-reduction diagnostic (16: wrong dkv,
-    # its check FAILs by design). The seed techniques (bits 1, 2, 4) were measured in session 9
-    # (bench/NOTES.md).
+    # paired in one process with the default kernel: the K stage released after the pieces (1)
+    # and the no-reduction diagnostic (16: wrong dkv, its check FAILs by design). The seed's
+    # index loads (bit 2) were measured in session 9 (bench/NOTES.md).
     T="impl=sm90,env.SA_TUNE_SM90_DSA_BWD"
     for h in 128 64; do
       run --op dsa_bwd "${DSA[@]}" --dsa-heads "$h" --dsa-dqk 576 --rounds 2 --calls 5 \
-        --variants "impl=sm90/$T=64/$T=16"
+        --variants "impl=sm90/$T=1/$T=16"
     done
     # Split-KV forward (AUTO's rule) against unsplit, where the query blocks cannot fill the GPU:
     # 32 tiles of 16 KV blocks.

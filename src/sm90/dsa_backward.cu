@@ -1,6 +1,6 @@
 // Hopper DSA backward, host side: support checks and the instantiations of the main kernel in
 // dsa_backward_kernel.cuh (D_qk in {512, 576}; H 64 and 128 share them: H / 64 CTAs per
-// token; bf16; plus the per-fragment reduction layout per D_qk for A/B, DkvRed::kFrag). Every
+// token; bf16: two kernels). Every
 // other pass is the portable backward's (portable::dsa_backward_around): the
 // fp32 dkv accumulator, deterministic mode's token slices (slot keys, sort, fixed-order reduction
 // of the partial rows this kernel stores), the dkv conversion and the d_sink reduction.
@@ -13,7 +13,6 @@
 #include <cstdlib>
 #include <limits>
 #include <sstream>
-#include <type_traits>
 
 #include "common/cuda_check.hpp"
 #include "common/cuda_device.hpp"
@@ -34,18 +33,18 @@ using dsa_bwd::SharedStorage;
 // Opt-in shared memory limit of sm_90 (227 KB).
 constexpr size_t kMaxSmemSm90 = 232448;
 
-template <int kDqk, dsa_bwd::DkvRed kRed = dsa_bwd::DkvRed::kRow>
+template <int kDqk>
 constexpr size_t smem_bytes() {
   // +1024: the kernel aligns its shared storage to 1024 bytes (128-byte swizzle atoms).
-  return sizeof(SharedStorage<DsaBwdTraits<kDqk, kRed>>) + 1024;
+  return sizeof(SharedStorage<DsaBwdTraits<kDqk>>) + 1024;
 }
 static_assert(smem_bytes<576>() <= kMaxSmemSm90, "sm90 DSA backward exceeds 227 KB of smem");
 static_assert(smem_bytes<512>() <= kMaxSmemSm90, "sm90 DSA backward exceeds 227 KB of smem");
 
-template <int kDqk, dsa_bwd::DkvRed kRed = dsa_bwd::DkvRed::kRow>
+template <int kDqk>
 void launch(const dsa_bwd::Params& params, int64_t grid, cudaStream_t stream) {
-  using Traits = DsaBwdTraits<kDqk, kRed>;
-  constexpr size_t kSmem = smem_bytes<kDqk, kRed>();
+  using Traits = DsaBwdTraits<kDqk>;
+  constexpr size_t kSmem = smem_bytes<kDqk>();
   auto* kernel = &dsa_bwd::dsa_backward_sm90_kernel<Traits>;
   // Every launch (cheap, and right for whichever device is current).
   SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -55,17 +54,12 @@ void launch(const dsa_bwd::Params& params, int64_t grid, cudaStream_t stream) {
 }
 
 // Experiment bits (dsa_backward_kernel.cuh, kTune*) from SA_TUNE_SM90_DSA_BWD, for measuring
-// the seed's techniques one at a time; 0 (the default kernel) when unset. The staged dQ epilogue
-// needs 16-byte aligned dq rows; without them the bit is dropped.
-int32_t tune_bits(const dsa_bwd::Params& prm) {
+// the seed's techniques one at a time; 0 (the default kernel) when unset.
+int32_t tune_bits() {
   const char* v = std::getenv("SA_TUNE_SM90_DSA_BWD");
   constexpr int32_t kKnown = dsa_bwd::kTuneLateRelease | dsa_bwd::kTuneRowIndex |
-                             dsa_bwd::kTuneStagedDq | dsa_bwd::kTuneNoDkv | dsa_bwd::kTuneFragRed;
-  int32_t bits = v != nullptr ? static_cast<int32_t>(std::strtol(v, nullptr, 0)) & kKnown : 0;
-  const bool rows16 = reinterpret_cast<uintptr_t>(prm.dq) % 16 == 0 && prm.dq_sh % 8 == 0 &&
-                      prm.dq_ss % 8 == 0;
-  if (!rows16) bits &= ~dsa_bwd::kTuneStagedDq;
-  return bits;
+                             dsa_bwd::kTuneNoDkv;
+  return v != nullptr ? static_cast<int32_t>(std::strtol(v, nullptr, 0)) & kKnown : 0;
 }
 
 // The main kernel for portable::dsa_backward_around: `grid` work items (tokens x head groups),
@@ -74,25 +68,16 @@ int32_t tune_bits(const dsa_bwd::Params& prm) {
 void launch_main(const dsa_bwd::Params& prm, int64_t grid, int device, cudaStream_t stream) {
   if (grid == 0) return;
   dsa_bwd::Params tuned = prm;
-  tuned.tune = tune_bits(prm);
+  tuned.tune = tune_bits();
   tuned.items = grid;
   if (prm.item_counter != nullptr) {
     SA_CUDA_CHECK(cudaMemsetAsync(prm.item_counter, 0, sizeof(uint32_t), stream));
   }
   grid = std::min<int64_t>(grid, sm_count(device));
-  using dsa_bwd::DkvRed;
-  const bool frag = (tuned.tune & dsa_bwd::kTuneFragRed) != 0;
-  auto go = [&](auto dqk) {
-    constexpr int kDqk = decltype(dqk)::value;
-    if (frag)
-      launch<kDqk, DkvRed::kFrag>(tuned, grid, stream);
-    else
-      launch<kDqk>(tuned, grid, stream);
-  };
   if (prm.dqk == 576)
-    go(std::integral_constant<int, 576>{});
+    launch<576>(tuned, grid, stream);
   else
-    go(std::integral_constant<int, 512>{});
+    launch<512>(tuned, grid, stream);
 }
 
 }  // namespace

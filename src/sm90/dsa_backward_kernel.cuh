@@ -17,22 +17,25 @@
 // [64 x D_qk] and dO [64 x 512] resident in shared memory and the chunk's kv rows K [64 x D_qk]
 // gathered (V = their first 512 columns, the same buffer):
 //
-//   [1] S  = Q K^T       [2] dP = dO V^T            64 x 32 per warpgroup (its 32 keys)
+//   [1] S  = Q K^T       [2] dP = dO V^T            64 x 64, warpgroup 0
 //   [3] P  = 2^(S scale log2e - L2 + bias),  dS' = scale P (dP - delta)  -> bf16 sP, sDs
+//                                                   (warpgroup 0)
 //   [4] dQ += dS' K                                 64 x 256 nope columns per warpgroup (fp32
-//                                                   registers, the whole loop); the rope panel
-//                                                   (D_qk 576): both, each over its 32 keys
+//                                                   registers, the whole item); the rope panel
+//                                                   (D_qk 576) on warpgroup 0
 //   [5] dKV pieces: dS'^T Q_p + P^T dO_p            64 keys x one 64-column panel p at a time
 //                   (rope: dS'^T Q_rope),           -> red.global.add.v2.f32 into the fp32 dkv
-//                   panels split between the         rows of the chunk's active keys, two
-//                                                   rows' 128 bytes per warp instruction (a
-//                                                   shuffle transpose of the fragments first)
+//                   in the order nope 0-7, rope:    rows of the chunk's active keys, two
+//                   warpgroup 1 all but the last    rows' 128 bytes per warp instruction (a
+//                   kWg0Pieces, warpgroup 0 those   shuffle transpose of the fragments first)
 //                                                   (deterministic: stored to partial rows)
-//                   warpgroups (nope 0-3 + rope: warpgroup 0; nope 4-7: warpgroup 1)
 //
-// The K buffer has one stage (Q, dO and K take 213 KB of the 227): [1], [2] and [4] are the only
-// products that read it, so they run first and the stage is released right after [4]; the gather
-// of the next chunk then overlaps [5] (the seed's "K-consuming MMAs first" order).
+// This is cuDNN's split of the roles (not of the keys): warpgroup 1's reductions run beside
+// warpgroup 0's products of the next chunk instead of in a window where both warpgroups reduce
+// (bench/NOTES.md, sessions 19-20). The K buffer has one stage (Q, dO and K take 213 KB of the
+// 227): [1], [2] and [4] are the only products that read it, and each warpgroup releases it right
+// after its [4]; the gather of the next chunk then overlaps [5] (the seed's "K-consuming MMAs
+// first" order).
 //
 // Roles (warpgroups, 384 threads):
 //   kProducer  warpgroup 0, setmaxnreg down: per item Q and dO (with chunk 0), and each chunk's
@@ -43,17 +46,21 @@
 //              row, its bias is -inf and its kidx -1. bias and kidx are double-buffered (by the
 //              global chunk index g % 2): the consumers read kidx in [5] after the K stage is
 //              already refilled.
-//   kConsumer0/1  warpgroups 1 and 2, setmaxnreg up.
+//   kConsumer0/1  warpgroups 1 and 2 (consumer warpgroups 0 and 1 below), setmaxnreg up.
 //
-// Per chunk (global index g over the CTA's items), consumers:
-//   wait kv_full (parity g % 2) | issue [1] [2] (one batch) | bar kPdsFree (everyone's [5] of
-//   chunk c - 1 is done with sP, sDs) | wait | [3] P, dS' -> bf16 sP, sDs | fence.proxy.async,
-//   bar kPdsReady | the first [5] piece, then [4], as two batches | wait for the piece, reduce it
-//   while [4] runs | wait | arrive kv_empty (every lane) | the other [5] pieces: batch, wait,
-//   reduce
+// Per chunk (global index g over the CTA's items):
+//   consumer 0: wait kv_full (parity g % 2) | [1] | P | [2] | dS' | bar kPdsFree (consumer 1's
+//     last wgmma of chunk c - 1 is done with sP, sDs) | store sP, sDs, fence.proxy.async, arrive
+//     kPdsReady | bar kWg0 | [4] and its first piece as two batches | wait for [4], arrive
+//     kv_empty | reduce the piece | its second piece: batch, wait, reduce
+//   consumer 1: bar kPdsReady | [4], pieces 0 and 1 on two accumulators as three batches | wait
+//     for [4], arrive kv_empty | per piece k: wait for it, reduce it, issue piece k + 2 on its
+//     accumulator; after the last piece's wgmma, arrive kPdsFree (and qdo_empty on the item's
+//     last chunk)
 // Nothing is in flight across a loop iteration (an accumulator in flight over the back edge made
-// ptxas serialize the wgmma of other kernels, C7515).
-//
+// ptxas serialize the wgmma, C7514/C7515); the pieces are unrolled at compile time for the same
+// reason. Per item, both consumers pass kItem after their halves of delta.
+
 // Shared memory (bytes), operand tiles in 64-column panels of 128-byte rows with the 128-byte
 // swizzle (chunk c of row r at c ^ (r % 8)): q_nope 65,536, q_rope 8,192, dout 65,536, k_nope
 // 65,536, k_rope 8,192, P 8,192, dS' 8,192 = 229,376; bias, kidx 2 x 64 each (1,024), the delta
@@ -85,48 +92,45 @@ using Params = portable::dsa_bwd::DsaBwdParams;
 
 // Params::tune bits, for measuring the seed's techniques one at a time (bench/NOTES.md; the host
 // sets them from SA_TUNE_SM90_DSA_BWD; 0 is the default kernel):
-//   kTuneLateRelease  release the K stage after the dKV pieces instead of right after dQ (the
-//                     order without the "K-consuming MMAs first" technique)
+//   kTuneLateRelease  release the K stage after the chunk's dKV pieces instead of right after
+//                     dQ (the order without the "K-consuming MMAs first" technique)
 //   kTuneRowIndex     each row's index loaded by its own lanes inside the gather loop instead of
 //                     lane-parallel before it (without the "lane-parallel index loads" technique)
-//   kTuneStagedDq     dQ through shared memory and 16-byte coalesced stores instead of 4-byte
-//                     stores from the fragments (the staged dQ epilogue)
 //   kTuneNoDkv        DIAGNOSTIC, WRONG RESULTS: the dKV pieces are computed but never reduced
 //                     (the time of the kernel without its fp32 dkv reductions: the "atomic wall")
-//   kTuneFragRed      the reduction layout before session 10 (its own instantiation,
-//                     DkvRed::kFrag): each red.v2 warp instruction straight from the
-//                     accumulator fragments, 32 bytes in each of 8 rows (8 lines); measured 11%
-//                     slower than the default (session 10)
-// The default reductions: each warp's 8 x 8 grid of column pairs (per fragment half) is
-// partly transposed across the lane groups by shuffles, so that one red.v2 warp instruction
-// covers 128 contiguous bytes in each of two dkv rows (2 lines).
-// Removed after measuring (bench/NOTES.md; the bits had these meanings in the session 8 and 9
+// The reductions: each warp's 8 x 8 grid of column pairs (per fragment half) is partly
+// transposed across the lane groups by shuffles, so that one red.v2 warp instruction covers 128
+// contiguous bytes in each of two dkv rows (2 lines).
+// Removed after measuring (bench/NOTES.md; the bits had these meanings in the session 8-19
 // logs): the S/dP split between the warpgroups (then bit 8: +0.3%); the dKV pieces
-// software-pipelined over two accumulators (then bit 64: +1.5% at D_qk 512, a 392-byte spill at
-// 576, and a racecheck report); the v0 reduction loop, one address register rewritten per
-// reduction (then bit 8: same speed); red.v4 from the fragment layout (then bit 32: ~0); red.v4
-// from the row layout, two rows per warp instruction (bit 32 in session 10: -7%); in session 18 a
-// 1-stage butterfly (4 rows x 64 bytes, ~0), the transposes through 1 KB of shared memory per
-// warp (D_qk 576: with the next chunk's rope panel filled after [5]; -3% at 576, +1% at 512), and
-// the last piece held over the back edge and reduced under the next chunk's S (-1 to -2% at 512,
-// 232 bytes of spill at 576), and [5]'s A operands from registers (RS wgmma after ldmatrix.trans,
-// D_qk 512: -1.2%); in session 19 red.v4 from a column-permuted accumulator without shuffles (8
-// rows x 64 bytes per instruction: -12 to -15%), pieces 1-3 over two accumulators (D_qk 512: -2
-// to -3%), and the rope piece on both warpgroups, each reducing half its rows (-1 to -1.5%).
-constexpr int32_t kTuneLateRelease = 1, kTuneRowIndex = 2, kTuneStagedDq = 4, kTuneNoDkv = 16,
-                  kTuneFragRed = 64;
+// software-pipelined over two accumulators on both warpgroups (then bit 64: +1.5% at D_qk 512, a
+// 392-byte spill at 576, and a racecheck report); the v0 reduction loop, one address register
+// rewritten per reduction (then bit 8: same speed); red.v4 from the fragment layout (then bit 32:
+// ~0); red.v4 from the row layout, two rows per warp instruction (bit 32 in session 10: -7%); in
+// session 18 a 1-stage butterfly (4 rows x 64 bytes, ~0), the transposes through 1 KB of shared
+// memory per warp (-3% at 576, +1% at 512), the last piece held over the back edge (-1 to -2% at
+// 512, 232 bytes of spill at 576), and [5]'s A operands from registers (RS wgmma after
+// ldmatrix.trans, D_qk 512: -1.2%); in session 19 red.v4 from a column-permuted accumulator
+// without shuffles (-12 to -15%), pieces 1-3 over two accumulators (-2 to -3%), and the rope
+// piece on both warpgroups (-1 to -1.5%). In session 20, with the role split below: the split of
+// sessions 8-19 by keys (each warpgroup S, dP and dS' of its 32 keys, half of dQ and half of the
+// pieces: 2.8-4.0% slower at D_qk 576, 3-6% at 512), its staged dQ epilogue (then bit 4) and
+// session 9's per-fragment reductions (then bit 64: 11% slower).
+constexpr int32_t kTuneLateRelease = 1, kTuneRowIndex = 2, kTuneNoDkv = 16;
 
-// Named barriers (id 0 is __syncthreads), over the 256 consumer threads.
-enum class NamedBarrier : uint32_t { kPdsFree = 1, kPdsReady = 2 };
+// Named barriers (id 0 is __syncthreads): kPdsFree, kPdsReady and kItem over the 256 consumer
+// threads, kWg0 over warpgroup 0.
+enum class NamedBarrier : uint32_t { kPdsFree = 1, kPdsReady = 2, kItem = 3, kWg0 = 4 };
 __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint32_t>(b); }
 
-// How the dKV pieces are reduced (each a separate instantiation, so that an experiment's code never
-// changes the default kernel's registers): see the kTune* bits above.
-enum class DkvRed : int { kRow = 0, kFrag = 1 };
-
-template <int kDqk_, DkvRed kRed_ = DkvRed::kRow>
+// kWg0Pieces: how many of the chunk's last dKV pieces warpgroup 0 takes besides S, dP, dS' and
+// its half of dQ (the rest are warpgroup 1's). D_qk 576: two (against none, +2.1-2.6% at topk
+// 2048, and none loses 8% with topk_length: warpgroup 1's longer chain ends every item). D_qk
+// 512: none (+0.6-3.1% over two at topk 2048, equal with topk_length). One piece measured
+// slower than both at both sizes (bench/NOTES.md, session 20).
+template <int kDqk_>
 struct DsaBwdTraits : DsaCta<kDqk_> {
-  static constexpr DkvRed kRed = kRed_;
+  static constexpr int kWg0Pieces = kDqk_ == 576 ? 2 : 0;
   using Base = DsaCta<kDqk_>;
   using Element = typename Base::Element;
   using H64 = typename Base::H64;
@@ -138,14 +142,15 @@ struct DsaBwdTraits : DsaCta<kDqk_> {
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
   using Major = cute::SM90::GMMA::Major;
-  // [1], [2]: M = 64 heads, N = 32 keys per warpgroup, K = dims; both operands K-major.
+  // [1], [2] (warpgroup 0): M = 64 heads, N = the chunk's 64 keys, K = dims; both operands
+  // K-major.
   using TiledMmaSdP = decltype(cute::make_tiled_mma(
-      cute::SM90::GMMA::MMA_64x32x16_F32BF16BF16_SS<Major::K, Major::K>{}, WgLayout{}));
+      cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<Major::K, Major::K>{}));
   // [4] nope: M = 64 heads, N = 256 dims per warpgroup, K = 64 keys; A = dS' (K-major), B = the K
   // rows seen as (dims, keys) (MN-major).
   using TiledMmaDq = decltype(cute::make_tiled_mma(
       cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<Major::K, Major::MN>{}, WgLayout{}));
-  // [4] rope: N = 64, each warpgroup over its own 32 keys (k-blocks 2 wg, 2 wg + 1).
+  // [4] rope (warpgroup 0): N = 64, K = the chunk's 64 keys.
   using TiledMmaDqRope = decltype(cute::make_tiled_mma(
       cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<Major::K, Major::MN>{}));
   // [5]: M = 64 keys, N = 64 dims, K = 64 heads; A = dS'^T or P^T, B = a Q or dO panel seen as
@@ -289,11 +294,9 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
   const int frag_row = 16 * warp_in_wg + lane / 4;  // + 8 r
   const int n_chunks = (n_slots + T::kBlockN - 1) / T::kBlockN;
 
-  typename T::TiledMmaSdP mma_sdp;
   typename T::TiledMmaDq mma_dq;
   typename T::TiledMmaDqRope mma_dqr;
   typename T::TiledMmaKv mma_kv;
-  auto thr_sdp = mma_sdp.get_thread_slice(ctid);
   auto thr_dq = mma_dq.get_thread_slice(ctid);
   auto thr_dqr = mma_dqr.get_thread_slice(wtid);
   auto thr_kv = mma_kv.get_thread_slice(wtid);
@@ -309,15 +312,6 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
   Tensor sDsT = make_tensor(make_smem_ptr(s.ds), typename T::SmemLayoutCols64{});
   Tensor sPT = make_tensor(make_smem_ptr(s.p), typename T::SmemLayoutCols64{});
 
-  // [1], [2]
-  Tensor tSrQn = thr_sdp.partition_fragment_A(sQn);  // descriptors (MMA, 1, 32)
-  Tensor tSrQr = thr_sdp.partition_fragment_A(sQr);  // (MMA, 1, 4)
-  Tensor tSrdO = thr_sdp.partition_fragment_A(sdO);  // (MMA, 1, 32)
-  Tensor tSrKn = thr_sdp.partition_fragment_B(sKn);  // (MMA, 1, 32): this warpgroup's 32 keys
-  Tensor tSrKr = thr_sdp.partition_fragment_B(sKr);  // (MMA, 1, 4)
-  Tensor tSrS = partition_fragment_C(mma_sdp, Shape<typename T::H64, typename T::H64>{});
-  Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<typename T::H64, typename T::H64>{});
-  static_assert(decltype(size(tSrS))::value == 16, "S fragment: 64 x 32 per warpgroup");
   // [4]
   Tensor tQrDs = thr_dq.partition_fragment_A(sDs);    // (MMA, 1, 4)
   Tensor tQrKt = thr_dq.partition_fragment_B(sKnT);   // (MMA, 1, 4): this warpgroup's 256 dims
@@ -394,13 +388,16 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
       if (lane % 4 == 0)
         st_shared_u32(smem_u32(&s.dpart[wg][frag_row + 8 * r]), __float_as_uint(acc));
     }
-    // Both warpgroups pass it (kPdsFree: the same barrier sequence as the chunks'); the previous
-    // item's reads of s.dpart are behind its chunks' and epilogue's kPdsFree.
-    named_barrier_sync(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r)  // the two halves in the same order on both warpgroups
-      delta[r] = ld_shared_f32(smem_u32(&s.dpart[0][frag_row + 8 * r])) +
-                 ld_shared_f32(smem_u32(&s.dpart[1][frag_row + 8 * r]));
+    // Both warpgroups pass kItem; only warpgroup 0 reads the halves (its dS' needs delta), before
+    // its first kPdsReady of the item. Warpgroup 1 writes its half of the next item's only after
+    // this item's chunks, each behind a kPdsReady of warpgroup 0.
+    named_barrier_sync(id(NamedBarrier::kItem), T::kConsumerThreads);
+    if (wg == 0) {
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r)
+        delta[r] = ld_shared_f32(smem_u32(&s.dpart[0][frag_row + 8 * r])) +
+                   ld_shared_f32(smem_u32(&s.dpart[1][frag_row + 8 * r]));
+    }
   }
 
   const float scale_log2 = p.scale_log2;
@@ -440,8 +437,8 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
   const int32_t tune = p.tune;
   auto reduce_piece = [&](int c, int buf, int panel, auto& acc) {
     warpgroup_fence_operand(acc);
-    // The kv rows of this thread's fragment rows frag_row + 8 r (the deterministic and the
-    // per-fragment paths; the default path reads its transposed rows' own).
+    // The kv rows of this thread's fragment rows frag_row + 8 r (the deterministic path; the
+    // default path reads its transposed rows' own).
     auto fragment_rows = [&](int32_t (&j)[2]) {
       CUTE_UNROLL
       for (int r = 0; r < 2; ++r)
@@ -461,7 +458,7 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
       }
     } else if (tune & kTuneNoDkv) {
       // Diagnostic only: no reduction.
-    } else if constexpr (T::kRed != DkvRed::kFrag) {
+    } else {
       // Per half r, lane (g, q) holds the pairs (row frag_row + 8 r, columns 8 b + 2 q) for
       // b = 0..7. A 2-stage butterfly over the lane groups (shuffle distances 4, 8) swaps the low
       // two bits of b with those of g: afterwards v[k] is the pair (row 16 warp + 8 r + 4 (g / 4)
@@ -518,178 +515,190 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
           }
         }
       }
-    } else {
-      // kTuneFragRed: one base pointer per row and immediate offsets: the 32 reductions issue
-      // back to back, predicated. An inactive slot's row (j < 0) points at row 0 and is never
-      // reduced.
-      int32_t j[2];
-      fragment_rows(j);
-      float* row0 = p.dkv_acc + static_cast<int64_t>(max(j[0], 0)) * dqk + col0;
-      float* row1 = p.dkv_acc + static_cast<int64_t>(max(j[1], 0)) * dqk + col0;
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc); i += 4) {
-        red_add_f32x2_if(row0 + 8 * (i / 4), acc(i), acc(i + 1), j[0] >= 0);
-        red_add_f32x2_if(row1 + 8 * (i / 4), acc(i + 2), acc(i + 3), j[1] >= 0);
-      }
     }
   };
-  // kTuneStagedDq: the epilogue stages dQ in the dead Q / dO tiles (an item without chunks stores
-  // its zeros directly: the producer may already fill the tiles for the next item).
-  const bool staged = (p.tune & kTuneStagedDq) != 0 && n_chunks > 0;
-  auto kv_piece = [&](int c, int buf, int panel, auto rope_tag) {
-    issue_piece(panel, rope_tag, tKrAcc);
-    warpgroup_wait<0>();
-    reduce_piece(c, buf, panel, tKrAcc);
+  // The chunk's pieces in the order nope 0-7 (+ rope): warpgroup 1 takes the first
+  // wg1_pieces, warpgroup 0 the rest (compile-time: with a runtime split ptxas serialized the
+  // wgmma, C7514).
+  constexpr int kPieces = T::kNopePanels + (T::kRope ? 1 : 0);
+  constexpr int wg0_pieces = T::kWg0Pieces;
+  constexpr int wg1_pieces = kPieces - wg0_pieces;
+  static_assert(wg0_pieces >= 0 && wg0_pieces <= 2, "warpgroup 0 takes at most two pieces");
+  static_assert(wg1_pieces >= 2, "warpgroup 1 issues pieces 0 and 1 with its dQ");
+  const bool late_release = (p.tune & kTuneLateRelease) != 0;
+  auto issue_any_piece = [&](int k, auto& acc) {
+    if (T::kRope && k == T::kNopePanels)
+      issue_piece(T::kNopePanels, cute::true_type{}, acc);
+    else
+      issue_piece(k, cute::false_type{}, acc);
   };
-
+  if (wg == 0) {
+    // ---- warpgroup 0: S, P, dP, dS' over the chunk's 64 keys, then its half of dQ ----
+    typename T::TiledMmaSdP mma_sdp;
+    auto thr_sdp = mma_sdp.get_thread_slice(wtid);
+    Tensor tSrQn = thr_sdp.partition_fragment_A(sQn);
+    Tensor tSrQr = thr_sdp.partition_fragment_A(sQr);
+    Tensor tSrdO = thr_sdp.partition_fragment_A(sdO);
+    Tensor tSrKn = thr_sdp.partition_fragment_B(sKn);  // all 64 keys
+    Tensor tSrKr = thr_sdp.partition_fragment_B(sKr);
 #pragma unroll 1
-  for (int c = 0; c < n_chunks; ++c) {
-    const uint32_t g = g0 + static_cast<uint32_t>(c);
-    const int buf = g & 1;
-    mbarrier_wait(&s.kv_full, g & 1);
-    // [1] S, alone: S and dP are never allocated together (with dQ's 160 fp32 at D_qk 576 that
-    // spilled).
-    warpgroup_fence_operand(tSrS);
-    warpgroup_arrive();
-    gemm_ss(mma_sdp, tSrQn, tSrKn, tSrS, true);
-    if constexpr (T::kRope) gemm_ss(mma_sdp, tSrQr, tSrKr, tSrS, false);
-    warpgroup_commit_batch();
-    // Whether the chunk has an active slot (for the d_sink term), while the batch runs.
-    saw_active |=
-        __any_sync(0xffffffffu, s.bias[buf][lane] == 0.f || s.bias[buf][32 + lane] == 0.f);
-    // Every consumer's [5] of the previous chunk is done with sP and sDs (waited there).
-    named_barrier_sync(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tSrS);
-
-    // [3a] P of this warpgroup's 32 keys -> bf16 sP; the bf16 pairs stay for dS'.
-    const uint32_t bias = smem_u32(s.bias[buf]) + 4 * (32 * wg + 2 * (lane % 4));  // + 4 key
-    uint32_t p_pk[8];
-    CUTE_UNROLL
-    for (int i = 0; i < 16; i += 2) {
-      const int r = (i / 2) % 2;
-      float pv[2];
+    for (int c = 0; c < n_chunks; ++c) {
+      const uint32_t g = g0 + static_cast<uint32_t>(c);
+      const int buf = g & 1;
+      mbarrier_wait(&s.kv_full, g & 1);
+      Tensor tSrS = partition_fragment_C(mma_sdp, Shape<typename T::H64, typename T::H64>{});
+      static_assert(decltype(size(tSrS))::value == 32, "S fragment: 64 x 64");
+      warpgroup_fence_operand(tSrS);
+      warpgroup_arrive();
+      gemm_ss(mma_sdp, tSrQn, tSrKn, tSrS, true);
+      if constexpr (T::kRope) gemm_ss(mma_sdp, tSrQr, tSrKr, tSrS, false);
+      warpgroup_commit_batch();
+      saw_active |=
+          __any_sync(0xffffffffu, s.bias[buf][lane] == 0.f || s.bias[buf][32 + lane] == 0.f);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrS);
+      // P in bf16 pairs (kept for dS' and stored once the tiles are free).
+      const uint32_t bias = smem_u32(s.bias[buf]) + 4 * (2 * (lane % 4));  // + 4 key
+      uint32_t p_pk[16];
       CUTE_UNROLL
-      for (int e = 0; e < 2; ++e) {
-        // -inf for inactive keys, L2 = +inf
-        const float off = ld_shared_f32(bias + 4 * (8 * (i / 4) + e)) - l2[r];
-        pv[e] = exp2_approx(fmaf(tSrS(i + e), scale_log2, off));
+      for (int i = 0; i < 32; i += 2) {
+        const int r = (i / 2) % 2;
+        float pv[2];
+        CUTE_UNROLL
+        for (int e = 0; e < 2; ++e) {
+          const float off = ld_shared_f32(bias + 4 * (8 * (i / 4) + e)) - l2[r];
+          pv[e] = exp2_approx(fmaf(tSrS(i + e), scale_log2, off));
+        }
+        p_pk[i / 2] = pack_bf16x2(pv[0], pv[1]);
       }
-      p_pk[i / 2] = pack_bf16x2(pv[0], pv[1]);
-      const uint32_t at = swz(frag_row + 8 * r, 4 * wg + i / 4) + 4 * (lane % 4);
-      st_shared_u32(p_addr + at, p_pk[i / 2]);
-    }
-    // [2] dP.
-    warpgroup_fence_operand(tSrdP);
-    warpgroup_arrive();
-    gemm_ss(mma_sdp, tSrdO, tSrKn, tSrdP, true);
-    warpgroup_commit_batch();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tSrdP);
-    // [3b] dS' = scale P (dP - delta) from P's bf16 copy (the operand of dKV's P^T dO) -> sDs.
-    CUTE_UNROLL
-    for (int i = 0; i < 16; i += 2) {
-      const int r = (i / 2) % 2;
-      const float2 pv = unpack_bf16x2(p_pk[i / 2]);
-      const float d0 = scale * pv.x * (tSrdP(i) - delta[r]);
-      const float d1 = scale * pv.y * (tSrdP(i + 1) - delta[r]);
-      const uint32_t at = swz(frag_row + 8 * r, 4 * wg + i / 4) + 4 * (lane % 4);
-      st_shared_u32(ds_addr + at, pack_bf16x2(d0, d1));
-    }
-    fence_proxy_async_shared();  // sP, sDs are read by wgmma (async proxy)
-    named_barrier_sync(id(NamedBarrier::kPdsReady), T::kConsumerThreads);
-
-    // [4] dQ += dS' K: the last product that reads the K stage. The warpgroup's first dKV piece
-    // is issued just before it and reduced while it runs (+2.7-3.2%, bench/NOTES.md session 18).
-    const int first = 4 * wg;
-    issue_piece(first, cute::false_type{}, tKrAcc);
-    warpgroup_fence_operand(tQrdQ);
-    if constexpr (T::kRope) warpgroup_fence_operand(tRrdQ);
-    warpgroup_arrive();
-    gemm_ss(mma_dq, tQrDs, tQrKt, tQrdQ, false);
-    if constexpr (T::kRope) {
-      // The rope columns split by keys: each warpgroup adds its own 32 keys' part (k-blocks
-      // 2 wg, 2 wg + 1); the epilogue adds the two partials. Same code on both warpgroups (a
-      // warpgroup-dependent wgmma inside a batch makes ptxas inject waits).
-      mma_dqr.accumulate_ = SM90::GMMA::ScaleOut::One;
+      Tensor tSrdP = partition_fragment_C(mma_sdp, Shape<typename T::H64, typename T::H64>{});
+      warpgroup_fence_operand(tSrdP);
+      warpgroup_arrive();
+      gemm_ss(mma_sdp, tSrdO, tSrKn, tSrdP, true);
+      warpgroup_commit_batch();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrdP);
+      uint32_t ds_pk[16];
       CUTE_UNROLL
-      for (int k = 0; k < 2; ++k)
-        cute::gemm(mma_dqr, tRrDs(_, _, 2 * wg + k), tRrKt(_, _, 2 * wg + k), tRrdQ);
+      for (int i = 0; i < 32; i += 2) {
+        const int r = (i / 2) % 2;
+        const float2 pv = unpack_bf16x2(p_pk[i / 2]);
+        ds_pk[i / 2] = pack_bf16x2(scale * pv.x * (tSrdP(i) - delta[r]),
+                                   scale * pv.y * (tSrdP(i + 1) - delta[r]));
+      }
+      // Warpgroup 1 is done with the previous chunk's sP, sDs (its arrive after its last
+      // piece's wgmma; one extra arrive before the first chunk, consumer_main).
+      named_barrier_sync(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
+      CUTE_UNROLL
+      for (int i = 0; i < 32; i += 2) {
+        const uint32_t at = swz(frag_row + 8 * ((i / 2) % 2), i / 4) + 4 * (lane % 4);
+        st_shared_u32(p_addr + at, p_pk[i / 2]);
+        st_shared_u32(ds_addr + at, ds_pk[i / 2]);
+      }
+      fence_proxy_async_shared();
+      named_barrier_arrive(id(NamedBarrier::kPdsReady), T::kConsumerThreads);
+      // Every warp's rows of sDs are written before this warpgroup's [4] reads them all.
+      named_barrier_sync(id(NamedBarrier::kWg0), 128);
+      // [4] for dims 0-255 and the whole rope panel (all 64 keys), then this warpgroup's
+      // pieces (the last wg0_pieces of the order nope 0-7, rope), one accumulator.
+      warpgroup_fence_operand(tQrdQ);
+      if constexpr (T::kRope) warpgroup_fence_operand(tRrdQ);
+      warpgroup_arrive();
+      gemm_ss(mma_dq, tQrDs, tQrKt, tQrdQ, false);
+      if constexpr (T::kRope) gemm_ss(mma_dqr, tRrDs, tRrKt, tRrdQ, false);
+      warpgroup_commit_batch();
+      if constexpr (wg0_pieces > 0) {
+        issue_any_piece(wg1_pieces, tKrAcc);
+        warpgroup_wait<1>();
+      } else {
+        warpgroup_wait<0>();
+      }
+      warpgroup_fence_operand(tQrdQ);
+      if constexpr (T::kRope) warpgroup_fence_operand(tRrdQ);
+      if (releaser && !late_release) mbarrier_arrive(&s.kv_empty);
+      if constexpr (wg0_pieces > 0) {  // (no loop: a wgmma in flight over a back edge, C7514)
+        warpgroup_wait<0>();
+        reduce_piece(c, buf, wg1_pieces, tKrAcc);
+        if constexpr (wg0_pieces > 1) {
+          issue_any_piece(wg1_pieces + 1, tKrAcc);
+          warpgroup_wait<0>();
+          reduce_piece(c, buf, wg1_pieces + 1, tKrAcc);
+        }
+      }
+      if (releaser && late_release) mbarrier_arrive(&s.kv_empty);
+      // This warpgroup's last read of the item's Q and dO.
+      if (releaser && c == n_chunks - 1) mbarrier_arrive(&s.qdo_empty);
     }
-    warpgroup_commit_batch();
-    warpgroup_wait<1>();  // the first piece
-    reduce_piece(c, buf, first, tKrAcc);
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tQrdQ);
-    if constexpr (T::kRope) warpgroup_fence_operand(tRrdQ);
-    const bool late_release = (p.tune & kTuneLateRelease) != 0;
-    if (releaser && !late_release) mbarrier_arrive(&s.kv_empty);  // the next gather may start
-
-    // [5] This warpgroup's dKV pieces (the next chunk's gather runs meanwhile).
+  } else {
+    // ---- warpgroup 1: its half of dQ, then its pieces over two accumulators ----
+    Tensor acc1 = partition_fragment_C(mma_kv, Shape<typename T::D64, typename T::D64>{});
+    auto& acc0 = tKrAcc;
 #pragma unroll 1
-    for (int panel = first + 1; panel < first + 4; ++panel)
-      kv_piece(c, buf, panel, cute::false_type{});
-    if constexpr (T::kRope) {
-      if (wg == 0) kv_piece(c, buf, T::kNopePanels, cute::true_type{});
+    for (int c = 0; c < n_chunks; ++c) {
+      const uint32_t g = g0 + static_cast<uint32_t>(c);
+      const int buf = g & 1;
+      const bool last_chunk = c == n_chunks - 1;
+      // The last wgmma that reads sP, sDs, Q and dO is done: release them.
+      auto release_tiles = [&] {
+        named_barrier_arrive(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
+        if (releaser && last_chunk) mbarrier_arrive(&s.qdo_empty);
+      };
+      named_barrier_sync(id(NamedBarrier::kPdsReady), T::kConsumerThreads);
+      // Returns at once (warpgroup 0 waited it before kPdsReady); it makes the order of the
+      // producer's K rows and kidx before this warpgroup's reads explicit (racecheck).
+      mbarrier_wait(&s.kv_full, g & 1);
+      warpgroup_fence_operand(tQrdQ);
+      warpgroup_arrive();
+      gemm_ss(mma_dq, tQrDs, tQrKt, tQrdQ, false);
+      warpgroup_commit_batch();
+      issue_piece(0, cute::false_type{}, acc0);
+      issue_piece(1, cute::false_type{}, acc1);
+      warpgroup_wait<2>();  // [4]: the K stage is free
+      warpgroup_fence_operand(tQrdQ);
+      if (releaser && !late_release) mbarrier_arrive(&s.kv_empty);
+      // Pieces 0 .. wg1_pieces - 1, k on accumulator k % 2, k and k + 1 in flight. Fully
+      // unrolled: two accumulators in flight over a loop's back edge make ptxas serialize
+      // every wgmma (C7514).
+      auto step = [&](int k, auto& acc) {
+        if (k + 1 < wg1_pieces) {
+          warpgroup_wait<1>();
+        } else {
+          warpgroup_wait<0>();  // the last wgmma of this warpgroup that reads the tiles
+          release_tiles();
+        }
+        reduce_piece(c, buf, k, acc);
+        if (k + 2 < wg1_pieces) issue_any_piece(k + 2, acc);
+      };
+      CUTE_UNROLL
+      for (int k = 0; k < kPieces; ++k) {
+        if (k < wg1_pieces) {
+          if (k % 2 == 0)
+            step(k, acc0);
+          else
+            step(k, acc1);
+        }
+      }
+      if (releaser && late_release) mbarrier_arrive(&s.kv_empty);
     }
-    if (releaser && late_release) mbarrier_arrive(&s.kv_empty);
-    // The item's last [5] (waited) was the last read of Q and dO: the next item's may land
-    // (unless the staged dQ epilogue still uses the tiles: then after it).
-    if (releaser && c == n_chunks - 1 && !staged) mbarrier_arrive(&s.qdo_empty);
   }
 
-  // Epilogue: dQ (scale is in dS') -> dq; the d_sink terms. Default: bf16 pairs stored from the
-  // fragments. kTuneStagedDq: the rows go through shared memory (Q, dO and P are dead now; row
-  // pitch 1,168 bytes, so a warp's 8 rows of a store hit 8 different bank groups) and out with
-  // 16-byte stores of whole rows.
-  Element* dq = static_cast<Element*>(p.dq);
-  constexpr uint32_t kStagePitch = (T::kDqk + 8) * 2;  // bytes per staged row
-  static_assert(64 * kStagePitch <= sizeof(s.q_nope) + sizeof(s.q_rope) + sizeof(s.dout),
-                "dQ staging must fit the dead Q and dO tiles");
-  const uint32_t stage_base = smem_u32(s.q_nope);
-  // Every consumer's last [5] is done: Q, dO, P and dS' are free.
-  named_barrier_sync(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
+  // Epilogue: dQ (scale is in dS') -> dq, bf16 pairs stored from the fragments (warpgroup w:
+  // nope columns [256 w, 256 w + 256); warpgroup 0 also the rope panel); the d_sink terms.
+  Element* dq = static_cast<Element*>(p.dq) + tok * p.dq_ss + h0 * p.dq_sh;
   auto put_pair = [&](int row, int col, float x, float y) {
-    const uint32_t v = pack_bf16x2(x, y);
-    if (staged)
-      st_shared_u32(stage_base + row * kStagePitch + col * 2, v);
-    else
-      *reinterpret_cast<uint32_t*>(dq + tok * p.dq_ss + (h0 + row) * p.dq_sh + col) = v;
+    *reinterpret_cast<uint32_t*>(dq + row * p.dq_sh + col) = pack_bf16x2(x, y);
   };
   CUTE_UNROLL
   for (int i = 0; i < size(tQrdQ); i += 2)
     put_pair(frag_row + 8 * ((i / 2) % 2), 256 * wg + 8 * (i / 4) + 2 * (lane % 4), tQrdQ(i),
              tQrdQ(i + 1));
   if constexpr (T::kRope) {
-    // Rope columns: warpgroup 0's partial through shared memory (the P and dS' tiles, 16 KB; same
-    // fragment order on both sides), warpgroup 1 adds it to its own.
-    const uint32_t part = smem_u32(s.p) + 8 * wtid;  // pair i / 2 at + 1024 (i / 2)
     if (wg == 0) {
       CUTE_UNROLL
       for (int i = 0; i < size(tRrdQ); i += 2)
-        st_shared_f32x2(part + 1024 * (i / 2), tRrdQ(i), tRrdQ(i + 1));
+        put_pair(frag_row + 8 * ((i / 2) % 2), 512 + 8 * (i / 4) + 2 * (lane % 4), tRrdQ(i),
+                 tRrdQ(i + 1));
     }
-    named_barrier_sync(id(NamedBarrier::kPdsReady), T::kConsumerThreads);
-    if (wg == 1) {
-      CUTE_UNROLL
-      for (int i = 0; i < size(tRrdQ); i += 2) {
-        const float2 o = ld_shared_f32x2(part + 1024 * (i / 2));
-        put_pair(frag_row + 8 * ((i / 2) % 2), 512 + 8 * (i / 4) + 2 * (lane % 4),
-                 tRrdQ(i) + o.x, tRrdQ(i + 1) + o.y);
-      }
-    }
-  }
-  if (staged) {
-    named_barrier_sync(id(NamedBarrier::kPdsReady), T::kConsumerThreads);
-    constexpr int kChunks = T::kDqk / 8;  // 16-byte chunks per row
-    for (int idx = threadIdx.x - 128; idx < 64 * kChunks; idx += T::kConsumerThreads) {
-      const int row = idx / kChunks, ch = idx % kChunks;
-      const uint4 v = ld_shared_v4(stage_base + row * kStagePitch + ch * 16);
-      *reinterpret_cast<uint4*>(dq + tok * p.dq_ss + (h0 + row) * p.dq_sh + ch * 8) = v;
-    }
-    // Every thread of the warp has read its staged rows: Q and dO are free.
-    __syncwarp();
-    if (releaser) mbarrier_arrive(&s.qdo_empty);
   }
   if (p.sink_terms != nullptr && wg == 0 && lane % 4 == 0) {
     CUTE_UNROLL
@@ -707,9 +716,14 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
 
 template <class T>
 __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>& s, int wg) {
+  // Warpgroup 1 arrives on kPdsFree once per chunk after its last piece's wgmma, warpgroup 0
+  // syncs on it before each chunk's P / dS' stores; one arrive before the first chunk and one
+  // sync after the last keep the counts equal.
+  if (wg == 1) named_barrier_arrive(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
   for_each_item<T, false>(p, s, [&](int64_t tok, int h0, int n_slots, uint32_t g0) {
     consumer_item<T>(p, s, tok, h0, n_slots, g0, wg);
   });
+  if (wg == 0) named_barrier_sync(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
 }
 
 // ---- kernel -------------------------------------------------------------------------------------
