@@ -114,8 +114,9 @@ using Params = portable::dsa_bwd::DsaBwdParams;
 // without shuffles (-12 to -15%), pieces 1-3 over two accumulators (-2 to -3%), and the rope
 // piece on both warpgroups (-1 to -1.5%). In session 20, with the role split below: the split of
 // sessions 8-19 by keys (each warpgroup S, dP and dS' of its 32 keys, half of dQ and half of the
-// pieces: 2.8-4.0% slower at D_qk 576, 3-6% at 512), its staged dQ epilogue (then bit 4) and
-// session 9's per-fragment reductions (then bit 64: 11% slower).
+// pieces: 2.8-4.0% slower at D_qk 576, 4.8-8.2% at 512), its staged dQ epilogue (then bit 4),
+// session 9's per-fragment reductions (then bit 64: 11% slower), and a butterfly of 1 or 0
+// stages (4 rows x 64 B: -3 to -5%; 8 rows x 32 B: -21 to -30%).
 constexpr int32_t kTuneLateRelease = 1, kTuneRowIndex = 2, kTuneNoDkv = 16;
 
 // Named barriers (id 0 is __syncthreads): kPdsFree, kPdsReady and kItem over the 256 consumer
