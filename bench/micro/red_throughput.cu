@@ -6,7 +6,9 @@
 // Each CTA (one per SM, 256 threads) reduces "chunks" like the DSA backward's: 64 random rows of a
 // 4096 x 576 fp32 buffer (9.4 MB, L2-resident), all 576 columns (147 KB per chunk), in 9 pieces of
 // 64 rows x 64 columns. Modes:
-//   v2row   red.global.add.v2.f32, one row's 256 bytes per warp instruction (the kernel's default)
+//   v2row   red.global.add.v2.f32, one row's 256 bytes per warp instruction
+//   v2row2  red.v2, 2 rows x 128 bytes per warp instruction (the kernel's layout since session 18);
+//           also with only 4 of the 8 warps reducing (the role split's warpgroup 1 alone)
 //   v2frag  red.v2 in the wgmma fragment order: 8 rows x 32 bytes per warp instruction
 //   v4row   red.global.add.v4.f32, 2 rows x 256 bytes per warp instruction
 //   bulkN   cp.reduce.async.bulk.global.shared::cta.add.f32 from N staging tiles of 16 KB (one
@@ -25,7 +27,7 @@
 
 constexpr int kRows = 4096, kCols = 576, kPanels = 9, kThreads = 256;
 
-enum Mode { kV2Row = 0, kV2Frag = 1, kV4Row = 2, kBulk = 3 };
+enum Mode { kV2Row = 0, kV2Frag = 1, kV4Row = 2, kBulk = 3, kV2Row2 = 4 };
 
 __device__ __forceinline__ void red_v2(float* a, float x, float y) {
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(a), "f"(x), "f"(y) : "memory");
@@ -39,7 +41,7 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-template <int kMode, int kTiles>
+template <int kMode, int kTiles, int kActive = 8>
 __global__ void __launch_bounds__(kThreads, 1)
     red_kernel(float* dst, const int32_t* idx, int chunks, unsigned long long* cycles) {
   extern __shared__ __align__(128) float tiles[];  // kTiles x 64 x 64 (bulk only)
@@ -50,7 +52,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int c = 0; c < chunks; ++c) {
     const int32_t* rows = idx + ((blockIdx.x * 7919 + c * 64) % (kRows * 16 - 64));
     for (int panel = 0; panel < kPanels; ++panel, ++piece) {
-      if constexpr (kMode == kV2Row) {
+      if constexpr (kMode == kV2Row2) {
+        // the active warps split the piece's 64 rows; per instruction rows 2 k, 2 k + 1 of the
+        // warp's (lanes 0-15, 16-31), 128 bytes each
+        constexpr int kWarpRows = 64 / kActive;
+        if (warp < kActive) {
+#pragma unroll
+          for (int k = 0; k < kWarpRows / 2; ++k) {
+            const int j = rows[kWarpRows * warp + 2 * k + lane / 16];
+            red_v2(dst + int64_t{j} * kCols + 64 * panel + 2 * (lane % 16), val, val);
+            red_v2(dst + int64_t{j} * kCols + 64 * panel + 32 + 2 * (lane % 16), val, val);
+          }
+        }
+      } else if constexpr (kMode == kV2Row) {
         // warp w: rows 8 w .. 8 w + 7, one instruction per row
 #pragma unroll
         for (int k = 0; k < 8; ++k) {
@@ -102,11 +116,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) cycles[blockIdx.x] = clock64() - t0;
 }
 
-template <int kMode, int kTiles = 1>
+template <int kMode, int kTiles = 1, int kActive = 8>
 void run(const char* name, float* dst, const int32_t* idx, int grid, int chunks,
          unsigned long long* cycles, int sms) {
   const size_t smem = kMode == kBulk ? size_t{kTiles} * 64 * 64 * 4 : 0;
-  auto* k = &red_kernel<kMode, kTiles>;
+  auto* k = &red_kernel<kMode, kTiles, kActive>;
   CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   k<<<grid, kThreads, smem>>>(dst, idx, 4, cycles);  // warm-up
   CK(cudaDeviceSynchronize());
@@ -153,6 +167,8 @@ int main() {
   CK(cudaMalloc(&cycles, sms * sizeof(unsigned long long)));
   const int chunks = 600;
   for (int grid : {sms, sms / 2}) {
+    run<kV2Row2>("v2row2", dst, idx, grid, chunks, cycles, sms);
+    run<kV2Row2, 1, 4>("v2row2w4", dst, idx, grid, chunks, cycles, sms);
     run<kV2Row>("v2row", dst, idx, grid, chunks, cycles, sms);
     run<kV2Frag>("v2frag", dst, idx, grid, chunks, cycles, sms);
     run<kV4Row>("v4row", dst, idx, grid, chunks, cycles, sms);
