@@ -164,7 +164,7 @@ int main() {
   }
   CK(cudaMalloc(&idx, n_idx * 4));
   CK(cudaMemcpy(idx, h.data(), n_idx * 4, cudaMemcpyHostToDevice));
-  CK(cudaMalloc(&cycles, sms * sizeof(unsigned long long)));
+  CK(cudaMalloc(&cycles, 2 * sms * sizeof(unsigned long long)));  // up to two CTAs per SM
   const int chunks = 600;
   for (int grid : {sms, sms / 2}) {
     run<kV2Row2>("v2row2", dst, idx, grid, chunks, cycles, sms);
