@@ -22,6 +22,29 @@ struct DevicePlace {
   int32_t index = 0;
 };
 
+// The checked inputs that every problem of an operation shares (its validate_*.cpp): shapes,
+// metadata, the resolved scale and the device.
+template <class Dims, class Meta>
+struct CheckedCommon {
+  Dims dims;
+  Meta meta;
+  float scale = 0;
+  DevicePlace place;
+};
+
+// A problem's shared fields (ProblemHeader) from the checked inputs.
+template <class Dims, class Options, class Meta>
+void fill_header(ProblemHeader<Dims, Options, Meta>& h, const CheckedCommon<Dims, Meta>& c,
+                 sa_dtype dtype, const Options& options) {
+  h.dims = c.dims;
+  h.dtype = dtype;
+  h.device = c.place.device;
+  h.device_index = c.place.index;
+  h.scale = c.scale;
+  h.options = options;
+  h.meta = c.meta;
+}
+
 struct TensorRules {
   int rank = 0;                               // required rank
   std::initializer_list<sa_dtype> dtypes{};   // allowed dtypes (empty: any floating)

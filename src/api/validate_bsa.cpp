@@ -48,12 +48,7 @@ void check_attn_shape(const sa_tensor& t, const char* name, sa_layout layout, Bh
                     << "] in layout " << layout_name(layout) << ", got " << shape_str(t));
 }
 
-struct Common {
-  BsaDims dims;
-  BsaMeta meta;
-  float scale = 0;
-  DevicePlace place;
-};
+using Common = CheckedCommon<BsaDims, BsaMeta>;
 
 void check_options(const sa_bsa_options& o) {
   SA_CHECK_ARG(enum_bits(o.layout) == SA_LAYOUT_BHSD || enum_bits(o.layout) == SA_LAYOUT_BSHD,
@@ -183,13 +178,7 @@ BsaFwdProblem make_problem(const sa_bsa_fwd_args& a) {
   check_lse(a.lse, "lse", d, true, c.place);
 
   BsaFwdProblem p;
-  p.dims = d;
-  p.dtype = a.q.dtype;
-  p.device = c.place.device;
-  p.device_index = c.place.index;
-  p.scale = c.scale;
-  p.options = a.options;
-  p.meta = c.meta;
+  fill_header(p, c, a.q.dtype, a.options);
   p.q = to_bhsd(a.q, L);
   p.k = to_bhsd(a.k, L);
   p.v = to_bhsd(a.v, L);
@@ -216,13 +205,7 @@ BsaBwdProblem make_problem(const sa_bsa_bwd_args& a) {
              "[B, H_kv, S_kv, D_v]");
 
   BsaBwdProblem p;
-  p.dims = d;
-  p.dtype = a.q.dtype;
-  p.device = c.place.device;
-  p.device_index = c.place.index;
-  p.scale = c.scale;
-  p.options = a.options;
-  p.meta = c.meta;
+  fill_header(p, c, a.q.dtype, a.options);
   p.q = to_bhsd(a.q, L);
   p.k = to_bhsd(a.k, L);
   p.v = to_bhsd(a.v, L);

@@ -23,12 +23,7 @@ Shd to_shd(const sa_tensor& t) {
   return v;
 }
 
-struct Common {
-  DsaDims dims;
-  DsaMeta meta;
-  float scale = 0;
-  DevicePlace place;
-};
+using Common = CheckedCommon<DsaDims, DsaMeta>;
 
 Common check_inputs(const sa_tensor& q, const sa_tensor& kv, const sa_tensor& topk_idx,
                     const sa_tensor& topk_length, const sa_tensor& sink,
@@ -105,13 +100,7 @@ DsaFwdProblem make_problem(const sa_dsa_fwd_args& a) {
   check_shd(a.out, "out", a.q, "q", d.Sq, d.H, d.Dv, true, c.place, "[S_q, H, d_v]");
   check_lse(a.lse, "lse", d, true, c.place);
   DsaFwdProblem p;
-  p.dims = d;
-  p.dtype = a.q.dtype;
-  p.device = c.place.device;
-  p.device_index = c.place.index;
-  p.scale = c.scale;
-  p.options = a.options;
-  p.meta = c.meta;
+  fill_header(p, c, a.q.dtype, a.options);
   p.q = to_shd(a.q);
   p.kv = to_shd(a.kv);
   p.out = to_shd(a.out);
@@ -140,13 +129,7 @@ DsaBwdProblem make_problem(const sa_dsa_bwd_args& a) {
     p.d_sink = static_cast<float*>(a.d_sink.data);
     p.d_sink_stride = a.d_sink.strides[0];
   }
-  p.dims = d;
-  p.dtype = a.q.dtype;
-  p.device = c.place.device;
-  p.device_index = c.place.index;
-  p.scale = c.scale;
-  p.options = a.options;
-  p.meta = c.meta;
+  fill_header(p, c, a.q.dtype, a.options);
   p.q = to_shd(a.q);
   p.kv = to_shd(a.kv);
   p.out = to_shd(a.out);

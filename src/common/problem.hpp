@@ -66,27 +66,26 @@ struct BsaMeta {
   }
 };
 
-struct BsaFwdProblem {
-  BsaDims dims;
-  sa_dtype dtype = SA_DTYPE_BF16;   // of q, k, v, o
+// The fields every problem shares: shapes, element type, device, the resolved scale, the
+// caller's options and the validated metadata. make_problem (src/api/validate_*.cpp) fills them.
+template <class Dims, class Options, class Meta>
+struct ProblemHeader {
+  Dims dims;
+  sa_dtype dtype = SA_DTYPE_BF16;   // of the attention tensors
   sa_device_type device = SA_DEVICE_CPU;
   int32_t device_index = 0;
   float scale = 0.f;                // resolved
-  sa_bsa_options options{};
-  BsaMeta meta;
+  Options options{};
+  Meta meta;
+};
+
+struct BsaFwdProblem : ProblemHeader<BsaDims, sa_bsa_options, BsaMeta> {
   Bhsd q, k, v, o;
   float* lse = nullptr;             // [B, Hq, Sq]
   int64_t lse_stride[3] = {0, 0, 0};
 };
 
-struct BsaBwdProblem {
-  BsaDims dims;
-  sa_dtype dtype = SA_DTYPE_BF16;
-  sa_device_type device = SA_DEVICE_CPU;
-  int32_t device_index = 0;
-  float scale = 0.f;
-  sa_bsa_options options{};
-  BsaMeta meta;
+struct BsaBwdProblem : ProblemHeader<BsaDims, sa_bsa_options, BsaMeta> {
   Bhsd q, k, v, o, dout, dq, dk, dv;
   const float* lse = nullptr;       // [B, Hq, Sq]
   int64_t lse_stride[3] = {0, 0, 0};
@@ -120,27 +119,13 @@ struct DsaMeta {
   }
 };
 
-struct DsaFwdProblem {
-  DsaDims dims;
-  sa_dtype dtype = SA_DTYPE_BF16;
-  sa_device_type device = SA_DEVICE_CPU;
-  int32_t device_index = 0;
-  float scale = 0.f;
-  sa_dsa_options options{};
-  DsaMeta meta;
+struct DsaFwdProblem : ProblemHeader<DsaDims, sa_dsa_options, DsaMeta> {
   Shd q, kv, out;                   // kv: 2-D
   float* lse = nullptr;             // [Sq, H]
   int64_t lse_stride[2] = {0, 0};
 };
 
-struct DsaBwdProblem {
-  DsaDims dims;
-  sa_dtype dtype = SA_DTYPE_BF16;
-  sa_device_type device = SA_DEVICE_CPU;
-  int32_t device_index = 0;
-  float scale = 0.f;
-  sa_dsa_options options{};
-  DsaMeta meta;
+struct DsaBwdProblem : ProblemHeader<DsaDims, sa_dsa_options, DsaMeta> {
   Shd q, kv, out, dout, dq, dkv;    // kv, dkv: 2-D
   const float* lse = nullptr;       // [Sq, H]
   int64_t lse_stride[2] = {0, 0};
