@@ -80,19 +80,6 @@ __device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
 #endif
 }
 
-// red_add_f32x2 under a predicate, in one instruction (`@p red`): a branch around the reduction
-// (what `if (pred)` compiled to) costs a BSSY/BSYNC pair per reduction.
-__device__ __forceinline__ void red_add_f32x2_if(float* addr, float a, float b, bool pred) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %3, 0;\n @p red.global.add.v2.f32 [%0], {%1, %2};\n}\n" ::"l"(
-          addr),
-      "f"(a), "f"(b), "r"(static_cast<int>(pred))
-      : "memory");
-#else
-  if (pred) red_add_f32x2(addr, a, b);
-#endif
-}
 
 // atomicAdd(ptr, 1) on global memory by the threads with `pred` set, without a branch; returns
 // the old value there (0 elsewhere).

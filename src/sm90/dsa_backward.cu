@@ -1,9 +1,9 @@
 // Hopper DSA backward, host side: support checks and the instantiations of the main kernel in
-// dsa_backward_kernel.cuh (D_qk in {512, 576}; H 64 and 128 share them: H / 64 CTAs per
-// token; bf16: two kernels). Every
-// other pass is the portable backward's (portable::dsa_backward_around): the
-// fp32 dkv accumulator, deterministic mode's token slices (slot keys, sort, fixed-order reduction
-// of the partial rows this kernel stores), the dkv conversion and the d_sink reduction.
+// dsa_backward_kernel.cuh (D_qk in {512, 576}: two kernels; H 64 and 128 share them: H / 64
+// CTAs per token; bf16). Every other pass is the portable backward's
+// (portable::dsa_backward_around): the fp32 dkv accumulator, deterministic mode's token slices
+// (slot keys, sort, fixed-order reduction of the partial rows this kernel stores), the dkv
+// conversion and the d_sink reduction.
 #include "sm90/dsa_backward.hpp"
 
 #include <cuda_runtime_api.h>

@@ -60,7 +60,7 @@
 // Nothing is in flight across a loop iteration (an accumulator in flight over the back edge made
 // ptxas serialize the wgmma, C7514/C7515); the pieces are unrolled at compile time for the same
 // reason. Per item, both consumers pass kItem after their halves of delta.
-
+//
 // Shared memory (bytes), operand tiles in 64-column panels of 128-byte rows with the 128-byte
 // swizzle (chunk c of row r at c ^ (r % 8)): q_nope 65,536, q_rope 8,192, dout 65,536, k_nope
 // 65,536, k_rope 8,192, P 8,192, dS' 8,192 = 229,376; bias, kidx 2 x 64 each (1,024), the delta
@@ -438,17 +438,13 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
   const int32_t tune = p.tune;
   auto reduce_piece = [&](int c, int buf, int panel, auto& acc) {
     warpgroup_fence_operand(acc);
-    // The kv rows of this thread's fragment rows frag_row + 8 r (the deterministic path; the
-    // default path reads its transposed rows' own).
-    auto fragment_rows = [&](int32_t (&j)[2]) {
+    if (p.deterministic) {
+      // The kv rows of this thread's fragment rows frag_row + 8 r.
+      int32_t j[2];
       CUTE_UNROLL
       for (int r = 0; r < 2; ++r)
         j[r] = static_cast<int32_t>(ld_shared_u32(smem_u32(&s.kidx[buf][frag_row + 8 * r])));
-    };
-    const int col0 = 64 * panel + 2 * (lane % 4);
-    if (p.deterministic) {
-      int32_t j[2];
-      fragment_rows(j);
+      const int col0 = 64 * panel + 2 * (lane % 4);
       CUTE_UNROLL
       for (int i = 0; i < size(acc); i += 2) {
         const int r = (i / 2) % 2;
