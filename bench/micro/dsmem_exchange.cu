@@ -116,6 +116,9 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128 * kWgs, 1)
     iters = 0;
   }
   for (int it = 0; it < iters; ++it) {
+    // Depth >= 2: receive piece it - (depth - 1) before sending piece it, so that the remote
+    // arrive's release (cluster scope) does not wait for this iteration's own sends.
+    if (kDepth > 1 && it >= kDepth - 1) receive(it - (kDepth - 1));
     const int slot = it % kDepth;
     const uint32_t parity = (it / kDepth) & 1;
     if (t == 0) mbar_expect_tx(smem_u32(&s.full[slot][wg]), 8192);
@@ -146,7 +149,7 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(128 * kWgs, 1)
                     make_float4(acc[4 * i] * 0.5f, acc[4 * i + 1], acc[4 * i + 2], acc[4 * i + 3]),
                     remote_full);
     }
-    if (it >= kDepth - 1) receive(it - (kDepth - 1));
+    if (kDepth == 1) receive(it);
     for (int k = 0; k < work; ++k)
       for (int i = 0; i < 16; ++i) acc[i] = fmaf(acc[i], 0.999f, 0.001f);
   }
