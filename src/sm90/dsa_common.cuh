@@ -117,31 +117,38 @@ using DsaElement = cutlass::bfloat16_t;
 // from `src` (512 or 576 columns), 16 bytes per lane; bytes 0 zero-fills and reads nothing. (The
 // backward's chunks come through here; with an opaque lane pointer (opaque_ptr) it ran 1% slower
 // at H64 D512, bench/NOTES.md session 16, so it stays as it was.)
-template <bool kRope>
+// kPanelRows: the rows of each destination panel (64, or the small-H forward's H).
+template <bool kRope, int kPanelRows = 64>
 __device__ __forceinline__ void gather_row(uint32_t nope, uint32_t rope, int row,
                                            const DsaElement* src, int bytes, int lane) {
   const int sub = lane % 8;
 #pragma unroll
   for (int pnl = 0; pnl < 8; ++pnl)
-    cp_async_16_zfill(nope + pnl * 64 * 64 * 2 + swz(row, sub), src + pnl * 64 + sub * 8, bytes);
+    cp_async_16_zfill(nope + pnl * kPanelRows * 64 * 2 + swz(row, sub), src + pnl * 64 + sub * 8,
+                      bytes);
   if constexpr (kRope) cp_async_16_zfill(rope + swz(row, sub), src + 512 + sub * 8, bytes);
 }
 
-// 64 rows of one token's heads [h0, h0 + 64) (Q or dO), into panels at nope / rope. kPartial:
-// only the first `rows` heads exist (H < 64, head padding); the others are zero-filled, not read.
-template <bool kRope, bool kPartial = false>
+// kTileRows (64, or the small-H forward's 16 / 32) rows of one token's heads [h0, h0 +
+// kTileRows) (Q or dO), into panels of kTileRows rows at nope / rope. kPartial: only the first
+// `rows` heads exist (H < 64, head padding); the others are zero-filled, not read.
+template <bool kRope, bool kPartial = false, int kTileRows = 64>
 __device__ __forceinline__ void gather_head_rows(uint32_t nope, uint32_t rope,
                                                  const DsaElement* tok_rows, int64_t head_stride,
                                                  int h0, int warp, int lane, int rows = 64) {
+  constexpr int kRowsPerWarp = kTileRows / 4;
+  static_assert(kRowsPerWarp % 4 == 0, "4 rows per pass");
 #pragma unroll 1
-  for (int pass = 0; pass < 4; ++pass) {
-    const int row = 16 * warp + 4 * pass + lane / 8;
+  for (int pass = 0; pass < kRowsPerWarp / 4; ++pass) {
+    const int row = kRowsPerWarp * warp + 4 * pass + lane / 8;
     if constexpr (kPartial) {
       const bool valid = row < rows;
-      gather_row<kRope>(nope, rope, row, valid ? tok_rows + (h0 + row) * head_stride : tok_rows,
-                        valid ? 16 : 0, lane);
+      gather_row<kRope, kTileRows>(nope, rope, row,
+                                   valid ? tok_rows + (h0 + row) * head_stride : tok_rows,
+                                   valid ? 16 : 0, lane);
     } else {
-      gather_row<kRope>(nope, rope, row, tok_rows + (h0 + row) * head_stride, 16, lane);
+      gather_row<kRope, kTileRows>(nope, rope, row, tok_rows + (h0 + row) * head_stride, 16,
+                                   lane);
     }
   }
 }

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <sstream>
 
@@ -19,6 +20,7 @@
 #include "common/narrow.hpp"
 #include "portable/launch_checks.hpp"
 #include "sm90/dsa_forward_kernel.cuh"
+#include "sm90/dsa_forward_small_h.cuh"
 
 namespace sa::sm90 {
 namespace {
@@ -37,6 +39,24 @@ constexpr size_t smem_bytes() {
 }
 static_assert(smem_bytes<576>() <= kMaxSmemSm90, "sm90 DSA forward exceeds 227 KB of smem");
 static_assert(smem_bytes<512>() <= kMaxSmemSm90, "sm90 DSA forward exceeds 227 KB of smem");
+
+template <int kDqk, int kH>
+constexpr size_t small_h_smem_bytes() {
+  return sizeof(dsa_fwd::SmallHStorage<dsa_fwd::DsaFwdSmallHTraits<kDqk, kH>>) + 1024;
+}
+static_assert(small_h_smem_bytes<576, 32>() <= kMaxSmemSm90, "small-H DSA forward exceeds 227 KB");
+
+// H 16 / 32: the transposed kernel (dsa_forward_small_h.cuh).
+template <int kDqk, int kH>
+void launch_small_h(const DsaFwdSm90Params& params, int64_t grid, cudaStream_t stream) {
+  using Traits = dsa_fwd::DsaFwdSmallHTraits<kDqk, kH>;
+  constexpr size_t kSmem = small_h_smem_bytes<kDqk, kH>();
+  auto* kernel = &dsa_fwd::dsa_forward_small_h_kernel<Traits>;
+  SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(kSmem)));
+  kernel<<<static_cast<unsigned>(grid), Traits::kThreads, kSmem, stream>>>(params);
+  SA_CUDA_CHECK_LAUNCH();
+}
 
 template <int kDqk, bool kPadHeads>
 void launch(const DsaFwdSm90Params& params, int64_t grid, cudaStream_t stream) {
@@ -132,6 +152,22 @@ void dsa_forward(const DsaFwdProblem& p, void* workspace, size_t workspace_bytes
   const int64_t grid =
       persistent ? std::min<int64_t>(prm.items, std::max(1, sm_count(p.device_index)))
                  : prm.items;
+  // SA_SM90_DSA_FWD_PAD=1 (experiment): H 16 / 32 on the padded 64-row kernel instead.
+  const char* pad_env = std::getenv("SA_SM90_DSA_FWD_PAD");
+  if (pad_heads && (pad_env == nullptr || pad_env[0] != '1')) {
+    if (d.Dqk == 576) {
+      if (d.H == 16)
+        launch_small_h<576, 16>(prm, grid, stream);
+      else
+        launch_small_h<576, 32>(prm, grid, stream);
+    } else {
+      if (d.H == 16)
+        launch_small_h<512, 16>(prm, grid, stream);
+      else
+        launch_small_h<512, 32>(prm, grid, stream);
+    }
+    return;
+  }
   if (d.Dqk == 576) {
     if (pad_heads)
       launch<576, true>(prm, grid, stream);
