@@ -159,6 +159,9 @@ if has bench; then
   run --op dsa_fwd "${DSA[@]}" --dsa-heads 128 --dsa-dqk 576 --rounds 3 --calls 10 --variants "$PS"
   run --op dsa_bwd "${DSA[@]}" --dsa-heads 128 --dsa-dqk 576 --rounds 2 --calls 5 \
     --variants "deterministic=0/deterministic=1"
+  # H 16 (8-way tensor parallelism of 128 heads): the transposed kernel against the padded one.
+  run --op dsa_fwd "${DSA[@]}" --dsa-heads 16 --dsa-dqk 576 --rounds 3 --calls 10 \
+    --variants "impl=sm90,env.SA_TUNE_SM90_DSA_FWD_PAD=1/impl=sm90"
   if "$BIN/sparse-attention" help | grep -q "built in: yes"; then
     # FlashMLA's Hopper sparse prefill beside ours on the same tensors, checked against the same
     # reference (a CLI built by scripts/flashmla_anchor.sh); the anchor first, so that "speedup"

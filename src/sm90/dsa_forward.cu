@@ -1,7 +1,8 @@
-// Hopper DSA forward, host side: support checks, kernel arguments, launch, and the four
-// instantiations of the kernel in dsa_forward_kernel.cuh (the seesaw schedule,
-// dsa_forward_seesaw.cuh), bf16, D_qk in {512, 576} each: H 64 and 128 (H / 64 items per token),
-// H 16 and 32 (one 64-row item per token, rows >= H padding).
+// Hopper DSA forward, host side: support checks, kernel arguments, launch, and the six
+// instantiations, bf16, D_qk in {512, 576} each: the 64-row kernel of dsa_forward_kernel.cuh (the
+// seesaw schedule, dsa_forward_seesaw.cuh) for H 64 and 128 (H / 64 items per token) and H 32
+// (one 64-row item per token, rows >= H padding); the transposed kernel of
+// dsa_forward_small_h.cuh for H 16 (one item per token, the keys on wgmma's M side).
 #include "sm90/dsa_forward.hpp"
 
 #include <cuda_runtime_api.h>
@@ -44,9 +45,9 @@ template <int kDqk, int kH>
 constexpr size_t small_h_smem_bytes() {
   return sizeof(dsa_fwd::SmallHStorage<dsa_fwd::DsaFwdSmallHTraits<kDqk, kH>>) + 1024;
 }
-static_assert(small_h_smem_bytes<576, 32>() <= kMaxSmemSm90, "small-H DSA forward exceeds 227 KB");
+static_assert(small_h_smem_bytes<576, 16>() <= kMaxSmemSm90, "small-H DSA forward exceeds 227 KB");
 
-// H 16 / 32: the transposed kernel (dsa_forward_small_h.cuh).
+// H 16: the transposed kernel (dsa_forward_small_h.cuh).
 template <int kDqk, int kH>
 void launch_small_h(const DsaFwdSm90Params& params, int64_t grid, cudaStream_t stream) {
   using Traits = dsa_fwd::DsaFwdSmallHTraits<kDqk, kH>;
@@ -152,20 +153,15 @@ void dsa_forward(const DsaFwdProblem& p, void* workspace, size_t workspace_bytes
   const int64_t grid =
       persistent ? std::min<int64_t>(prm.items, std::max(1, sm_count(p.device_index)))
                  : prm.items;
-  // SA_SM90_DSA_FWD_PAD=1 (experiment): H 16 / 32 on the padded 64-row kernel instead.
-  const char* pad_env = std::getenv("SA_SM90_DSA_FWD_PAD");
-  if (pad_heads && (pad_env == nullptr || pad_env[0] != '1')) {
-    if (d.Dqk == 576) {
-      if (d.H == 16)
-        launch_small_h<576, 16>(prm, grid, stream);
-      else
-        launch_small_h<576, 32>(prm, grid, stream);
-    } else {
-      if (d.H == 16)
-        launch_small_h<512, 16>(prm, grid, stream);
-      else
-        launch_small_h<512, 32>(prm, grid, stream);
-    }
+  // H 16: the transposed kernel (1.15-1.17x the padded one; at H 32 it measured 0.90x, so H 32
+  // stays padded: bench/NOTES.md, session 21). SA_TUNE_SM90_DSA_FWD_PAD=1 (experiment knob, for
+  // the A/B) runs H 16 padded as well.
+  const char* pad_env = std::getenv("SA_TUNE_SM90_DSA_FWD_PAD");
+  if (d.H == 16 && (pad_env == nullptr || pad_env[0] != '1')) {
+    if (d.Dqk == 576)
+      launch_small_h<576, 16>(prm, grid, stream);
+    else
+      launch_small_h<512, 16>(prm, grid, stream);
     return;
   }
   if (d.Dqk == 576) {

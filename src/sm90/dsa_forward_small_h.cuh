@@ -1,7 +1,7 @@
-// The Hopper DSA forward for H = 16 and 32 (DeepSeek's 128 heads under 8- or 4-way tensor
-// parallelism): every product transposed, so that the keys, not the heads, fill wgmma's 64-row M
-// side. The 64-row kernels (dsa_forward_kernel.cuh) pad such a token to 64 heads and waste 75% /
-// 50% of their MMA work; here a work item is one token with all of its H heads:
+// The Hopper DSA forward for H = 16 (DeepSeek's 128 heads under 8-way tensor parallelism):
+// every product transposed, so that the keys, not the heads, fill wgmma's 64-row M side. The
+// 64-row kernel (dsa_forward_kernel.cuh) pads such a token to 64 heads and wastes 75% of its MMA
+// work; here a work item is one token with all of its H heads:
 //
 //   S^T = K Q^T      M = the chunk's 64 keys, N = H heads, K = D_qk    A = the gathered kv rows,
 //                                                                      B = Q, both K-major
@@ -12,16 +12,24 @@
 //                                                                      (columns, keys), MN-major
 //
 // Roles (384 threads, as the 64-row kernels): the producer warpgroup gathers each 64-key chunk of
-// the token's active slots (dsa_common.cuh's gather_chunk, cp.async, lane-parallel indices;
-// inactive slots zero-filled, bias -inf) into one of two buffers, and Q with the item's first
-// chunk; consumer warpgroup w owns buffer w, i.e. the CTA's chunks of parity w (the chunk ring
-// runs on across items), with its own running maximum, row sums and O^T. At the end of an item
-// warpgroup 1 hands its state to warpgroup 0 through shared memory (xchg, in passes of 32 KB, on
-// mbarriers every writing / reading thread arrives on), and warpgroup 0 merges, normalises (lse,
-// sink as the 64-row kernels' epilogue) and stores.
+// the token's active slots (dsa_common.cuh's gather_chunk, cp.async, lane-parallel indices loaded
+// one chunk ahead; inactive slots zero-filled, bias -inf) into one of two buffers, and Q with the
+// item's first chunk, without waiting for its copies (they complete on kv_full by
+// cp.async.mbarrier.arrive.noinc), so both buffers' gathers are in flight. Consumer warpgroup w
+// owns buffer w, i.e. the CTA's chunks of parity w (the chunk ring runs on across items), with
+// its own running maximum, row sums and O^T. At the end of an item warpgroup 1 hands its state to
+// warpgroup 0 through shared memory (xchg, in passes of 32 KB, on mbarriers every writing /
+// reading thread arrives on), and warpgroup 0 merges, normalises (lse and sink as the 64-row
+// kernel's epilogue) and stores.
 //
-// Shared memory (bytes; D_qk 576, H 32): kv 2 x 73,728, Q 36,864, P^T 2 x 4,096, xchg 32,768,
-// bias / reductions / merge scalars ~2 K, mbarriers: ~ 227 K at most (checked on the host).
+// Measured (H200, S 4096, topk 2048, bench/NOTES.md session 21): H 16 198-200 TFLOPS at D_qk 576
+// and 512, 1.15x the padded 64-row kernel (1.17x with topk_length). At H 32 this kernel ran 0.90x
+// the padded one (there the padding wastes half, not three quarters, and a warpgroup's chain of
+// m64n32 products and softmax barriers is longer), so H 32 stays on the 64-row kernel; the
+// traits still take kH = 32.
+//
+// Shared memory (bytes; D_qk 576, H 16): kv 2 x 73,728, Q 18,432, P^T 2 x 2,048, xchg 32,768,
+// bias / reductions / merge scalars ~1.4 K, mbarriers: ~ 200 K.
 #pragma once
 
 #include <cstdint>
