@@ -155,6 +155,23 @@ struct alignas(1024) SharedStorage {
   ItemHandoff items;
 };
 
+// lse (natural log) and the factor that normalises a row of O, from its maximum m (log2 units,
+// scale folded) and its sum l = sum 2^(x - m): a row without an active slot (l = 0) gets lse =
+// +inf and factor 0 (out = 0); out = O / l / (1 + e^(sink - lse)), so a sink of -inf adds
+// nothing and one of +inf or a huge value gives an infinite denominator, factor 0. Never NaN.
+struct RowNorm {
+  float lse, factor;
+};
+__device__ __forceinline__ RowNorm row_norm(float m, float l, float sink) {
+  constexpr float kLn2 = 0.693147180559945309f;
+  RowNorm n{INFINITY, 0.f};
+  if (l > 0.f) {
+    n.lse = (m + log2f(l)) * kLn2;
+    n.factor = 1.f / (l * (1.f + expf(sink - n.lse)));
+  }
+  return n;
+}
+
 // ---- consumers (warpgroups 1, 2) ----------------------------------------------------------------
 // The epilogue: row sums of both warpgroups' shares (l_run: this thread's part of its rows' sums
 // of the warpgroup's P), lse, sink, normalisation, stores of this warpgroup's 256 columns of O.
@@ -172,7 +189,6 @@ __device__ __forceinline__ void consumer_epilogue(const DsaFwdSm90Params& p, Sha
     if (lane % 4 == 0) s.red_sum[wg][frag_row + 8 * r] = l_half[r];
   }
   named_barrier_sync(id(NamedBarrier::kSumReady), T::kConsumerThreads);
-  constexpr float kLn2 = 0.693147180559945309f;
   float factor[2];
   Element* out = static_cast<Element*>(p.out);
   CUTE_UNROLL
@@ -182,16 +198,10 @@ __device__ __forceinline__ void consumer_epilogue(const DsaFwdSm90Params& p, Sha
     const float l = s.red_sum[0][row] + s.red_sum[1][row];
     const int h = h0 + row;
     const bool real = !T::kPadHeads || h < p.heads;  // a padding row is neither read nor stored
-    float lse = INFINITY;  // no active slot: out = 0, lse = +inf
-    factor[r] = 0.f;
-    if (l > 0.f) {
-      lse = (m_run[r] + log2f(l)) * kLn2;
-      // out = O / l / (1 + e^(sink - lse)): sink -inf gives e^-inf = 0; +inf or huge gives an
-      // infinite denominator, factor 0. Never NaN.
-      const float sink = p.sink != nullptr && real ? p.sink[h * p.sink_s] : -INFINITY;
-      factor[r] = 1.f / (l * (1.f + expf(sink - lse)));
-    }
-    if (wg == 0 && lane % 4 == 0 && real) p.lse[tok * p.lse_ss + h * p.lse_sh] = lse;
+    const float sink = p.sink != nullptr && real && l > 0.f ? p.sink[h * p.sink_s] : -INFINITY;
+    const RowNorm n = row_norm(m_run[r], l, sink);
+    factor[r] = n.factor;
+    if (wg == 0 && lane % 4 == 0 && real) p.lse[tok * p.lse_ss + h * p.lse_sh] = n.lse;
   }
   // 16-byte stores (out's rows are 16-byte aligned: tensor_checks); a padding row is not stored.
   store_fragment_rows_16b<decltype(cute::size(tOrO))::value / 4>(

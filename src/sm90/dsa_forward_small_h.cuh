@@ -334,7 +334,6 @@ __device__ __forceinline__ void consumer_small_h(const DsaFwdSm90Params& p, Smal
   for (int pass = 0; pass < T::kPasses; ++pass, ++xk) {
     mbarrier_wait(&s.xchg_full, xk & 1);
     if (pass == 0) {
-      constexpr float kLn2 = 0.693147180559945309f;
       CUTE_UNROLL
       for (int hd = 0; hd < kHd; ++hd) {
         const int h = small_h_head(hd, lane);
@@ -344,14 +343,10 @@ __device__ __forceinline__ void consumer_small_h(const DsaFwdSm90Params& p, Smal
         f0[hd] = exp2_approx(m_run[hd] - m_use);
         f1[hd] = exp2_approx(m1 - m_use);
         const float l = l_wg[hd] * f0[hd] + l1 * f1[hd];
-        float lse = INFINITY;  // no active slot: out = 0, lse = +inf
-        factor[hd] = 0.f;
-        if (l > 0.f) {
-          lse = (m_use + log2f(l)) * kLn2;
-          const float sink = p.sink != nullptr ? p.sink[h * p.sink_s] : -INFINITY;
-          factor[hd] = 1.f / (l * (1.f + expf(sink - lse)));
-        }
-        if (warp == 0 && lane < 4) p.lse[tok * p.lse_ss + h * p.lse_sh] = lse;
+        const float sink = p.sink != nullptr && l > 0.f ? p.sink[h * p.sink_s] : -INFINITY;
+        const RowNorm n = row_norm(m_use, l, sink);
+        factor[hd] = n.factor;
+        if (warp == 0 && lane < 4) p.lse[tok * p.lse_ss + h * p.lse_sh] = n.lse;
       }
     }
     CUTE_UNROLL
