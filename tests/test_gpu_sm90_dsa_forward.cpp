@@ -69,15 +69,16 @@ INSTANTIATE_TEST_SUITE_P(Cases, Sm90DsaForward,
                            return info.param.name;
                          });
 
-// H 16 and 32 by head padding: the portable suite's H 16 and 32 bf16 cases, the same run.
-std::vector<GpuDsaFwdCase> padded_cases() {
+// H 16 (the transposed kernel, dsa_forward_small_h.cuh) and 32 (the 64-row kernel with head
+// padding): the portable suite's H 16 and 32 bf16 cases, the same run.
+std::vector<GpuDsaFwdCase> small_h_cases() {
   std::vector<GpuDsaFwdCase> out;
   for (const GpuDsaFwdCase& p : gpu_dsa_forward_cases(SA_IMPL_PORTABLE))
     if ((p.shape.H == 16 || p.shape.H == 32) && p.dtype == SA_DTYPE_BF16) out.push_back(p);
   return out;
 }
 
-INSTANTIATE_TEST_SUITE_P(Padded, Sm90DsaForward, ::testing::ValuesIn(padded_cases()),
+INSTANTIATE_TEST_SUITE_P(SmallH, Sm90DsaForward, ::testing::ValuesIn(small_h_cases()),
                          [](const ::testing::TestParamInfo<GpuDsaFwdCase>& info) {
                            return info.param.name;
                          });
