@@ -924,6 +924,16 @@ inline std::vector<GpuDsaFwdCase> gpu_dsa_forward_cases(sa_impl impl) {
               spec_of(L::kNone, true, true, S::kMixed)}},
       {kSm90, {"H32_D512_K64_LengthsDynamicItems", shape_of(300, 400, 32, 512, 64),
               spec_of(L::kMixed, true, false, S::kFinite)}},
+      // H 16 runs the transposed kernel (dsa_forward_small_h.cuh): items of 0 to 5 chunks on both
+      // consumer warpgroups (their merge), dynamic items, and the sink's edge values.
+      {kSm90, {"H16_D576_K300_LengthsDynamicItems", shape_of(300, 700, 16, 576, 300),
+              spec_of(L::kMixed, true, true, S::kMixed)}},
+      {kSm90, {"H16_D576_K96_SinkPosInf", shape_of(8, 300, 16, 576, 96),
+              spec_of(L::kMixed, true, false, S::kPosInf)}},
+      {kSm90, {"H16_D576_K96_SinkNegInf", shape_of(8, 300, 16, 576, 96),
+              spec_of(L::kMixed, true, false, S::kNegInf)}},
+      {kSm90, {"H16_D512_K200_SinkHuge", shape_of(8, 300, 16, 512, 200),
+              spec_of(L::kNone, false, false, S::kHuge)}},
       // ~10 items per CTA on 132 SMs: the item slots' barriers wrap their parities.
       {kSm90, {"H64_D512_K16_LengthsDynamicManyItems", shape_of(1400, 256, 64, 512, 16),
               spec_of(L::kMixed, true, false, S::kFinite)}},

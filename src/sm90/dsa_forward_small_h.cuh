@@ -202,9 +202,14 @@ __device__ __forceinline__ void consumer_small_h(const DsaFwdSm90Params& p, Smal
   const bool releaser = lane < T::kReleaseLanes;
   const uint32_t p_base = smem_u32(s.p[wg]);
 
-  // This warpgroup's chunks of the item: the ring's chunks g of parity wg.
+  // This warpgroup's chunks of the item: the ring's chunks g of parity wg. Every consumer thread
+  // arrives on q_empty once per item with chunks: after its last S^T, or, without a chunk of its
+  // own, in the merge after its pass-0 wait (below). There the other warpgroup has passed its
+  // own arrival for this item, and neither can arrive for the next item before both did for
+  // this one (a next-item S^T waits for the next Q, which waits for q_empty), so a q_empty phase
+  // never completes with a next item's arrivals.
   const int c_first = static_cast<int>((static_cast<uint32_t>(wg) - g0) & 1u);
-  if (n_chunks > 0 && c_first >= n_chunks) mbarrier_arrive(&s.q_empty);  // none: Q unread
+  const bool no_chunk = n_chunks > 0 && c_first >= n_chunks;
 #pragma unroll 1
   for (int c = c_first; c < n_chunks; c += 2) {
     const uint32_t g = g0 + static_cast<uint32_t>(c);
@@ -314,6 +319,7 @@ __device__ __forceinline__ void consumer_small_h(const DsaFwdSm90Params& p, Smal
     CUTE_UNROLL
     for (int pass = 0; pass < T::kPasses; ++pass, ++xk) {
       mbarrier_wait(&s.xchg_empty, (xk & 1) ^ 1);
+      if (pass == 0 && no_chunk) mbarrier_arrive(&s.q_empty);
       if (pass == 0 && lane < 4 && warp == 0) {
         CUTE_UNROLL
         for (int hd = 0; hd < kHd; ++hd) {
@@ -334,6 +340,7 @@ __device__ __forceinline__ void consumer_small_h(const DsaFwdSm90Params& p, Smal
   for (int pass = 0; pass < T::kPasses; ++pass, ++xk) {
     mbarrier_wait(&s.xchg_full, xk & 1);
     if (pass == 0) {
+      if (no_chunk) mbarrier_arrive(&s.q_empty);
       CUTE_UNROLL
       for (int hd = 0; hd < kHd; ++hd) {
         const int h = small_h_head(hd, lane);
