@@ -248,21 +248,31 @@ __device__ __forceinline__ void consumer_small_h(const DsaFwdSm90Params& p, Smal
       if (lane < 4) s.red[wg][par][warp][small_h_head(hd, lane)] = cmax[hd];
     }
     named_barrier_sync(bar_wg, 128);
+    // The running maximum moves lazily (the 64-row kernel's rule, kLazyRescaleLog2: only when the
+    // chunk exceeds it by more than 2^8, so P <= 2^8), and O^T and the sums are rescaled only when
+    // a head's maximum moved (the same for the whole warpgroup: m_run is reduced over it).
     float m_use[kHd], alpha[kHd];
+    bool moved = false;
     CUTE_UNROLL
     for (int hd = 0; hd < kHd; ++hd) {
       const int h = small_h_head(hd, lane);
       float m = m_run[hd];
       CUTE_UNROLL
       for (int w = 0; w < 4; ++w) m = fmaxf(m, s.red[wg][par][w][h]);
-      m_use[hd] = m == -INFINITY ? 0.f : m;  // no active key yet: P = 0, not NaN
-      alpha[hd] = exp2_approx(m_run[hd] - m_use[hd]);
-      m_run[hd] = m;
+      const bool move = m - m_run[hd] > kLazyRescaleLog2;  // false for -inf - -inf (NaN)
+      const float m_new = move ? m : m_run[hd];
+      m_use[hd] = m_new == -INFINITY ? 0.f : m_new;  // no active key yet: P = 0, not NaN
+      alpha[hd] = move ? exp2_approx(m_run[hd] - m_use[hd]) : 1.f;
+      m_run[hd] = m_new;
+      moved |= move;
     }
+    moved = __any_sync(0xffffffffu, moved);  // uniform over the warpgroup (m_run is)
     // P^T = 2^(x - m) -> bf16 [head][key] (128-byte swizzled rows of 64 keys); this thread's row
     // sums; O^T rescaled.
-    CUTE_UNROLL
-    for (int hd = 0; hd < kHd; ++hd) l_run[hd] *= alpha[hd];
+    if (moved) {
+      CUTE_UNROLL
+      for (int hd = 0; hd < kHd; ++hd) l_run[hd] *= alpha[hd];
+    }
     CUTE_UNROLL
     for (int i = 0; i < kH / 2; ++i) {
       const int key = frag_row + 8 * ((i / 2) % 2);
@@ -275,10 +285,12 @@ __device__ __forceinline__ void consumer_small_h(const DsaFwdSm90Params& p, Smal
                    "h"(static_cast<unsigned short>(pack_bf16x2(pv, 0.f) & 0xffffu))
                    : "memory");
     }
-    CUTE_UNROLL
-    for (int i = 0; i < T::kOFloats; ++i) {
-      const int j = i % (kH / 2);
-      tOrO(i) *= alpha[2 * (j / 4) + j % 2];
+    if (moved) {
+      CUTE_UNROLL
+      for (int i = 0; i < T::kOFloats; ++i) {
+        const int j = i % (kH / 2);
+        tOrO(i) *= alpha[2 * (j / 4) + j % 2];
+      }
     }
     fence_proxy_async_shared();
     named_barrier_sync(bar_wg, 128);  // every P^T element is written
