@@ -8,9 +8,10 @@
 // Work split. A work item is one (query token t, group of 64 heads); H = 128 runs two items per
 // token (one CTA of 128 heads would need 64 x 512 fp32 O accumulators per 64 heads twice over:
 // more than the register file), H 32 one item whose rows >= H are padding (zero Q rows, never
-// stored; H 16 runs the transposed kernel of dsa_forward_small_h.cuh, 1.14x this one padded). One persistent CTA per SM walks the items (persistent_items.cuh): without
-// topk_length items b, b + gridDim.x, ...; with it (items of different lengths) the items after
-// the first come from a counter in the workspace, and without that workspace one CTA per item.
+// stored; H 16 runs the transposed kernel of dsa_forward_small_h.cuh, 1.14x this one padded).
+// One persistent CTA per SM walks the items (persistent_items.cuh): without topk_length items b,
+// b + gridDim.x, ...; with it (items of different lengths) the items after the first come from a
+// counter in the workspace, and without that workspace one CTA per item.
 // The token's active slots are walked in blocks of 64 keys; each gathered kv row is the key (D_qk
 // columns) and, through its first 512 columns in the same buffer, the value.
 //
@@ -86,8 +87,9 @@ __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint
 constexpr float kLazyRescaleLog2 = 8.f;
 
 // kPadHeads_: H < 64 (32; 16 with SA_TUNE_SM90_DSA_FWD_PAD=1): one 64-row item per token whose
-// rows >= H are padding (zero Q rows, never stored). Until session 17 these ran an older "lockstep" schedule (both warpgroups
-// on every block); on the seesaw they run 25-31% faster (bench/NOTES.md session 17).
+// rows >= H are padding (zero Q rows, never stored). Until session 17 these ran an older
+// "lockstep" schedule (both warpgroups on every block); on the seesaw they run 25-31% faster
+// (bench/NOTES.md session 17).
 template <int kDqk_, bool kPadHeads_ = false>
 struct DsaFwdTraits : DsaCta<kDqk_> {
   static constexpr bool kPadHeads = kPadHeads_;
