@@ -80,7 +80,6 @@ __device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
 #endif
 }
 
-
 // atomicAdd(ptr, 1) on global memory by the threads with `pred` set, without a branch; returns
 // the old value there (0 elsewhere).
 __device__ __forceinline__ uint32_t atomic_inc_if(uint32_t* ptr, bool pred) {

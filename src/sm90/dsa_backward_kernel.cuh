@@ -158,18 +158,7 @@ struct DsaBwdTraits : DsaCta<kDqk_> {
   // (dims, heads); both MN-major views of the K-major tiles.
   using TiledMmaKv = decltype(cute::make_tiled_mma(
       cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<Major::MN, Major::MN>{}));
-
-  // 64 rows x 512 (Q nope, dO, K nope) and 64 x 64 (Q rope, K rope, P, dS'), K-major.
-  using SmemLayoutRows512 = decltype(cute::tile_to_shape(
-      cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<H64, D512>{}));
-  using SmemLayoutRows64 = decltype(cute::tile_to_shape(
-      cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<H64, D64>{}));
-  // The same bytes seen column-major: (512 columns, 64 rows) and (64 columns, 64 rows).
-  using SmemLayoutCols512 = decltype(cute::tile_to_shape(
-      cute::SM90::GMMA::Layout_MN_SW128_Atom<Element>{}, cute::Shape<D512, H64>{},
-      cute::Step<cute::_2, cute::_1>{}));
-  using SmemLayoutCols64 = decltype(cute::tile_to_shape(
-      cute::SM90::GMMA::Layout_MN_SW128_Atom<Element>{}, cute::Shape<D64, H64>{}));
+  // The tiles' layouts: DsaCta's SmemLayoutRows512 / Rows64 / Cols512 / Cols64.
 };
 
 template <class T>

@@ -79,6 +79,18 @@ struct DsaCta {
   using D64 = cute::Int<64>;
   // Two consumer warpgroups tile N of the products they share.
   using WgLayout = cute::Layout<cute::Shape<cute::_1, cute::_2, cute::_1>>;
+  // The operand tiles in 64-column panels, 128-byte swizzle: 64 rows x 512 and 64 x 64
+  // (K-major: Q, dO, the gathered kv rows, P, dS'), and the same bytes seen column-major, (512
+  // columns, 64 rows) and (64, 64) (the MN-major views: V^T, K^T, P^T, dS'^T).
+  using SmemLayoutRows512 = decltype(cute::tile_to_shape(
+      cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<H64, D512>{}));
+  using SmemLayoutRows64 = decltype(cute::tile_to_shape(
+      cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<H64, D64>{}));
+  using SmemLayoutCols512 = decltype(cute::tile_to_shape(
+      cute::SM90::GMMA::Layout_MN_SW128_Atom<Element>{}, cute::Shape<D512, H64>{},
+      cute::Step<cute::_2, cute::_1>{}));
+  using SmemLayoutCols64 = decltype(cute::tile_to_shape(
+      cute::SM90::GMMA::Layout_MN_SW128_Atom<Element>{}, cute::Shape<D64, H64>{}));
 };
 
 // Warpgroup roles: warpgroup 0 produces, 1 and 2 consume.

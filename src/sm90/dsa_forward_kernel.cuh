@@ -117,17 +117,12 @@ struct DsaFwdTraits : DsaCta<kDqk_> {
                                                      cute::SM90::GMMA::Major::MN>{},
       WgLayout{}));
 
-  using SmemLayoutQNope = decltype(cute::tile_to_shape(
-      cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<H64, D512>{}));
-  using SmemLayoutQRope = decltype(cute::tile_to_shape(
-      cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<H64, D64>{}));
-  using SmemLayoutP = decltype(cute::tile_to_shape(
-      cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<H64, H64>{}));
+  using SmemLayoutQNope = typename Base::SmemLayoutRows512;
+  using SmemLayoutQRope = typename Base::SmemLayoutRows64;
+  using SmemLayoutP = typename Base::SmemLayoutRows64;  // 64 heads x 64 keys
   // One buffer's V: the nope part of its K rows, seen as the (D_v, keys) B operand of P V (a
   // per-buffer base pointer: descriptors indexed by a runtime buffer stay live and spill).
-  using SmemLayoutVt1 = decltype(cute::tile_to_shape(
-      cute::SM90::GMMA::Layout_MN_SW128_Atom<Element>{}, cute::Shape<D512, H64>{},
-      cute::Step<cute::_2, cute::_1>{}));
+  using SmemLayoutVt1 = typename Base::SmemLayoutCols512;
 };
 
 template <class T>

@@ -61,7 +61,6 @@ struct DsaFwdSmallHTraits : DsaCta<kDqk_> {
   using HN = cute::Int<kH>;
   static constexpr int kProducerRegs = 40;
   static constexpr int kConsumerRegs = 232;
-  static constexpr int kConsumer1Regs = kConsumerRegs;
   static constexpr int kXchgFloats = 8192;                     // 32 KB
   static constexpr int kOFloats = 512 * kH / 128;              // O^T per thread
   static constexpr int kPasses = 512 * kH / kXchgFloats;       // 1 (H 16) or 2 (H 32)
@@ -75,21 +74,15 @@ struct DsaFwdSmallHTraits : DsaCta<kDqk_> {
       cute::SM90::GMMA::MMA_64x32x16_F32BF16BF16_SS<Major::MN, Major::K>>;
   using TiledMmaS = decltype(cute::make_tiled_mma(AtomS{}));
   using TiledMmaO = decltype(cute::make_tiled_mma(AtomO{}));
-  // 64 kv rows x 512 / x 64 (K-major), Q's H rows x 512 / x 64, P^T as [head][key]; the kv rows'
-  // first 512 columns seen column-major (the A operand V^T).
-  using SmemLayoutKNope = decltype(cute::tile_to_shape(
-      cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<H64, D512>{}));
-  using SmemLayoutKRope = decltype(cute::tile_to_shape(
-      cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<H64, D64>{}));
+  // The kv rows: DsaCta's SmemLayoutRows512 / Rows64 (K-major) and, their first 512 columns seen
+  // column-major (the A operand V^T), SmemLayoutCols512. Q's H rows x 512 / x 64 and P^T as
+  // [head][key] here.
   using SmemLayoutQNope = decltype(cute::tile_to_shape(
       cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<HN, D512>{}));
   using SmemLayoutQRope = decltype(cute::tile_to_shape(
       cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<HN, D64>{}));
   using SmemLayoutP = decltype(cute::tile_to_shape(
       cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<HN, H64>{}));
-  using SmemLayoutVt = decltype(cute::tile_to_shape(
-      cute::SM90::GMMA::Layout_MN_SW128_Atom<Element>{}, cute::Shape<D512, H64>{},
-      cute::Step<cute::_2, cute::_1>{}));
 };
 
 template <class T>
@@ -100,7 +93,7 @@ struct alignas(1024) SmallHStorage {
   Element q_nope[T::kH * 512];
   Element q_rope[T::kH * 64];
   Element p[2][T::kH * 64];       // per consumer warpgroup: P^T [head][key], bf16
-  float xchg[T::kXchgFloats];     // warpgroup 1's O^T (one pass), m and l: the end-of-item merge
+  float xchg[T::kXchgFloats];     // warpgroup 1's O^T, one pass of the end-of-item merge
   float xchg_ml[2][T::kH];        // warpgroup 1's running maximum and row sums per head
   float bias[2][64];              // per buffer: 0 for an active slot, -inf otherwise
   float red[2][2][4][T::kH];      // per warpgroup, chunk parity, warp: per-head maxima / sums
@@ -162,6 +155,8 @@ __device__ __forceinline__ void producer_small_h(const DsaFwdSm90Params& p, Smal
 __device__ __forceinline__ int small_h_head(int hd, int lane) {
   return 8 * (hd / 2) + 2 * (lane % 4) + hd % 2;
 }
+// The head slot hd of accumulator element i of a 64 x H tile.
+__device__ __forceinline__ int small_h_slot(int i) { return 2 * (i / 4) + i % 2; }
 
 template <class T>
 __device__ __forceinline__ void consumer_small_h(const DsaFwdSm90Params& p, SmallHStorage<T>& s,
@@ -180,11 +175,11 @@ __device__ __forceinline__ void consumer_small_h(const DsaFwdSm90Params& p, Smal
   typename T::TiledMmaO mma_o;
   auto thr_s = mma_s.get_thread_slice(wtid);
   auto thr_o = mma_o.get_thread_slice(wtid);
-  Tensor sKn = make_tensor(make_smem_ptr(s.kv_nope[wg]), typename T::SmemLayoutKNope{});
-  Tensor sKr = make_tensor(make_smem_ptr(s.kv_rope[wg]), typename T::SmemLayoutKRope{});
+  Tensor sKn = make_tensor(make_smem_ptr(s.kv_nope[wg]), typename T::SmemLayoutRows512{});
+  Tensor sKr = make_tensor(make_smem_ptr(s.kv_rope[wg]), typename T::SmemLayoutRows64{});
   Tensor sQn = make_tensor(make_smem_ptr(s.q_nope), typename T::SmemLayoutQNope{});
   Tensor sQr = make_tensor(make_smem_ptr(s.q_rope), typename T::SmemLayoutQRope{});
-  Tensor sVt = make_tensor(make_smem_ptr(s.kv_nope[wg]), typename T::SmemLayoutVt{});
+  Tensor sVt = make_tensor(make_smem_ptr(s.kv_nope[wg]), typename T::SmemLayoutCols512{});
   Tensor sP = make_tensor(make_smem_ptr(s.p[wg]), typename T::SmemLayoutP{});
   Tensor tSrK = thr_s.partition_fragment_A(sKn);
   Tensor tSrKr = thr_s.partition_fragment_A(sKr);
@@ -237,7 +232,7 @@ __device__ __forceinline__ void consumer_small_h(const DsaFwdSm90Params& p, Smal
     for (int i = 0; i < kH / 2; ++i) {
       const int key = frag_row + 8 * ((i / 2) % 2);
       x[i] = fmaf(tSrS(i), scale_log2, s.bias[wg][key]);
-      const int hd = 2 * (i / 4) + i % 2;
+      const int hd = small_h_slot(i);
       cmax[hd] = fmaxf(cmax[hd], x[i]);
     }
     const int par = use & 1;
@@ -277,7 +272,7 @@ __device__ __forceinline__ void consumer_small_h(const DsaFwdSm90Params& p, Smal
     CUTE_UNROLL
     for (int i = 0; i < kH / 2; ++i) {
       const int key = frag_row + 8 * ((i / 2) % 2);
-      const int hd = 2 * (i / 4) + i % 2;
+      const int hd = small_h_slot(i);
       const int h = small_h_head(hd, lane);
       const float pv = exp2_approx(x[i] - m_use[hd]);
       l_run[hd] += pv;
@@ -290,7 +285,7 @@ __device__ __forceinline__ void consumer_small_h(const DsaFwdSm90Params& p, Smal
       CUTE_UNROLL
       for (int i = 0; i < T::kOFloats; ++i) {
         const int j = i % (kH / 2);
-        tOrO(i) *= alpha[2 * (j / 4) + j % 2];
+        tOrO(i) *= alpha[small_h_slot(j)];
       }
     }
     fence_proxy_async_shared();
@@ -373,7 +368,7 @@ __device__ __forceinline__ void consumer_small_h(const DsaFwdSm90Params& p, Smal
     for (int k = 0; k < T::kTilesPerPass * kPerTile; ++k) {
       const int i = pass * T::kTilesPerPass * kPerTile + k;
       const int j = i % kPerTile;
-      const int hd = 2 * (j / 4) + j % 2;
+      const int hd = small_h_slot(j);
       tOrO(i) = (tOrO(i) * f0[hd] + s.xchg[k * 128 + wtid] * f1[hd]) * factor[hd];
     }
     mbarrier_arrive(&s.xchg_empty);
@@ -383,11 +378,9 @@ __device__ __forceinline__ void consumer_small_h(const DsaFwdSm90Params& p, Smal
   CUTE_UNROLL
   for (int i = 0; i < T::kOFloats; ++i) {
     const int j = i % kPerTile;
-    const int h = small_h_head(2 * (j / 4) + j % 2, lane);
+    const int h = small_h_head(small_h_slot(j), lane);
     const int d = 64 * (i / kPerTile) + frag_row + 8 * ((j / 2) % 2);
-    const unsigned short v = static_cast<unsigned short>(pack_bf16x2(tOrO(i), 0.f) & 0xffffu);
-    Element* dst = out + static_cast<int64_t>(h) * p.o_sh + d;
-    asm volatile("st.global.b16 [%0], %1;\n" ::"l"(dst), "h"(v) : "memory");
+    out[static_cast<int64_t>(h) * p.o_sh + d] = static_cast<Element>(tOrO(i));
   }
 }
 
