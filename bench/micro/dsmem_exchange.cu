@@ -17,7 +17,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <vector>
 
 #include "check.cuh"
 
@@ -174,20 +173,9 @@ void run(int sms, int iters, int work, float* sink, unsigned long long* cycles) 
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   kernel<<<grid, 128 * kWgs, smem>>>(10, work, sink, cycles);
   CK(cudaDeviceSynchronize());
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  CK(cudaEventRecord(a));
-  kernel<<<grid, 128 * kWgs, smem>>>(iters, work, sink, cycles);
-  CK(cudaEventRecord(b));
-  CK(cudaEventSynchronize(b));
-  CK(cudaGetLastError());
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, a, b));
-  std::vector<unsigned long long> cyc(grid);
-  CK(cudaMemcpy(cyc.data(), cycles, grid * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
-  double mean = 0;
-  for (auto x : cyc) mean += double(x) / grid;
+  const float ms =
+      time_ms([&] { kernel<<<grid, 128 * kWgs, smem>>>(iters, work, sink, cycles); });
+  const double mean = mean_cycles(cycles, grid);
   // Bytes sent per CTA per iteration: 8 KB per warpgroup.
   const double bytes = double(grid) * iters * 8192.0 * kWgs;
   std::printf("%s wgs %d depth %d work %4d  %8.3f ms  %7.1f clk per exchange  %6.2f TB/s over the "

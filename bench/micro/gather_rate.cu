@@ -61,20 +61,8 @@ void run(int sms, const uint8_t* kv, const int32_t* idx, unsigned long long* cyc
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   kernel<<<sms, 32 * kWarps, smem>>>(kv, idx, 20, cycles);
   CK(cudaDeviceSynchronize());
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  CK(cudaEventRecord(a));
-  kernel<<<sms, 32 * kWarps, smem>>>(kv, idx, chunks, cycles);
-  CK(cudaEventRecord(b));
-  CK(cudaEventSynchronize(b));
-  CK(cudaGetLastError());
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, a, b));
-  std::vector<unsigned long long> cyc(sms);
-  CK(cudaMemcpy(cyc.data(), cycles, sms * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
-  double mean = 0;
-  for (auto x : cyc) mean += double(x) / sms;
+  const float ms = time_ms([&] { kernel<<<sms, 32 * kWarps, smem>>>(kv, idx, chunks, cycles); });
+  const double mean = mean_cycles(cycles, sms);
   const double bytes = double(sms) * chunks * kChunkBytes;
   std::printf("buffers %d warps %d SMs %3d  %7.3f ms  %6.0f clk per chunk  %5.2f TB/s  %5.1f "
               "B/clk per SM\n",

@@ -18,6 +18,7 @@
 // v4row also with two CTAs per SM.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -124,23 +125,10 @@ void run(const char* name, float* dst, const int32_t* idx, int grid, int chunks,
   CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   k<<<grid, kThreads, smem>>>(dst, idx, 4, cycles);  // warm-up
   CK(cudaDeviceSynchronize());
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
   float best = 1e30f;
-  for (int rep = 0; rep < 3; ++rep) {
-    CK(cudaEventRecord(a));
-    k<<<grid, kThreads, smem>>>(dst, idx, chunks, cycles);
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    if (ms < best) best = ms;
-  }
-  std::vector<unsigned long long> cyc(grid);
-  CK(cudaMemcpy(cyc.data(), cycles, grid * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
-  double mean = 0;
-  for (auto x : cyc) mean += double(x) / grid;
+  for (int rep = 0; rep < 3; ++rep)
+    best = std::min(best, time_ms([&] { k<<<grid, kThreads, smem>>>(dst, idx, chunks, cycles); }));
+  const double mean = mean_cycles(cycles, grid);
   const double bytes = double(grid) * chunks * 64.0 * kCols * 4.0;
   const double per_sm_clk = double(chunks) * 64 * kCols * 4 / mean;
   std::printf("%-8s grid %3d/%d  %8.3f ms  %6.2f TB/s  %5.1f B/clk/CTA  %7.0f clk/chunk\n", name,
