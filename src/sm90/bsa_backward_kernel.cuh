@@ -50,10 +50,13 @@
 //             straight from the accumulators to the caller's tensors (keys < S_kv; padded keys
 //             are zeros); several owners: fp32 red.global.add of keys < valid into dk/dv_accum.
 //
-// Timeline of one consumer (no intra-warpgroup overlap yet: the two consumers, and with block 64
-// the two CTAs of an SM, interleave on the tensor cores):
+// Timeline of one consumer (the two consumers, and with block 64 the two CTAs of an SM,
+// interleave on the tensor cores):
 //   producer |K V|Q0 dO0|Q1 dO1|Q2 dO2|  Q3 dO3 (block 128: 3 stages; waits for stage 0) ...
-//   WG       |S0 dP0|P|dV0 dS|dK0 st(dS)|dQ0..|red.add|S1 dP1|...            |epilogue|
+//   block 64  |S0 dP0|P|dV0 dS|dK0 st(dS)|dQ0..|st(dQ) red.add|S1 dP1|...        |epilogue|
+//   block 128 |S0|dP0 P|dV0 dS|dK0 st(dS)|dQ0 S1|st(dQ) red.add|dP1 P|...        |epilogue|
+// Block 128 issues [1] of the next tile behind [7] ("early S", kEarlyS): the tensor cores run it
+// while both warpgroups store and reduce dQ, and the next tile's [3] starts with S^T ready.
 //
 // Pipeline objects (shared memory):
 //   kv_full        mbarrier, TMA -> consumers: K and V landed (one phase per CTA)
@@ -426,6 +429,21 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
 
   int stage = 0;
   uint32_t phase = 0;
+  // Early S (kEarlyS): [1] of tile t + 1 is issued right after the last [7] of tile t, so the
+  // tensor pipe runs it while the warpgroups store and reduce dQ; it is waited for (wait<0>) at
+  // the end of the iteration, so no wgmma is in flight across the loop's back edge. At the top
+  // of an iteration S^T of the tile is complete in tSrS. Needs a second Q / dO stage: with one
+  // (block 64) tile t + 1's Q loads only after [4] and [5] of tile t.
+  constexpr bool kEarlyS = T::kStages > 1;
+  const auto issue_s = [&](int stg, uint32_t ph) {
+    mbarrier_wait(&s.q_full[stg], ph);
+    gemm_issue<true>(mma_sdp, tSrK, tSrQ(_, _, _, stg), tSrS);
+  };
+  if (kEarlyS && t < it.num_tiles) {
+    issue_s(0, 0);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrS);
+  }
 #pragma unroll 1
   while (t < it.num_tiles) {
     int e_next, h_next = 0, row0_next = 0;
@@ -446,9 +464,28 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
                                  stat_ptr(h_next, row0_next));
     }
     cp_async_commit();
-    mbarrier_wait(&s.q_full[stage], phase);
+    // The stage of tile t_next.
+    const int stage_next = stage + 1 == T::kStages ? 0 : stage + 1;
+    const uint32_t phase_next = stage + 1 == T::kStages ? phase ^ 1 : phase;
+    // kEarlyS: [1] of tile t_next issued behind the tile's last GEMM, then the wait for all
+    // but it. Past the last tile, tSrS is cleared instead (after the wait: a non-wgmma write to
+    // an accumulator while wgmmas run serializes them, C7515): every path must redefine it, or
+    // S^T's old value stays alive around the back edge and P and dS cannot reuse its registers
+    // (+16 registers, and spills at block 128, D 128).
+    const auto issue_next_s_and_wait = [&]() {
+      if (t_next < it.num_tiles) {
+        issue_s(stage_next, phase_next);
+        warpgroup_wait<1>();
+      } else {
+        warpgroup_wait<0>();
+        clear(tSrS);
+      }
+    };
     // [1], [2]
-    gemm_issue<true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
+    if constexpr (!kEarlyS) {
+      mbarrier_wait(&s.q_full[stage], phase);
+      gemm_issue<true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
+    }
     gemm_issue<true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tSrdP);
     // [3]
     // lse2 / delta of this thread's columns 8 j + frag_col + {0, 1} (query rows of the tile):
@@ -456,8 +493,10 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     constexpr int kColPairs = decltype(size(tSrS))::value / 4;
     const uint32_t lse2_cols = stats_addr + kStatsBufBytes * buf + 4 * frag_col;
     const uint32_t delta_cols = lse2_cols + 4 * T::kBlockM;
-    warpgroup_wait<1>();
-    warpgroup_fence_operand(tSrS);
+    if constexpr (!kEarlyS) {
+      warpgroup_wait<1>();
+      warpgroup_fence_operand(tSrS);
+    }
     CUTE_UNROLL
     for (int j = 0; j < kColPairs; ++j) {
       const float2 l2 = ld_shared_f32x2(lse2_cols + 32 * j);
@@ -524,16 +563,22 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
                                  typename T::SmemLayoutKtPanel{});
         Tensor tQrKt = thr_dq.partition_fragment_B(sKt);
         gemm_issue<true>(mma_dq, tQrDs, tQrKt, tQrdQ);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tQrdQ);
         if (j == 0) {
-          // [4], [5] are complete too: the Q / dO stage is free.
+          // [4], [5] are complete: the Q / dO stage is free, and so are the registers of P^T and
+          // dS^T (which ptxas places in S^T's: [1] of the next tile may now write them).
+          warpgroup_wait<1>();
           warpgroup_fence_operand(tKVrP);
           warpgroup_fence_operand(tKVrdS);
           warpgroup_fence_operand(tdVrdV);
           warpgroup_fence_operand(tdKrdK);
           if (lane == 0) mbarrier_arrive(&s.q_empty[stage]);
         }
+        if (kEarlyS && j == T::kDqPanels - 1) {
+          issue_next_s_and_wait();  // [7] is done; [1] of the next tile may still run
+        } else {
+          warpgroup_wait<0>();
+        }
+        warpgroup_fence_operand(tQrdQ);
         if constexpr (T::kDqBulk) {
           // Pair i / 2 of this thread -> floats 2 (128 (i / 2) + wtid) of the panel's staging.
           const uint32_t dst = smem_u32(s.dq + (wg * T::kDqPanels + j) * kDqPanelFloats) + 8 * wtid;
@@ -573,11 +618,16 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
       warpgroup_fence_operand(tdVrdV);
       warpgroup_fence_operand(tdKrdK);
       if (lane == 0) mbarrier_arrive(&s.q_empty[stage]);
+      if constexpr (kEarlyS) issue_next_s_and_wait();
     }
-    if (++stage == T::kStages) {
-      stage = 0;
-      phase ^= 1;
+    if constexpr (kEarlyS) {
+      // Unconditional: ptxas's wgmma analysis does not correlate branches, and an accumulator
+      // that may be in flight at the back edge serializes every wgmma of the loop (C7515).
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrS);
     }
+    stage = stage_next;
+    phase = phase_next;
     if (new_block) {
       e_cur = e_nxt;
       e_nxt = ahead < n_entries ? static_cast<int>(ld_shared_u32(ahead_addr)) : 0;
