@@ -435,6 +435,18 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
   // of an iteration S^T of the tile is complete in tSrS. Needs a second Q / dO stage: with one
   // (block 64) tile t + 1's Q loads only after [4] and [5] of tile t.
   constexpr bool kEarlyS = T::kStages > 1;
+  // The warpgroup's asynchronous copies: the next tile's stats and entry (cp.async, issued at
+  // the top of this tile) have landed and are visible to the warpgroup, and (thread 0) the
+  // previous tile's bulk dQ reduction is complete, so its staging buffer may be rewritten. In
+  // SASS both waits are the same counter (DEPBAR.LE SB0, 0: full completion, even for
+  // `wait_group.read`), so the wait is placed as late as possible: right before the staging
+  // stores (after [7]), not before the dS barriers, where it exposed the bulk engine's
+  // ~16 B/clk per SM (session 18) behind both warpgroups every tile.
+  const auto sync_async_copies = [&]() {
+    if (T::kDqBulk && wtid == 0) bulk_wait_read_all();
+    cp_async_wait<0>();
+    named_barrier_sync(3 + wg, 128);
+  };
   const auto issue_s = [&](int stg, uint32_t ph) {
     mbarrier_wait(&s.q_full[stg], ph);
     gemm_issue<true>(mma_sdp, tSrK, tSrQ(_, _, _, stg), tSrS);
@@ -528,9 +540,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     convert_p(tSrdP, tKVrdS);
     // [5]
     gemm_issue<false>(mma_kv, tKVrdS, tKVrQt(_, _, _, stage), tdKrdK);
-    // [6] The previous tile's dQ GEMMs of every warp are done with the dS tile (and, dq_bulk,
-    // its bulk reduction with this warpgroup's dQ staging buffer).
-    if (T::kDqBulk && wtid == 0) bulk_wait_read_all();
+    // [6] The previous tile's dQ GEMMs of every warp are done with the dS tile.
     named_barrier_sync(ds_barrier, T::kDsThreads);
     if (with_dq) {
       // dS^T (key, row) -> byte key * 128 + ((row / 8) ^ (key % 8)) * 16 + (row % 8) * 2 of the
@@ -543,11 +553,6 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
       for (int j = 0; j < size(ds32); ++j)
         st_shared_u32(ds_base + 8 * 128 * (j % 2) + (((j / 2) ^ (frag_row % 8)) << 4), ds32(j));
     }
-    // The next tile's stats (and entry_ahead) have landed (cp.async above); the second barrier
-    // makes them visible. (In SASS this wait and the bulk-group waits are the same counter,
-    // DEPBAR.LE SB0: every wait here is for 0 outstanding, so neither can be cut short by the
-    // other kind; a non-zero count would need both kinds counted.)
-    cp_async_wait<0>();
     fence_proxy_async_shared();
     named_barrier_sync(ds_barrier, T::kDsThreads);
     if (with_dq) {
@@ -579,6 +584,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
           warpgroup_wait<0>();
         }
         warpgroup_fence_operand(tQrdQ);
+        if (T::kDqBulk && j == 0) sync_async_copies();
         if constexpr (T::kDqBulk) {
           // Pair i / 2 of this thread -> floats 2 (128 (i / 2) + wtid) of the panel's staging.
           const uint32_t dst = smem_u32(s.dq + (wg * T::kDqPanels + j) * kDqPanelFloats) + 8 * wtid;
@@ -620,6 +626,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
       if (lane == 0) mbarrier_arrive(&s.q_empty[stage]);
       if constexpr (kEarlyS) issue_next_s_and_wait();
     }
+    if (!(T::kDqBulk && with_dq)) sync_async_copies();
     if constexpr (kEarlyS) {
       // Unconditional: ptxas's wgmma analysis does not correlate branches, and an accumulator
       // that may be in flight at the back edge serializes every wgmma of the loop (C7515).
