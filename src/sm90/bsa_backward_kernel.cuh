@@ -468,8 +468,8 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     if (new_block && ahead < n_entries && wtid == 0)
       cp_async_4(ahead_addr, p.entries + it.begin + ahead);
     // The next tile's stats -> the other buffer (free: every thread of this warpgroup finished
-    // [3] of the previous tile before the dS barriers it passed), by cp.async: waited for
-    // between this tile's dS barriers, which make it visible (a whole [1]-[5] later).
+    // [3] of the previous tile before the barrier of sync_async_copies it passed), by cp.async:
+    // waited for and made visible by this tile's sync_async_copies, after [7].
     if (t_next < it.num_tiles) {
       entry_rows<T>(p, it, e_next, t_next, h_next, row0_next);
       cp_async_4(stats_addr + kStatsBufBytes * (buf ^ 1) + 4 * wtid,
