@@ -458,24 +458,35 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
   }
 #pragma unroll 1
   while (t < it.num_tiles) {
-    int e_next, h_next = 0, row0_next = 0;
-    const int t_next = next_live(t, e_cur, e_nxt, e_next);
-    // When the next tile starts a new query block, the entry of the block after it -> the other
-    // entry_ahead slot (free for the reason the other stats buffer is).
-    const bool new_block = t_next / kTpe != t / kTpe;
-    const int ahead = t_next / kTpe + 1;
-    const uint32_t ahead_addr = smem_u32(&s.entry_ahead[wg][buf ^ 1]);
-    if (new_block && ahead < n_entries && wtid == 0)
-      cp_async_4(ahead_addr, p.entries + it.begin + ahead);
-    // The next tile's stats -> the other buffer (free: every thread of this warpgroup finished
-    // [3] of the previous tile before the barrier of sync_async_copies it passed), by cp.async:
-    // waited for and made visible by this tile's sync_async_copies, after [7].
-    if (t_next < it.num_tiles) {
-      entry_rows<T>(p, it, e_next, t_next, h_next, row0_next);
-      cp_async_4(stats_addr + kStatsBufBytes * (buf ^ 1) + 4 * wtid,
-                                 stat_ptr(h_next, row0_next));
-    }
-    cp_async_commit();
+    // The tile's bookkeeping ("head"): the next live tile, its entry and stats. It is a chain of
+    // dependent integer steps and address arithmetic (~450 cycles in session 24's timeline) that
+    // the tensor pipe idles through at the top of the tile, where S^T is complete and [2] not
+    // yet issued. Block 128 (early S) runs it right after [4] is issued, beside [4] and the rest
+    // of dP (session 24: +1% at D 128, +3.8% at D 64, +2.6% at 12.5%; after [7], after [2], or
+    // split between [4] and [5] measured worse). Block 64 keeps it at the top (-2% after [4]).
+    int e_next = 0, h_next = 0, row0_next = 0, t_next = 0, ahead = 0;
+    bool new_block = false;
+    uint32_t ahead_addr = 0;
+    const auto run_head = [&]() {
+      t_next = next_live(t, e_cur, e_nxt, e_next);
+      // When the next tile starts a new query block, the entry of the block after it -> the
+      // other entry_ahead slot (free for the reason the other stats buffer is).
+      new_block = t_next / kTpe != t / kTpe;
+      ahead = t_next / kTpe + 1;
+      ahead_addr = smem_u32(&s.entry_ahead[wg][buf ^ 1]);
+      if (new_block && ahead < n_entries && wtid == 0)
+        cp_async_4(ahead_addr, p.entries + it.begin + ahead);
+      // The next tile's stats -> the other buffer (free: every thread of this warpgroup
+      // finished [3] of the previous tile before the barrier of sync_async_copies it passed),
+      // by cp.async: waited for and made visible by this tile's sync_async_copies, after [7].
+      if (t_next < it.num_tiles) {
+        entry_rows<T>(p, it, e_next, t_next, h_next, row0_next);
+        cp_async_4(stats_addr + kStatsBufBytes * (buf ^ 1) + 4 * wtid,
+                   stat_ptr(h_next, row0_next));
+      }
+      cp_async_commit();
+    };
+    if constexpr (!kEarlyS) run_head();
     // The stage of tile t_next.
     const int stage_next = stage + 1 == T::kStages ? 0 : stage + 1;
     const uint32_t phase_next = stage + 1 == T::kStages ? phase ^ 1 : phase;
@@ -523,6 +534,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     // [4] issued before dP^T is waited for: the fp32 S^T dies here, so S^T and dP^T are never
     // live together with dK and dV (that spilled at 232 registers).
     gemm_issue<false>(mma_kv, tKVrP, tKVrdOt(_, _, _, stage), tdVrdV);
+    if constexpr (kEarlyS) run_head();
     warpgroup_wait<1>();  // dP^T is ready; [4] may still run
     warpgroup_fence_operand(tSrdP);
     CUTE_UNROLL
