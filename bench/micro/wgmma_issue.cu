@@ -24,26 +24,32 @@ using Element = cute::bfloat16_t;
 constexpr int kK = 128;
 constexpr int kSmemPerWg = (64 + 256) * kK * 2;  // A (64 x 128) and B (up to 256 x 128)
 
-// kBehind: a first GEMM is issued (and committed) right before the timed one, so the timed issue
-// finds the pipe busy with eight k-steps of the same warpgroup.
-template <int N>
+template <int N, bool RS>
 struct AtomN {
-  using Atom = cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
-                                                             cute::SM90::GMMA::Major::K>;
+  using Atom = std::conditional_t<
+      RS, cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K,
+                                                         cute::SM90::GMMA::Major::K>,
+      cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
+                                                     cute::SM90::GMMA::Major::K>>;
 };
-template <>
-struct AtomN<128> {
-  using Atom = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
-                                                              cute::SM90::GMMA::Major::K>;
+template <bool RS>
+struct AtomN<128, RS> {
+  using Atom = std::conditional_t<
+      RS, cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K,
+                                                          cute::SM90::GMMA::Major::K>,
+      cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
+                                                      cute::SM90::GMMA::Major::K>>;
 };
-template <>
-struct AtomN<256> {
+template <bool RS>
+struct AtomN<256, RS> {
   using Atom = cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
-                                                              cute::SM90::GMMA::Major::K>;
+                                                               cute::SM90::GMMA::Major::K>;
 };
 
-// kSteps k-steps of 64 x N x 16 per GEMM (the k-steps cycle over the 8 of the tiles).
-template <int kWgs, bool kBehind, int N = 64, int kSteps = 8>
+// kSteps k-steps of 64 x N x 16 per GEMM (the k-steps cycle over the 8 of the tiles), A from
+// shared memory or (kRS) registers. kBehind: a first GEMM of eight k-steps is issued (and
+// committed) right before the timed one, so the timed issue finds the queue full.
+template <int kWgs, bool kBehind, int N = 64, int kSteps = 8, bool kRS = false>
 __global__ void __launch_bounds__(128 * kWgs, 1)
     wgmma_issue(int iters, unsigned long long* out, float* sink) {
   using namespace cute;
@@ -60,9 +66,18 @@ __global__ void __launch_bounds__(128 * kWgs, 1)
   auto sB = make_tensor(
       make_smem_ptr(a_ptr + 64 * kK),
       tile_to_shape(SM90::GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<N>, Int<kK>>{}));
-  auto mma = make_tiled_mma(typename AtomN<N>::Atom{});
+  auto mma = make_tiled_mma(typename AtomN<N, kRS>::Atom{});
   auto thr = mma.get_thread_slice(threadIdx.x % 128);
-  auto tA = thr.partition_fragment_A(sA);
+  auto tA = [&] {
+    if constexpr (kRS) {
+      auto r = make_tensor<Element>(partition_shape_A(mma, Shape<_64, Int<kK>>{}));
+      fill(r, Element(0));
+      warpgroup_fence_operand(r);
+      return r;
+    } else {
+      return thr.partition_fragment_A(sA);
+    }
+  }();
   auto tB = thr.partition_fragment_B(sB);
   auto acc0 = partition_fragment_C(mma, Shape<_64, Int<N>>{});
   auto acc1 = partition_fragment_C(mma, Shape<_64, Int<N>>{});
@@ -101,10 +116,10 @@ __global__ void __launch_bounds__(128 * kWgs, 1)
   }
 }
 
-template <int kWgs, bool kBehind, int N = 64, int kSteps = 8>
+template <int kWgs, bool kBehind, int N = 64, int kSteps = 8, bool kRS = false>
 void measure(const char* name, int sms, unsigned long long* out, float* sink) {
   const int iters = 2048;
-  auto kernel = wgmma_issue<kWgs, kBehind, N, kSteps>;
+  auto kernel = wgmma_issue<kWgs, kBehind, N, kSteps, kRS>;
   const int smem = kWgs * kSmemPerWg + 1024;
   CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   kernel<<<sms, 128 * kWgs, smem>>>(iters, out, sink);  // warm-up
@@ -145,5 +160,12 @@ int main() {
   measure<1, false, 256, 4>("N 256, 4 steps", sms, out, sink);
   measure<1, false, 256, 8>("N 256, 8 steps", sms, out, sink);
   measure<1, false, 256, 16>("N 256, 16 steps", sms, out, sink);
+  std::printf("A from registers (RS): the backward's [4] and [5] are RS 64 x 128\n");
+  measure<1, false, 128, 4, true>("RS N 128, 4 steps", sms, out, sink);
+  measure<1, false, 128, 8, true>("RS N 128, 8 steps", sms, out, sink);
+  measure<1, false, 128, 16, true>("RS N 128, 16 steps", sms, out, sink);
+  measure<1, true, 128, 8, true>("RS N 128, 8 steps behind its own", sms, out, sink);
+  measure<2, false, 128, 8, true>("RS N 128, 8 steps, 2 WGs at once", sms, out, sink);
+  measure<1, false, 64, 16, true>("RS N 64, 16 steps", sms, out, sink);
   return 0;
 }
