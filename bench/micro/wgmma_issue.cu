@@ -15,8 +15,10 @@
 #include <cstdio>
 
 #include <cute/arch/mma_sm90.hpp>
+#include <cute/arch/mma_sm90_gmma_ext.hpp>   // N not a power of two (64 x 80)
 #include <cute/atom/mma_atom.hpp>
 #include <cute/tensor.hpp>
+#include <cute/atom/mma_traits_sm90_gmma_ext.hpp>
 
 #include "check.cuh"
 
@@ -39,6 +41,11 @@ struct AtomN<128, RS> {
                                                           cute::SM90::GMMA::Major::K>,
       cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
                                                       cute::SM90::GMMA::Major::K>>;
+};
+template <bool RS>
+struct AtomN<80, RS> {
+  using Atom = cute::SM90::GMMA::MMA_64x80x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
+                                                              cute::SM90::GMMA::Major::K>;
 };
 template <bool RS>
 struct AtomN<256, RS> {
@@ -154,6 +161,9 @@ int main() {
   measure<1, false, 64, 16>("N 64, 16 steps", sms, out, sink);
   measure<1, false, 64, 24>("N 64, 24 steps", sms, out, sink);
   measure<1, false, 64, 32>("N 64, 32 steps", sms, out, sink);
+  measure<1, false, 80, 8>("N 80, 8 steps", sms, out, sink);
+  measure<1, false, 80, 16>("N 80, 16 steps", sms, out, sink);
+  measure<2, false, 80, 8>("N 80, 8 steps, 2 WGs at once", sms, out, sink);
   measure<1, false, 128, 4>("N 128, 4 steps", sms, out, sink);
   measure<1, false, 128, 8>("N 128, 8 steps", sms, out, sink);
   measure<1, false, 128, 16>("N 128, 16 steps", sms, out, sink);
