@@ -14,10 +14,10 @@
 //   kProducer  warpgroup 0 (setmaxnreg down); lane 0 of warp 0 issues every load: K and V once,
 //              then per tile Q and dO (TMA, box 64 x 64 per 64-column panel) into a kStages
 //              ring. lse2 and delta do not travel through it: each consumer warpgroup copies the
-//              next tile's 64 + 64 values (one 4-byte cp.async per thread, at the start of a
-//              tile) into its own double buffer and waits for them between the two dS barriers,
-//              so that [3] reads them from shared memory one tile later, ordered by named
-//              barriers only. The reverse-map entries come the same way (4 bytes by the
+//              next tile's 64 + 64 values (one 4-byte cp.async per thread, in the tile's
+//              bookkeeping) into its own double buffer and waits for them after [7], before the
+//              dQ staging (sync_async_copies), so that [3] reads them from shared memory one tile
+//              later, ordered by named barriers only. The reverse-map entries come the same way (4 bytes by the
 //              warpgroup's thread 0), one query block ahead.
 //   kConsumer0 warpgroup 1 (and kConsumer1, warpgroup 2, when kBlockN = 128; setmaxnreg up): each
 //              owns 64 keys of the block. All GEMMs are computed "transposed" (keys as M) so that
@@ -435,9 +435,10 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
   // of an iteration S^T of the tile is complete in tSrS. Needs a second Q / dO stage: with one
   // (block 64) tile t + 1's Q loads only after [4] and [5] of tile t.
   constexpr bool kEarlyS = T::kStages > 1;
-  // The warpgroup's asynchronous copies: the next tile's stats and entry (cp.async, issued at
-  // the top of this tile) have landed and are visible to the warpgroup, and (thread 0) the
-  // previous tile's bulk dQ reduction is complete, so its staging buffer may be rewritten. In
+  // The warpgroup's asynchronous copies: the next tile's stats and entry (cp.async, issued by
+  // this tile's bookkeeping, run_head) have landed and are visible to the warpgroup, and
+  // (thread 0) the previous tile's bulk dQ reduction is complete, so its staging buffer may be
+  // rewritten. In
   // SASS both waits are the same counter (DEPBAR.LE SB0, 0: full completion, even for
   // `wait_group.read`), so the wait is placed as late as possible: right before the staging
   // stores (after [7]), not before the dS barriers, where it exposed the bulk engine's
@@ -505,10 +506,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
       }
     };
     // [1], [2]
-    if constexpr (!kEarlyS) {
-      mbarrier_wait(&s.q_full[stage], phase);
-      gemm_issue<true>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
-    }
+    if constexpr (!kEarlyS) issue_s(stage, phase);
     gemm_issue<true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tSrdP);
     // [3]
     // lse2 / delta of this thread's columns 8 j + frag_col + {0, 1} (query rows of the tile):
