@@ -17,8 +17,8 @@
 //              next tile's 64 + 64 values (one 4-byte cp.async per thread, in the tile's
 //              bookkeeping) into its own double buffer and waits for them after [7], before the
 //              dQ staging (sync_async_copies), so that [3] reads them from shared memory one tile
-//              later, ordered by named barriers only. The reverse-map entries come the same way (4 bytes by the
-//              warpgroup's thread 0), one query block ahead.
+//              later, ordered by named barriers only. The reverse-map entries come the same way
+//              (4 bytes by the warpgroup's thread 0), one query block ahead.
 //   kConsumer0 warpgroup 1 (and kConsumer1, warpgroup 2, when kBlockN = 128; setmaxnreg up): each
 //              owns 64 keys of the block. All GEMMs are computed "transposed" (keys as M) so that
 //              P^T and dS^T come out of the accumulators in the A-operand register layout:
