@@ -1,7 +1,8 @@
 // Microbenchmark: how long a warpgroup is held at the issue of one SS GEMM of 64 x 64 x 128 (eight
 // k-steps of 16: the Hopper BSA backward's [1], [2] and [7]), against how long the GEMM takes,
 // with the tensor pipe idle, busy with the same warpgroup's previous GEMM, or shared with a
-// second warpgroup (bench/NOTES.md, session 24). Not part of the library build:
+// second warpgroup; then the queue's depth (n k-steps of N 64 / 80 / 128 / 256, SS and RS) on an
+// idle pipe (bench/NOTES.md, session 24). Not part of the library build:
 //   nvcc -O3 -std=c++17 -arch=sm_90a --expt-relaxed-constexpr -I<cutlass>/include \
 //        -I bench/micro -o wgmma_issue bench/micro/wgmma_issue.cu
 //   ./wgmma_issue            (one table on stdout)
