@@ -505,22 +505,29 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
         clear(tSrS);
       }
     };
+    // lse2 / delta of this thread's columns 8 j + frag_col + {0, 1} (query rows of the tile):
+    // 8-byte shared loads from this warpgroup's stats buffer. With early S, lse2 is loaded before
+    // [2] is issued, so that the loads' latency passes under the issue instead of stalling [3]'s
+    // first FFMA (session 25: 3.6% of main's stall samples sat there, short scoreboard).
+    constexpr int kColPairs = decltype(size(tSrS))::value / 4;
+    const uint32_t lse2_cols = stats_addr + kStatsBufBytes * buf + 4 * frag_col;
+    const uint32_t delta_cols = lse2_cols + 4 * T::kBlockM;
+    float2 l2v[kColPairs];
+    if constexpr (kEarlyS) {
+      CUTE_UNROLL
+      for (int j = 0; j < kColPairs; ++j) l2v[j] = ld_shared_f32x2(lse2_cols + 32 * j);
+    }
     // [1], [2]
     if constexpr (!kEarlyS) issue_s(stage, phase);
     gemm_issue<true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tSrdP);
     // [3]
-    // lse2 / delta of this thread's columns 8 j + frag_col + {0, 1} (query rows of the tile):
-    // 8-byte shared loads from this warpgroup's stats buffer.
-    constexpr int kColPairs = decltype(size(tSrS))::value / 4;
-    const uint32_t lse2_cols = stats_addr + kStatsBufBytes * buf + 4 * frag_col;
-    const uint32_t delta_cols = lse2_cols + 4 * T::kBlockM;
     if constexpr (!kEarlyS) {
       warpgroup_wait<1>();
       warpgroup_fence_operand(tSrS);
     }
     CUTE_UNROLL
     for (int j = 0; j < kColPairs; ++j) {
-      const float2 l2 = ld_shared_f32x2(lse2_cols + 32 * j);
+      const float2 l2 = kEarlyS ? l2v[j] : ld_shared_f32x2(lse2_cols + 32 * j);
       CUTE_UNROLL
       for (int u = 0; u < 4; ++u) {
         const int i = 4 * j + u;
