@@ -506,28 +506,31 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
       }
     };
     // lse2 / delta of this thread's columns 8 j + frag_col + {0, 1} (query rows of the tile):
-    // 8-byte shared loads from this warpgroup's stats buffer. With early S, lse2 is loaded before
-    // [2] is issued, so that the loads' latency passes under the issue instead of stalling [3]'s
-    // first FFMA (session 25: 3.6% of main's stall samples sat there, short scoreboard).
+    // 8-byte shared loads from this warpgroup's stats buffer. Block 128 with D 128 (early S) loads
+    // lse2 before [2] is issued, so that the loads' latency passes under the issue instead of
+    // stalling [3]'s first FFMA (session 25, call 9: 3.6% of the stall samples sat there;
+    // +1.2-1.4% at 50%; D 64 measured -0.7 to -1.5% and keeps the loads in [3]).
+    constexpr bool kLse2Early = kEarlyS && kHeadDim == 128;
     constexpr int kColPairs = decltype(size(tSrS))::value / 4;
-    const uint32_t lse2_cols = stats_addr + kStatsBufBytes * buf + 4 * frag_col;
-    const uint32_t delta_cols = lse2_cols + 4 * T::kBlockM;
     float2 l2v[kColPairs];
-    if constexpr (kEarlyS) {
+    if constexpr (kLse2Early) {
+      const uint32_t lse2_early = stats_addr + kStatsBufBytes * buf + 4 * frag_col;
       CUTE_UNROLL
-      for (int j = 0; j < kColPairs; ++j) l2v[j] = ld_shared_f32x2(lse2_cols + 32 * j);
+      for (int j = 0; j < kColPairs; ++j) l2v[j] = ld_shared_f32x2(lse2_early + 32 * j);
     }
     // [1], [2]
     if constexpr (!kEarlyS) issue_s(stage, phase);
     gemm_issue<true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tSrdP);
     // [3]
+    const uint32_t lse2_cols = stats_addr + kStatsBufBytes * buf + 4 * frag_col;
+    const uint32_t delta_cols = lse2_cols + 4 * T::kBlockM;
     if constexpr (!kEarlyS) {
       warpgroup_wait<1>();
       warpgroup_fence_operand(tSrS);
     }
     CUTE_UNROLL
     for (int j = 0; j < kColPairs; ++j) {
-      const float2 l2 = kEarlyS ? l2v[j] : ld_shared_f32x2(lse2_cols + 32 * j);
+      const float2 l2 = kLse2Early ? l2v[j] : ld_shared_f32x2(lse2_cols + 32 * j);
       CUTE_UNROLL
       for (int u = 0; u < 4; ++u) {
         const int i = 4 * j + u;
