@@ -15,11 +15,11 @@
 #include <cstdint>
 #include <cstdio>
 
+// N not a power of two (64 x 80): CuTe's extended wgmma shapes, in its selectors too.
+#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #include <cute/arch/mma_sm90.hpp>
-#include <cute/arch/mma_sm90_gmma_ext.hpp>   // N not a power of two (64 x 80)
 #include <cute/atom/mma_atom.hpp>
 #include <cute/tensor.hpp>
-#include <cute/atom/mma_traits_sm90_gmma_ext.hpp>
 
 #include "check.cuh"
 
@@ -27,32 +27,15 @@ using Element = cute::bfloat16_t;
 constexpr int kK = 128;
 constexpr int kSmemPerWg = (64 + 256) * kK * 2;  // A (64 x 128) and B (up to 256 x 128)
 
+// The K-major 64 x N x 16 atom, SS or (RS) with A from registers, as CuTe's selectors pick it
+// (N 80 needs the extended shapes, enabled above).
 template <int N, bool RS>
-struct AtomN {
-  using Atom = std::conditional_t<
-      RS, cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K,
-                                                         cute::SM90::GMMA::Major::K>,
-      cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
-                                                     cute::SM90::GMMA::Major::K>>;
-};
-template <bool RS>
-struct AtomN<128, RS> {
-  using Atom = std::conditional_t<
-      RS, cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K,
-                                                          cute::SM90::GMMA::Major::K>,
-      cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
-                                                      cute::SM90::GMMA::Major::K>>;
-};
-template <bool RS>
-struct AtomN<80, RS> {
-  using Atom = cute::SM90::GMMA::MMA_64x80x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
-                                                              cute::SM90::GMMA::Major::K>;
-};
-template <bool RS>
-struct AtomN<256, RS> {
-  using Atom = cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
-                                                               cute::SM90::GMMA::Major::K>;
-};
+using AtomN = std::conditional_t<
+    RS,
+    decltype(cute::SM90::GMMA::rs_op_selector<Element, Element, float,
+                                              cute::Shape<cute::_64, cute::Int<N>, cute::_16>>()),
+    decltype(cute::SM90::GMMA::ss_op_selector<Element, Element, float,
+                                              cute::Shape<cute::_64, cute::Int<N>, cute::_16>>())>;
 
 // kSteps k-steps of 64 x N x 16 per GEMM (the k-steps cycle over the 8 of the tiles), A from
 // shared memory or (kRS) registers. kBehind: a first GEMM of eight k-steps is issued (and
@@ -74,7 +57,7 @@ __global__ void __launch_bounds__(128 * kWgs, 1)
   auto sB = make_tensor(
       make_smem_ptr(a_ptr + 64 * kK),
       tile_to_shape(SM90::GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<N>, Int<kK>>{}));
-  auto mma = make_tiled_mma(typename AtomN<N, kRS>::Atom{});
+  auto mma = make_tiled_mma(AtomN<N, kRS>{});
   auto thr = mma.get_thread_slice(threadIdx.x % 128);
   auto tA = [&] {
     if constexpr (kRS) {

@@ -27,29 +27,14 @@
 using Element = cute::bfloat16_t;
 constexpr int kK = 64;  // the K extent of one GEMM (four k-steps)
 
+// The K-major 64 x N x 16 atom, SS or (RS) with A from registers, as CuTe's selectors pick it.
 template <int N, bool RS>
-struct AtomOf {
-  using Atom = std::conditional_t<
-      RS, cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K,
-                                                         cute::SM90::GMMA::Major::K>,
-      cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
-                                                     cute::SM90::GMMA::Major::K>>;
-};
-template <>
-struct AtomOf<128, false> {
-  using Atom = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
-                                                               cute::SM90::GMMA::Major::K>;
-};
-template <>
-struct AtomOf<128, true> {
-  using Atom = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K,
-                                                               cute::SM90::GMMA::Major::K>;
-};
-template <>
-struct AtomOf<256, false> {
-  using Atom = cute::SM90::GMMA::MMA_64x256x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,
-                                                               cute::SM90::GMMA::Major::K>;
-};
+using AtomOf = std::conditional_t<
+    RS,
+    decltype(cute::SM90::GMMA::rs_op_selector<Element, Element, float,
+                                              cute::Shape<cute::_64, cute::Int<N>, cute::_16>>()),
+    decltype(cute::SM90::GMMA::ss_op_selector<Element, Element, float,
+                                              cute::Shape<cute::_64, cute::Int<N>, cute::_16>>())>;
 
 // Shared memory: per consumer warpgroup A (64 x 64) and B (N x 64), then the storer's 16 KB.
 template <int N>
@@ -80,7 +65,7 @@ __global__ void __launch_bounds__(128 * (kWgs + 1), 1)
     using Atom = std::conditional_t<
         kMN,
         SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<SM90::GMMA::Major::MN, SM90::GMMA::Major::MN>,
-        typename AtomOf<N, RS>::Atom>;
+        AtomOf<N, RS>>;
     using LayoutAtom = std::conditional_t<kMN, SM90::GMMA::Layout_MN_SW128_Atom<Element>,
                                           SM90::GMMA::Layout_K_SW128_Atom<Element>>;
     auto sA = make_tensor(make_smem_ptr(a_ptr),
