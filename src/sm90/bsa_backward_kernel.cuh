@@ -438,11 +438,11 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
   // The warpgroup's asynchronous copies: the next tile's stats and entry (cp.async, issued by
   // this tile's bookkeeping, run_head) have landed and are visible to the warpgroup, and
   // (thread 0) the previous tile's bulk dQ reduction is complete, so its staging buffer may be
-  // rewritten. In
-  // SASS both waits are the same counter (DEPBAR.LE SB0, 0: full completion, even for
-  // `wait_group.read`), so the wait is placed as late as possible: right before the staging
-  // stores (after [7]), not before the dS barriers, where it exposed the bulk engine's
-  // ~16 B/clk per SM (session 18) behind both warpgroups every tile.
+  // rewritten. In SASS both waits are the same counter (DEPBAR.LE SB0, 0: full completion, even
+  // for `wait_group.read`), so the wait is placed as late as possible: right before the staging
+  // stores (after [7]), not before the dS barriers, where it exposed the bulk engine's ~16 B/clk
+  // per SM (session 18) behind both warpgroups every tile. (What still waits at the barrier
+  // here is warp skew, not the bulk engine: session 25, call 8.)
   const auto sync_async_copies = [&]() {
     if (T::kDqBulk && wtid == 0) bulk_wait_read_all();
     cp_async_wait<0>();
@@ -514,6 +514,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     constexpr int kColPairs = decltype(size(tSrS))::value / 4;
     float2 l2v[kColPairs];
     if constexpr (kLse2Early) {
+      // The address of lse2_cols below (hoisting lse2_cols itself changed block 64's SASS).
       const uint32_t lse2_early = stats_addr + kStatsBufBytes * buf + 4 * frag_col;
       CUTE_UNROLL
       for (int j = 0; j < kColPairs; ++j) l2v[j] = ld_shared_f32x2(lse2_early + 32 * j);
