@@ -22,20 +22,11 @@
 #include <cute/tensor.hpp>
 
 #include "check.cuh"
+#include "wgmma_atom.cuh"
 
 using Element = cute::bfloat16_t;
 constexpr int kK = 128;
 constexpr int kSmemPerWg = (64 + 256) * kK * 2;  // A (64 x 128) and B (up to 256 x 128)
-
-// The K-major 64 x N x 16 atom, SS or (RS) with A from registers, as CuTe's selectors pick it
-// (N 80 needs the extended shapes, enabled above).
-template <int N, bool RS>
-using AtomN = std::conditional_t<
-    RS,
-    decltype(cute::SM90::GMMA::rs_op_selector<Element, Element, float,
-                                              cute::Shape<cute::_64, cute::Int<N>, cute::_16>>()),
-    decltype(cute::SM90::GMMA::ss_op_selector<Element, Element, float,
-                                              cute::Shape<cute::_64, cute::Int<N>, cute::_16>>())>;
 
 // kSteps k-steps of 64 x N x 16 per GEMM (the k-steps cycle over the 8 of the tiles), A from
 // shared memory or (kRS) registers. kBehind: a first GEMM of eight k-steps is issued (and
@@ -57,7 +48,7 @@ __global__ void __launch_bounds__(128 * kWgs, 1)
   auto sB = make_tensor(
       make_smem_ptr(a_ptr + 64 * kK),
       tile_to_shape(SM90::GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<N>, Int<kK>>{}));
-  auto mma = make_tiled_mma(AtomN<N, kRS>{});
+  auto mma = make_tiled_mma(KMajorAtom<N, kRS>{});
   auto thr = mma.get_thread_slice(threadIdx.x % 128);
   auto tA = [&] {
     if constexpr (kRS) {

@@ -23,18 +23,10 @@
 #include <cute/tensor.hpp>
 
 #include "check.cuh"
+#include "wgmma_atom.cuh"
 
 using Element = cute::bfloat16_t;
 constexpr int kK = 64;  // the K extent of one GEMM (four k-steps)
-
-// The K-major 64 x N x 16 atom, SS or (RS) with A from registers, as CuTe's selectors pick it.
-template <int N, bool RS>
-using AtomOf = std::conditional_t<
-    RS,
-    decltype(cute::SM90::GMMA::rs_op_selector<Element, Element, float,
-                                              cute::Shape<cute::_64, cute::Int<N>, cute::_16>>()),
-    decltype(cute::SM90::GMMA::ss_op_selector<Element, Element, float,
-                                              cute::Shape<cute::_64, cute::Int<N>, cute::_16>>())>;
 
 // Shared memory: per consumer warpgroup A (64 x 64) and B (N x 64), then the storer's 16 KB.
 template <int N>
@@ -65,7 +57,7 @@ __global__ void __launch_bounds__(128 * (kWgs + 1), 1)
     using Atom = std::conditional_t<
         kMN,
         SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<SM90::GMMA::Major::MN, SM90::GMMA::Major::MN>,
-        AtomOf<N, RS>>;
+        KMajorAtom<N, RS>>;
     using LayoutAtom = std::conditional_t<kMN, SM90::GMMA::Layout_MN_SW128_Atom<Element>,
                                           SM90::GMMA::Layout_K_SW128_Atom<Element>>;
     auto sA = make_tensor(make_smem_ptr(a_ptr),
