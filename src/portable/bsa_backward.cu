@@ -134,12 +134,13 @@ BsaBwdPlan make_plan(const BsaBwdProblem& p) {
   return make_bsa_backward_plan(p, auto_bucket ? cta_slots(p) : 0, deterministic, !deterministic);
 }
 
-// Step 3 (BsaBackwardMainKernel).
-void launch_main_kernel(const BsaBwdProblem& p, const BsaBwdPlan& plan, const BsaBwdBuffers& buf,
+// Step 3 (BsaBackwardMainKernel); dq is left to step 4.
+bool launch_main_kernel(const BsaBwdProblem& p, const BsaBwdPlan& plan, const BsaBwdBuffers& buf,
                         const ReverseMapDevice& map, cudaStream_t stream) {
   BsaBwdParams params = problem_params(p, plan, buf);
   fill_bsa_bwd_map_params(params, map);
   dispatch_main(params, map.max_items, stream);
+  return false;
 }
 
 }  // namespace
@@ -208,13 +209,13 @@ void bsa_backward_around(const BsaBwdProblem& p, const BsaBwdPlan& plan, void* w
   const ReverseMapDevice map =
       build_reverse_map_gpu(p.dims, p.meta, plan.bucket, buf.map, plan.map_bytes, stream);
 
-  // 3. dK, dV (and dQ into its accumulator unless deterministic).
-  main(p, plan, buf, map, stream);
+  // 3. dK, dV (and dQ into its accumulator unless deterministic; dq itself when `main` says so).
+  const bool dq_written = main(p, plan, buf, map, stream);
 
   // 4. dq.
-  if (plan.dq_accumulator)
+  if (!dq_written && plan.dq_accumulator)
     launch_bwd_convert_dq(p, plan.Sq_pad, buf.dq_accum, dq_tiled, stream);
-  else
+  else if (!dq_written)
     dispatch_dq(problem_params(p, plan, buf), stream);
 
   // 5. dk, dv of the rows with several groups.

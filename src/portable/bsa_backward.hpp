@@ -51,8 +51,9 @@ void bsa_backward(const BsaBwdProblem& p, void* workspace, size_t workspace_byte
                   cudaStream_t stream);
 
 // A backward's main kernel (step 3): dK/dV of every reverse-map work item, and dQ into
-// buf.dq_accum when the plan has one.
-using BsaBackwardMainKernel = void (*)(const BsaBwdProblem& p, const BsaBwdPlan& plan,
+// buf.dq_accum when the plan has one. Returns true when it has also launched dq's conversion
+// (the Hopper path converts beside its main kernel), false to leave dq to step 4.
+using BsaBackwardMainKernel = bool (*)(const BsaBwdProblem& p, const BsaBwdPlan& plan,
                                        const BsaBwdBuffers& buf, const ReverseMapDevice& map,
                                        cudaStream_t stream);
 

@@ -55,8 +55,10 @@ BsaBwdPlan make_bsa_backward_plan(const BsaBwdProblem& p, int64_t cta_slots, boo
   plan.lse2 = take(stats);
   plan.delta = take(stats);
   if (plan.dq_accumulator) {
-    plan.dq_bytes = static_cast<size_t>(d.B * d.Hq * plan.Sq_pad * d.D) * sizeof(float);
+    const size_t accum = static_cast<size_t>(d.B * d.Hq * plan.Sq_pad * d.D) * sizeof(float);
+    plan.dq_bytes = accum + static_cast<size_t>(d.B * d.Hkv + 1) * sizeof(uint32_t);
     plan.dq_accum = take(plan.dq_bytes);
+    plan.dq_ready = plan.dq_accum + accum;
   }
   if (plan.several_owners) {
     plan.dkv_bytes = static_cast<size_t>(d.B * d.Hkv * plan.Skv_pad * d.D) * sizeof(float);
@@ -77,7 +79,10 @@ BsaBwdBuffers carve_bsa_backward_workspace(const BsaBwdPlan& plan, void* workspa
   BsaBwdBuffers buf;
   buf.lse2 = reinterpret_cast<float*>(base + plan.lse2);
   buf.delta = reinterpret_cast<float*>(base + plan.delta);
-  if (plan.dq_accumulator) buf.dq_accum = reinterpret_cast<float*>(base + plan.dq_accum);
+  if (plan.dq_accumulator) {
+    buf.dq_accum = reinterpret_cast<float*>(base + plan.dq_accum);
+    buf.dq_ready = reinterpret_cast<uint32_t*>(base + plan.dq_ready);
+  }
   if (plan.several_owners) {
     buf.dk_accum = reinterpret_cast<float*>(base + plan.dk_accum);
     buf.dv_accum = reinterpret_cast<float*>(base + plan.dv_accum);

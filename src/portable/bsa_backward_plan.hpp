@@ -25,7 +25,9 @@ struct BsaBwdPlan {
   int64_t Sq_pad = 0, Skv_pad = 0;
   // Byte offsets from the 256-byte aligned base.
   size_t lse2 = 0, delta = 0, dq_accum = 0, dk_accum = 0, dv_accum = 0, map = 0;
-  size_t dq_bytes = 0, dkv_bytes = 0, map_bytes = 0;
+  // dq_bytes covers the dQ accumulator and, right after it, dq_ready: B * H_kv + 1 counters
+  // (zeroed with it) for a dQ conversion that runs beside the main kernel (the Hopper path).
+  size_t dq_bytes = 0, dq_ready = 0, dkv_bytes = 0, map_bytes = 0;
   size_t total = 0;  // what the caller provides: everything plus the alignment slack
 };
 
@@ -34,6 +36,7 @@ struct BsaBwdBuffers {
   float* lse2 = nullptr;
   float* delta = nullptr;
   float* dq_accum = nullptr;
+  uint32_t* dq_ready = nullptr;  // [B * H_kv + 1], zeroed with dq_accum
   float* dk_accum = nullptr;
   float* dv_accum = nullptr;
   void* map = nullptr;

@@ -243,6 +243,7 @@ ReverseMapDevice build_reverse_map_gpu(const BsaDims& d, const BsaMeta& meta, in
   uint32_t* bitmap = at_offset<uint32_t>(workspace, L.bitmap);
   Packed* scan_in = at_offset<Packed>(workspace, L.scan_in);
   Packed* scan_out = at_offset<Packed>(workspace, L.scan_out);
+  map.row_scan = scan_out;
 
   // 1. Clear the bitmap.
   SA_CUDA_CHECK(cudaMemsetAsync(bitmap, 0,

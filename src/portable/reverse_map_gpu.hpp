@@ -54,6 +54,9 @@ struct ReverseMapDevice {
   int32_t* item_end = nullptr;     // [max_items]: exclusive; == item_begin for an empty row
   int32_t* num_items = nullptr;    // [1]: number of work items (a later kernel launched with
                                    //      max_items blocks exits early past it)
+  // [num_rows + 1]: entries (low 32 bits) and work items (high 32 bits) of the rows before r;
+  // the items of rows [r0, r1) number high(row_scan[r1]) - high(row_scan[r0]).
+  const unsigned long long* row_scan = nullptr;
   int64_t num_rows = 0;            // B * Hkv * Nkv
   int32_t bucket = 0;              // entries per group (> 0); G * Nq when asked for bucket <= 0
   int64_t max_items = 0;           // upper bound on *num_items, from the shapes

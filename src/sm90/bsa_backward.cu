@@ -21,6 +21,7 @@
 #include "portable/launch_checks.hpp"
 #include "portable/reverse_map_gpu.hpp"
 #include "sm90/bsa_backward_kernel.cuh"
+#include "sm90/bsa_dq_convert.hpp"
 #include "sm90/tma_descriptor.hpp"
 
 namespace sa::sm90 {
@@ -79,8 +80,8 @@ portable::BsaBwdPlan make_plan(const BsaBwdProblem& p) {
 }
 
 // Step 3 of the backward (portable::BsaBackwardMainKernel): dK, dV, and dQ into its
-// accumulator (none in deterministic mode: the kernel then skips dQ).
-void launch_main_kernel(const BsaBwdProblem& p, const portable::BsaBwdPlan& plan,
+// accumulator (none in deterministic mode: the kernel then skips dQ), and dq converted beside it.
+bool launch_main_kernel(const BsaBwdProblem& p, const portable::BsaBwdPlan& plan,
                         const portable::BsaBwdBuffers& buf, const portable::ReverseMapDevice& map,
                         cudaStream_t stream) {
   const BsaDims& d = p.dims;
@@ -94,7 +95,17 @@ void launch_main_kernel(const BsaBwdProblem& p, const portable::BsaBwdPlan& plan
   params.dv = p.dv;
   portable::fill_bsa_bwd_common_params(params, p, plan, buf);
   portable::fill_bsa_bwd_map_params(params, map);
+  params.dq_ready = buf.dq_ready;
   if (map.max_items > 0) dispatch_main(params, d.block, d.D, map.max_items, stream);
+  if (buf.dq_accum == nullptr) return false;
+  DqConvertBeside c;
+  c.dq_accum = buf.dq_accum;
+  c.ready = buf.dq_ready;
+  c.row_scan = map.row_scan;
+  c.Sq_pad = plan.Sq_pad;
+  c.signals_per_item = d.block / 64;  // consumer warpgroups per CTA
+  launch_dq_convert_beside(p, c, stream);
+  return true;
 }
 
 }  // namespace

@@ -100,6 +100,10 @@ struct BsaBwdSm90Params {
   const float* lse2;   // [B, Hq, Sq_pad]: lse * log2(e); +inf past S_q / for empty rows
   const float* delta;  // [B, Hq, Sq_pad]: rowsum(dO * O); 0 past S_q
   float* dq_accum;     // [B, Hq, Sq_pad, D] fp32, zeroed
+  // [B * Hkv] zeroed: each consumer warpgroup adds 1 to its KV head's counter once its last dQ
+  // reduction has completed (release), for the conversion beside this kernel
+  // (bsa_dq_convert.hpp); null without a dQ accumulator.
+  uint32_t* dq_ready;
   float* dk_accum;     // [B, Hkv, Skv_pad, D] fp32, zeroed; null when every row has one owner
   float* dv_accum;
   // Reverse map (portable/reverse_map_gpu.hpp).
@@ -666,8 +670,14 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     row0 = row0_next;
   }
 
-  // Shared memory stays valid until the last bulk reduction has run.
-  if (T::kDqBulk && wtid == 0) bulk_wait_all();
+  // Shared memory stays valid until the last bulk reduction has run; then the head's counter.
+  if (T::kDqBulk && wtid == 0) {
+    bulk_wait_all();
+    if (p.dq_ready != nullptr) {
+      fence_proxy_async_global();
+      red_release_gpu_add_u32(p.dq_ready + it.b * p.Hkv + it.hk, 1u);
+    }
+  }
 
   // [8] Epilogue.
   const int key_base = wg * 64 + frag_row;  // + 8 r
@@ -711,6 +721,9 @@ template <class T>
 __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
     bsa_backward_sm90_kernel(const __grid_constant__ BsaBwdSm90Params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // The dQ conversion (launched next, programmatic serialization) may take the SMs this grid
+  // leaves once every CTA of it has started.
+  griddepcontrol_launch_dependents();
   const int item = blockIdx.x;
   if (item >= *p.num_items) return;  // the grid is the shapes' upper bound on work items
   extern __shared__ uint8_t smem_raw[];

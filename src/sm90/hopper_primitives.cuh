@@ -111,6 +111,31 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+// ---- grid dependency control and cross-CTA flags (programmatic dependent launch) -------------
+// The next kernel of the stream, when launched with programmatic stream serialization, may start
+// once every CTA of this grid has executed this or exited. No ordering or visibility implied.
+__device__ __forceinline__ void griddepcontrol_launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+// Waits until the grids this one depends on have completed and their writes are visible (returns
+// at once when the kernel was launched without programmatic serialization).
+__device__ __forceinline__ void griddepcontrol_wait() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+// Orders this thread's completed async-proxy global writes (bulk reductions waited for with
+// cp.async.bulk.wait_group) before its later generic-proxy operations, e.g. a release.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+__device__ __forceinline__ void red_release_gpu_add_u32(uint32_t* addr, uint32_t v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t ld_acquire_gpu_u32(const uint32_t* addr) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(addr) : "memory");
+  return v;
+}
+
 // ---- register reconfiguration (whole warpgroup, sm_90a) -----------------------------------------
 // setmaxnreg moves registers inside the CTA's launch allocation: kThreads x the launch bound's
 // per-thread count (65536 / ctas_per_sm / threads, down to a multiple of 8; 168 at 384 threads

@@ -1,0 +1,140 @@
+// The dQ conversion beside the Hopper BSA backward's main kernel (see bsa_dq_convert.hpp).
+#include "sm90/bsa_dq_convert.hpp"
+
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+
+#include "common/cuda_check.hpp"
+#include "common/cuda_device.hpp"
+#include "common/dq_tile_layout.hpp"
+#include "common/narrow.hpp"
+#include "sm90/hopper_primitives.cuh"
+
+namespace sa::sm90 {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kCtasPerSm = 4;
+
+struct Params {
+  Bhsd dq;
+  const float* acc;
+  uint32_t* ready;   // [B * H_kv] heads' signals
+  uint32_t* ticket;  // ready[B * H_kv]
+  const unsigned long long* row_scan;
+  int32_t Hq, Hkv, group, Sq, Sq_pad, Nkv, tiles, chunks, signals_per_item;
+  float scale;
+};
+
+// Work items of KV head `key` = b * H_kv + hk (rows [key * N_kv, (key + 1) * N_kv) of the map).
+__device__ __forceinline__ uint32_t head_items(const Params& a, int key) {
+  const unsigned long long lo = __ldcg(a.row_scan + static_cast<int64_t>(key) * a.Nkv);
+  const unsigned long long hi = __ldcg(a.row_scan + static_cast<int64_t>(key + 1) * a.Nkv);
+  return static_cast<uint32_t>((hi >> 32) - (lo >> 32));
+}
+
+template <int kD>
+__global__ void __launch_bounds__(kThreads, kCtasPerSm) dq_convert_beside_kernel(const Params a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int kUnitsPerRow = kD / 8;  // 16-byte output units (8 elements) per row
+  constexpr int kUnits = kDqTileRows * kUnitsPerRow / kThreads;
+  __shared__ int s_chunk;
+  // Thread 0 takes the next tile's ticket while the CTA converts the current one, so the
+  // atomic's round trip is off the CTA's path; it waits for a head only when the head changes.
+  int next = threadIdx.x == 0 ? static_cast<int>(atomicAdd(a.ticket, 1u)) : 0;
+  int waited_key = -1;
+  for (;;) {
+    if (threadIdx.x == 0) {
+      const int c = next;
+      if (c < a.chunks) {
+        const int bh = c / a.tiles;
+        const int key = bh / a.Hq * a.Hkv + bh % a.Hq / a.group;
+        if (key != waited_key) {
+          const uint32_t target = head_items(a, key) * a.signals_per_item;
+          while (ld_acquire_gpu_u32(a.ready + key) < target) __nanosleep(200);
+          waited_key = key;
+        }
+        next = static_cast<int>(atomicAdd(a.ticket, 1u));
+      }
+      s_chunk = c;
+    }
+    __syncthreads();
+    const int c = s_chunk;
+    if (c >= a.chunks) break;
+    const int bh = c / a.tiles;
+    const int s0 = (c % a.tiles) * kDqTileRows;
+    const int b = bh / a.Hq, h = bh % a.Hq;
+    float4 v[kUnits][2];
+#pragma unroll
+    for (int k = 0; k < kUnits; ++k) {
+      const int u = threadIdx.x + k * kThreads;
+      const int s = s0 + u / kUnitsPerRow;
+      const float4* src = reinterpret_cast<const float4*>(
+          a.acc + dq_tiled_index(bh, a.Sq_pad, s, kD, 8 * (u % kUnitsPerRow)));
+      if (s < a.Sq) {
+        v[k][0] = __ldcg(src);
+        v[k][1] = __ldcg(src + 1);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kUnits; ++k) {
+      const int u = threadIdx.x + k * kThreads;
+      const int s = s0 + u / kUnitsPerRow;
+      if (s < a.Sq) {
+        const float4 x = v[k][0], y = v[k][1];
+        const float sc = a.scale;
+        *reinterpret_cast<uint4*>(static_cast<uint8_t*>(a.dq.data) +
+                                  2 * a.dq.offset(b, h, s, 8 * (u % kUnitsPerRow))) =
+            make_uint4(pack_bf16x2(x.x * sc, x.y * sc), pack_bf16x2(x.z * sc, x.w * sc),
+                       pack_bf16x2(y.x * sc, y.y * sc), pack_bf16x2(y.z * sc, y.w * sc));
+      }
+    }
+    __syncthreads();  // every thread has read s_chunk before thread 0 writes the next
+  }
+  griddepcontrol_wait();
+#endif
+}
+
+}  // namespace
+
+void launch_dq_convert_beside(const BsaBwdProblem& p, const DqConvertBeside& c,
+                              cudaStream_t stream) {
+  const BsaDims& d = p.dims;
+  Params a{};
+  a.dq = p.dq;
+  a.acc = c.dq_accum;
+  a.ready = c.ready;
+  a.ticket = c.ready + d.B * d.Hkv;
+  a.row_scan = c.row_scan;
+  a.Hq = narrow_i32(d.Hq, "H_q");
+  a.Hkv = narrow_i32(d.Hkv, "H_kv");
+  a.group = narrow_i32(d.group(), "H_q / H_kv");
+  a.Sq = narrow_i32(d.Sq, "S_q");
+  a.Sq_pad = narrow_i32(c.Sq_pad, "S_q padded");
+  a.Nkv = narrow_i32(d.Nkv, "N_kv");
+  a.tiles = narrow_i32((d.Sq + kDqTileRows - 1) / kDqTileRows, "dQ tiles per head");
+  a.chunks = narrow_i32(d.B * d.Hq * a.tiles, "dQ tiles");
+  a.signals_per_item = c.signals_per_item;
+  a.scale = p.scale;
+
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(sm_count(p.device_index) * kCtasPerSm));
+  cfg.blockDim = dim3(kThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  if (const char* v = std::getenv("SA_TUNE_SM90_DQ_PDL"); v != nullptr && v[0] == '0')
+    cfg.numAttrs = 0;  // DIAG: launched after the main kernel
+  if (d.D == 128) {
+    SA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, dq_convert_beside_kernel<128>, a));
+  } else {
+    SA_CHECK(d.D == 64, SA_ERROR_INTERNAL, "sm90 dQ conversion: D " << d.D);
+    SA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, dq_convert_beside_kernel<64>, a));
+  }
+}
+
+}  // namespace sa::sm90
