@@ -4,8 +4,9 @@
 # in turn, with LD_LIBRARY_PATH pointing at that library's folder (the binaries' RUNPATH is
 # $ORIGIN, so the variable wins).
 #
-#   scripts/ab_libs.sh LABEL=DIR [LABEL=DIR ...]      (DIR holds a libsparse_attention.so;
-#                                                      "build" is the tree's own build)
+#   scripts/ab_libs.sh LABEL=DIR[,VAR=VALUE...] ...   (DIR holds a libsparse_attention.so;
+#                                                      "build" is the tree's own build; the
+#                                                      assignments are set for DIR's runs)
 # Environment:
 #   SHAPES   ';'-separated bench argument lists (default: the Hopper BSA forward and backward at
 #            the headline shape, block 128 and 64, 50%, and block 128 at 12.5%)
@@ -34,9 +35,12 @@ for ((pass = 1; pass <= PASSES; ++pass)); do
   for shape in "${shape_list[@]}"; do
     for spec in "$@"; do
       label=${spec%%=*}; dir=${spec#*=}
+      # DIR,VAR=VALUE,...: environment assignments for this library's runs (experiment knobs).
+      IFS=',' read -r -a knobs <<< "$dir"
+      dir=${knobs[0]}
       # shellcheck disable=SC2086  # the shape is a list of arguments
-      out=$(LD_LIBRARY_PATH="$PWD/$dir" timeout 120 "$BIN" bench $shape --variants impl=sm90 \
-              --rounds "$ROUNDS" 2>&1) || status=1
+      out=$(env "${knobs[@]:1}" LD_LIBRARY_PATH="$PWD/$dir" timeout 120 "$BIN" bench $shape \
+              --variants impl=sm90 --rounds "$ROUNDS" 2>&1) || status=1
       tflops=$(printf '%s\n' "$out" | awk '$1 == "impl=sm90" {print $5}' | tail -1)
       echo "pass $pass | $label | ${tflops:-FAILED} TFLOPS | $shape" | tee -a "$OUT/ab.log"
       printf '%s\n' "$out" >> "$OUT/ab.log"

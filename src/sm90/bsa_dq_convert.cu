@@ -3,8 +3,6 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-
 #include "common/cuda_check.hpp"
 #include "common/cuda_device.hpp"
 #include "common/dq_tile_layout.hpp"
@@ -15,6 +13,8 @@ namespace sa::sm90 {
 namespace {
 
 constexpr int kThreads = 256;
+// 4 x 256 threads per free SM (60 registers at D 128). Fewer CTAs leave more of the conversion
+// after the main kernel (session 26, call 7: 1 per SM -16%, 2 per SM -6% at 12.5% density).
 constexpr int kCtasPerSm = 4;
 
 struct Params {
@@ -72,9 +72,13 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) dq_convert_beside_kernel
       const int s = s0 + u / kUnitsPerRow;
       const float4* src = reinterpret_cast<const float4*>(
           a.acc + dq_tiled_index(bh, a.Sq_pad, s, kD, 8 * (u % kUnitsPerRow)));
+      // Evict-first loads and stores: the 201 MB streamed here pass through L2 while the main
+      // kernel's last items run, and must not push out their lines (session 26, call 8: with
+      // default-policy loads the main kernel's end came ~30 us later and the call at 12.5%
+      // density gained nothing).
       if (s < a.Sq) {
-        v[k][0] = __ldcg(src);
-        v[k][1] = __ldcg(src + 1);
+        v[k][0] = __ldcs(src);
+        v[k][1] = __ldcs(src + 1);
       }
     }
 #pragma unroll
@@ -84,10 +88,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) dq_convert_beside_kernel
       if (s < a.Sq) {
         const float4 x = v[k][0], y = v[k][1];
         const float sc = a.scale;
-        *reinterpret_cast<uint4*>(static_cast<uint8_t*>(a.dq.data) +
-                                  2 * a.dq.offset(b, h, s, 8 * (u % kUnitsPerRow))) =
-            make_uint4(pack_bf16x2(x.x * sc, x.y * sc), pack_bf16x2(x.z * sc, x.w * sc),
-                       pack_bf16x2(y.x * sc, y.y * sc), pack_bf16x2(y.z * sc, y.w * sc));
+        __stcs(reinterpret_cast<uint4*>(static_cast<uint8_t*>(a.dq.data) +
+                                        2 * a.dq.offset(b, h, s, 8 * (u % kUnitsPerRow))),
+               make_uint4(pack_bf16x2(x.x * sc, x.y * sc), pack_bf16x2(x.z * sc, x.w * sc),
+                          pack_bf16x2(y.x * sc, y.y * sc), pack_bf16x2(y.z * sc, y.w * sc)));
       }
     }
     __syncthreads();  // every thread has read s_chunk before thread 0 writes the next
@@ -127,8 +131,6 @@ void launch_dq_convert_beside(const BsaBwdProblem& p, const DqConvertBeside& c,
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
   cfg.numAttrs = 1;
-  if (const char* v = std::getenv("SA_TUNE_SM90_DQ_PDL"); v != nullptr && v[0] == '0')
-    cfg.numAttrs = 0;  // DIAG: launched after the main kernel
   if (d.D == 128) {
     SA_CUDA_CHECK(cudaLaunchKernelEx(&cfg, dq_convert_beside_kernel<128>, a));
   } else {
