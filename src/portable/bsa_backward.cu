@@ -213,10 +213,12 @@ void bsa_backward_around(const BsaBwdProblem& p, const BsaBwdPlan& plan, void* w
   const bool dq_written = main(p, plan, buf, map, stream);
 
   // 4. dq.
-  if (!dq_written && plan.dq_accumulator)
-    launch_bwd_convert_dq(p, plan.Sq_pad, buf.dq_accum, dq_tiled, stream);
-  else if (!dq_written)
-    dispatch_dq(problem_params(p, plan, buf), stream);
+  if (!dq_written) {
+    if (plan.dq_accumulator)
+      launch_bwd_convert_dq(p, plan.Sq_pad, buf.dq_accum, dq_tiled, stream);
+    else
+      dispatch_dq(problem_params(p, plan, buf), stream);
+  }
 
   // 5. dk, dv of the rows with several groups.
   if (plan.several_owners)

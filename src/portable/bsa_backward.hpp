@@ -59,8 +59,9 @@ using BsaBackwardMainKernel = bool (*)(const BsaBwdProblem& p, const BsaBwdPlan&
 
 // Steps 1, 2, 4 and 5 of the BSA backward around `main` (step 3), shared by the portable and the
 // Hopper backwards: the workspace carved by `plan` (SA_ERROR_WORKSPACE naming `op`), the
-// accumulators zeroed, the preprocess, the reverse map; after `main`, dq from the accumulator
-// (`dq_tiled`: in the fragment-tile order of the Hopper kernel's bulk reductions) or, without
+// accumulators zeroed, the preprocess, the reverse map; after `main`, unless it has converted dq
+// itself, dq from the accumulator (`dq_tiled`: in the fragment-tile order of the Hopper kernel's
+// bulk reductions, whose own conversion runs beside its kernel when it can) or, without
 // one (deterministic mode), from the query-major kernel (bsa_backward_dq_kernel.cuh, no atomics;
 // bsa_backward_unsupported's limits apply), and dk, dv of the rows with several groups. The
 // caller checks support first.

@@ -1,7 +1,8 @@
 // Hopper BSA backward, host side: problem checks, the plan (bucket, workspace carve-up), TMA
 // descriptors, the launches, and the instantiations of bsa_backward_kernel.cuh:
-// {block 64, 128} x {D 64, 128}, bf16. Steps 1, 2, 4, 5 are the portable backward's own kernels
-// (src/portable/bsa_backward.hpp lists them); only step 3, the main kernel, is Hopper-specific.
+// {block 64, 128} x {D 64, 128}, bf16. Steps 1, 2, 5 are the portable backward's own kernels
+// (src/portable/bsa_backward.hpp lists them); step 3, the main kernel, and step 4, the dQ
+// conversion launched beside it (bsa_dq_convert.hpp), are Hopper-specific.
 #include "sm90/bsa_backward.hpp"
 
 #include <cuda.h>
@@ -97,13 +98,18 @@ bool launch_main_kernel(const BsaBwdProblem& p, const portable::BsaBwdPlan& plan
   portable::fill_bsa_bwd_map_params(params, map);
   params.dq_ready = buf.dq_ready;
   if (map.max_items > 0) dispatch_main(params, d.block, d.D, map.max_items, stream);
-  if (buf.dq_accum == nullptr) return false;
+  // The conversion beside the kernel waits for the signals of its bulk-reduction path; without
+  // them (no accumulator, no main kernel, or no SM count to size the grid) step 4 converts.
+  const int sms = sm_count(p.device_index);
+  if (buf.dq_accum == nullptr || !bwd::dq_bulk(d.block) || map.max_items == 0 || sms <= 0)
+    return false;
   DqConvertBeside c;
   c.dq_accum = buf.dq_accum;
   c.ready = buf.dq_ready;
   c.row_scan = map.row_scan;
   c.Sq_pad = plan.Sq_pad;
-  c.signals_per_item = d.block / 64;  // consumer warpgroups per CTA
+  c.signals_per_item = bwd::consumer_warpgroups(d.block);
+  c.sm_count = sms;
   launch_dq_convert_beside(p, c, stream);
   return true;
 }

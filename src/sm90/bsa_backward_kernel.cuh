@@ -1,7 +1,7 @@
 // The Hopper (sm_90a) BSA backward main kernel: TMA + wgmma + mbarrier pipeline, warp-specialized.
 // Device code only; bsa_backward.cu builds the TMA descriptors, runs the shared steps (preprocess,
-// reverse map, conversions: src/portable/bsa_backward_aux.hpp, reverse_map_gpu.hpp) and
-// instantiates it.
+// reverse map, dK/dV conversion: src/portable/bsa_backward_aux.hpp, reverse_map_gpu.hpp),
+// instantiates it and launches the dQ conversion beside it (bsa_dq_convert.hpp).
 //
 // A CTA owns one work item of the key-to-query reverse map, like the portable kernel: KV block n of
 // (batch b, KV head hk), kBlockN (= the block size) keys loaded once by TMA, and the entries
@@ -126,6 +126,9 @@ namespace bwd {
 // Whether the block size's kernel reduces dQ with bulk copies from shared memory (dq_accum then
 // in the fragment-tile order of common/dq_tile_layout.hpp) instead of per-element atomics.
 constexpr bool dq_bulk(int block) { return block == 128 || block == 64; }
+// Consumer warpgroups of the block size's CTA (64 keys each): each signals its KV head's dq_ready
+// counter once per work item.
+constexpr int consumer_warpgroups(int block) { return block / 64; }
 
 // dQ at block 128: with D 128 the two warpgroups split dQ's 64-column panels and share dS^T (one
 // reduction per dQ element and tile, two barriers of both warpgroups per tile); with D 64 (one
@@ -139,7 +142,7 @@ struct BwdTraits {
   static constexpr int kBlockM = 64;          // query rows per tile
   static constexpr int kHeadDim = kHeadDim_;  // D = D_v
   static constexpr int kTilesPerEntry = kBlockN / kBlockM;
-  static constexpr int kConsumerWgs = kBlockN / 64;
+  static constexpr int kConsumerWgs = consumer_warpgroups(kBlockN);
   static constexpr int kConsumerThreads = 128 * kConsumerWgs;
   static constexpr int kConsumerWarps = 4 * kConsumerWgs;
   static constexpr int kThreads = 128 + kConsumerThreads;
@@ -670,7 +673,8 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     row0 = row0_next;
   }
 
-  // Shared memory stays valid until the last bulk reduction has run; then the head's counter.
+  // Shared memory stays valid until the last bulk reduction has run; then the head's counter
+  // (only the bulk path signals: the host launches the conversion beside this kernel only then).
   if (T::kDqBulk && wtid == 0) {
     bulk_wait_all();
     if (p.dq_ready != nullptr) {

@@ -4,7 +4,6 @@
 #include <cuda_runtime.h>
 
 #include "common/cuda_check.hpp"
-#include "common/cuda_device.hpp"
 #include "common/dq_tile_layout.hpp"
 #include "common/narrow.hpp"
 #include "sm90/hopper_primitives.cuh"
@@ -118,12 +117,16 @@ void launch_dq_convert_beside(const BsaBwdProblem& p, const DqConvertBeside& c,
   a.Sq_pad = narrow_i32(c.Sq_pad, "S_q padded");
   a.Nkv = narrow_i32(d.Nkv, "N_kv");
   a.tiles = narrow_i32((d.Sq + kDqTileRows - 1) / kDqTileRows, "dQ tiles per head");
+  const int64_t grid = static_cast<int64_t>(c.sm_count) * kCtasPerSm;
+  SA_CHECK(grid > 0, SA_ERROR_INTERNAL, "sm90 dQ conversion: no SM count");
+  // The ticket runs up to chunks + grid - 1.
   a.chunks = narrow_i32(d.B * d.Hq * a.tiles, "dQ tiles");
+  narrow_i32(d.B * d.Hq * a.tiles + grid, "dQ tiles and converter CTAs");
   a.signals_per_item = c.signals_per_item;
   a.scale = p.scale;
 
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(sm_count(p.device_index) * kCtasPerSm));
+  cfg.gridDim = dim3(static_cast<unsigned>(grid));
   cfg.blockDim = dim3(kThreads);
   cfg.stream = stream;
   cudaLaunchAttribute attr{};

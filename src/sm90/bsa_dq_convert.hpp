@@ -38,6 +38,7 @@ struct DqConvertBeside {
   const unsigned long long* row_scan = nullptr;  // ReverseMapDevice::row_scan
   int64_t Sq_pad = 0;
   int32_t signals_per_item = 1;  // the main kernel's consumer warpgroups
+  int32_t sm_count = 0;          // > 0: the grid is sm_count x 4 CTAs
 };
 
 // Launches the conversion of p.dq on `stream` right after the main kernel (bf16, D 64 or 128).
