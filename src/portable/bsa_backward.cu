@@ -203,7 +203,8 @@ void bsa_backward_around(const BsaBwdProblem& p, const BsaBwdPlan& plan, void* w
 
   // 1. Accumulators, delta, lse2.
   zero_bsa_backward_accumulators(plan, buf, stream);
-  launch_bwd_preprocess(p, plan.Sq_pad, buf.lse2, buf.delta, stream);
+  launch_bwd_preprocess(p, plan.Sq_pad, buf.lse2, buf.delta, buf.dq_accum, buf.dq_ready,
+                        plan.dq_ready_count, stream);
 
   // 2. The reverse map (GPU, no host synchronisation).
   const ReverseMapDevice map =

@@ -60,16 +60,27 @@ struct PreprocessArgs {
   int64_t lse_stride[3];
   float* lse2;
   float* delta;
+  float* dq_zero;     // [rows, Dq] fp32 to zero, or null
+  uint32_t* u32_zero;  // [u32_count] to zero, or null
   int64_t rows;  // B * Hq * Sq_pad
-  int32_t Hq, Sq, Sq_pad, D;
+  int32_t Hq, Sq, Sq_pad, D, Dq, u32_count;
   bool bf16;
 };
 
-// kRowThreads threads per query row, each taking every kRowThreads-th 8-element chunk.
+// kRowThreads threads per query row, each taking every kRowThreads-th 8-element chunk. The same
+// threads zero the row of the dQ accumulator (one DRAM pass instead of a memset and this one).
 __global__ void __launch_bounds__(kThreads) bwd_preprocess_kernel(const PreprocessArgs a) {
-  const int64_t row = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / kRowThreads;
+  const int64_t gtid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t row = gtid / kRowThreads;
   const int sub = threadIdx.x % kRowThreads;
+  if (gtid < a.u32_count) a.u32_zero[gtid] = 0u;
   if (row >= a.rows) return;  // the row's threads leave together
+  // After the row's loads are issued (the stores could alias them as far as the compiler knows).
+  const auto zero_dq_row = [&]() {
+    if (a.dq_zero == nullptr) return;
+    float4* z = reinterpret_cast<float4*>(a.dq_zero + row * a.Dq);
+    for (int c = sub; c < a.Dq / 4; c += kRowThreads) z[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  };
   const int s = static_cast<int>(row % a.Sq_pad);
   const int64_t bh = row / a.Sq_pad;
   const int h = static_cast<int>(bh % a.Hq);
@@ -79,11 +90,13 @@ __global__ void __launch_bounds__(kThreads) bwd_preprocess_kernel(const Preproce
       a.lse2[row] = INFINITY;
       a.delta[row] = 0.f;
     }
+    zero_dq_row();
     return;
   }
   const uint8_t* o = static_cast<const uint8_t*>(a.o.data) + 2 * a.o.offset(b, h, s, 0);
   const uint8_t* d = static_cast<const uint8_t*>(a.dout.data) + 2 * a.dout.offset(b, h, s, 0);
   float sum = 0.f;
+#pragma unroll 2
   for (int c = sub; c < a.D / 8; c += kRowThreads) {
     float x[8], y[8];
     load8(o + 16 * c, a.bf16, x);
@@ -91,6 +104,7 @@ __global__ void __launch_bounds__(kThreads) bwd_preprocess_kernel(const Preproce
 #pragma unroll
     for (int i = 0; i < 8; ++i) sum = fmaf(x[i], y[i], sum);
   }
+  zero_dq_row();
   const unsigned group_mask = 0xffu << (threadIdx.x % 32 / kRowThreads * kRowThreads);
 #pragma unroll
   for (int step = 1; step < kRowThreads; step *= 2)
@@ -172,8 +186,13 @@ unsigned blocks_for(int64_t threads) {
 }  // namespace
 
 void launch_bwd_preprocess(const BsaBwdProblem& p, int64_t Sq_pad, float* lse2, float* delta,
+                           float* dq_zero, uint32_t* u32_zero, int64_t u32_count,
                            cudaStream_t stream) {
   PreprocessArgs a{};
+  a.dq_zero = dq_zero;
+  a.u32_zero = u32_zero;
+  a.u32_count = static_cast<int32_t>(u32_zero != nullptr ? u32_count : 0);
+  a.Dq = static_cast<int32_t>(p.dims.D);
   a.o = p.o;
   a.dout = p.dout;
   a.lse = p.lse;
@@ -186,6 +205,8 @@ void launch_bwd_preprocess(const BsaBwdProblem& p, int64_t Sq_pad, float* lse2, 
   a.Sq_pad = static_cast<int32_t>(Sq_pad);
   a.D = static_cast<int32_t>(p.dims.Dv);
   a.bf16 = p.dtype == SA_DTYPE_BF16;
+  SA_CHECK(a.u32_count <= a.rows * kRowThreads, SA_ERROR_INTERNAL,
+           "bsa backward preprocess: " << a.u32_count << " counters to zero, more than threads");
   bwd_preprocess_kernel<<<blocks_for(a.rows * kRowThreads), kThreads, 0, stream>>>(a);
   SA_CUDA_CHECK_LAUNCH();
 }

@@ -15,7 +15,10 @@ namespace sa::portable {
 //   delta[b, h, s] = sum_d dO[b, h, s, d] * o[b, h, s, d]   (0 for s >= S_q)
 //   lse2[b, h, s]  = lse[b, h, s] * log2(e)                 (+inf for lse = -inf and s >= S_q,
 //                                                            so that P = 2^(x - lse2) = 0)
+// Also, when not null: dq_zero[B, H_q, Sq_pad, D] (fp32) and u32_zero[u32_count] are zeroed
+// (u32_count <= B * H_q * Sq_pad * 8).
 void launch_bwd_preprocess(const BsaBwdProblem& p, int64_t Sq_pad, float* lse2, float* delta,
+                           float* dq_zero, uint32_t* u32_zero, int64_t u32_count,
                            cudaStream_t stream);
 
 // dq[b, h, s, :] = scale * dq_accum[b, h, s, :] for s < S_q (dq_accum is [B, H_q, Sq_pad, D],

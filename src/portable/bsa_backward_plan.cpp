@@ -59,6 +59,7 @@ BsaBwdPlan make_bsa_backward_plan(const BsaBwdProblem& p, int64_t cta_slots, boo
     plan.dq_bytes = accum + static_cast<size_t>(d.B * d.Hkv + 1) * sizeof(uint32_t);
     plan.dq_accum = take(plan.dq_bytes);
     plan.dq_ready = plan.dq_accum + accum;
+    plan.dq_ready_count = d.B * d.Hkv + 1;
   }
   if (plan.several_owners) {
     plan.dkv_bytes = static_cast<size_t>(d.B * d.Hkv * plan.Skv_pad * d.D) * sizeof(float);
@@ -93,8 +94,6 @@ BsaBwdBuffers carve_bsa_backward_workspace(const BsaBwdPlan& plan, void* workspa
 
 void zero_bsa_backward_accumulators(const BsaBwdPlan& plan, const BsaBwdBuffers& buf,
                                     cudaStream_t stream) {
-  if (buf.dq_accum != nullptr)
-    SA_CUDA_CHECK(cudaMemsetAsync(buf.dq_accum, 0, plan.dq_bytes, stream));
   if (plan.several_owners) {
     SA_CUDA_CHECK(cudaMemsetAsync(buf.dk_accum, 0, plan.dkv_bytes, stream));
     SA_CUDA_CHECK(cudaMemsetAsync(buf.dv_accum, 0, plan.dkv_bytes, stream));

@@ -26,8 +26,9 @@ struct BsaBwdPlan {
   // Byte offsets from the 256-byte aligned base.
   size_t lse2 = 0, delta = 0, dq_accum = 0, dk_accum = 0, dv_accum = 0, map = 0;
   // dq_bytes covers the dQ accumulator and, right after it, dq_ready: B * H_kv + 1 counters
-  // (zeroed with it) for a dQ conversion that runs beside the main kernel (the Hopper path).
+  // for a dQ conversion that runs beside the main kernel (the Hopper path).
   size_t dq_bytes = 0, dq_ready = 0, dkv_bytes = 0, map_bytes = 0;
+  int64_t dq_ready_count = 0;  // B * H_kv + 1
   size_t total = 0;  // what the caller provides: everything plus the alignment slack
 };
 
@@ -36,7 +37,7 @@ struct BsaBwdBuffers {
   float* lse2 = nullptr;
   float* delta = nullptr;
   float* dq_accum = nullptr;
-  uint32_t* dq_ready = nullptr;  // [B * H_kv + 1], zeroed with dq_accum
+  uint32_t* dq_ready = nullptr;  // [B * H_kv + 1]
   float* dk_accum = nullptr;
   float* dv_accum = nullptr;
   void* map = nullptr;
@@ -53,7 +54,8 @@ BsaBwdPlan make_bsa_backward_plan(const BsaBwdProblem& p, int64_t cta_slots, boo
 BsaBwdBuffers carve_bsa_backward_workspace(const BsaBwdPlan& plan, void* workspace, size_t bytes,
                                            const char* op);
 
-// Zeroes the accumulators of the plan on `stream`.
+// Zeroes the dK/dV accumulators of the plan on `stream` (the dQ accumulator and its counters are
+// zeroed by the preprocess kernel, in the same pass as Delta).
 void zero_bsa_backward_accumulators(const BsaBwdPlan& plan, const BsaBwdBuffers& buf,
                                     cudaStream_t stream);
 

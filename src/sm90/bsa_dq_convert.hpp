@@ -10,7 +10,7 @@
 // session 26 (bench/NOTES.md): the conversion ends 14-20 us after the main kernel instead of
 // ~51 us; +3% at 12.5% density, +1.7% at 50% (B1 H32 S8192 D128, block 128).
 //
-// Protocol (device memory, zeroed with the accumulator: BsaBwdPlan::dq_ready):
+// Protocol (device memory after the accumulator, BsaBwdPlan::dq_ready, zeroed by the preprocess):
 //   ready[b * H_kv + hk]  each consumer warpgroup of a main-kernel work item of (b, hk) adds 1
 //                         with release semantics after its last dQ bulk reduction has completed
 //                         (cp.async.bulk.wait_group 0, fence.proxy.async.global); the head is
