@@ -33,6 +33,20 @@ __device__ __forceinline__ uint32_t head_items(const Params& a, int key) {
   return static_cast<uint32_t>((hi >> 32) - (lo >> 32));
 }
 
+// Thread 0: until every consumer warpgroup of every work item of KV head `key` has signalled
+// (relaxed polls, then one acquire that orders the CTA's reads after the signals' releases; the
+// CTA barrier that follows extends it to the other threads). A count that is not reached within
+// 10 s is a bug: trap rather than hang.
+__device__ __forceinline__ void wait_for_head(const Params& a, int key) {
+  const uint32_t target = head_items(a, key) * static_cast<uint32_t>(a.signals_per_item);
+  const uint64_t start = globaltimer_ns();
+  while (ld_relaxed_gpu_u32(a.ready + key) < target) {
+    __nanosleep(200);
+    if (globaltimer_ns() - start > 10'000'000'000ull) __trap();
+  }
+  (void)ld_acquire_gpu_u32(a.ready + key);
+}
+
 template <int kD>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm) dq_convert_beside_kernel(const Params a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -41,22 +55,21 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm) dq_convert_beside_kernel
   __shared__ int s_chunk;
   // Thread 0 takes the next tile's ticket while the CTA converts the current one, so the
   // atomic's round trip is off the CTA's path; it waits for a head only when the head changes.
-  int next = threadIdx.x == 0 ? static_cast<int>(atomicAdd(a.ticket, 1u)) : 0;
+  uint32_t next = threadIdx.x == 0 ? atomicAdd(a.ticket, 1u) : 0u;
   int waited_key = -1;
   for (;;) {
     if (threadIdx.x == 0) {
-      const int c = next;
-      if (c < a.chunks) {
-        const int bh = c / a.tiles;
+      const uint32_t c = next;
+      if (c < static_cast<uint32_t>(a.chunks)) {
+        const int bh = static_cast<int>(c) / a.tiles;
         const int key = bh / a.Hq * a.Hkv + bh % a.Hq / a.group;
         if (key != waited_key) {
-          const uint32_t target = head_items(a, key) * a.signals_per_item;
-          while (ld_acquire_gpu_u32(a.ready + key) < target) __nanosleep(200);
+          wait_for_head(a, key);
           waited_key = key;
         }
-        next = static_cast<int>(atomicAdd(a.ticket, 1u));
+        next = atomicAdd(a.ticket, 1u);
       }
-      s_chunk = c;
+      s_chunk = static_cast<int>(min(c, static_cast<uint32_t>(a.chunks)));
     }
     __syncthreads();
     const int c = s_chunk;

@@ -130,6 +130,16 @@ __device__ __forceinline__ void fence_proxy_async_global() {
 __device__ __forceinline__ void red_release_gpu_add_u32(uint32_t* addr, uint32_t v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(addr), "r"(v) : "memory");
 }
+__device__ __forceinline__ uint32_t ld_relaxed_gpu_u32(const uint32_t* addr) {
+  uint32_t v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
 __device__ __forceinline__ uint32_t ld_acquire_gpu_u32(const uint32_t* addr) {
   uint32_t v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(addr) : "memory");
