@@ -18,6 +18,7 @@
 #include <ostream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bsa_problem_builder.hpp"
@@ -701,7 +702,13 @@ inline void expect_bsa_backward_deterministic_bitwise(sa_impl impl) {
   }
 }
 
-inline void expect_bsa_backward_graph_replay_follows_new_metadata(sa_impl impl) {
+// Where the capture happens: on the test's thread after one eager call (ThreadLocal mode), or on a
+// fresh host thread whose first library call is the captured one (Global mode, PyTorch's default):
+// per-thread state the call creates (the BSA backward's side stream) is created inside the capture.
+enum class CaptureOn { kThreadAfterEagerCall, kFreshThreadGlobalMode };
+
+inline void expect_bsa_backward_graph_replay_follows_new_metadata(
+    sa_impl impl, CaptureOn where = CaptureOn::kThreadAfterEagerCall) {
   for (const int32_t bucket : {0, kBsaBwdSingleOwner, 2}) {
     SCOPED_TRACE("bucket " + std::to_string(bucket));
     const BsaShape s = shape_of(1, 4, 2, 384, 512, 128, 128, 3);
@@ -722,15 +729,31 @@ inline void expect_bsa_backward_graph_replay_follows_new_metadata(sa_impl impl) 
     ctx.stream = stream;
     ctx.workspace = workspace.get();
     ctx.workspace_bytes = bytes;
-    // One eager call first (the call works outside a capture too; nothing is cached).
-    ASSERT_EQ(sa_bsa_backward(&a, &ctx), SA_OK) << sa_last_error();
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-
     cudaGraph_t graph = nullptr;
-    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    const sa_status status = sa_bsa_backward(&a, &ctx);
-    const cudaError_t end = cudaStreamEndCapture(stream, &graph);
-    ASSERT_EQ(status, SA_OK) << sa_last_error();
+    cudaError_t begin = cudaSuccess, end = cudaSuccess;
+    sa_status status = SA_OK;
+    std::string error;
+    const auto capture = [&](cudaStreamCaptureMode mode) {
+      begin = cudaStreamBeginCapture(stream, mode);
+      if (begin != cudaSuccess) return;
+      status = sa_bsa_backward(&a, &ctx);
+      if (status != SA_OK) error = sa_last_error();
+      end = cudaStreamEndCapture(stream, &graph);
+    };
+    if (where == CaptureOn::kThreadAfterEagerCall) {
+      // One eager call first (the call works outside a capture too; nothing is cached).
+      ASSERT_EQ(sa_bsa_backward(&a, &ctx), SA_OK) << sa_last_error();
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      capture(cudaStreamCaptureModeThreadLocal);
+    } else {
+      int device = 0;
+      ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+      std::thread([&] {
+        if (cudaSetDevice(device) == cudaSuccess) capture(cudaStreamCaptureModeGlobal);
+      }).join();
+    }
+    ASSERT_EQ(begin, cudaSuccess) << cudaGetErrorString(begin);
+    ASSERT_EQ(status, SA_OK) << error;
     ASSERT_EQ(end, cudaSuccess) << "capture invalidated: " << cudaGetErrorString(end);
     cudaGraphExec_t exec = nullptr;
     ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);

@@ -66,6 +66,15 @@ TEST(GpuSm90BsaBackwardGraph, ReplayFollowsNewMetadataValues) {
   expect_bsa_backward_graph_replay_follows_new_metadata(SA_IMPL_SM90);
 }
 
+// The same with the capture on a fresh host thread in Global mode: the call's per-thread side
+// stream (the reverse map's) is created inside the capture.
+TEST(GpuSm90BsaBackwardGraph, CaptureOnAFreshThreadInGlobalMode) {
+  SA_SKIP_WITHOUT_GPU();
+  SA_SKIP_UNLESS_SM90();
+  expect_bsa_backward_graph_replay_follows_new_metadata(SA_IMPL_SM90,
+                                                        CaptureOn::kFreshThreadGlobalMode);
+}
+
 // The automatic choice: the sm90 backward on an sm_90 device, the portable one on any other GPU.
 TEST(GpuSm90BsaBackwardDispatch, AutoPicksSm90OnHopper) {
   SA_SKIP_WITHOUT_GPU();

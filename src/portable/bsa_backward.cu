@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "common/cuda_check.hpp"
+#include "common/stream_fork.hpp"
 #include "common/cuda_device.hpp"
 #include "common/host_numeric.hpp"
 #include "portable/bsa_backward_aux.hpp"
@@ -201,14 +202,17 @@ void bsa_backward_around(const BsaBwdProblem& p, const BsaBwdPlan& plan, void* w
                          BsaBackwardMainKernel main, cudaStream_t stream) {
   const BsaBwdBuffers buf = carve_bsa_backward_workspace(plan, workspace, workspace_bytes, op);
 
+  // Steps 1 and 2 side by side: the reverse map's small, latency-bound kernels on a side stream
+  // beside the DRAM-bound zeroing and preprocess, instead of after them.
+  StreamFork fork(stream);
+  // 2. The reverse map (GPU, no host synchronisation).
+  const ReverseMapDevice map =
+      build_reverse_map_gpu(p.dims, p.meta, plan.bucket, buf.map, plan.map_bytes, fork.side());
   // 1. Accumulators, delta, lse2.
   zero_bsa_backward_accumulators(plan, buf, stream);
   launch_bwd_preprocess(p, plan.Sq_pad, buf.lse2, buf.delta, buf.dq_accum, buf.dq_ready,
                         plan.dq_ready_count, stream);
-
-  // 2. The reverse map (GPU, no host synchronisation).
-  const ReverseMapDevice map =
-      build_reverse_map_gpu(p.dims, p.meta, plan.bucket, buf.map, plan.map_bytes, stream);
+  fork.join();
 
   // 3. dK, dV (and dQ into its accumulator unless deterministic; dq itself when `main` says so).
   const bool dq_written = main(p, plan, buf, map, stream);
