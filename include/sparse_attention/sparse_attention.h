@@ -99,7 +99,10 @@ typedef void* (*sa_alloc_fn)(size_t bytes, sa_stream_t stream, void* user);
 typedef void (*sa_free_fn)(void* ptr, sa_stream_t stream, void* user);
 
 typedef struct sa_context {
-  sa_stream_t stream;       /* every launch goes to this stream; no hidden host synchronisation */
+  sa_stream_t stream;       /* the call's work is ordered on this stream; no hidden host
+                             * synchronisation. (The BSA backward forks its reverse map onto
+                             * a per-thread, high-priority side stream and joins it back with
+                             * events: stream order and graph capture see one call.) */
   void* workspace;          /* caller workspace of workspace_bytes (query the size first), or */
   size_t workspace_bytes;
   sa_alloc_fn alloc;        /* ... an allocator used when workspace is too small; may be NULL */
