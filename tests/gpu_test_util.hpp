@@ -749,7 +749,8 @@ inline void expect_bsa_backward_graph_replay_follows_new_metadata(
       int device = 0;
       ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
       std::thread([&] {
-        if (cudaSetDevice(device) == cudaSuccess) capture(cudaStreamCaptureModeGlobal);
+        begin = cudaSetDevice(device);  // reported below like a failed capture start
+        if (begin == cudaSuccess) capture(cudaStreamCaptureModeGlobal);
       }).join();
     }
     ASSERT_EQ(begin, cudaSuccess) << cudaGetErrorString(begin);

@@ -11,9 +11,9 @@
 #include <sstream>
 
 #include "common/cuda_check.hpp"
-#include "common/stream_fork.hpp"
 #include "common/cuda_device.hpp"
 #include "common/host_numeric.hpp"
+#include "common/stream_fork.hpp"
 #include "portable/bsa_backward_aux.hpp"
 #include "portable/bsa_backward_plan.hpp"
 #include "portable/bsa_backward_dq_kernel.cuh"

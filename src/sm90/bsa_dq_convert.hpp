@@ -20,10 +20,9 @@
 //                         kernel's order of work items, by atomicAdd.
 // A CTA's thread 0 waits for the tile's head (relaxed polls, then one acquire; after 10 s of
 // waiting it traps, so a miscounted target is a launch failure, not a hang), then the CTA
-// converts it. Every CTA ends
-// with griddepcontrol.wait, so the conversion completes after the main kernel, as a stream-ordered
-// one would. No deadlock: a dependent CTA starts only when every main-kernel CTA has started or
-// exited, and main-kernel CTAs never wait for it.
+// converts it. Every CTA ends with griddepcontrol.wait, so the conversion completes after the
+// main kernel, as a stream-ordered one would. No deadlock: a dependent CTA starts only when every
+// main-kernel CTA has started or exited, and main-kernel CTAs never wait for it.
 #pragma once
 
 #include <cuda_runtime_api.h>
