@@ -92,8 +92,8 @@ bool launch_main_kernel(const BsaBwdProblem& p, const portable::BsaBwdPlan& plan
   params.tma_do = make_tensor_map(kOp, "dout", p.dout, d.B, d.Hq, d.Sq, d.D, 64);
   params.tma_k = make_tensor_map(kOp, "k", p.k, d.B, d.Hkv, d.Skv, d.D, d.block);
   params.tma_v = make_tensor_map(kOp, "v", p.v, d.B, d.Hkv, d.Skv, d.Dv, d.block);
-  params.dk = p.dk;
-  params.dv = p.dv;
+  params.tma_dk = make_tensor_map(kOp, "dk", p.dk, d.B, d.Hkv, d.Skv, d.D, 64);
+  params.tma_dv = make_tensor_map(kOp, "dv", p.dv, d.B, d.Hkv, d.Skv, d.Dv, 64);
   portable::fill_bsa_bwd_common_params(params, p, plan, buf);
   portable::fill_bsa_bwd_map_params(params, map);
   params.dq_ready = buf.dq_ready;
@@ -155,8 +155,8 @@ std::string bsa_backward_unsupported(const BsaBwdProblem& p) {
                           check_tma_tensor("v", p.v, d.B, d.Hkv, d.Skv),
                           portable::check_tensor_addressing("o", p.o, d.B, d.Hq, d.Sq),
                           portable::check_tensor_addressing("dq", p.dq, d.B, d.Hq, d.Sq),
-                          portable::check_tensor_addressing("dk", p.dk, d.B, d.Hkv, d.Skv),
-                          portable::check_tensor_addressing("dv", p.dv, d.B, d.Hkv, d.Skv)}) {
+                          check_tma_tensor("dk", p.dk, d.B, d.Hkv, d.Skv),
+                          check_tma_tensor("dv", p.dv, d.B, d.Hkv, d.Skv)}) {
     if (!why.empty()) return why;
   }
   if (p.lse == nullptr) return "lse is missing";

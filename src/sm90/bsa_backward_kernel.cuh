@@ -47,8 +47,9 @@
 //   skipped (dQ comes from the portable query-major pass); rows have one owner, so dK and dV
 //   are accumulated by one CTA in a fixed order and written directly.
 //   epilogue: single owner (row_groups == 1, empty rows included): dK * scale and dV -> bf16 ->
-//             straight from the accumulators to the caller's tensors (keys < S_kv; padded keys
-//             are zeros); several owners: fp32 red.global.add of keys < valid into dk/dv_accum.
+//             shared memory over the dead K / V tiles -> TMA stores to the caller's tensors
+//             (keys < S_kv; padded keys are zeros); several owners: fp32 red.global.add of keys
+//             < valid into dk/dv_accum.
 //
 // Timeline of one consumer (the two consumers, and with block 64 the two CTAs of an SM,
 // interleave on the tensor cores):
@@ -96,7 +97,10 @@ struct BsaBwdSm90Params {
   CUtensorMap tma_do;  // dout, like q
   CUtensorMap tma_k;   // k [B, Hkv, Skv, D]: box (64, kBlockN, 1, 1), SW128
   CUtensorMap tma_v;   // v, like k
-  Bhsd dk, dv;         // [B, Hkv, Skv, D] outputs of single-owner rows (4-byte stores)
+  // dk, dv [B, Hkv, Skv, D] (written by single-owner rows): box (64, 64, 1, 1), SW128; one
+  // warpgroup's 64 keys of a panel per TMA store.
+  CUtensorMap tma_dk;
+  CUtensorMap tma_dv;
   const float* lse2;   // [B, Hq, Sq_pad]: lse * log2(e); +inf past S_q / for empty rows
   const float* delta;  // [B, Hq, Sq_pad]: rowsum(dO * O); 0 past S_q
   float* dq_accum;     // [B, Hq, Sq_pad, D] fp32, zeroed
@@ -365,6 +369,10 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
   const int frag_row = 16 * warp_in_wg + lane / 4;
   const int frag_col = 2 * (lane % 4);
 
+  if (wtid == 32) {
+    prefetch_tensor_map(&p.tma_dk);
+    prefetch_tensor_map(&p.tma_dv);
+  }
   if (it.num_tiles > 0) {
     mbarrier_wait(&s.kv_full, 0);
     if (it.valid < kBlockN) {
@@ -673,8 +681,47 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     row0 = row0_next;
   }
 
-  // Shared memory stays valid until the last bulk reduction has run; then the head's counter
-  // (only the bulk path signals: the host launches the conversion beside this kernel only then).
+  // [8] Epilogue, single owner (row_groups == 1, empty rows included): dK * scale and dV -> bf16
+  // -> the warpgroup's 64 rows of s.k / s.v (dead once the GEMMs of every consumer that reads
+  // them are done: ds_barrier), in the TMA layout, then TMA stores (keys >= S_kv are not written;
+  // padded keys < S_kv are zeros) by thread 32 of the warpgroup, whose bulk group is its own:
+  // the dq_ready signal below does not wait for them. The stores replace 4-byte global stores of
+  // the fragments, ~8k cycles per item at the end of the CTA (session 28's item trace).
+  const bool one_owner = p.row_groups[it.row] == 1;
+  if (one_owner) {
+    named_barrier_sync(ds_barrier, T::kDsThreads);
+    // Element (key, column c) of a tile -> byte (c / 64) kBlockN 128 + key 128 +
+    // (((c % 64) / 8) ^ (key % 8)) 16 + (c % 8) 2; this thread's keys are = lane / 4 (mod 8), and a
+    // warp's 32 stores of one i hit 32 different banks.
+    const uint32_t rows_off = (wg * 64 + frag_row) * 128 + 4 * (lane % 4);
+    const uint32_t k_base = smem_u32(s.k) + rows_off;
+    const uint32_t v_base = smem_u32(s.v) + rows_off;
+    const float scale = p.scale;
+    CUTE_UNROLL
+    for (int i = 0; i < size(tdKrdK); i += 2) {
+      const int chunk = i / 4;  // 8-column chunk of D
+      const uint32_t off = (chunk / 8) * kBlockN * 128 + ((i / 2) % 2) * 8 * 128 +
+                           (((chunk % 8) ^ (lane / 4)) << 4);
+      st_shared_u32(k_base + off, pack_bf16x2(tdKrdK(i) * scale, tdKrdK(i + 1) * scale));
+      st_shared_u32(v_base + off, pack_bf16x2(tdVrdV(i), tdVrdV(i + 1)));
+    }
+    fence_proxy_async_shared();
+    named_barrier_sync(3 + wg, 128);
+    if (wtid == 32) {
+      CUTE_UNROLL
+      for (int pnl = 0; pnl < T::kPanels; ++pnl) {
+        const int tile = pnl * kBlockN * 64 + wg * 64 * 64;
+        tma_store_4d(&p.tma_dk, s.k + tile, pnl * 64, it.key0 + wg * 64, it.hk, it.b);
+        tma_store_4d(&p.tma_dv, s.v + tile, pnl * 64, it.key0 + wg * 64, it.hk, it.b);
+      }
+      bulk_commit_group();
+    }
+  }
+
+  // The item's last bulk reduction has run (shared memory stays valid until then); then the
+  // head's counter (only the bulk path signals: the host launches the conversion beside this
+  // kernel only then). Before several owners' reductions: the release's MEMBAR.GPU would wait
+  // for them.
   if (T::kDqBulk && wtid == 0) {
     bulk_wait_all();
     if (p.dq_ready != nullptr) {
@@ -683,27 +730,11 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     }
   }
 
-  // [8] Epilogue.
-  const int key_base = wg * 64 + frag_row;  // + 8 r
-  if (p.row_groups[it.row] == 1) {
-    const int rows = min(kBlockN, p.Skv - it.key0);  // padded keys included (zeros)
-    Element* dk = static_cast<Element*>(p.dk.data) + it.b * p.dk.sb + it.hk * p.dk.sh +
-                  static_cast<int64_t>(it.key0) * p.dk.ss + frag_col;
-    Element* dv = static_cast<Element*>(p.dv.data) + it.b * p.dv.sb + it.hk * p.dv.sh +
-                  static_cast<int64_t>(it.key0) * p.dv.ss + frag_col;
-    const float scale = p.scale;
-    CUTE_UNROLL
-    for (int i = 0; i < size(tdKrdK); i += 2) {
-      const int key = key_base + 8 * ((i / 2) % 2);
-      const int col = 8 * (i / 4);
-      if (key < rows) {
-        *reinterpret_cast<uint32_t*>(dk + key * p.dk.ss + col) =
-            pack_bf16x2(tdKrdK(i) * scale, tdKrdK(i + 1) * scale);
-        *reinterpret_cast<uint32_t*>(dv + key * p.dv.ss + col) =
-            pack_bf16x2(tdVrdV(i), tdVrdV(i + 1));
-      }
-    }
+  if (one_owner) {
+    if (wtid == 32) bulk_wait_read_all();  // shared memory stays valid until the stores read it
   } else {
+    // [8] Epilogue, several owners: fp32 reductions of keys < valid into dk/dv_accum.
+    const int key_base = wg * 64 + frag_row;  // + 8 r
     const int64_t row_base =
         (static_cast<int64_t>(it.b) * p.Hkv + it.hk) * p.Skv_pad + it.key0;
     CUTE_UNROLL

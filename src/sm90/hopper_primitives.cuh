@@ -100,6 +100,18 @@ __device__ __forceinline__ void tma_load_4d(const void* tensor_map, void* smem_d
       : "memory");
 }
 
+// The box at (c0, c1, c2, c3) <- smem_dst's tile, as one bulk async copy of the executing
+// thread's bulk group (commit, then cp.async.bulk.wait_group(.read) before shared memory is
+// rewritten or released). Box elements outside the tensor are not written.
+__device__ __forceinline__ void tma_store_4d(const void* tensor_map, const void* smem_src,
+                                             int32_t c0, int32_t c1, int32_t c2, int32_t c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+      ::"l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(smem_u32(smem_src)), "r"(c0), "r"(c1),
+      "r"(c2), "r"(c3)
+      : "memory");
+}
+
 __device__ __forceinline__ void prefetch_tensor_map(const void* tensor_map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tensor_map))
                : "memory");
