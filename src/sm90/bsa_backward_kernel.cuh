@@ -45,7 +45,7 @@
 //              partial of its own 64 keys (2x the reduction traffic).
 //   Deterministic mode (no dQ accumulator, p.dq_accum null): [6]'s dS stores and [7] are
 //   skipped (dQ comes from the portable query-major pass); rows have one owner, so dK and dV
-//   are accumulated by one CTA in a fixed order and written directly.
+//   are accumulated by one CTA in a fixed order and written by it (TMA stores, no workspace).
 //   epilogue: single owner (row_groups == 1, empty rows included): dK * scale and dV -> bf16 ->
 //             shared memory over the dead K / V tiles -> TMA stores to the caller's tensors
 //             (keys < S_kv; padded keys are zeros); several owners: fp32 red.global.add of keys
@@ -64,7 +64,9 @@
 //   q_full[s]      mbarrier, TMA -> consumers: stage s holds Q and dO of a tile
 //   q_empty[s]     mbarrier, one arrive per consumer warp -> producer: stage s free
 //   named barrier 1 (all consumers; 1 + wg per warpgroup for block 128 with D 64): s.ds is free
-//                  (before [6]) / written (after [6]); the zeroing of padded K rows is done
+//                  (before [6]) / written (after [6]); the zeroing of padded K rows is done; in
+//                  the single-owner epilogue, every consumer's GEMMs are done, so the dK / dV
+//                  staging may overwrite s.k / s.v
 //
 // Memory safety: Q/dO rows >= S_q are zero (TMA fill) and have lse2 = +inf, delta = 0 (preprocess)
 // so their P, dS are exactly 0 (a tile wholly past S_q is skipped, never loaded); K rows >= valid

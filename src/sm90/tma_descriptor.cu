@@ -59,7 +59,8 @@ std::string check_tma_tensor(const char* name, const Bhsd& t, int64_t B, int64_t
 }
 
 // Dims (D, S, H, B) of a BHSD-strided tensor; box (64, box_rows, 1, 1) with 128-byte swizzle, so
-// that a box lands as one 64-column panel of the kernel's shared tiles. Rows past S read as 0.
+// that a box lands in (or is stored from) one 64-column panel of the kernel's shared tiles. Rows
+// past S read as 0 and are not written by stores.
 CUtensorMap make_tensor_map(const char* op, const char* name, const Bhsd& t, int64_t B, int64_t H,
                             int64_t S, int64_t D, int box_rows, sa_dtype dtype) {
   SA_CHECK(dtype == SA_DTYPE_BF16 || dtype == SA_DTYPE_FP16, SA_ERROR_INTERNAL,

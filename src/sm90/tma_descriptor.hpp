@@ -16,9 +16,10 @@ namespace sa::sm90 {
 // reason, naming the tensor.
 std::string check_tma_tensor(const char* name, const Bhsd& t, int64_t B, int64_t H, int64_t S);
 
-// Dims (D, S, H, B), box (64, box_rows, 1, 1), 128-byte swizzle: a box lands as one 64-column
-// panel of a kernel's shared tiles; rows past S read as 0. `op` prefixes errors
-// ("sm90 bsa_forward"). `dtype`: bf16 or fp16.
+// Dims (D, S, H, B), box (64, box_rows, 1, 1), 128-byte swizzle: a box lands in (or, for a TMA
+// store, leaves from) one 64-column panel of a kernel's shared tiles; loaded rows past S read as
+// 0, stored rows past S are not written. `op` prefixes errors ("sm90 bsa_forward"). `dtype`: bf16
+// or fp16.
 CUtensorMap make_tensor_map(const char* op, const char* name, const Bhsd& t, int64_t B, int64_t H,
                             int64_t S, int64_t D, int box_rows, sa_dtype dtype = SA_DTYPE_BF16);
 
