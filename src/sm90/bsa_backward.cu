@@ -71,8 +71,8 @@ int64_t cta_slots(const BsaBwdProblem& p) {
 }
 
 // Deterministic mode (as the portable backward): one owner per row (dK/dV accumulated by one CTA
-// in a fixed order and written by it, no workspace) and no dQ accumulator: dQ from the portable query-major
-// kernel, without atomics.
+// in a fixed order and written by it, no workspace) and no dQ accumulator: dQ from the portable
+// query-major kernel, without atomics.
 portable::BsaBwdPlan make_plan(const BsaBwdProblem& p) {
   const bool deterministic = p.options.deterministic != 0;
   const bool auto_bucket = !deterministic && p.options.bucket_size <= 0;
