@@ -3,6 +3,7 @@
 //  * random patterns: per-row counts with empty rows, KV blocks nobody attends, fixed counts,
 //    full rows, MHA / GQA (G = 2, 3, 4) / MQA, blocks 64 and 128, buckets 1, 2, 3, auto (0) and
 //    larger than any row, and S = 32768 shapes (Nq = 512) for the large case;
+//  * step 6's order of the last work items (longest first);
 //  * a CUDA-graph capture of the build, replayed after the metadata VALUES change on the device;
 //  * metadata that breaks the contract: nothing is written outside the workspace, and the map is
 //    that of the metadata with the documented fixes (clamped counts, dropped out-of-range and
@@ -210,6 +211,42 @@ std::vector<GpuRevCase> gpu_reverse_map_cases() {
       cases.push_back({p.name + "Bucket" + (bucket > 0 ? std::to_string(bucket) : "Auto"),
                        p.shape, p.spec, bucket});
   return cases;
+}
+
+// Step 6: the last min(tail, n) launch slots take the tail's items longest first, ties by index
+// (a tail of 5, one past the widest wave, and the most the step orders).
+TEST_P(GpuReverseMap, OrdersTheTailLongestFirst) {
+  SA_SKIP_WITHOUT_GPU();
+  const GpuRevCase& c = GetParam();
+  const BsaShape& s = c.shape;
+  std::mt19937_64 rng(std::hash<std::string>{}(c.name));
+  const BsaPattern pat = sa_test::random_bsa_pattern(s, c.spec, rng);
+  DeviceMeta dev(pat);
+  for (const int32_t tail : {5, 265, sa::portable::kMaxTailItems}) {
+    SCOPED_TRACE("tail " + std::to_string(tail));
+    const size_t bytes = sa::portable::reverse_map_workspace_bytes(s.dims(), c.bucket, tail);
+    TestBuffer workspace(bytes);
+    ASSERT_EQ(cudaMemset(workspace.get(), 0xff, bytes), cudaSuccess);
+    const sa::portable::ReverseMapDevice map = sa::portable::build_reverse_map_gpu(
+        s.dims(), dev.meta(), c.bucket, workspace.get(), bytes, nullptr, tail);
+    ASSERT_EQ(map.tail_items, tail);
+    const sa::ReverseMap got = sa::portable::download_reverse_map(map, nullptr);
+    const int32_t n = static_cast<int32_t>(got.item_row.size());
+    const int32_t count = std::min(n, tail);
+    std::vector<int32_t> order(static_cast<size_t>(count));
+    ASSERT_EQ(cudaMemcpy(order.data(), map.item_order, order.size() * sizeof(int32_t),
+                         cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    // The expected order: the tail's item indices by (length descending, index ascending).
+    std::vector<int32_t> want(static_cast<size_t>(count));
+    for (int32_t i = 0; i < count; ++i) want[static_cast<size_t>(i)] = n - count + i;
+    const auto len = [&](int32_t i) {
+      return got.item_end[static_cast<size_t>(i)] - got.item_begin[static_cast<size_t>(i)];
+    };
+    std::stable_sort(want.begin(), want.end(),
+                     [&](int32_t a, int32_t b) { return len(a) > len(b); });
+    EXPECT_EQ(order, want);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Patterns, GpuReverseMap, ::testing::ValuesIn(gpu_reverse_map_cases()),

@@ -10,7 +10,8 @@
 // V, which must not take part), S_q not a multiple of the block, empty rows, single owners and
 // forced several owners (bucket 1, 2), unattended KV blocks (dk = dv = 0 exactly), rows of many
 // query tiles (the Q/dO ring wraps), a negative scale; a CUDA graph replayed with new metadata
-// values; deterministic mode bitwise stable over three runs.
+// values; deterministic mode bitwise stable over three runs; the last work items' launch order
+// (longest first, or not reordered).
 // Pass: no NaN; rel L2 of dq, dk, dv below 1e-2; exact zeros where nothing attends.
 // Tests skip unless the device is sm_90.
 #include <cuda_runtime_api.h>
@@ -56,6 +57,20 @@ INSTANTIATE_TEST_SUITE_P(Cases, GpuSm90BsaBackward,
                          [](const ::testing::TestParamInfo<GpuBwdCase>& info) {
                            return info.param.name;
                          });
+
+// The launch order of the last work items (reverse map step 6; SA_TUNE_SM90_BWD_TAIL): off, a
+// short tail (3 items), and the default (two waves: every test case's items) are all exact.
+TEST(GpuSm90BsaBackwardTailOrder, MatchesReferenceWhateverTheOrder) {
+  SA_SKIP_WITHOUT_GPU();
+  SA_SKIP_UNLESS_SM90();
+  for (const char* tail : {"0", "3"}) {
+    const ScopedEnv tune("SA_TUNE_SM90_BWD_TAIL", tail);
+    for (const GpuBwdCase& c : gpu_bsa_backward_cases(SA_IMPL_SM90)) {
+      SCOPED_TRACE(c.name + " tail " + tail);
+      expect_bsa_backward_case_matches_reference(c, SA_IMPL_SM90, SA_IMPL_SM90);
+    }
+  }
+}
 
 // A CUDA graph captured once on a non-default stream (workspace preallocated) follows new
 // metadata values on replay: the whole backward, reverse map included, reads them on the device.

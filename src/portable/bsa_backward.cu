@@ -207,7 +207,8 @@ void bsa_backward_around(const BsaBwdProblem& p, const BsaBwdPlan& plan, void* w
   StreamFork fork(stream);
   // 2. The reverse map (GPU, no host synchronisation).
   const ReverseMapDevice map =
-      build_reverse_map_gpu(p.dims, p.meta, plan.bucket, buf.map, plan.map_bytes, fork.side());
+      build_reverse_map_gpu(p.dims, p.meta, plan.bucket, buf.map, plan.map_bytes, fork.side(),
+                            plan.tail_items);
   // 1. Accumulators, delta, lse2.
   zero_bsa_backward_accumulators(plan, buf, stream);
   launch_bwd_preprocess(p, plan.Sq_pad, buf.lse2, buf.delta, buf.dq_accum, buf.dq_ready,

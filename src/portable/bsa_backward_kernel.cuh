@@ -62,6 +62,7 @@
 
 #include "common/fast_divisor.hpp"
 #include "common/problem.hpp"
+#include "common/work_item_slot.cuh"
 #include "portable/kernel_traits.hpp"
 #include "portable/kv_tile_copy.cuh"
 #include "portable/sm80_primitives.hpp"
@@ -85,6 +86,8 @@ struct BsaBwdParams {
   const int32_t* item_begin;
   const int32_t* item_end;
   const int32_t* num_items;
+  const int32_t* item_order;  // the tail's launch order (map step 6), or null
+  int32_t tail_items;
   BsaDims dims;
   BsaMeta meta;
   int32_t Sq, Skv, Sq_pad, Skv_pad, block, group, Hq, Hkv, Nq, Nkv;
@@ -218,8 +221,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   constexpr int kPRowBytes = Traits::kPRowBytes;
   constexpr int kQTileBytes = Traits::kQTileBytes;
 
-  const int item = blockIdx.x;
-  if (item >= *p.num_items) return;
+  const int num_items = *p.num_items;
+  if (static_cast<int>(blockIdx.x) >= num_items) return;
+  const int item = work_item_of_slot(blockIdx.x, num_items, p.item_order, p.tail_items);
 
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t s_base = sm80::smem_address(smem);

@@ -30,7 +30,7 @@ int32_t auto_bucket(const BsaDims& d, int64_t slots) {
 }  // namespace
 
 BsaBwdPlan make_bsa_backward_plan(const BsaBwdProblem& p, int64_t cta_slots, bool single_owner,
-                                  bool dq_accumulator) {
+                                  bool dq_accumulator, int32_t tail_items) {
   const BsaDims& d = p.dims;
   BsaBwdPlan plan;
   if (single_owner) {
@@ -66,7 +66,8 @@ BsaBwdPlan make_bsa_backward_plan(const BsaBwdProblem& p, int64_t cta_slots, boo
     plan.dk_accum = take(plan.dkv_bytes);
     plan.dv_accum = take(plan.dkv_bytes);
   }
-  plan.map_bytes = reverse_map_workspace_bytes(d, plan.bucket);
+  plan.tail_items = tail_items;
+  plan.map_bytes = reverse_map_workspace_bytes(d, plan.bucket, plan.tail_items);
   plan.map = take(plan.map_bytes);
   plan.total = at + kAlign;
   return plan;

@@ -20,6 +20,7 @@ namespace sa::portable {
 
 struct BsaBwdPlan {
   int32_t bucket = 0;           // asked of the reverse map; 0: one group per row
+  int32_t tail_items = 0;       // asked of the reverse map (its step 6); 0: none
   bool several_owners = false;  // some row may have several groups: dK/dV accumulators
   bool dq_accumulator = true;   // false: dQ comes from a query-major pass (deterministic mode)
   int64_t Sq_pad = 0, Skv_pad = 0;
@@ -48,7 +49,7 @@ struct BsaBwdBuffers {
 // group per row whatever options.bucket_size says (deterministic mode); `dq_accumulator` false
 // leaves the dQ accumulator out.
 BsaBwdPlan make_bsa_backward_plan(const BsaBwdProblem& p, int64_t cta_slots, bool single_owner,
-                                  bool dq_accumulator);
+                                  bool dq_accumulator, int32_t tail_items = 0);
 
 // Checks the caller's workspace against the plan (SA_ERROR_WORKSPACE naming `op`) and carves it.
 BsaBwdBuffers carve_bsa_backward_workspace(const BsaBwdPlan& plan, void* workspace, size_t bytes,
@@ -97,6 +98,8 @@ void fill_bsa_bwd_map_params(Params& prm, const ReverseMapDevice& map) {
   prm.item_begin = map.item_begin;
   prm.item_end = map.item_end;
   prm.num_items = map.num_items;
+  prm.item_order = map.item_order;
+  prm.tail_items = map.tail_items;
 }
 
 }  // namespace sa::portable

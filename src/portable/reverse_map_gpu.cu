@@ -36,8 +36,10 @@ struct Layout {
   int64_t entries_capacity = 0;  // B * Hq * Nq * min(Kmax, Nkv)
   int64_t max_items = 0;
   size_t cub_bytes = 0;
+  int32_t tail_items = 0;
   size_t row_offsets = 0, entries = 0, row_groups = 0, item_row = 0, item_begin = 0,
-         item_end = 0, num_items = 0, bitmap = 0, scan_in = 0, scan_out = 0, cub_temp = 0;
+         item_end = 0, num_items = 0, item_order = 0, bitmap = 0, scan_in = 0, scan_out = 0,
+         cub_temp = 0;
   size_t total = 0;
 };
 
@@ -47,14 +49,18 @@ size_t align_up(size_t x) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-Layout make_layout(const BsaDims& d, int32_t bucket) {
+Layout make_layout(const BsaDims& d, int32_t bucket, int32_t tail_items) {
   SA_CHECK_ARG(d.B >= 1 && d.Hq >= 1 && d.Hkv >= 1 && d.Nq >= 1 && d.Nkv >= 1 && d.Kmax >= 0,
                "reverse map: expected B, Hq, Hkv, Nq, Nkv >= 1 and Kmax >= 0, got B="
                    << d.B << ", Hq=" << d.Hq << ", Hkv=" << d.Hkv << ", Nq=" << d.Nq
                    << ", Nkv=" << d.Nkv << ", Kmax=" << d.Kmax);
   SA_CHECK_ARG(d.Hq % d.Hkv == 0,
                "reverse map: Hq = " << d.Hq << " is not a multiple of Hkv = " << d.Hkv);
+  SA_CHECK_ARG(tail_items >= 0 && tail_items <= kMaxTailItems,
+               "reverse map: tail_items = " << tail_items << ", expected [0, " << kMaxTailItems
+                                             << "]");
   Layout L;
+  L.tail_items = tail_items;
   // Sizes the kernels index with int32 (entries, offsets, rows, items) must fit.
   const int64_t longest = d.group() * d.Nq;  // the longest row possible; entry values < this
   narrow_i32(longest, "reverse map row length (Hq / Hkv * Nq)");
@@ -90,6 +96,7 @@ Layout make_layout(const BsaDims& d, int32_t bucket) {
   L.item_begin = take(static_cast<size_t>(L.max_items) * i32);
   L.item_end = take(static_cast<size_t>(L.max_items) * i32);
   L.num_items = take(i32);
+  L.item_order = take(static_cast<size_t>(tail_items) * i32);
   L.bitmap = take(static_cast<size_t>(L.num_rows) * L.words_per_row * sizeof(uint32_t));
   L.scan_in = take(static_cast<size_t>(scan_items) * sizeof(Packed));
   L.scan_out = take(static_cast<size_t>(scan_items) * sizeof(Packed));
@@ -199,6 +206,26 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// 6. Order: one CTA of kMaxTailItems threads; thread i ranks tail item t0 + i by (length
+// descending, index ascending) among the tail's, a rank sort in shared memory.
+__global__ void __launch_bounds__(kMaxTailItems) order_kernel(ReverseMapDevice map) {
+  __shared__ int32_t len[kMaxTailItems];
+  const int32_t n = *map.num_items;
+  const int32_t count = min(n, map.tail_items);
+  const int32_t t0 = n - count;
+  const int32_t i = static_cast<int32_t>(threadIdx.x);
+  if (i < count) len[i] = map.item_end[t0 + i] - map.item_begin[t0 + i];
+  __syncthreads();
+  if (i >= count) return;
+  const int32_t mine = len[i];
+  int32_t rank = 0;
+  for (int32_t j = 0; j < count; ++j) {
+    const int32_t other = len[j];
+    rank += other > mine || (other == mine && j < i) ? 1 : 0;
+  }
+  map.item_order[rank] = t0 + i;
+}
+
 unsigned grid_for_warps(int64_t warps) {
   const int64_t blocks = ceil_div(warps, kWarpsPerBlock);
   SA_CHECK(blocks <= 0x7fffffff, SA_ERROR_UNSUPPORTED, "reverse map: grid of " << blocks
@@ -213,14 +240,14 @@ T* at_offset(void* base, size_t offset) {
 
 }  // namespace
 
-size_t reverse_map_workspace_bytes(const BsaDims& dims, int32_t bucket) {
-  return make_layout(dims, bucket).total;
+size_t reverse_map_workspace_bytes(const BsaDims& dims, int32_t bucket, int32_t tail_items) {
+  return make_layout(dims, bucket, tail_items).total;
 }
 
 ReverseMapDevice build_reverse_map_gpu(const BsaDims& d, const BsaMeta& meta, int32_t bucket,
                                        void* workspace, size_t workspace_bytes,
-                                       cudaStream_t stream) {
-  Layout L = make_layout(d, bucket);
+                                       cudaStream_t stream, int32_t tail_items) {
+  Layout L = make_layout(d, bucket, tail_items);
   SA_CHECK_ARG(workspace != nullptr, "reverse map: workspace is null");
   SA_CHECK_ARG(reinterpret_cast<uintptr_t>(workspace) % kReverseMapAlignment == 0,
                "reverse map: workspace must be " << kReverseMapAlignment << "-byte aligned");
@@ -236,6 +263,8 @@ ReverseMapDevice build_reverse_map_gpu(const BsaDims& d, const BsaMeta& meta, in
   map.item_begin = at_offset<int32_t>(workspace, L.item_begin);
   map.item_end = at_offset<int32_t>(workspace, L.item_end);
   map.num_items = at_offset<int32_t>(workspace, L.num_items);
+  if (L.tail_items > 0) map.item_order = at_offset<int32_t>(workspace, L.item_order);
+  map.tail_items = L.tail_items;
   map.num_rows = L.num_rows;
   map.bucket = L.bucket;
   map.max_items = L.max_items;
@@ -268,6 +297,11 @@ ReverseMapDevice build_reverse_map_gpu(const BsaDims& d, const BsaMeta& meta, in
   emit_kernel<<<grid_for_warps(L.num_rows), kThreads, 0, stream>>>(bitmap, L.words_per_row,
                                                                     scan_out, map);
   SA_CUDA_CHECK_LAUNCH();
+  // 6. The tail's launch order.
+  if (L.tail_items > 0) {
+    order_kernel<<<1, kMaxTailItems, 0, stream>>>(map);
+    SA_CUDA_CHECK_LAUNCH();
+  }
   return map;
 }
 

@@ -21,6 +21,10 @@
 //               the low halves, work-item offsets in the high halves.
 //   5. emit     a warp per reverse row: entries ascending (word by word, popc prefix sums across
 //               the warp), row_offsets, row_groups, the row's work items, and the totals.
+//   6. order    (tail_items > 0) one CTA: the last min(tail_items, num_items) work items ranked
+//               by length, longest first (ties by index), into item_order. A kernel that takes
+//               items in launch order runs its last waves longest first, so that its SMs run
+//               out of work closer together (bench/NOTES.md, session 29).
 //
 // Metadata is trusted to meet the contract (counts in [0, Kmax], entries of a row distinct and in
 // [0, Nkv)); outside it nothing is read or written out of bounds: counts are clamped to
@@ -54,6 +58,10 @@ struct ReverseMapDevice {
   int32_t* item_end = nullptr;     // [max_items]: exclusive; == item_begin for an empty row
   int32_t* num_items = nullptr;    // [1]: number of work items (a later kernel launched with
                                    //      max_items blocks exits early past it)
+  // [tail_items] (step 6): with n = *num_items and t0 = max(0, n - tail_items), launch slot
+  // t0 + i takes item item_order[i] (a permutation of [t0, n)); slots below t0 take their own.
+  int32_t* item_order = nullptr;
+  int32_t tail_items = 0;          // 0: no step 6, item_order null
   // [num_rows + 1]: entries (low 32 bits) and work items (high 32 bits) of the rows before r;
   // the items of rows [r0, r1) number high(row_scan[r1]) - high(row_scan[r0]).
   const unsigned long long* row_scan = nullptr;
@@ -70,15 +78,19 @@ constexpr size_t kReverseMapAlignment = 256;
 // the bitmap, the scan buffers and CUB's temporary storage, each 256-byte aligned. Host only, no
 // synchronisation; CUB's size query looks at the current device, so ask with the device the
 // build will run on current. Throws sa::Error if a size does not fit the map's int32 indices.
-size_t reverse_map_workspace_bytes(const BsaDims& dims, int32_t bucket);
+size_t reverse_map_workspace_bytes(const BsaDims& dims, int32_t bucket, int32_t tail_items = 0);
+
+// Most work items step 6 orders (one CTA).
+constexpr int32_t kMaxTailItems = 1024;
 
 // Builds the map on `stream` (see the steps above). `meta` points to device memory; its
 // kv_block_len is not read. `workspace` must be 256-byte aligned and hold at least
-// reverse_map_workspace_bytes(dims, bucket) bytes; its contents need not be initialised. The
-// returned struct (host values, device pointers) is valid once the stream reaches this point.
+// reverse_map_workspace_bytes(dims, bucket, tail_items) bytes; its contents need not be
+// initialised. tail_items in [0, kMaxTailItems]. The returned struct (host values, device
+// pointers) is valid once the stream reaches this point.
 ReverseMapDevice build_reverse_map_gpu(const BsaDims& dims, const BsaMeta& meta, int32_t bucket,
                                        void* workspace, size_t workspace_bytes,
-                                       cudaStream_t stream);
+                                       cudaStream_t stream, int32_t tail_items = 0);
 
 // Copies a built map to the host (tests and debugging: it synchronises the stream).
 ReverseMap download_reverse_map(const ReverseMapDevice& map, cudaStream_t stream);

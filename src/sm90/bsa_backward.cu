@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <sstream>
 
@@ -70,6 +71,16 @@ int64_t cta_slots(const BsaBwdProblem& p) {
   return static_cast<int64_t>(sm_count(p.device_index)) * (p.dims.block == 128 ? 1 : 2);
 }
 
+// How many of the last work items the reverse map orders longest first (its step 6): the last
+// two waves' worth. With items of uneven length (a reverse row's length varies with the pattern)
+// the SMs then run out of work closer together. SA_TUNE_SM90_BWD_TAIL overrides the count for
+// experiments (0: launch order = item order).
+int32_t tail_items(const BsaBwdProblem& p) {
+  const char* v = std::getenv("SA_TUNE_SM90_BWD_TAIL");
+  const int64_t n = v != nullptr ? std::atoll(v) : 2 * cta_slots(p);
+  return static_cast<int32_t>(std::clamp<int64_t>(n, 0, portable::kMaxTailItems));
+}
+
 // Deterministic mode (as the portable backward): one owner per row (dK/dV accumulated by one CTA
 // in a fixed order and written by it, no workspace) and no dQ accumulator: dQ from the portable
 // query-major kernel, without atomics.
@@ -77,7 +88,7 @@ portable::BsaBwdPlan make_plan(const BsaBwdProblem& p) {
   const bool deterministic = p.options.deterministic != 0;
   const bool auto_bucket = !deterministic && p.options.bucket_size <= 0;
   return portable::make_bsa_backward_plan(p, auto_bucket ? cta_slots(p) : 0, deterministic,
-                                          !deterministic);
+                                          !deterministic, tail_items(p));
 }
 
 // Step 3 of the backward (portable::BsaBackwardMainKernel): dK, dV, and dQ into its

@@ -89,6 +89,7 @@
 #include "common/device_math.cuh"
 #include "common/fast_divisor.hpp"
 #include "common/problem.hpp"
+#include "common/work_item_slot.cuh"
 #include "sm90/bsa_forward_kernel.cuh"  // GmmaAtoms, gemm_issue, convert_p
 #include "sm90/hopper_primitives.cuh"
 
@@ -119,6 +120,8 @@ struct BsaBwdSm90Params {
   const int32_t* item_begin;
   const int32_t* item_end;
   const int32_t* num_items;
+  const int32_t* item_order;  // the tail's launch order (map step 6), or null
+  int32_t tail_items;
   BsaDims dims;
   BsaMeta meta;
   int32_t Sq, Skv, Sq_pad, Skv_pad, group, Hq, Hkv, Nq, Nkv;
@@ -740,8 +743,10 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
   // The dQ conversion (launched next, programmatic serialization) may take the SMs this grid
   // leaves once every CTA of it has started.
   griddepcontrol_launch_dependents();
-  const int item = blockIdx.x;
-  if (item >= *p.num_items) return;  // the grid is the shapes' upper bound on work items
+  const int num_items = *p.num_items;
+  // The grid is the shapes' upper bound on work items; the last waves run longest first.
+  if (static_cast<int>(blockIdx.x) >= num_items) return;
+  const int item = work_item_of_slot(blockIdx.x, num_items, p.item_order, p.tail_items);
   extern __shared__ uint8_t smem_raw[];
   bwd::SharedStorage<T>& s = aligned_shared_storage<bwd::SharedStorage<T>>(smem_raw);
 
