@@ -214,7 +214,7 @@ std::vector<GpuRevCase> gpu_reverse_map_cases() {
 }
 
 // Step 6: the last min(tail, n) launch slots take the tail's items longest first, ties by index
-// (a tail of 5, one past the widest wave, and the most the step orders).
+// (a tail of 5, 265: one past two waves at block 128 on 132 SMs, and the most the step orders).
 TEST_P(GpuReverseMap, OrdersTheTailLongestFirst) {
   SA_SKIP_WITHOUT_GPU();
   const GpuRevCase& c = GetParam();

@@ -58,8 +58,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, GpuSm90BsaBackward,
                            return info.param.name;
                          });
 
-// The launch order of the last work items (reverse map step 6; SA_TUNE_SM90_BWD_TAIL): off, a
-// short tail (3 items), and the default (two waves: every test case's items) are all exact.
+// The launch order of the last work items (reverse map step 6; SA_TUNE_SM90_BWD_TAIL): off and a
+// short tail (3 items) are exact too (the suite above runs the default: two waves, i.e. every
+// test case's items).
 TEST(GpuSm90BsaBackwardTailOrder, MatchesReferenceWhateverTheOrder) {
   SA_SKIP_WITHOUT_GPU();
   SA_SKIP_UNLESS_SM90();

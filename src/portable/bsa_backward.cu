@@ -140,6 +140,10 @@ bool launch_main_kernel(const BsaBwdProblem& p, const BsaBwdPlan& plan, const Bs
                         const ReverseMapDevice& map, cudaStream_t stream) {
   BsaBwdParams params = problem_params(p, plan, buf);
   fill_bsa_bwd_map_params(params, map);
+  // The kernel takes item = launch slot (it re-derives the item from blockIdx.x to save
+  // registers): no tail order (reverse map step 6) here.
+  SA_CHECK(map.item_order == nullptr, SA_ERROR_INTERNAL,
+           "portable bsa_backward: the reverse map has a tail order");
   dispatch_main(params, map.max_items, stream);
   return false;
 }

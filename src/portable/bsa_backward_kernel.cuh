@@ -62,7 +62,6 @@
 
 #include "common/fast_divisor.hpp"
 #include "common/problem.hpp"
-#include "common/work_item_slot.cuh"
 #include "portable/kernel_traits.hpp"
 #include "portable/kv_tile_copy.cuh"
 #include "portable/sm80_primitives.hpp"
@@ -86,7 +85,7 @@ struct BsaBwdParams {
   const int32_t* item_begin;
   const int32_t* item_end;
   const int32_t* num_items;
-  const int32_t* item_order;  // the tail's launch order (map step 6), or null
+  const int32_t* item_order;  // the tail's launch order (map step 6): null here (item = slot)
   int32_t tail_items;
   BsaDims dims;
   BsaMeta meta;
@@ -221,9 +220,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   constexpr int kPRowBytes = Traits::kPRowBytes;
   constexpr int kQTileBytes = Traits::kQTileBytes;
 
-  const int num_items = *p.num_items;
-  if (static_cast<int>(blockIdx.x) >= num_items) return;
-  const int item = work_item_of_slot(blockIdx.x, num_items, p.item_order, p.tail_items);
+  // Item = launch slot: the tail order of the reverse map (item_order) is not used here (the
+  // epilogue and the tile walk re-derive the item from blockIdx.x).
+  const int item = blockIdx.x;
+  if (item >= *p.num_items) return;
 
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t s_base = sm80::smem_address(smem);

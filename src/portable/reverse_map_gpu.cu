@@ -1,5 +1,6 @@
-// GPU builder of the BSA reverse map: bitmap scatter, popcount, one CUB scan, emit. See
-// portable/reverse_map_gpu.hpp for the steps and guarantees, common/reverse_map.hpp for the map.
+// GPU builder of the BSA reverse map: bitmap scatter, popcount, one CUB scan, emit, and the tail's
+// order. See portable/reverse_map_gpu.hpp for the steps and guarantees, common/reverse_map.hpp for
+// the map.
 #include <cub/device/device_scan.cuh>
 
 #include <algorithm>

@@ -8,8 +8,10 @@
 //    caller's stream, so the build can be captured in a CUDA graph and replayed with new metadata
 //    VALUES (same shapes; fixed_count, when there is no q2k_count tensor, is a kernel argument
 //    and is baked into a captured graph like the shapes);
-//  * deterministic and sorted by construction (no sort, no order-dependent atomics in the output);
-//  * every size is derived on the host from the shapes, never from metadata values.
+//  * deterministic and sorted by construction (no sort, no order-dependent atomics in the output;
+//    step 6's rank sort has a strict total order);
+//  * every size is derived on the host from the shapes (and tail_items), never from metadata
+//    values.
 //
 // Steps (all on `stream`):
 //   1. memset   bitmap[num_rows][words_per_row] = 0; bit e = hl * Nq + m of row
@@ -74,10 +76,10 @@ struct ReverseMapDevice {
 // Alignment the workspace must have and that every sub-buffer gets.
 constexpr size_t kReverseMapAlignment = 256;
 
-// Bytes of workspace build_reverse_map_gpu needs for these shapes and bucket: the map's arrays,
-// the bitmap, the scan buffers and CUB's temporary storage, each 256-byte aligned. Host only, no
-// synchronisation; CUB's size query looks at the current device, so ask with the device the
-// build will run on current. Throws sa::Error if a size does not fit the map's int32 indices.
+// Bytes of workspace build_reverse_map_gpu needs for these shapes, bucket and tail_items: the
+// map's arrays, the bitmap, the scan buffers and CUB's temporary storage, each 256-byte aligned.
+// Host only, no synchronisation; CUB's size query looks at the current device, so ask with the
+// device the build will run on current. Throws sa::Error if a size does not fit the map's int32 indices.
 size_t reverse_map_workspace_bytes(const BsaDims& dims, int32_t bucket, int32_t tail_items = 0);
 
 // Most work items step 6 orders (one CTA).

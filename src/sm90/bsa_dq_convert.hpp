@@ -17,7 +17,8 @@
 //                         complete at (its work items, from the reverse map's row_scan) x
 //                         `signals_per_item`.
 //   ready[B * H_kv]       the ticket: CTAs take tiles in (b, h, tile) order, which is the main
-//                         kernel's order of work items, by atomicAdd.
+//                         kernel's order of work items (up to its last two waves, which run
+//                         longest first: reverse map step 6), by atomicAdd.
 // A CTA's thread 0 waits for the tile's head (relaxed polls, then one acquire; after 10 s of
 // waiting it traps, so a miscounted target is a launch failure, not a hang), then the CTA
 // converts it. Every CTA ends with griddepcontrol.wait, so the conversion completes after the
