@@ -85,8 +85,6 @@ struct BsaBwdParams {
   const int32_t* item_begin;
   const int32_t* item_end;
   const int32_t* num_items;
-  const int32_t* item_order;  // the tail's launch order (map step 6): null here (item = slot)
-  int32_t tail_items;
   BsaDims dims;
   BsaMeta meta;
   int32_t Sq, Skv, Sq_pad, Skv_pad, block, group, Hq, Hkv, Nq, Nkv;
@@ -220,8 +218,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   constexpr int kPRowBytes = Traits::kPRowBytes;
   constexpr int kQTileBytes = Traits::kQTileBytes;
 
-  // Item = launch slot: the tail order of the reverse map (item_order) is not used here (the
-  // epilogue and the tile walk re-derive the item from blockIdx.x).
   const int item = blockIdx.x;
   if (item >= *p.num_items) return;
 

@@ -98,8 +98,6 @@ void fill_bsa_bwd_map_params(Params& prm, const ReverseMapDevice& map) {
   prm.item_begin = map.item_begin;
   prm.item_end = map.item_end;
   prm.num_items = map.num_items;
-  prm.item_order = map.item_order;
-  prm.tail_items = map.tail_items;
 }
 
 }  // namespace sa::portable

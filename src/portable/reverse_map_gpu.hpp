@@ -79,7 +79,8 @@ constexpr size_t kReverseMapAlignment = 256;
 // Bytes of workspace build_reverse_map_gpu needs for these shapes, bucket and tail_items: the
 // map's arrays, the bitmap, the scan buffers and CUB's temporary storage, each 256-byte aligned.
 // Host only, no synchronisation; CUB's size query looks at the current device, so ask with the
-// device the build will run on current. Throws sa::Error if a size does not fit the map's int32 indices.
+// device the build will run on current. Throws sa::Error if a size does not fit the map's int32
+// indices.
 size_t reverse_map_workspace_bytes(const BsaDims& dims, int32_t bucket, int32_t tail_items = 0);
 
 // Most work items step 6 orders (one CTA).

@@ -107,6 +107,8 @@ bool launch_main_kernel(const BsaBwdProblem& p, const portable::BsaBwdPlan& plan
   params.tma_dv = make_tensor_map(kOp, "dv", p.dv, d.B, d.Hkv, d.Skv, d.Dv, 64);
   portable::fill_bsa_bwd_common_params(params, p, plan, buf);
   portable::fill_bsa_bwd_map_params(params, map);
+  params.item_order = map.item_order;  // the last waves' launch order (map step 6)
+  params.tail_items = map.tail_items;
   params.dq_ready = buf.dq_ready;
   if (map.max_items > 0) dispatch_main(params, d.block, d.D, map.max_items, stream);
   // The conversion beside the kernel waits for the signals of its bulk-reduction path; without
