@@ -41,6 +41,15 @@ verdict() { if [ "$2" -eq 0 ]; then SUMMARY+=("$1: ok"); else SUMMARY+=("$1: FAI
 # tools into one log.
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu \
   --format=csv > "$OUT/gpu_tests.log" 2>&1 || true
+# The board's SM clock, power and throttle reasons every 200 ms for the whole run, into
+# power.csv (session 30, bench/NOTES.md: timed back to back, the backward holds the H200 at its
+# 700 W cap, reason 0x4, and its clock moves by 10-15%; rows that alternate with a slower
+# variant run cooler). Each bench command's start time goes into bench.log ("## HH:MM:SS"), so
+# a row's regime can be read beside it.
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active,temperature.gpu \
+  --format=csv,noheader -lms 200 > "$OUT/power.csv" 2>&1 &
+SMI_PID=$!
+trap 'kill "$SMI_PID" 2>/dev/null' EXIT
 
 GATED="${GATED-*Tuned*:*SplitKv*}"
 gated_ok=0
@@ -147,7 +156,8 @@ fi
 if has bench; then
   note "sparse-attention bench"
   J="$OUT/bench_ours.json"
-  run() { local rc=0; timeout 300 "$BIN/sparse-attention" bench "$@" --json "$J" \
+  run() { local rc=0; echo "## $(date +%H:%M:%S.%N | cut -c1-12) $*" >> "$OUT/bench.log"
+          timeout 300 "$BIN/sparse-attention" bench "$@" --json "$J" \
             >> "$OUT/bench.log" 2>&1 || rc=$?; verdict "bench $*" $rc; }
   BSA=(--batch 1 --heads 32 --kv-heads 32 --seq 8192 --dim 128)
   DSA=(--dsa-seq 4096 --topk 2048 --topk-length off --sink on)
@@ -209,7 +219,8 @@ if has full && [ "${BENCH_FULL:-0}" = 1 ]; then
   # The other rows of the Hopper targets, after the anchors so that a long run loses only these.
   note "sparse-attention bench, full (unchecked)"
   J="$OUT/bench_ours.json"
-  run() { local rc=0; timeout 200 "$BIN/sparse-attention" bench "$@" --no-check --json "$J" \
+  run() { local rc=0; echo "## $(date +%H:%M:%S.%N | cut -c1-12) $*" >> "$OUT/bench.log"
+          timeout 200 "$BIN/sparse-attention" bench "$@" --no-check --json "$J" \
             >> "$OUT/bench.log" 2>&1 || rc=$?; verdict "bench $*" $rc; }
   BSA=(--batch 1 --heads 32 --kv-heads 32 --seq 8192 --dim 128)
   DSA=(--dsa-seq 4096 --topk 2048 --topk-length off --sink on)
