@@ -93,6 +93,10 @@ __global__ void __launch_bounds__(kThreads) bwd_preprocess_kernel(const Preproce
     zero_dq_row();
     return;
   }
+  // The row's lse first, beside its O / dO loads (issued after the reduction, it cost every row
+  // a second DRAM round trip).
+  const float l =
+      sub == 0 ? a.lse[b * a.lse_stride[0] + h * a.lse_stride[1] + s * a.lse_stride[2]] : 0.f;
   const uint8_t* o = static_cast<const uint8_t*>(a.o.data) + 2 * a.o.offset(b, h, s, 0);
   const uint8_t* d = static_cast<const uint8_t*>(a.dout.data) + 2 * a.dout.offset(b, h, s, 0);
   float sum = 0.f;
@@ -110,7 +114,6 @@ __global__ void __launch_bounds__(kThreads) bwd_preprocess_kernel(const Preproce
   for (int step = 1; step < kRowThreads; step *= 2)
     sum += __shfl_xor_sync(group_mask, sum, step);
   if (sub == 0) {
-    const float l = a.lse[b * a.lse_stride[0] + h * a.lse_stride[1] + s * a.lse_stride[2]];
     a.lse2[row] = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
     a.delta[row] = sum;
   }
