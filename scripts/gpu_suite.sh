@@ -37,19 +37,24 @@ note() { echo "== $* ($(date +%H:%M:%S))" | tee -a "$OUT/gpu_tests.log"; }
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 # Records a step's outcome for the summary printed last (the device tool returns the tail).
 verdict() { if [ "$2" -eq 0 ]; then SUMMARY+=("$1: ok"); else SUMMARY+=("$1: FAILED ($2)"); status=1; fi; }
-# At most 8 files come back from the device: gpu info goes into the test log, both sanitizer
-# tools into one log.
+# The device tool brings back few files (8 at most): gpu info goes into the test log, both
+# sanitizer tools into one log, and a full run (9 files with power.csv) is packed into an
+# archive by its wrapper (.devcall/land.sh).
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu \
   --format=csv > "$OUT/gpu_tests.log" 2>&1 || true
 # The board's SM clock, power and throttle reasons every 200 ms for the whole run, into
 # power.csv (session 30, bench/NOTES.md: timed back to back, the backward holds the H200 at its
 # 700 W cap, reason 0x4, and its clock moves by 10-15%; rows that alternate with a slower
-# variant run cooler). Each bench command's start time goes into bench.log ("## HH:MM:SS"), so
-# a row's regime can be read beside it.
-nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active,temperature.gpu \
+# variant run cooler). Each bench command's start and end go into bench.log ("## <time> <args>",
+# "##> <time> rc"), in nvidia-smi's time format, so that bench/power_by_row.py can read a
+# command's regime beside it. GPU $SA_GPU_INDEX (default 0), the one the bench runs on.
+nvidia-smi -i "${SA_GPU_INDEX:-0}" \
+  --query-gpu=timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active,temperature.gpu \
   --format=csv,noheader -lms 200 > "$OUT/power.csv" 2>&1 &
 SMI_PID=$!
-trap 'kill "$SMI_PID" 2>/dev/null' EXIT
+trap 'kill "$SMI_PID" 2>/dev/null; wait "$SMI_PID" 2>/dev/null' EXIT
+# One bench command, time-stamped: stamp "## " or "##> " and the rest of the line.
+stamp() { echo "$1 $(date '+%Y/%m/%d %H:%M:%S.%3N') $2" >> "$OUT/bench.log"; }
 
 GATED="${GATED-*Tuned*:*SplitKv*}"
 gated_ok=0
@@ -156,9 +161,10 @@ fi
 if has bench; then
   note "sparse-attention bench"
   J="$OUT/bench_ours.json"
-  run() { local rc=0; echo "## $(date +%H:%M:%S.%N | cut -c1-12) $*" >> "$OUT/bench.log"
+  : > "$OUT/bench.log"
+  run() { local rc=0; stamp "##" "$*"
           timeout 300 "$BIN/sparse-attention" bench "$@" --json "$J" \
-            >> "$OUT/bench.log" 2>&1 || rc=$?; verdict "bench $*" $rc; }
+            >> "$OUT/bench.log" 2>&1 || rc=$?; stamp "##>" "rc $rc"; verdict "bench $*" $rc; }
   BSA=(--batch 1 --heads 32 --kv-heads 32 --seq 8192 --dim 128)
   DSA=(--dsa-seq 4096 --topk 2048 --topk-length off --sink on)
   PS="impl=portable/impl=sm90"
@@ -219,13 +225,16 @@ if has full && [ "${BENCH_FULL:-0}" = 1 ]; then
   # The other rows of the Hopper targets, after the anchors so that a long run loses only these.
   note "sparse-attention bench, full (unchecked)"
   J="$OUT/bench_ours.json"
-  run() { local rc=0; echo "## $(date +%H:%M:%S.%N | cut -c1-12) $*" >> "$OUT/bench.log"
+  run() { local rc=0; stamp "##" "$*"
           timeout 200 "$BIN/sparse-attention" bench "$@" --no-check --json "$J" \
-            >> "$OUT/bench.log" 2>&1 || rc=$?; verdict "bench $*" $rc; }
+            >> "$OUT/bench.log" 2>&1 || rc=$?; stamp "##>" "rc $rc"; verdict "bench $*" $rc; }
   BSA=(--batch 1 --heads 32 --kv-heads 32 --seq 8192 --dim 128)
   DSA=(--dsa-seq 4096 --topk 2048 --topk-length off --sink on)
   for op in bsa_fwd bsa_bwd; do
     run --op "$op" "${BSA[@]}" --block 64 --density 0.5 --variants "impl=portable/impl=sm90"
+    # Block 128 at 50% again, unchecked and alternating, beside the 12.5% row below: the two rows
+    # of the 12.5% ratio taken the same way, one after the other.
+    run --op "$op" "${BSA[@]}" --block 128 --density 0.5 --variants "impl=portable/impl=sm90"
     # 12.5% in C++ (the anchors measure it through the Python op, host overhead included),
     # alternating with the portable path as the 50% row does: the 12.5% target is a ratio
     # of the two rows, and a row timed alone runs hotter (power cap: session 30).
