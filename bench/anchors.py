@@ -15,6 +15,14 @@ NaN, and compared with the anchor's outputs (rel L2) — the fp64 reference comp
 the C++ suite and `sparse-attention bench`.
 
     python3 bench/anchors.py --lib build/libsparse_attention.so --out OUT [--quick]
+    python3 bench/anchors.py --lib ... --out OUT --plan cudnn --anchors cudnn_fe --impls auto
+
+cuDNN-frontend (anchor "cudnn_fe", BENCHMARKING.md's newest peer) runs where its wheels are
+importable (scripts/fetch_cudnn_fe.sh fetches them here; scripts/cudnn_fe_env.sh installs them on
+the GPU machine): its BSA forward / backward on the same block lists (its backward on its own
+forward's O and LSE) and its DSA backward on our forward's O and LSE (the same convention: natural
+log, sink excluded). With --check-fp64 (default on) both outputs are also compared with an fp64
+reference computed on the GPU (records' "fp64_rel_l2": {"ours", "anchor"}).
 
 Writes OUT/anchors.json (records as BENCHMARKING.md "Results files" says) and prints a table.
 """
@@ -42,6 +50,20 @@ def parse():
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--budget-s", type=float, default=1e9,
                     help="start no new shape after this many seconds")
+    ap.add_argument("--anchors", default="flex,cudnn_dense,torch_gather,cudnn_fe",
+                    help="anchors to run (cudnn_fe needs the nvidia-cudnn-frontend wheels: "
+                         "scripts/fetch_cudnn_fe.sh; it is left out with a message when they are "
+                         "missing)")
+    ap.add_argument("--plan", default="default", choices=["default", "cudnn"],
+                    help="default: the headline shapes; cudnn: issue 33's table (every row "
+                         "cuDNN-frontend's sm_90 kernels serve, beside ours)")
+    ap.add_argument("--only", default="",
+                    help="keep the plan's shapes whose text ('dsa(4096, 64, 576, 2048, True)', "
+                         "'bsa(1, 32, 8192, 128, 64, 0.5)') contains one of these ';'-separated "
+                         "substrings")
+    ap.add_argument("--check-fp64", type=int, default=1,
+                    help="1: check ours and cuDNN-FE against an fp64 reference computed on the "
+                         "GPU (DSA: every row; BSA: the first two heads)")
     ap.add_argument("--impls", default="auto,portable",
                     help="our implementations to time beside each anchor (auto, portable, sm90); "
                          "one that resolves to an implementation already listed is timed once")
@@ -110,7 +132,7 @@ def rel_l2(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def record(op, shape, ours_ms, flops, anchor, anchor_ms, err, impl, spread):
+def record(op, shape, ours_ms, flops, anchor, anchor_ms, err, impl, spread, fp64=None):
     r = {
         "op": op, "impl": impl, "shape": shape, "ms": round(ours_ms, 5),
         "tflops": round(flops / (ours_ms * 1e-3) / 1e12, 1), "anchor": anchor,
@@ -122,6 +144,10 @@ def record(op, shape, ours_ms, flops, anchor, anchor_ms, err, impl, spread):
         "source": "bench/anchors.py", "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
     }
+    if fp64:
+        # rel L2 against the fp64 reference computed on the GPU: ours and the anchor's.
+        r["fp64_rel_l2"] = fp64
+        r["correct"] = r["correct"] and all(v is not None and v < 1e-2 for v in fp64.values())
     RECORDS.append(r)
     # Written after every record: a run cut short by its time limit keeps what it measured.
     (Path(ARGS.out) / "anchors.json").write_text(json.dumps(RECORDS, indent=1) + "\n")
@@ -167,11 +193,42 @@ def ours_variants(fn):
     return out
 
 
-def paired_record(op, shape, flops, ours, anchor, anchor_fn, errs):
+def paired_record(op, shape, flops, ours, anchor, anchor_fn, errs, fp64s=None):
     """Our implementations and one anchor in one pairing (alternating rounds); one record each."""
     meds, spreads = paired([f for _, f in ours] + [anchor_fn])
-    for (impl, _), ms, sp, err in zip(ours, meds, spreads, errs):
-        record(op, shape, ms, flops, anchor, meds[-1], err, impl, sp)
+    fp64s = fp64s or [None] * len(ours)
+    for (impl, _), ms, sp, err, f64 in zip(ours, meds, spreads, errs, fp64s):
+        record(op, shape, ms, flops, anchor, meds[-1], err, impl, sp, f64)
+
+
+def want(anchor):
+    return anchor in ARGS.anchors.split(",")
+
+
+_CUDNN = []
+
+
+def cudnn_fe():
+    """The cuDNN-frontend module, or None (with the reason printed once) where its wheels are
+    missing or do not import (scripts/fetch_cudnn_fe.sh; PYTHONPATH must also name
+    <target>/nvidia_cutlass_dsl/dsl_packages)."""
+    if not want("cudnn_fe"):
+        return None
+    if not _CUDNN:
+        try:
+            import cudnn  # noqa: PLC0415
+            version = getattr(cudnn, "__version__", "?")
+            print(f"cuDNN-frontend {version} from {Path(cudnn.__file__).parent}", flush=True)
+            _CUDNN.append(cudnn)
+        except Exception as e:  # noqa: BLE001
+            print(f"cuDNN-frontend unavailable: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            _CUDNN.append(None)
+    return _CUDNN[0]
+
+
+def cudnn_version():
+    m = cudnn_fe()
+    return None if m is None else getattr(m, "__version__", None)
 
 
 # ---- BSA ----------------------------------------------------------------------------------------
@@ -190,6 +247,28 @@ def bsa_flops(B, H, S, D, block, count):
     # All blocks full (S a multiple of block): 4 * q_tokens * kv_tokens * D per (b, h, m).
     N = S // block
     return 4.0 * B * H * N * block * (count * block) * D
+
+
+def bsa_fp64(q, k, v, do, idx, block, scale, heads):
+    """o, dq, dk, dv of the first `heads` heads in fp64 on the GPU (dense scores masked to the
+    listed blocks; every listed block full), for the checks of both ours and cuDNN-FE."""
+    sl = slice(0, heads)
+    qd, kd, vd, dod = (t[:, sl].double().requires_grad_() for t in (q, k, v, do))
+    B, h, N, _ = idx[:, sl].shape
+    S = q.shape[2]
+    allowed = torch.zeros(B, h, N, N, dtype=torch.bool, device=DEV)
+    allowed.scatter_(-1, idx[:, sl].long(), True)
+    allowed = allowed.repeat_interleave(block, 2).repeat_interleave(block, 3)[..., :S, :S]
+    s = (qd @ kd.transpose(-1, -2)) * scale
+    p = torch.softmax(s.masked_fill(~allowed, float("-inf")), -1)
+    o = p @ vd
+    dq, dk, dv = torch.autograd.grad(o, (qd, kd, vd), dod.detach())
+    return o.detach(), dq, dk, dv
+
+
+def heads_for_fp64(S):
+    # A few GB of fp64 scores per head at S 8192; none past 16384.
+    return 0 if S > 16384 else (2 if S <= 8192 else 1)
 
 
 def flex_block_mask(idx, S, block):
@@ -223,31 +302,61 @@ def bench_bsa(B, H, S, D, block, density, ops, seed=0):
         return OPS.bsa_bwd(do, q, k, v, o, lse, idx, None, None, block, 0, -1, scale, 0,
                            False, False)
 
-    # Anchors: FlexAttention (same block lists) and dense cuDNN SDPA.
+    # Anchors: FlexAttention (same block lists), dense cuDNN SDPA, cuDNN-frontend's BSA.
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.flex_attention import flex_attention
     flex = torch.compile(flex_attention)
     anchors = {}
-    try:
-        bm = flex_block_mask(idx, S, block)
-        anchors["flex"] = lambda: flex(q, k, v, block_mask=bm, scale=scale)
-        anchors["flex"]()
-    except Exception as e:  # noqa: BLE001
-        print(f"  flex forward unavailable: {type(e).__name__}: {str(e)[:200]}")
-        anchors.pop("flex", None)
+    if want("flex"):
+        try:
+            bm = flex_block_mask(idx, S, block)
+            anchors["flex"] = lambda: flex(q, k, v, block_mask=bm, scale=scale)
+            anchors["flex"]()
+        except Exception as e:  # noqa: BLE001
+            print(f"  flex forward unavailable: {type(e).__name__}: {str(e)[:200]}")
+            anchors.pop("flex", None)
 
     def dense():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return F.scaled_dot_product_attention(q, k, v, scale=scale)
-    anchors["cudnn_dense"] = dense
+    if want("cudnn_dense"):
+        anchors["cudnn_dense"] = dense
+    cfe = cudnn_fe()
+    if cfe is not None:
+        def cfe_fwd():
+            return cfe.block_sparse_attention_forward(
+                q, k, v, idx, block_sparse_num=count, sparse_block_size=block,
+                softmax_scale=scale)
+        try:
+            o_c, lse_c = cfe_fwd()
+            torch.cuda.synchronize()
+            anchors["cudnn_fe"] = lambda: cfe_fwd()[0]
+        except Exception as e:  # noqa: BLE001
+            print(f"  cudnn_fe forward unavailable: {type(e).__name__}: {str(e)[:300]}")
+
+    heads = heads_for_fp64(S) if ARGS.check_fp64 else 0
+    ref = bsa_fp64(q, k, v, do, idx, block, scale, heads) if heads else None
+    torch.cuda.empty_cache()
+
+    def vs_ref(outs):
+        """max rel L2 of the first `heads` heads of (o,) or (dq, dk, dv) against fp64."""
+        if ref is None:
+            return None
+        r = ref[:1] if len(outs) == 1 else ref[1:]
+        return max(rel_l2(a[:, :heads], b) for a, b in zip(outs, r))
 
     if "bsa_fwd" in ops:
         ours = ours_variants(ours_fwd)
+        ours_fp64 = [vs_ref((f()[0],)) for _, f in ours]
         for name, fn in anchors.items():
             # Dense attention computes another function: no output comparison against it.
-            ref = fn() if name == "flex" else None
-            errs = [None if ref is None else rel_l2(f()[0], ref) for _, f in ours]
-            paired_record("bsa_fwd", shape, flops, ours, name, fn, errs)
+            aref = fn() if name != "cudnn_dense" else None
+            errs = [None if aref is None else rel_l2(f()[0], aref) for _, f in ours]
+            fp64s = None
+            if ref is not None and name == "cudnn_fe":
+                a64 = vs_ref((aref,))
+                fp64s = [{"ours": e, "anchor": a64} for e in ours_fp64]
+            paired_record("bsa_fwd", shape, flops, ours, name, fn, errs, fp64s)
     if "bsa_bwd" in ops:
         try:
             dq, dk, dv = ours_bwd()
@@ -255,28 +364,41 @@ def bench_bsa(B, H, S, D, block, density, ops, seed=0):
         except NotImplementedError as e:
             print(f"  our backward unavailable: {str(e)[:200]}")
             return
-        for name, fn in anchors.items():
-            qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+        for name in list(anchors):
+            fp64s = None
             try:
-                if name == "flex":
-                    out = flex(qq, kk, vv, block_mask=bm, scale=scale)
+                if name == "cudnn_fe":
+                    # cuDNN-FE's backward on its own forward's O and LSE (its LSE convention).
+                    def anchor_bwd():
+                        return cfe.block_sparse_attention_backward(
+                            do, q, k, v, o_c, lse_c, idx, block_sparse_num=count,
+                            softmax_scale=scale, sparse_block_size=block)
                 else:
-                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                        out = F.scaled_dot_product_attention(qq, kk, vv, scale=scale)
+                    qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+                    if name == "flex":
+                        out = flex(qq, kk, vv, block_mask=bm, scale=scale)
+                    else:
+                        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                            out = F.scaled_dot_product_attention(qq, kk, vv, scale=scale)
 
-                def anchor_bwd():
-                    return torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True)
+                    def anchor_bwd(out=out, qq=qq, kk=kk, vv=vv):
+                        return torch.autograd.grad(out, (qq, kk, vv), do, retain_graph=True)
                 adq, adk, adv = anchor_bwd()
+                torch.cuda.synchronize()
             except Exception as e:  # noqa: BLE001
-                print(f"  {name} backward unavailable: {type(e).__name__}: {str(e)[:200]}")
+                print(f"  {name} backward unavailable: {type(e).__name__}: {str(e)[:300]}")
                 continue
             ours = ours_variants(ours_bwd)
-            errs = []
+            errs, ours64 = [], []
             for _, f in ours:
                 g = f()
                 errs.append(max(rel_l2(g[0], adq), rel_l2(g[1], adk), rel_l2(g[2], adv))
-                            if name == "flex" else None)
-            paired_record("bsa_bwd", shape, 2.5 * flops, ours, name, anchor_bwd, errs)
+                            if name != "cudnn_dense" else None)
+                ours64.append(vs_ref(g))
+            if ref is not None and name == "cudnn_fe":
+                a64 = vs_ref((adq, adk, adv))
+                fp64s = [{"ours": e, "anchor": a64} for e in ours64]
+            paired_record("bsa_bwd", shape, 2.5 * flops, ours, name, anchor_bwd, errs, fp64s)
 
 
 # ---- DSA ----------------------------------------------------------------------------------------
@@ -298,7 +420,42 @@ def gather_dsa(q, kv, idx, sink, scale, d_v, chunk=256):
     return torch.cat(outs)
 
 
-def bench_dsa(S, H, Dqk, topk, ops, seed=0):
+def dsa_fp64(q, kv, idx, length, sink, do, scale, d_v, chunk=32):
+    """dq, dkv, d_sink of SPEC section 2 in fp64 on the GPU, chunked over queries (the
+    analytic backward: no autograd graph over the gathered rows)."""
+    S_q, H, D = q.shape
+    S_kv = kv.shape[0]
+    kvd, sd = kv.double(), sink.double()
+    dq = torch.empty(S_q, H, D, dtype=torch.float64, device=DEV)
+    dkv = torch.zeros(S_kv, D, dtype=torch.float64, device=DEV)
+    dsink = torch.zeros(H, dtype=torch.float64, device=DEV)
+    slot = torch.arange(idx.shape[1], device=DEV)
+    for s0 in range(0, S_q, chunk):
+        qi, doi = q[s0:s0 + chunk].double(), do[s0:s0 + chunk].double()
+        ii = idx[s0:s0 + chunk].long()
+        valid = (ii >= 0) & (ii < S_kv)
+        if length is not None:
+            valid &= slot[None, :] < length[s0:s0 + chunk, None]
+        ic = ii.clamp(0, S_kv - 1)
+        kk = kvd[ic]                                                    # [c, T, D]
+        s = torch.einsum("chd,ctd->cht", qi, kk) * scale
+        s = s.masked_fill(~valid[:, None, :], float("-inf"))
+        L = torch.logaddexp(torch.logsumexp(s, -1), sd[None, :])        # [c, H]
+        p = torch.exp(s - L[..., None])
+        o = torch.einsum("cht,ctd->chd", p, kk[..., :d_v])
+        delta = (doi * o).sum(-1)                                       # [c, H]
+        dp = torch.einsum("chd,ctd->cht", doi, kk[..., :d_v])
+        ds = p * (dp - delta[..., None])
+        dq[s0:s0 + chunk] = scale * torch.einsum("cht,ctd->chd", ds, kk)
+        dkk = scale * torch.einsum("cht,chd->ctd", ds, qi)
+        dkk[..., :d_v] += torch.einsum("cht,chd->ctd", p, doi)
+        m = valid.reshape(-1)
+        dkv.index_add_(0, ic.reshape(-1)[m], dkk.reshape(-1, D)[m])
+        dsink -= (torch.exp(sd[None, :] - L) * delta).sum(0)
+    return dq, dkv, dsink
+
+
+def bench_dsa(S, H, Dqk, topk, ops, seed=0, use_length=False):
     g = torch.Generator(device=DEV).manual_seed(seed)
     Dv = 512
     q = torch.randn(S, H, Dqk, device=DEV, dtype=torch.bfloat16, generator=g)
@@ -306,34 +463,41 @@ def bench_dsa(S, H, Dqk, topk, ops, seed=0):
     do = torch.randn(S, H, Dv, device=DEV, dtype=torch.bfloat16, generator=g)
     idx = torch.stack([torch.randperm(S, device=DEV, generator=g)[:topk] for _ in range(S)])
     idx = idx.to(torch.int32).contiguous()
+    # topk_length given with every slot active: the same work as without, through the
+    # length-aware schedules (issue 33's measurement).
+    length = torch.full((S,), topk, device=DEV, dtype=torch.int32) if use_length else None
     sink = torch.rand(H, device=DEV, generator=g, dtype=torch.float32)
     scale = 1.0 / math.sqrt(Dqk)
-    shape = {"S": S, "H": H, "D_qk": Dqk, "topk": topk, "topk_length": False}
+    shape = {"S": S, "H": H, "D_qk": Dqk, "topk": topk, "topk_length": bool(use_length)}
     print(f"[dsa] {shape}", flush=True)
     pairs = S * H * topk
 
     def ours_fwd():
-        return OPS.dsa_fwd(q, kv, idx, None, sink, Dv, scale, False)
+        return OPS.dsa_fwd(q, kv, idx, length, sink, Dv, scale, False)
 
     out, lse = ours_fwd()
     torch.cuda.synchronize()
     assert not torch.isnan(out).any(), "NaN in our forward"
     anchor_fwd = lambda: gather_dsa(q, kv, idx, sink, scale, Dv)  # noqa: E731
-    if "dsa_fwd" in ops:
+    if "dsa_fwd" in ops and want("torch_gather"):
         ref = anchor_fwd()
         ours = ours_variants(ours_fwd)
         errs = [rel_l2(f()[0], ref) for _, f in ours]
         paired_record("dsa_fwd", shape, 2.0 * pairs * (Dqk + Dv), ours, "torch_gather",
                       anchor_fwd, errs)
-    if "dsa_bwd" in ops:
-        def ours_bwd():
-            return OPS.dsa_bwd(do, q, kv, out, lse, idx, None, sink, Dv, scale, False)
-        try:
-            dq, dkv, dsink = ours_bwd()
-            torch.cuda.synchronize()
-        except NotImplementedError as e:
-            print(f"  our backward unavailable: {str(e)[:200]}")
-            return
+    if "dsa_bwd" not in ops:
+        return
+
+    def ours_bwd():
+        return OPS.dsa_bwd(do, q, kv, out, lse, idx, length, sink, Dv, scale, False)
+    try:
+        ours_bwd()
+        torch.cuda.synchronize()
+    except NotImplementedError as e:
+        print(f"  our backward unavailable: {str(e)[:200]}")
+        return
+    bwd_flops = 2.0 * pairs * (3 * Dqk + 2 * Dv)
+    if want("torch_gather"):
         qq, kk, ss = (t.detach().requires_grad_() for t in (q, kv, sink))
         ref = gather_dsa(qq, kk, idx, ss, scale, Dv)
 
@@ -345,8 +509,43 @@ def bench_dsa(S, H, Dqk, topk, ops, seed=0):
         for _, f in ours:
             g = f()
             errs.append(max(rel_l2(g[0], adq), rel_l2(g[1], adkv), rel_l2(g[2], adsink)))
-        paired_record("dsa_bwd", shape, 2.0 * pairs * (3 * Dqk + 2 * Dv), ours, "torch_gather",
-                      anchor_bwd, errs)
+        paired_record("dsa_bwd", shape, bwd_flops, ours, "torch_gather", anchor_bwd, errs)
+        del ref, adq, adkv, adsink
+        torch.cuda.empty_cache()
+    cfe = cudnn_fe()
+    if cfe is None:
+        return
+    dq_c = torch.empty_like(q)
+    dkv_c = torch.empty_like(kv)
+
+    def cfe_bwd():
+        r = cfe.DSA.sparse_attention_backward_wrapper(
+            q, kv, out, do, lse, sink, idx, softmax_scale=scale, topk_length=length,
+            dq=dq_c, dkv=dkv_c)
+        return r["dq"], r["dkv"], r["d_sink"]
+    try:
+        t0 = time.time()
+        a = cfe_bwd()
+        torch.cuda.synchronize()
+        print(f"  cudnn_fe dsa backward ready in {time.time() - t0:.1f} s (first call compiles)")
+    except Exception as e:  # noqa: BLE001
+        print(f"  cudnn_fe dsa backward unavailable: {type(e).__name__}: {str(e)[:300]}")
+        return
+    a = tuple(t.clone() for t in a)
+    ref64 = (dsa_fp64(q, kv, idx, length, sink, do, scale, Dv) if ARGS.check_fp64 else None)
+
+    def vs64(g):
+        return None if ref64 is None else max(rel_l2(x, r) for x, r in zip(g, ref64))
+    a64 = vs64(a)
+    ours = ours_variants(ours_bwd)
+    errs, fp64s = [], []
+    for _, f in ours:
+        g = f()
+        errs.append(max(rel_l2(x, y) for x, y in zip(g, a)))
+        fp64s.append({"ours": vs64(g), "anchor": a64} if ref64 is not None else None)
+    del ref64
+    torch.cuda.empty_cache()
+    paired_record("dsa_bwd", shape, bwd_flops, ours, "cudnn_fe", cfe_bwd, errs, fp64s)
 
 
 def main():
@@ -367,6 +566,20 @@ def main():
         plan += [("bsa", (1, 32, 32768, 128, 128, 0.5))]
     if dsa_ops:
         plan += [("dsa", (4096, 128, 512, 2048)), ("dsa", (4096, 64, 512, 2048))]
+    if ARGS.plan == "cudnn":
+        # Issue 33's table: every row cuDNN-frontend's sm_90 kernels serve, beside ours. DSA
+        # with topk_length (all slots active) and the sink; BSA B1 H32 S8192 D128 (its sm_90
+        # backward needs MHA and D 128).
+        plan = []
+        if "dsa_bwd" in ops:
+            plan += [("dsa", (S, H, d, 2048, True)) for S in (4096, 8192) for H in (64, 128)
+                     for d in (576, 512)]
+            plan += [("dsa", (4096, H, 576, 2048, True)) for H in (32, 16)]
+        if bsa_ops:
+            plan += [("bsa", (1, 32, 8192, 128, blk, d)) for blk in (128, 64)
+                     for d in (0.5, 0.125)]
+    if ARGS.only:
+        plan = [p for p in plan if any(tok in f"{p[0]}{p[1]}" for tok in ARGS.only.split(";"))]
     if ARGS.quick:
         plan = plan[:1] + [p for p in plan if p[0] == "dsa"][:1]
     for kind, shape in plan:
@@ -376,7 +589,7 @@ def main():
         if kind == "bsa":
             bench_bsa(*shape, bsa_ops)
         else:
-            bench_dsa(*shape, dsa_ops)
+            bench_dsa(*shape[:4], dsa_ops, use_length=len(shape) > 4 and shape[4])
         torch.cuda.empty_cache()
     (out / "anchors.json").write_text(json.dumps(RECORDS, indent=1) + "\n")
     print(f"wrote {len(RECORDS)} records to {out / 'anchors.json'} in {time.time() - t0:.0f} s")
