@@ -80,6 +80,22 @@ __device__ __forceinline__ void red_add_f32x2(float* addr, float a, float b) {
 #endif
 }
 
+// addr[0..3] += v in global memory (fp32, no return value; addr 16-byte aligned): one vector
+// reduction on sm90 and newer, four scalar ones before. No "memory" clobber: the target is an
+// accumulator the calling kernel never reads, and the compiler may move shared or global loads
+// across the reduction.
+__device__ __forceinline__ void red_add_f32x4(float* addr, float4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(addr), "f"(v.x), "f"(v.y),
+               "f"(v.z), "f"(v.w));
+#else
+  atomicAdd(addr, v.x);
+  atomicAdd(addr + 1, v.y);
+  atomicAdd(addr + 2, v.z);
+  atomicAdd(addr + 3, v.w);
+#endif
+}
+
 // atomicAdd(ptr, 1) on global memory by the threads with `pred` set, without a branch; returns
 // the old value there (0 elsewhere).
 __device__ __forceinline__ uint32_t atomic_inc_if(uint32_t* ptr, bool pred) {

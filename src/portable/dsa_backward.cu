@@ -142,7 +142,7 @@ DsaBackwardMainKernel portable_main(int dqk, int block_m) {
 // Every pass of the backward around `main` (see the top of this file), on a checked problem.
 void run_passes(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes,
                 cudaStream_t stream, const Plan& plan, DsaBackwardMainKernel main,
-                const char* op) {
+                const char* op, dsa_bwd::AccColumns reduce_columns) {
   int current = -1;
   SA_CUDA_CHECK(cudaGetDevice(&current));
   SA_CHECK(current == p.device_index, SA_ERROR_INTERNAL,
@@ -190,7 +190,9 @@ void run_passes(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes,
                                static_cast<int>(plan.groups), stream);
     }
   }
-  dsa_bwd::convert_dkv(acc, p.dkv.data, p.dtype, d.Skv, dqk, p.dkv.ss, stream);
+  // Deterministic mode's fixed-order reduction writes the accumulator in natural order.
+  dsa_bwd::convert_dkv(acc, p.dkv.data, p.dtype, d.Skv, dqk, p.dkv.ss,
+                       plan.deterministic ? dsa_bwd::AccColumns::kNatural : reduce_columns, stream);
   if (p.d_sink != nullptr) {
     dsa_bwd::reduce_d_sink(prm.sink_terms, d.Sq, d.H, p.d_sink, p.d_sink_stride,
                            p.meta.sink != nullptr, stream);
@@ -253,7 +255,8 @@ void dsa_backward(const DsaBwdProblem& p, void* workspace, size_t workspace_byte
   SA_CHECK(why.empty(), SA_ERROR_UNSUPPORTED, "dsa_backward (portable): " << why);
   const Plan plan = make_plan(p, tuning);
   run_passes(p, workspace, workspace_bytes, stream, plan,
-             portable_main(static_cast<int>(p.dims.Dqk), plan.block_m), "dsa_backward (portable)");
+             portable_main(static_cast<int>(p.dims.Dqk), plan.block_m), "dsa_backward (portable)",
+             dsa_bwd::AccColumns::kNatural);
 }
 
 size_t dsa_backward_workspace_bytes_around(const DsaBwdProblem& p, int heads_per_cta,
@@ -263,9 +266,10 @@ size_t dsa_backward_workspace_bytes_around(const DsaBwdProblem& p, int heads_per
 
 void dsa_backward_around(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes,
                          cudaStream_t stream, int heads_per_cta, DsaBackwardMainKernel main,
-                         const char* op, int64_t slice_tokens) {
+                         const char* op, dsa_bwd::AccColumns reduce_columns,
+                         int64_t slice_tokens) {
   run_passes(p, workspace, workspace_bytes, stream, make_plan(p, heads_per_cta, slice_tokens),
-             main, op);
+             main, op, reduce_columns);
 }
 
 }  // namespace sa::portable

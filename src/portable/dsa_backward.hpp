@@ -12,6 +12,7 @@
 #include <string>
 
 #include "common/problem.hpp"
+#include "portable/dsa_backward_aux.hpp"
 #include "portable/dsa_backward_params.hpp"
 
 namespace sa::portable {
@@ -62,10 +63,13 @@ size_t dsa_backward_workspace_bytes_around(const DsaBwdProblem& p, int heads_per
                                            int64_t slice_tokens = 0);
 
 // Every pass of dsa_backward (memset, deterministic slices with their sorts and fixed-order
-// reductions, the dkv conversion, d_sink) around `main`; `op` names the caller in errors. The
-// caller checks support first (dsa_backward_unsupported covers these passes' needs).
+// reductions, the dkv conversion, d_sink) around `main`; `op` names the caller in errors;
+// `reduce_columns` is the column order in which `main` reduces into prm.dkv_acc (outside
+// deterministic mode, whose partial rows are in natural order). The caller checks support first
+// (dsa_backward_unsupported covers these passes' needs).
 void dsa_backward_around(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes,
                          cudaStream_t stream, int heads_per_cta, DsaBackwardMainKernel main,
-                         const char* op, int64_t slice_tokens = 0);
+                         const char* op, dsa_bwd::AccColumns reduce_columns,
+                         int64_t slice_tokens = 0);
 
 }  // namespace sa::portable

@@ -38,6 +38,29 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The quad-16 column order (AccColumns::kQuad16): one 16-column group per thread, four 16-byte
+// loads (position 4q holds columns 2q, 2q + 1, 2q + 8, 2q + 9), four 8-byte stores.
+template <class Element>
+__global__ void __launch_bounds__(kThreads)
+    convert_dkv_quad16_kernel(const float* __restrict__ acc, Element* __restrict__ dkv,
+                              int64_t skv, int dqk, int64_t dkv_ss) {
+  const int groups = dqk / 16;
+  const int64_t items = skv * groups;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < items;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t j = e / groups;
+    const int c = 16 * static_cast<int>(e - j * groups);
+    const float4* src = reinterpret_cast<const float4*>(acc + j * dqk + c);
+    float4 v[4];
+    for (int q = 0; q < 4; ++q) v[q] = src[q];
+    uint2* dst = reinterpret_cast<uint2*>(dkv + j * dkv_ss + c);
+    dst[0] = make_uint2(pack2<Element>(v[0].x, v[0].y), pack2<Element>(v[1].x, v[1].y));
+    dst[1] = make_uint2(pack2<Element>(v[2].x, v[2].y), pack2<Element>(v[3].x, v[3].y));
+    dst[2] = make_uint2(pack2<Element>(v[0].z, v[0].w), pack2<Element>(v[1].z, v[1].w));
+    dst[3] = make_uint2(pack2<Element>(v[2].z, v[2].w), pack2<Element>(v[3].z, v[3].w));
+  }
+}
+
 // One block per head: each thread sums a fixed stride of tokens, then a fixed tree. No atomics,
 // so the result is the same on every run.
 __global__ void __launch_bounds__(kThreads)
@@ -128,7 +151,21 @@ __global__ void reduce_partials_kernel(const uint32_t* __restrict__ keys,
 }  // namespace
 
 void convert_dkv(const float* acc, void* dkv, sa_dtype dtype, int64_t skv, int dqk, int64_t dkv_ss,
-                 cudaStream_t stream) {
+                 AccColumns columns, cudaStream_t stream) {
+  if (columns == AccColumns::kQuad16) {
+    SA_CHECK(dqk % 16 == 0, SA_ERROR_INTERNAL, "convert_dkv: quad-16 order needs dqk % 16 == 0");
+    const unsigned grid = grid_for(skv * (dqk / 16), kThreads);
+    if (dtype == SA_DTYPE_BF16) {
+      convert_dkv_quad16_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(
+          acc, static_cast<__nv_bfloat16*>(dkv), skv, dqk, dkv_ss);
+    } else {
+      SA_CHECK(dtype == SA_DTYPE_FP16, SA_ERROR_INTERNAL, "convert_dkv: 16-bit dtype expected");
+      convert_dkv_quad16_kernel<__half>
+          <<<grid, kThreads, 0, stream>>>(acc, static_cast<__half*>(dkv), skv, dqk, dkv_ss);
+    }
+    SA_CUDA_CHECK_LAUNCH();
+    return;
+  }
   const unsigned grid = grid_for(skv * (dqk / 4), kThreads);
   if (dtype == SA_DTYPE_BF16) {
     convert_dkv_kernel<__nv_bfloat16>

@@ -13,10 +13,19 @@
 
 namespace sa::portable::dsa_bwd {
 
-// dkv[j, c] = acc[j * dqk + c] converted to `dtype` (bf16 or fp16), for every j < skv, c < dqk.
-// dkv rows at j * dkv_ss elements; dkv 8-byte aligned, dkv_ss and dqk multiples of 4.
+// The column order of the fp32 dkv accumulator row.
+//   kNatural: column c at c.
+//   kQuad16:  within each 16-column group, position 4q + i (q, i < 4) holds column 2q + i for
+//             i < 2 and 2q + 6 + i for i >= 2: the four columns one lane of a wgmma accumulator
+//             holds in two adjacent 8-column blocks, so that it reduces them with one 16-byte
+//             vector (the Hopper main kernel's order; dqk % 16 == 0).
+enum class AccColumns { kNatural, kQuad16 };
+
+// dkv[j, c] = column c of acc row j (at j * dqk, in `columns` order) converted to `dtype` (bf16
+// or fp16), for every j < skv, c < dqk. dkv rows at j * dkv_ss elements; dkv 8-byte aligned,
+// dkv_ss and dqk multiples of 4.
 void convert_dkv(const float* acc, void* dkv, sa_dtype dtype, int64_t skv, int dqk, int64_t dkv_ss,
-                 cudaStream_t stream);
+                 AccColumns columns, cudaStream_t stream);
 
 // d_sink[h * stride] = sum over t < sq of terms[h * sq + t] (has_sink), in a fixed order
 // (bitwise reproducible), or 0 for every head (no sink).

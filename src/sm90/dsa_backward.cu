@@ -124,7 +124,8 @@ void dsa_backward(const DsaBwdProblem& p, void* workspace, size_t workspace_byte
   const std::string why = dsa_backward_unsupported(p);
   SA_CHECK(why.empty(), SA_ERROR_UNSUPPORTED, "sm90 dsa_backward: " << why);
   portable::dsa_backward_around(p, workspace, workspace_bytes, stream, DsaBwdTraits<576>::kHeads,
-                                &launch_main, "sm90 dsa_backward", slice_tokens);
+                                &launch_main, "sm90 dsa_backward",
+                                portable::dsa_bwd::AccColumns::kQuad16, slice_tokens);
 }
 
 }  // namespace sa::sm90

@@ -24,11 +24,12 @@
 //                                                   registers, the whole item); the rope panel
 //                                                   (D_qk 576) on warpgroup 0
 //   [5] dKV pieces: dS'^T Q_p + P^T dO_p            64 keys x one 64-column panel p at a time
-//                   (rope: dS'^T Q_rope),           -> red.global.add.v2.f32 into the fp32 dkv
-//                   in the order nope 0-7, rope:    rows of the chunk's active keys, two
-//                   warpgroup 1 all but the last    rows' 128 bytes per warp instruction (a
-//                   kWg0Pieces, warpgroup 0 those   shuffle transpose of the fragments first)
-//                                                   (deterministic: stored to partial rows)
+//                   (rope: dS'^T Q_rope),           -> red.global.add.v4.f32 into the fp32 dkv
+//                   in the order nope 0-7, rope:    rows of the chunk's active keys (quad-16
+//                   warpgroup 1 all but the last    column order), four rows' 128 bytes per
+//                   kWg0Pieces, warpgroup 0 those   warp instruction (one shuffle exchange
+//                                                   first) (deterministic: stored to partial
+//                                                   rows in natural order)
 //
 // This is cuDNN's split of the roles (not of the keys): warpgroup 1's reductions run beside
 // warpgroup 0's products of the next chunk instead of in a window where both warpgroups reduce
@@ -98,9 +99,12 @@ using Params = portable::dsa_bwd::DsaBwdParams;
 //                     lane-parallel before it (without the "lane-parallel index loads" technique)
 //   kTuneNoDkv        DIAGNOSTIC, WRONG RESULTS: the dKV pieces are computed but never reduced
 //                     (the time of the kernel without its fp32 dkv reductions: the "atomic wall")
-// The reductions: each warp's 8 x 8 grid of column pairs (per fragment half) is partly
-// transposed across the lane groups by shuffles, so that one red.v2 warp instruction covers 128
-// contiguous bytes in each of two dkv rows (2 lines).
+// The reductions: the fp32 accumulator holds its columns in quad-16 order, so that a lane's
+// four columns of two adjacent 8-column blocks are one 16-byte vector; one shuffle exchange
+// between neighbouring rows makes each red.v4 warp instruction cover 128 contiguous bytes in each
+// of four dkv rows (4 lines), with half the shuffles and reductions of the natural-order red.v2
+// scatter that it replaced (a 2-stage butterfly, 2 rows x 128 bytes per instruction;
+// bench/NOTES.md, session 32).
 // Removed after measuring (bench/NOTES.md; the bits had these meanings in the session 8-19
 // logs): the S/dP split between the warpgroups (then bit 8: +0.3%); the dKV pieces
 // software-pipelined over two accumulators on both warpgroups (then bit 64: +1.5% at D_qk 512, a
@@ -445,59 +449,60 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
     } else if (tune & kTuneNoDkv) {
       // Diagnostic only: no reduction.
     } else {
-      // Per half r, lane (g, q) holds the pairs (row frag_row + 8 r, columns 8 b + 2 q) for
-      // b = 0..7. A 2-stage butterfly over the lane groups (shuffle distances 4, 8) swaps the low
-      // two bits of b with those of g: afterwards v[k] is the pair (row 16 warp + 8 r + 4 (g / 4)
-      // + k % 4, columns 32 (k / 4) + 8 (g % 4) + 2 q), so reduction k of the warp covers two
-      // rows' 32 contiguous columns (2 x 128 bytes). (A third stage, one row's 256 bytes per
-      // reduction, costs a third more shuffles and selects and measured 1.4-4% slower at D_qk
-      // 576, bench/NOTES.md session 18.)
+      // The accumulator rows are in quad-16 column order (AccColumns::kQuad16,
+      // portable/dsa_backward_aux.hpp): lane (g, q)'s columns 16 m + {2q, 2q + 1, 2q + 8, 2q + 9}
+      // of row frag_row + 8 r are the four floats a[m] at positions 16 m + 4 q. One exchange
+      // with lane ^ 4 (the row's neighbour R ^ 1) leaves each lane, for both rows of its pair
+      // (E = even, O = odd), the groups of its parity o = g & 1 (o and o + 2). Each red.v4 warp
+      // instruction then covers four rows' 128 contiguous bytes: groups 2k (even lanes) and
+      // 2k + 1 (odd lanes) of rows E or O of the four lane pairs.
       const int g = lane >> 2;
-      float* const piece_base = p.dkv_acc + 64 * panel + 8 * (g & 3) + 2 * (lane % 4);
+      const int o = g & 1;
+      float* const piece_base = p.dkv_acc + 64 * panel + 16 * o + 4 * (lane % 4);
       CUTE_UNROLL
       for (int r = 0; r < 2; ++r) {
-        float2 v[8];
+        float4 a[4];
         CUTE_UNROLL
-        for (int b = 0; b < 8; ++b) v[b] = make_float2(acc(4 * b + 2 * r), acc(4 * b + 2 * r + 1));
+        for (int m = 0; m < 4; ++m)
+          a[m] = make_float4(acc(8 * m + 2 * r), acc(8 * m + 2 * r + 1), acc(8 * m + 4 + 2 * r),
+                             acc(8 * m + 5 + 2 * r));
+        // k = 0, 1: groups 2k + o of rows E (evn[k]) and O (odd[k]).
+        float4 evn[2], odd[2];
         CUTE_UNROLL
-        for (int st = 0; st < 2; ++st) {
-          const bool up = ((g >> st) & 1) != 0;  // this lane keeps the pair of the upper index
-          CUTE_UNROLL
-          for (int lo = 0; lo < 8; ++lo) {
-            if (lo & (1 << st)) continue;
-            const int hi = lo | (1 << st);
-            const float2 send = up ? v[lo] : v[hi];
-            const float2 recv = make_float2(__shfl_xor_sync(0xffffffffu, send.x, 4 << st),
-                                            __shfl_xor_sync(0xffffffffu, send.y, 4 << st));
-            v[lo] = up ? recv : v[lo];
-            v[hi] = up ? v[hi] : recv;
-          }
+        for (int k = 0; k < 2; ++k) {
+          const float4 keep = o ? a[2 * k + 1] : a[2 * k];
+          const float4 send = o ? a[2 * k] : a[2 * k + 1];
+          float4 recv;
+          recv.x = __shfl_xor_sync(0xffffffffu, send.x, 4);
+          recv.y = __shfl_xor_sync(0xffffffffu, send.y, 4);
+          recv.z = __shfl_xor_sync(0xffffffffu, send.z, 4);
+          recv.w = __shfl_xor_sync(0xffffffffu, send.w, 4);
+          evn[k] = o ? recv : keep;
+          odd[k] = o ? keep : recv;
         }
-        // Reductions k and k + 4 share their rows (one kidx load for both), addressed by one
-        // wide multiply on the piece's base. When the thread's four rows are all active (every
-        // row of a full chunk), the eight reductions run without a test: ptxas compiles any
-        // predicated reduction to a branch region (three more instructions, `@p red` in PTX
-        // included). Otherwise a pair is skipped when its slot is inactive (j = -1: that
-        // address is never used).
-        int32_t j[4];
-        CUTE_UNROLL
-        for (int k = 0; k < 4; ++k)
-          j[k] = static_cast<int32_t>(
-              ld_shared_u32(smem_u32(&s.kidx[buf][16 * warp_in_wg + 8 * r + (g & 4) + k])));
-        if (min(min(j[0], j[1]), min(j[2], j[3])) >= 0) {
-          CUTE_UNROLL
-          for (int k = 0; k < 4; ++k) {
-            float* const dst = offset_rows<T::kDqk * 4>(piece_base, j[k]);
-            red_add_f32x2(dst, v[k].x, v[k].y);
-            red_add_f32x2(dst + 32, v[k + 4].x, v[k + 4].y);
-          }
+        const int row_e = 16 * warp_in_wg + 8 * r + (g & 6);
+        const int32_t je = static_cast<int32_t>(ld_shared_u32(smem_u32(&s.kidx[buf][row_e])));
+        const int32_t jo = static_cast<int32_t>(ld_shared_u32(smem_u32(&s.kidx[buf][row_e + 1])));
+        // Both rows active (every row of a full chunk): four reductions without a test (ptxas
+        // compiles a predicated reduction to a branch region). Otherwise an inactive row (j = -1,
+        // its address never used) is skipped.
+        if (min(je, jo) >= 0) {
+          float* const de = offset_rows<T::kDqk * 4>(piece_base, je);
+          float* const dd = offset_rows<T::kDqk * 4>(piece_base, jo);
+          red_add_f32x4(de, evn[0]);
+          red_add_f32x4(de + 32, evn[1]);
+          red_add_f32x4(dd, odd[0]);
+          red_add_f32x4(dd + 32, odd[1]);
         } else {
-          CUTE_UNROLL
-          for (int k = 0; k < 4; ++k) {
-            if (j[k] < 0) continue;
-            float* const dst = offset_rows<T::kDqk * 4>(piece_base, j[k]);
-            red_add_f32x2(dst, v[k].x, v[k].y);
-            red_add_f32x2(dst + 32, v[k + 4].x, v[k + 4].y);
+          if (je >= 0) {
+            float* const de = offset_rows<T::kDqk * 4>(piece_base, je);
+            red_add_f32x4(de, evn[0]);
+            red_add_f32x4(de + 32, evn[1]);
+          }
+          if (jo >= 0) {
+            float* const dd = offset_rows<T::kDqk * 4>(piece_base, jo);
+            red_add_f32x4(dd, odd[0]);
+            red_add_f32x4(dd + 32, odd[1]);
           }
         }
       }
