@@ -484,12 +484,11 @@ INSTANTIATE_TEST_SUITE_P(Cases, DsaBackwardGpu, ::testing::ValuesIn(gpu_dsa_bwd_
                            return info.param.name;
                          });
 
-// The Hopper backward (src/sm90/dsa_backward.cu), options.impl forced, on the cases it serves
-// (H 64 or 128); same inputs, oracle and checks; deterministic cases also run 3 times and must
-// give the same bits. Skips unless the device is sm_90.
+// The Hopper backward (src/sm90/dsa_backward.cu), options.impl forced, on every case (any H: the
+// last group of 64 heads is padded) and on head counts only it serves (H 8, 24: not multiples of
+// 16); same inputs, oracle and checks; deterministic cases also run 3 times and must give the
+// same bits. Skips unless the device is sm_90.
 class Sm90DsaBackward : public ::testing::TestWithParam<GpuDsaBwdCase> {};
-
-bool sm90_serves(const GpuDsaBwdCase& p) { return p.shape.H == 64 || p.shape.H == 128; }
 
 TEST_P(Sm90DsaBackward, MatchesReference) {
   SA_SKIP_WITHOUT_GPU();
@@ -501,9 +500,17 @@ TEST_P(Sm90DsaBackward, MatchesReference) {
 }
 
 std::vector<GpuDsaBwdCase> sm90_dsa_bwd_cases() {
-  std::vector<GpuDsaBwdCase> out;
-  for (const GpuDsaBwdCase& p : gpu_dsa_bwd_cases())
-    if (sm90_serves(p)) out.push_back(p);
+  using L = DsaLengths;
+  using S = DsaSink;
+  std::vector<GpuDsaBwdCase> out = gpu_dsa_bwd_cases();
+  out.push_back({"H8_D576_K64_Plain", shape_of(8, 256, 8, 576, 64),
+                 spec_of(L::kNone, false, false, S::kNone)});
+  out.push_back({"H8_D512_K100_LengthsInvalidSink", shape_of(300, 400, 8, 512, 100),
+                 spec_of(L::kMixed, true, true, S::kMixed)});
+  out.push_back({"H24_D576_K96_LengthsSink", shape_of(40, 300, 24, 576, 96),
+                 spec_of(L::kMixed, true, false, S::kFinite)});
+  out.push_back({"H8_D576_K64_Deterministic", shape_of(24, 200, 8, 576, 64),
+                 spec_of(L::kMixed, false, true, S::kFinite), true});
   return out;
 }
 
@@ -559,8 +566,8 @@ TEST(DsaBackwardGpuRefusals, UnsupportedShapesNameTheReason) {
       {8, 576, 512, SA_DTYPE_BF16, "H = 8"},
       {16, 576, 256, SA_DTYPE_BF16, "d_v = 256"},
       {16, 576, 512, SA_DTYPE_FP16, "dtype fp16"},
-      {16, 576, 512, SA_DTYPE_BF16, "H = 16", SA_IMPL_SM90},
-      {32, 512, 512, SA_DTYPE_BF16, "H = 32", SA_IMPL_SM90, true},
+      {16, 128, 128, SA_DTYPE_BF16, "D_qk = 128", SA_IMPL_SM90},
+      {8, 576, 512, SA_DTYPE_FP16, "dtype fp16", SA_IMPL_SM90, true},
   };
   for (const Refusal& r : cases) {
     if (r.impl == SA_IMPL_SM90 && !device_is_sm90()) continue;

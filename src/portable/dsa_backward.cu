@@ -226,9 +226,17 @@ std::string dsa_backward_unsupported(const DsaBwdProblem& p) {
     os << "S_q = " << d.Sq << " (portable DSA backward supports S_q * ceil(H / 32) < 2^31)";
     return os.str();
   }
+  const std::string layout = dsa_backward_layout_unsupported(p);
+  if (!layout.empty()) return layout + " (portable DSA backward)";
+  return smem_unsupported(p.device_index, dsa_backward_smem_bytes(static_cast<int>(d.Dqk), 32));
+}
+
+std::string dsa_backward_layout_unsupported(const DsaBwdProblem& p) {
+  const DsaDims& d = p.dims;
   // 16-byte cp.async of q, kv and dout rows, 16-byte loads of out rows, 4-byte stores of dq
-  // pairs, 8-byte stores of dkv quads. Validation guarantees these for CUDA tensors; they are
-  // checked again because the kernels rely on them.
+  // pairs, 8-byte stores of dkv quads (16-byte loads of the fp32 accumulator: dqk % 16 == 0).
+  // Validation guarantees these for CUDA tensors; they are checked again because the kernels
+  // rely on them.
   auto rows16 = [](const Shd& t, int64_t s, int64_t h) {
     return t.sd == 1 && is_aligned(t.data, 16) && (t.sh % 8 == 0 || h == 1) &&
            (t.ss % 8 == 0 || s == 1);
@@ -240,9 +248,9 @@ std::string dsa_backward_unsupported(const DsaBwdProblem& p) {
                          is_aligned(p.dkv.data, 8) && (p.dkv.ss % 4 == 0 || d.Skv == 1);
   if (!layout_ok) {
     return "q, kv, out, dout, dq, dkv: the last dimension must be contiguous and rows 16-byte "
-           "aligned (portable DSA backward)";
+           "aligned";
   }
-  return smem_unsupported(p.device_index, dsa_backward_smem_bytes(static_cast<int>(d.Dqk), 32));
+  return "";
 }
 
 size_t dsa_backward_workspace_bytes(const DsaBwdProblem& p, const DsaBackwardTuning& tuning) {

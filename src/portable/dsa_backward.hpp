@@ -28,6 +28,11 @@ struct DsaBackwardTuning {
   int64_t deterministic_slice_tokens = 0;
 };
 
+// "" when the strides and alignment of p's tensors suit these passes and the main kernels
+// (contiguous last dimensions, 16-byte rows of q, kv, out and dout, dq pairs, dkv quads),
+// otherwise the reason.
+std::string dsa_backward_layout_unsupported(const DsaBwdProblem& p);
+
 // Dynamic shared memory of the main kernel for (D_qk, heads per CTA), in bytes.
 int dsa_backward_smem_bytes(int dqk, int block_m);
 

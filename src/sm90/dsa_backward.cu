@@ -98,19 +98,18 @@ std::string dsa_backward_unsupported(const DsaBwdProblem& p) {
     os << "d_v = " << d.Dv << " (sm90 DSA backward supports 512)";
     return os.str();
   }
-  if (d.H != 64 && d.H != 128) {
-    os << "H = " << d.H << " (sm90 DSA backward supports 64, 128)";
-    return os.str();
-  }
   constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
-  if (d.Sq * (d.H / 64) > kMaxInt) {
-    os << "S_q = " << d.Sq << " (sm90 DSA backward supports S_q * H / 64 < 2^31)";
+  if (d.H < 1 || d.H > kMaxInt || d.topk > kMaxInt - 64) {
+    os << "H = " << d.H << ", topk = " << d.topk << " (sm90 DSA backward supports < 2^31 - 64)";
     return os.str();
   }
-  // Sizes, layouts and alignment (16-byte rows of q, kv, out, dout; dq pairs; dkv quads of the
-  // conversion pass): the portable backward's checks, whose passes this path runs too.
-  const std::string shared = portable::dsa_backward_unsupported(p);
-  if (!shared.empty()) return shared;
+  if (d.Skv > kMaxInt || d.Sq * ((d.H + 63) / 64) > kMaxInt) {
+    os << "S_q = " << d.Sq << ", S_kv = " << d.Skv
+       << " (sm90 DSA backward supports S_kv < 2^31 and S_q * ceil(H / 64) < 2^31)";
+    return os.str();
+  }
+  const std::string layout = portable::dsa_backward_layout_unsupported(p);
+  if (!layout.empty()) return layout + " (sm90 DSA backward)";
   return portable::smem_unsupported(p.device_index, smem_bytes<576>());
 }
 

@@ -8,7 +8,9 @@
 // reduced, and the portable passes sum the partial rows of each key in a fixed order.
 //
 // Work split: a work item is one (query token t, group of 64 heads) (as the Hopper forward and
-// the portable backward), and the kernel is persistent: at most one CTA per SM walks items b,
+// the portable backward; any H: the rows of the last group past H are padding, zero Q and dO
+// with L2 = +inf, so that their P and dS' are 0 and add nothing to dKV), and the kernel is
+// persistent: at most one CTA per SM walks items b,
 // b + gridDim.x, ... (with topk_length, items of different lengths: the items after the first
 // from a counter, persistent_items.cuh). The K stage, its barriers and the bias / kidx buffers
 // run on across items; an item's first chunk is gathered while the previous item's last [5]
@@ -224,15 +226,23 @@ __device__ __forceinline__ void producer_item(const Params& p, SharedStorage<T>&
                              row_index, warp, lane, mark);
     }
     if (c == 0) {
-      // [P0] Q and dO of the 64 heads (all < H: H is a multiple of 64).
+      // [P0] Q and dO of the item's heads; with head padding (the last group of an H that is not
+      // a multiple of 64) the rows past H are zero-filled, not read.
       mbarrier_wait(&s.qdo_empty, qdo_phase ^ 1);
       qdo_phase ^= 1;
-      gather_head_rows<T::kRope>(smem_u32(s.q_nope), smem_u32(s.q_rope),
-                                 static_cast<const DsaElement*>(p.q) + tok * p.q_ss, p.q_sh, h0,
-                                 warp, lane);
-      gather_head_rows<false>(smem_u32(s.dout), 0u,
-                              static_cast<const DsaElement*>(p.dout) + tok * p.do_ss, p.do_sh,
-                              h0, warp, lane);
+      const DsaElement* q_tok = static_cast<const DsaElement*>(p.q) + tok * p.q_ss;
+      const DsaElement* do_tok = static_cast<const DsaElement*>(p.dout) + tok * p.do_ss;
+      const int rows = p.H - h0;
+      if (rows >= T::kHeads) {
+        gather_head_rows<T::kRope>(smem_u32(s.q_nope), smem_u32(s.q_rope), q_tok, p.q_sh, h0,
+                                   warp, lane);
+        gather_head_rows<false>(smem_u32(s.dout), 0u, do_tok, p.do_sh, h0, warp, lane);
+      } else {
+        gather_head_rows<T::kRope, true>(smem_u32(s.q_nope), smem_u32(s.q_rope), q_tok, p.q_sh,
+                                         h0, warp, lane, rows);
+        gather_head_rows<false, true>(smem_u32(s.dout), 0u, do_tok, p.do_sh, h0, warp, lane,
+                                      rows);
+      }
     }
     cp_async_commit();
     // [P2] This thread's copies (Q and dO too, for chunk 0) have landed: visible to wgmma
@@ -328,14 +338,20 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
   // both warpgroups pass. (Session 13: with O and dO both from global, in 8 dependent rounds per
   // item, this took ~11% of the consumers' time at topk 512.) An item without chunks needs no
   // delta (its d_sink term is 0).
+  // Head padding: rows frag_row + 8 r >= rows are heads past H (zero Q and dO): L2 = +inf makes
+  // their P and dS' exactly 0, and nothing of theirs is read or stored.
+  const int rows = min(T::kHeads, p.H - h0);
   float l2[2], delta[2] = {0.f, 0.f};
   const float kInf = INFINITY;
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {
     const int h = h0 + frag_row + 8 * r;
-    const float lse = p.lse[tok * p.lse_ss + h * p.lse_sh];
-    const float sink = p.sink != nullptr ? p.sink[h * p.sink_s] : -kInf;
-    l2[r] = portable::dsa_bwd::row_log2_normalizer(lse, sink);
+    l2[r] = kInf;
+    if (frag_row + 8 * r < rows) {
+      const float lse = p.lse[tok * p.lse_ss + h * p.lse_sh];
+      const float sink = p.sink != nullptr ? p.sink[h * p.sink_s] : -kInf;
+      l2[r] = portable::dsa_bwd::row_log2_normalizer(lse, sink);
+    }
   }
   if (n_chunks > 0) {
     // This thread's 64 columns (8 chunks of 8) in panel 4 wg + lane % 4 of the dO tile. Entry j
@@ -351,10 +367,12 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
     // are taken in the second pass of the loop below, not unrolled so that its loads cannot
     // overlap row 0's (both rows' loads in flight at once spilled).
     uint4 o_part[8];
+    const bool o_real0 = frag_row < rows, o_real1 = frag_row + 8 < rows;
     CUTE_UNROLL
     for (int j = 0; j < 8; ++j)
-      o_part[j] = *reinterpret_cast<const uint4*>(o_row0 + 8 * (j ^ x));
-    prefetch_l2(o_row0 + o_row_step);
+      o_part[j] = o_real0 ? *reinterpret_cast<const uint4*>(o_row0 + 8 * (j ^ x))
+                          : make_uint4(0u, 0u, 0u, 0u);
+    if (o_real1) prefetch_l2(o_row0 + o_row_step);
     mbarrier_wait(&s.kv_full, g0 & 1);  // chunk 0's rows, Q and dO have landed
     const uint32_t do_panel = smem_u32(s.dout) + (4 * wg + lane % 4) * T::kPanelElems * 2;
 #pragma unroll 1
@@ -362,7 +380,8 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
       if (r == 1) {
         CUTE_UNROLL
         for (int j = 0; j < 8; ++j)
-          o_part[j] = *reinterpret_cast<const uint4*>(o_row0 + o_row_step + 8 * (j ^ x));
+          o_part[j] = o_real1 ? *reinterpret_cast<const uint4*>(o_row0 + o_row_step + 8 * (j ^ x))
+                              : make_uint4(0u, 0u, 0u, 0u);
       }
       const uint32_t do_row = do_panel + (frag_row + 8 * r) * 128;  // swz(row, j ^ x) = 16 j
       float acc = 0.f;
@@ -677,7 +696,7 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
   // nope columns [256 w, 256 w + 256); warpgroup 0 also the rope panel); the d_sink terms.
   Element* dq = static_cast<Element*>(p.dq) + tok * p.dq_ss + h0 * p.dq_sh;
   auto put_pair = [&](int row, int col, float x, float y) {
-    *reinterpret_cast<uint32_t*>(dq + row * p.dq_sh + col) = pack_bf16x2(x, y);
+    if (row < rows) *reinterpret_cast<uint32_t*>(dq + row * p.dq_sh + col) = pack_bf16x2(x, y);
   };
   CUTE_UNROLL
   for (int i = 0; i < size(tQrdQ); i += 2)
@@ -694,6 +713,7 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
   if (p.sink_terms != nullptr && wg == 0 && lane % 4 == 0) {
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) {
+      if (frag_row + 8 * r >= rows) continue;
       const int h = h0 + frag_row + 8 * r;
       float term = 0.f;
       if (saw_active && p.sink != nullptr) {
