@@ -12,8 +12,10 @@
 #pragma once
 
 #include <cstdint>
+#include <sstream>
 #include <string>
 
+#include "common/host_numeric.hpp"
 #include "common/problem.hpp"
 #include "sparse_attention/sparse_attention.h"
 
@@ -98,10 +100,32 @@ struct IndexerLossProblem : ProblemHeader<IndexerDims, sa_indexer_options, Index
 };
 
 // The tensor contract SPEC 5 sets for every GPU path (bf16 q_I, k_I, q and kv, fp32 w and loss,
-// D_I = 128, H_I in {16, 32, 64}): "" when `p` meets it, else what does not, naming the argument.
+// D_I = 128, H_I in {16, 32, 64}): "" when it holds, else what does not, naming the argument.
 // Validation applies it to CUDA tensors; a GPU implementation's `unsupported` adds only its own
 // limits.
-std::string indexer_gpu_contract(const IndexerDims& d, sa_dtype dtype_I, sa_dtype w_dtype);
-std::string indexer_gpu_contract(const IndexerLossProblem& p);
+inline std::string indexer_gpu_contract(const IndexerDims& d, sa_dtype dtype_I,
+                                        sa_dtype w_dtype) {
+  std::ostringstream why;
+  if (dtype_I != SA_DTYPE_BF16)
+    why << "q_I: dtype " << dtype_name(dtype_I) << " (the GPU paths take bf16)";
+  else if (w_dtype != SA_DTYPE_FP32)
+    why << "w: dtype " << dtype_name(w_dtype) << " (the GPU paths take fp32)";
+  else if (d.DI != 128)
+    why << "q_I: D_I = " << d.DI << " (the GPU paths take 128)";
+  else if (d.HI != 16 && d.HI != 32 && d.HI != 64)
+    why << "q_I: H_I = " << d.HI << " (the GPU paths take 16, 32 or 64)";
+  return why.str();
+}
+
+inline std::string indexer_gpu_contract(const IndexerLossProblem& p) {
+  std::string why = indexer_gpu_contract(p.dims, p.dtype, p.in.w_dtype);
+  if (!why.empty()) return why;
+  std::ostringstream os;
+  if (p.attn_dtype != SA_DTYPE_BF16)
+    os << "q: dtype " << dtype_name(p.attn_dtype) << " (the GPU paths take bf16)";
+  else if (p.loss_dtype != SA_DTYPE_FP32)
+    os << "loss: dtype " << dtype_name(p.loss_dtype) << " (the GPU paths write fp32)";
+  return os.str();
+}
 
 }  // namespace sa
