@@ -14,7 +14,7 @@ F64 = torch.float64
 ops = torch.ops.sparse_attention
 
 
-# ---- oracles --------------------------------------------------------------------------------------
+# ---- oracles -------------------------------------------------------------------------------------
 def range_mask(s_q, s_kv, k_start=None, k_end=None):
     """[S_q, S_kv] bool: key s is in query t's range (SPEC 5; values clamped to [0, S_kv])."""
     s = torch.arange(s_kv)[None, :]
@@ -86,7 +86,7 @@ def dense_keys(s_q, s_kv, k_start=None, k_end=None):
     return torch.arange(s_kv).expand(s_q, s_kv), range_mask(s_q, s_kv, k_start, k_end)
 
 
-# ---- inputs ---------------------------------------------------------------------------------------
+# ---- inputs --------------------------------------------------------------------------------------
 def make_case(s_q=8, s_kv=12, h_i=3, d_i=8, h=2, d_qk=16, seed=0, dtype=F64, grad=True):
     g = torch.Generator().manual_seed(seed)
     q_I = torch.randn(s_q, h_i, d_i, generator=g, dtype=dtype)
@@ -114,7 +114,7 @@ def packed():
 RANGES = {"full": lambda: (None, None), "causal": lambda: causal(8, 12), "packed": packed}
 
 
-# ---- scores and top-k ------------------------------------------------------------------------------
+# ---- scores and top-k ----------------------------------------------------------------------------
 @pytest.mark.parametrize("ranges", sorted(RANGES))
 def test_scores_match_oracle(ranges):
     q_I, k_I, w, _, _ = make_case(grad=False)
@@ -172,7 +172,7 @@ def test_topk_feeds_deepseek_sparse_attention():
     assert torch.all(lse[2] == float("inf"))  # the empty range: an empty attention row
 
 
-# ---- the KL loss -----------------------------------------------------------------------------------
+# ---- the KL loss ---------------------------------------------------------------------------------
 def attention_lse(q, kv, keys, active, scale=None):
     s = fp32_scale(scale, q.shape[-1]) * torch.einsum("thd,tkd->thk", q, kv[keys.long().clamp(0)])
     return torch.logsumexp(s.masked_fill(~active[:, None, :], float("-inf")), -1).float()
@@ -258,7 +258,7 @@ def test_bf16_inputs_fp32_loss():
     torch.testing.assert_close(loss.double(), want.detach(), atol=1e-6, rtol=1e-5)
 
 
-# ---- torch.library and torch.compile ---------------------------------------------------------------
+# ---- torch.library and torch.compile -------------------------------------------------------------
 OPCHECK_TESTS = ("test_schema", "test_autograd_registration", "test_faketensor",
                  "test_aot_dispatch_static", "test_aot_dispatch_dynamic")
 
@@ -310,7 +310,7 @@ def test_compile_scores():
     torch.testing.assert_close(compiled(q_I, k_I, w), fn(q_I, k_I, w))
 
 
-# ---- errors ----------------------------------------------------------------------------------------
+# ---- errors --------------------------------------------------------------------------------------
 def test_errors_name_the_argument():
     q_I, k_I, w, q, kv = make_case(grad=False)
     lse = torch.zeros(8, 2)
