@@ -242,6 +242,8 @@ std::vector<RejectCase> reject_cases() {
       "k_I: expected shape [S_kv, D_I] with D_I = 4 (from q_I), got [7, 3]");
   add("KIZeroRows", kAll, [](IndexerCall& c) { c.t("k_I").shape[0] = 0; }, kArg,
       "k_I: S_kv must be >= 1, got [0, 4]");
+  add("KIRowsPastInt32", kTopk, [](IndexerCall& c) { c.t("k_I").shape[0] = int64_t{1} << 31; },
+      kArg, "k_I: S_kv = 2147483648 does not fit the int32 key indices of topk_idx");
   add("WHeads", kAll, [](IndexerCall& c) { c.t("w").shape[1] = 3; }, kArg,
       "w: expected shape [S_q, H_I] = [5, 2], got [5, 3]");
   add("KStartRows", kAll, [](IndexerCall& c) { c.t("k_start").shape[0] = 4; }, kArg,

@@ -2,6 +2,8 @@
 // Every check names the argument; CUDA tensors must also meet SPEC 5's GPU contract
 // (indexer_gpu_contract), refused with SA_ERROR_UNSUPPORTED before dispatch.
 #include <cmath>
+#include <cstdint>
+#include <limits>
 
 #include "api/tensor_checks.hpp"
 #include "api/validate.hpp"
@@ -131,6 +133,8 @@ IndexerTopkProblem make_problem(const sa_indexer_topk_args& a) {
                "topk_idx: expected shape [S_q, topk] = [" << d.Sq << ", topk >= 1], got "
                                                           << shape_str(a.topk_idx));
   d.topk = a.topk_idx.shape[1];
+  SA_CHECK_ARG(d.Skv <= std::numeric_limits<int32_t>::max(),
+               "k_I: S_kv = " << d.Skv << " does not fit the int32 key indices of topk_idx");
   IndexerTopkProblem p;
   if (check_optional(a.topk_length, "topk_length", {1, kInt32, false, true}, r.c.place)) {
     SA_CHECK_ARG(a.topk_length.shape[0] == d.Sq, "topk_length: expected shape [S_q] = ["
