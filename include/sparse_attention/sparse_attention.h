@@ -208,6 +208,96 @@ sa_status sa_dsa_forward(const sa_dsa_fwd_args* args, const sa_context* ctx);
 sa_status sa_dsa_backward_workspace_size(const sa_dsa_bwd_args* args, size_t* bytes);
 sa_status sa_dsa_backward(const sa_dsa_bwd_args* args, const sa_context* ctx);
 
+/* ---------------------------------------------------------------------------------------------
+ * The DSA lightning indexer (SPEC section 5): scores, top-k, and the KL training loss with its
+ * gradients.
+ *
+ *   I[t, s] = sum_j w[t, j] * relu(scale_I * <q_I[t, j], k_I[s]>)   for s in the range of t
+ *
+ * The range of query t is [k_start[t], k_end[t]) intersected with [0, S_kv): any int32 values are
+ * allowed (absent k_start: 0; absent k_end: S_kv); an empty range is an empty row. Like the DSA
+ * indices, no range value is ever invalid, so there is nothing for a `validate` option to check.
+ *
+ * GPU paths take bf16 q_I, k_I (and q, kv), fp32 w, D_I = 128 and H_I in {16, 32, 64}; the CPU
+ * reference also takes fp16/fp32/fp64 q_I, k_I, fp64 w and fp64 loss outputs, and any D_I, H_I, so
+ * that gradient checks run on tiny shapes.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct sa_indexer_options {
+  /* (issue 38: the leading `size` field of every args and options struct goes here) */
+  float scale_I;         /* indexer scale; 0 means 1/sqrt(D_I) */
+  float scale;           /* loss only: the attention's softmax scale; 0 means 1/sqrt(D_qk) */
+  float coeff;           /* loss only: the loss is coeff * sum_t KL_t (default 1) */
+  int32_t deterministic; /* loss only: nonzero: bitwise-reproducible dk_I */
+  sa_impl impl;
+} sa_indexer_options;
+
+sa_indexer_options sa_indexer_options_default(void);
+
+/* The dense score matrix (short sequences and tests). */
+typedef struct sa_indexer_scores_args {
+  /* (issue 38: size field) */
+  sa_tensor q_I;     /* [S_q, H_I, D_I] bf16 (CPU also fp16/fp32/fp64) */
+  sa_tensor k_I;     /* [S_kv, D_I], dtype of q_I: one key shared by all indexer heads */
+  sa_tensor w;       /* [S_q, H_I] fp32 (CPU also fp64): per-token head weights */
+  sa_tensor k_start; /* [S_q] int32; may be absent (0) */
+  sa_tensor k_end;   /* [S_q] int32; may be absent (S_kv) */
+  sa_tensor scores;  /* out: [S_q, S_kv] fp32: I[t, s] in range, -inf outside */
+  sa_indexer_options options;
+} sa_indexer_scores_args;
+
+/* Top-k keys per query, exactly as sa_dsa_forward consumes them. Row t holds the k keys of its
+ * range with the largest scores (ties to the smaller key index), in increasing key order, then
+ * -1; topk_length[t] = min(k, size of the range). Bitwise identical on every run. The scores are
+ * ranked as the fp32 values sa_indexer_scores writes. */
+typedef struct sa_indexer_topk_args {
+  /* (issue 38: size field) */
+  sa_tensor q_I, k_I, w, k_start, k_end; /* as for the scores */
+  sa_tensor topk_idx;    /* out: [S_q, k] int32 (k >= 1 is the last dimension) */
+  sa_tensor topk_length; /* out: [S_q] int32; may be absent */
+  sa_indexer_options options;
+} sa_indexer_topk_args;
+
+/* The KL loss and, in the same call, its gradients. For query t and its key set K_t:
+ *   p[t, s] = A[t, s] / sum_{K_t} A,  A[t, s] = sum_h exp(scale * <q[t, h], kv[s]> - lse[t, h])
+ *   r[t, s] = exp(I[t, s]) / sum_{K_t} exp(I)
+ *   loss    = coeff * sum_t sum_{s in K_t} p (log p - log r)      (p = 0 terms give 0)
+ * Sparse mode (topk_idx given): K_t is the active slots of row t (SPEC 2's rule: index in
+ * [0, S_kv), slot < topk_length[t]) whose key lies in the range of t; a key listed twice is two
+ * terms. Dense mode (topk_idx absent): K_t is the range of t. A row with an empty K_t, or whose
+ * target mass is zero (every head's lse is +inf), gives no loss and no gradient.
+ * Gradients are of `loss`: dloss/dI = coeff * (r - p) on K_t, through the ReLU (derivative 0 where
+ * its argument is <= 0) to q_I, k_I and w. q, kv and lse get none.
+ *
+ * One call computes the loss and the gradients because both need the target p, recomputed from
+ * q, kv and lse (the expensive part), and dense mode cannot store p. Leave dq_I, dk_I and dw
+ * absent for the loss alone; a caller that scales the loss (autograd's grad_output) scales the
+ * gradients. */
+typedef struct sa_indexer_loss_args {
+  /* (issue 38: size field) */
+  sa_tensor q_I, k_I, w;    /* as for the scores */
+  sa_tensor q;              /* [S_q, H, D_qk]: the attention's queries, bf16 (CPU also others) */
+  sa_tensor kv;             /* [S_kv, D_qk], dtype of q: the attention's keys */
+  sa_tensor lse;            /* [S_q, H] fp32: the attention forward's LSE (natural log, sink
+                             * excluded); in dense mode the dense attention's LSE over the range */
+  sa_tensor topk_idx;       /* [S_q, topk] int32: sparse mode; absent: dense mode */
+  sa_tensor topk_length;    /* [S_q] int32; may be absent; only with topk_idx */
+  sa_tensor k_start, k_end; /* [S_q] int32; may be absent */
+  sa_tensor loss;           /* out: rank 0 (a scalar) fp32 (CPU also fp64) */
+  sa_tensor loss_per_token; /* out: [S_q], dtype of loss: the terms of row t (coeff included,
+                             * they sum to loss); may be absent */
+  sa_tensor dq_I;           /* out: [S_q, H_I, D_I], dtype of q_I; absent with dk_I and dw */
+  sa_tensor dk_I;           /* out: [S_kv, D_I], dtype of k_I (accumulated in fp32 or wider) */
+  sa_tensor dw;             /* out: [S_q, H_I], dtype of w */
+  sa_indexer_options options;
+} sa_indexer_loss_args;
+
+sa_status sa_indexer_scores_workspace_size(const sa_indexer_scores_args* args, size_t* bytes);
+sa_status sa_indexer_scores(const sa_indexer_scores_args* args, const sa_context* ctx);
+sa_status sa_indexer_topk_workspace_size(const sa_indexer_topk_args* args, size_t* bytes);
+sa_status sa_indexer_topk(const sa_indexer_topk_args* args, const sa_context* ctx);
+sa_status sa_indexer_loss_workspace_size(const sa_indexer_loss_args* args, size_t* bytes);
+sa_status sa_indexer_loss(const sa_indexer_loss_args* args, const sa_context* ctx);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -93,6 +93,28 @@ struct DsaBackwardArgs : sa_dsa_bwd_args {
     options = DsaOptions();
   }
 };
+struct IndexerOptions : sa_indexer_options {
+  IndexerOptions() : sa_indexer_options(sa_indexer_options_default()) {}
+};
+struct IndexerScoresArgs : sa_indexer_scores_args {
+  IndexerScoresArgs() : sa_indexer_scores_args{} {
+    q_I = k_I = w = k_start = k_end = scores = sa_tensor_none();
+    options = IndexerOptions();
+  }
+};
+struct IndexerTopkArgs : sa_indexer_topk_args {
+  IndexerTopkArgs() : sa_indexer_topk_args{} {
+    q_I = k_I = w = k_start = k_end = topk_idx = topk_length = sa_tensor_none();
+    options = IndexerOptions();
+  }
+};
+struct IndexerLossArgs : sa_indexer_loss_args {
+  IndexerLossArgs() : sa_indexer_loss_args{} {
+    q_I = k_I = w = q = kv = lse = topk_idx = topk_length = k_start = k_end = loss =
+        loss_per_token = dq_I = dk_I = dw = sa_tensor_none();
+    options = IndexerOptions();
+  }
+};
 
 inline Status bsa_forward_workspace_size(const sa_bsa_fwd_args& a, size_t* bytes) {
   return detail::wrap(sa_bsa_forward_workspace_size(&a, bytes));
@@ -117,6 +139,24 @@ inline Status dsa_backward_workspace_size(const sa_dsa_bwd_args& a, size_t* byte
 }
 inline Status dsa_backward(const sa_dsa_bwd_args& a, const Context& c = context()) {
   return detail::wrap(sa_dsa_backward(&a, &c));
+}
+inline Status indexer_scores_workspace_size(const sa_indexer_scores_args& a, size_t* bytes) {
+  return detail::wrap(sa_indexer_scores_workspace_size(&a, bytes));
+}
+inline Status indexer_scores(const sa_indexer_scores_args& a, const Context& c = context()) {
+  return detail::wrap(sa_indexer_scores(&a, &c));
+}
+inline Status indexer_topk_workspace_size(const sa_indexer_topk_args& a, size_t* bytes) {
+  return detail::wrap(sa_indexer_topk_workspace_size(&a, bytes));
+}
+inline Status indexer_topk(const sa_indexer_topk_args& a, const Context& c = context()) {
+  return detail::wrap(sa_indexer_topk(&a, &c));
+}
+inline Status indexer_loss_workspace_size(const sa_indexer_loss_args& a, size_t* bytes) {
+  return detail::wrap(sa_indexer_loss_workspace_size(&a, bytes));
+}
+inline Status indexer_loss(const sa_indexer_loss_args& a, const Context& c = context()) {
+  return detail::wrap(sa_indexer_loss(&a, &c));
 }
 
 }  // namespace sparse_attention

@@ -8,9 +8,10 @@ torch.compile(fullgraph=True) and CUDA graphs. The C++ library is loaded with ct
 package (``SPARSE_ATTENTION_LIBRARY`` overrides the path); ``library_path`` says which one.
 """
 
-from . import _ops  # noqa: F401  (registers torch.ops.sparse_attention.*)
+from . import _indexer_ops, _ops  # noqa: F401  (register torch.ops.sparse_attention.*)
 from ._abi import LIBRARY_PATH as library_path
 from .functional import block_sparse_attention, deepseek_sparse_attention
+from .indexer import indexer_kl_loss, indexer_scores, indexer_topk
 from .metadata import bsa_metadata_from_block_mask, bsa_metadata_from_flex_block_mask
 
 try:
@@ -23,6 +24,9 @@ except Exception:  # a source checkout that was not installed
 __all__ = [
     "block_sparse_attention",
     "deepseek_sparse_attention",
+    "indexer_scores",
+    "indexer_topk",
+    "indexer_kl_loss",
     "bsa_metadata_from_block_mask",
     "bsa_metadata_from_flex_block_mask",
     "library_path",

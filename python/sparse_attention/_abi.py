@@ -156,6 +156,62 @@ class sa_dsa_bwd_args(ctypes.Structure):
     ]
 
 
+class sa_indexer_options(ctypes.Structure):
+    _fields_ = [
+        ("scale_I", ctypes.c_float),
+        ("scale", ctypes.c_float),
+        ("coeff", ctypes.c_float),
+        ("deterministic", ctypes.c_int32),
+        ("impl", ctypes.c_int),
+    ]
+
+
+class sa_indexer_scores_args(ctypes.Structure):
+    _fields_ = [
+        ("q_I", sa_tensor),
+        ("k_I", sa_tensor),
+        ("w", sa_tensor),
+        ("k_start", sa_tensor),
+        ("k_end", sa_tensor),
+        ("scores", sa_tensor),
+        ("options", sa_indexer_options),
+    ]
+
+
+class sa_indexer_topk_args(ctypes.Structure):
+    _fields_ = [
+        ("q_I", sa_tensor),
+        ("k_I", sa_tensor),
+        ("w", sa_tensor),
+        ("k_start", sa_tensor),
+        ("k_end", sa_tensor),
+        ("topk_idx", sa_tensor),
+        ("topk_length", sa_tensor),
+        ("options", sa_indexer_options),
+    ]
+
+
+class sa_indexer_loss_args(ctypes.Structure):
+    _fields_ = [
+        ("q_I", sa_tensor),
+        ("k_I", sa_tensor),
+        ("w", sa_tensor),
+        ("q", sa_tensor),
+        ("kv", sa_tensor),
+        ("lse", sa_tensor),
+        ("topk_idx", sa_tensor),
+        ("topk_length", sa_tensor),
+        ("k_start", sa_tensor),
+        ("k_end", sa_tensor),
+        ("loss", sa_tensor),
+        ("loss_per_token", sa_tensor),
+        ("dq_I", sa_tensor),
+        ("dk_I", sa_tensor),
+        ("dw", sa_tensor),
+        ("options", sa_indexer_options),
+    ]
+
+
 # ---- loading the library ------------------------------------------------------------------------
 _LIB_NAME = "libsparse_attention.so"
 
@@ -193,6 +249,9 @@ def _load() -> ctypes.CDLL:
         ("bsa_backward", sa_bsa_bwd_args),
         ("dsa_forward", sa_dsa_fwd_args),
         ("dsa_backward", sa_dsa_bwd_args),
+        ("indexer_scores", sa_indexer_scores_args),
+        ("indexer_topk", sa_indexer_topk_args),
+        ("indexer_loss", sa_indexer_loss_args),
     ):
         ws = getattr(lib, "sa_%s_workspace_size" % op)
         ws.restype = ctypes.c_int

@@ -13,6 +13,7 @@ from sparse_attention import _abi
 STRUCTS = [
     "sa_tensor", "sa_context", "sa_bsa_options", "sa_bsa_sparsity", "sa_bsa_fwd_args",
     "sa_bsa_bwd_args", "sa_dsa_options", "sa_dsa_fwd_args", "sa_dsa_bwd_args",
+    "sa_indexer_options", "sa_indexer_scores_args", "sa_indexer_topk_args", "sa_indexer_loss_args",
 ]
 
 

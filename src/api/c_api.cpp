@@ -194,6 +194,16 @@ sa_dsa_options sa_dsa_options_default(void) {
   return o;
 }
 
+sa_indexer_options sa_indexer_options_default(void) {
+  sa_indexer_options o{};
+  o.scale_I = 0.f;
+  o.scale = 0.f;
+  o.coeff = 1.f;
+  o.deterministic = 0;
+  o.impl = SA_IMPL_AUTO;
+  return o;
+}
+
 sa_status sa_bsa_forward_workspace_size(const sa_bsa_fwd_args* a, size_t* bytes) {
   return workspace_size_op(a, bytes, &sa::Implementation::bsa_fwd);
 }
@@ -217,6 +227,24 @@ sa_status sa_dsa_backward_workspace_size(const sa_dsa_bwd_args* a, size_t* bytes
 }
 sa_status sa_dsa_backward(const sa_dsa_bwd_args* a, const sa_context* ctx) {
   return run_op(a, ctx, &sa::Implementation::dsa_bwd);
+}
+sa_status sa_indexer_scores_workspace_size(const sa_indexer_scores_args* a, size_t* bytes) {
+  return workspace_size_op(a, bytes, &sa::Implementation::indexer_scores);
+}
+sa_status sa_indexer_scores(const sa_indexer_scores_args* a, const sa_context* ctx) {
+  return run_op(a, ctx, &sa::Implementation::indexer_scores);
+}
+sa_status sa_indexer_topk_workspace_size(const sa_indexer_topk_args* a, size_t* bytes) {
+  return workspace_size_op(a, bytes, &sa::Implementation::indexer_topk);
+}
+sa_status sa_indexer_topk(const sa_indexer_topk_args* a, const sa_context* ctx) {
+  return run_op(a, ctx, &sa::Implementation::indexer_topk);
+}
+sa_status sa_indexer_loss_workspace_size(const sa_indexer_loss_args* a, size_t* bytes) {
+  return workspace_size_op(a, bytes, &sa::Implementation::indexer_loss);
+}
+sa_status sa_indexer_loss(const sa_indexer_loss_args* a, const sa_context* ctx) {
+  return run_op(a, ctx, &sa::Implementation::indexer_loss);
 }
 
 }  // extern "C"

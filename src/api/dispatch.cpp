@@ -65,5 +65,14 @@ const Implementation& select(const DsaFwdProblem& p) {
 const Implementation& select(const DsaBwdProblem& p) {
   return select_impl(p, "dsa_backward", &Implementation::dsa_bwd, p.options.impl);
 }
+const Implementation& select(const IndexerScoresProblem& p) {
+  return select_impl(p, "indexer_scores", &Implementation::indexer_scores, p.options.impl);
+}
+const Implementation& select(const IndexerTopkProblem& p) {
+  return select_impl(p, "indexer_topk", &Implementation::indexer_topk, p.options.impl);
+}
+const Implementation& select(const IndexerLossProblem& p) {
+  return select_impl(p, "indexer_loss", &Implementation::indexer_loss, p.options.impl);
+}
 
 }  // namespace sa::api

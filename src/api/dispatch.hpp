@@ -16,5 +16,8 @@ const Implementation& select(const BsaFwdProblem& p);
 const Implementation& select(const BsaBwdProblem& p);
 const Implementation& select(const DsaFwdProblem& p);
 const Implementation& select(const DsaBwdProblem& p);
+const Implementation& select(const IndexerScoresProblem& p);
+const Implementation& select(const IndexerTopkProblem& p);
+const Implementation& select(const IndexerLossProblem& p);
 
 }  // namespace sa::api

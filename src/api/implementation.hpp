@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <string>
 
+#include "common/indexer_problem.hpp"
 #include "common/problem.hpp"
 #include "sparse_attention/sparse_attention.h"
 
@@ -40,6 +41,10 @@ struct Implementation {
   OpEntry<BsaBwdProblem> bsa_bwd;
   OpEntry<DsaFwdProblem> dsa_fwd;
   OpEntry<DsaBwdProblem> dsa_bwd;
+  // The DSA indexer (SPEC 5). An implementation that leaves these out does not serve them.
+  OpEntry<IndexerScoresProblem> indexer_scores;
+  OpEntry<IndexerTopkProblem> indexer_topk;
+  OpEntry<IndexerLossProblem> indexer_loss;
 };
 
 }  // namespace sa

@@ -5,6 +5,7 @@
 // chosen implementation to check them.
 #pragma once
 
+#include "common/indexer_problem.hpp"
 #include "common/problem.hpp"
 #include "sparse_attention/sparse_attention.h"
 
@@ -14,5 +15,8 @@ BsaFwdProblem make_problem(const sa_bsa_fwd_args& args);
 BsaBwdProblem make_problem(const sa_bsa_bwd_args& args);
 DsaFwdProblem make_problem(const sa_dsa_fwd_args& args);
 DsaBwdProblem make_problem(const sa_dsa_bwd_args& args);
+IndexerScoresProblem make_problem(const sa_indexer_scores_args& args);
+IndexerTopkProblem make_problem(const sa_indexer_topk_args& args);
+IndexerLossProblem make_problem(const sa_indexer_loss_args& args);
 
 }  // namespace sa::api

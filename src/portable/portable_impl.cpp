@@ -105,6 +105,8 @@ extern const Implementation kPortableImplementation = {
     /*bsa_bwd=*/{&bsa_bwd_unsupported, &bsa_bwd_workspace_bytes, &bsa_bwd_run},
     /*dsa_fwd=*/{&dsa_fwd_unsupported, nullptr, &dsa_fwd_run},
     /*dsa_bwd=*/{&dsa_bwd_unsupported, &dsa_bwd_workspace_bytes, &dsa_bwd_run},
+    // The DSA indexer (SPEC 5) has no kernels on this path yet.
+    /*indexer_scores=*/{}, /*indexer_topk=*/{}, /*indexer_loss=*/{},
 };
 
 }  // namespace sa

@@ -1,4 +1,5 @@
-// fp64 CPU reference of the four operations (SPEC sections 1 and 2).
+// fp64 CPU reference of the four operations (SPEC sections 1 and 2) and of the DSA indexer
+// (section 5).
 //
 // Simple and obviously right rather than fast: every sum is taken in double, straight from the
 // formulas of SPEC.md. It is the oracle for every GPU path, and the implementation that serves
@@ -8,6 +9,7 @@
 // The problems come validated from the host API (src/api); these functions only compute.
 #pragma once
 
+#include "common/indexer_problem.hpp"
 #include "common/problem.hpp"
 
 namespace sa::reference {
@@ -21,5 +23,10 @@ void bsa_forward(const BsaFwdProblem& p);
 void bsa_backward(const BsaBwdProblem& p);
 void dsa_forward(const DsaFwdProblem& p);
 void dsa_backward(const DsaBwdProblem& p);
+
+// The DSA lightning indexer (SPEC 5), src/reference/indexer_reference.cpp.
+void indexer_scores(const IndexerScoresProblem& p);
+void indexer_topk(const IndexerTopkProblem& p);
+void indexer_loss(const IndexerLossProblem& p);
 
 }  // namespace sa::reference

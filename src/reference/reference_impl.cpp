@@ -22,6 +22,15 @@ void run_bsa_bwd(const BsaBwdProblem& p, const ExecContext&) {
 }
 void run_dsa_fwd(const DsaFwdProblem& p, const ExecContext&) { reference::dsa_forward(p); }
 void run_dsa_bwd(const DsaBwdProblem& p, const ExecContext&) { reference::dsa_backward(p); }
+void run_indexer_scores(const IndexerScoresProblem& p, const ExecContext&) {
+  reference::indexer_scores(p);
+}
+void run_indexer_topk(const IndexerTopkProblem& p, const ExecContext&) {
+  reference::indexer_topk(p);
+}
+void run_indexer_loss(const IndexerLossProblem& p, const ExecContext&) {
+  reference::indexer_loss(p);
+}
 
 }  // namespace
 
@@ -32,6 +41,9 @@ extern const Implementation kReferenceImplementation = {
     {&cpu_only<BsaBwdProblem>, nullptr, &run_bsa_bwd},
     {&cpu_only<DsaFwdProblem>, nullptr, &run_dsa_fwd},
     {&cpu_only<DsaBwdProblem>, nullptr, &run_dsa_bwd},
+    {&cpu_only<IndexerScoresProblem>, nullptr, &run_indexer_scores},
+    {&cpu_only<IndexerTopkProblem>, nullptr, &run_indexer_topk},
+    {&cpu_only<IndexerLossProblem>, nullptr, &run_indexer_loss},
 };
 
 }  // namespace sa

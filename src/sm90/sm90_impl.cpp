@@ -126,6 +126,8 @@ extern const Implementation kSm90Implementation = {
     // The forward's workspace (an item counter, with topk_length) is optional.
     /*dsa_fwd=*/{&dsa_fwd_unsupported, &dsa_fwd_workspace_bytes, &dsa_fwd_run, true},
     /*dsa_bwd=*/{&dsa_bwd_unsupported, &dsa_bwd_workspace_bytes, &dsa_bwd_run},
+    // The DSA indexer (SPEC 5) has no kernels on this path yet.
+    /*indexer_scores=*/{}, /*indexer_topk=*/{}, /*indexer_loss=*/{},
 };
 
 }  // namespace sa
