@@ -4,8 +4,8 @@
 # the working tree). With the defaults it takes about 4 min 50 s on an H200 (session 11: 290 s,
 # test shards and the two sanitizer tools run in parallel).
 #
-#   scripts/gpu_suite.sh [gated] [tests] [sanitize] [python] [demo] [bench] [anchors] [full]
-#                                                                                (default: all)
+#   scripts/gpu_suite.sh [gated] [tests] [sanitize] [python] [demo] [bench] [anchors] [cudnn]
+#                        [full]                                                  (default: all)
 #
 # Kernels written without a GPU are gated (only used when options.impl forces them); "gated" runs
 # their tests first, alone, under a short timeout. If they fail or hang, the later steps leave
@@ -22,12 +22,15 @@
 #   BENCH_EXPERIMENTS=1  also the experiment knobs (SA_TUNE_*: bench/NOTES.md) against the
 #                   portable path, when the gated tests passed
 #   ANCHORS_ARGS    extra arguments of bench/anchors.py (default: --budget-s 60)
+#   CUDNN_ARGS      extra arguments of the cudnn step's bench/anchors.py --plan cudnn (e.g.
+#                   --only "dsa" or --rounds 3); the step runs when scripts/cudnn_fe_env.sh
+#                   finds the cuDNN-frontend set complete (scripts/fetch_cudnn_fe.sh)
 #   PY_TESTS        pytest targets (default: python/tests/test_cuda.py)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/sa_gpu_out}"
 mkdir -p "$OUT"
-STEPS="${*:-gated tests sanitize python demo bench anchors full}"
+STEPS="${*:-gated tests sanitize python demo bench anchors cudnn full}"
 BIN=./build
 TEST_SHARDS="${TEST_SHARDS:-4}"
 status=0
@@ -220,6 +223,22 @@ if has anchors && [ -f bench/anchors.py ]; then
   PYTHONUNBUFFERED=1 timeout 400 python3 bench/anchors.py --lib "$BIN/libsparse_attention.so" \
     ${ANCHORS_ARGS:---budget-s 60} --out "$OUT" > "$OUT/anchors.log" 2>&1; verdict anchors $?
   grep -E "^\[|^  (bsa|dsa)|wrote|budget" "$OUT/anchors.log" | tail -40
+fi
+if has cudnn && [ -f scripts/cudnn_fe_env.sh ]; then
+  # cuDNN-frontend beside ours on issue 33's table (bench/anchors.py --plan cudnn), when its
+  # wheels were carried (scripts/fetch_cudnn_fe.sh: two device calls; the second runs this).
+  # shellcheck disable=SC1091
+  source scripts/cudnn_fe_env.sh
+  if [ "$CUDNN_FE_READY" = 1 ]; then
+    note "cuDNN-frontend anchors (issue 33's table)"
+    mkdir -p "$OUT/cudnn"
+    PYTHONUNBUFFERED=1 timeout 480 python3 bench/anchors.py --lib "$BIN/libsparse_attention.so" \
+      --plan cudnn --anchors cudnn_fe --impls auto ${CUDNN_ARGS:-} --out "$OUT/cudnn" \
+      > "$OUT/cudnn/anchors.log" 2>&1; verdict cudnn_fe $?
+    grep -E "^\[|^  (bsa|dsa)|wrote|unavailable|cuDNN" "$OUT/cudnn/anchors.log" | tail -40
+  else
+    echo "cudnn step: the cuDNN-frontend set is not (yet) complete on this machine"
+  fi
 fi
 if has full && [ "${BENCH_FULL:-0}" = 1 ]; then
   # The other rows of the Hopper targets, after the anchors so that a long run loses only these.
