@@ -50,7 +50,7 @@ def parse():
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--budget-s", type=float, default=1e9,
                     help="start no new shape after this many seconds")
-    ap.add_argument("--anchors", default="flex,cudnn_dense,torch_gather,cudnn_fe",
+    ap.add_argument("--anchors", default="flex,cudnn_dense,torch_gather",
                     help="anchors to run (cudnn_fe needs the nvidia-cudnn-frontend wheels: "
                          "scripts/fetch_cudnn_fe.sh; it is left out with a message when they are "
                          "missing)")
