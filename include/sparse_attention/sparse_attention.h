@@ -29,6 +29,13 @@ extern "C" {
 #define SA_VERSION_MINOR 1
 #define SA_VERSION_PATCH 0
 
+/* The library exports these functions and nothing else (every other symbol is hidden). */
+#if defined(SA_BUILDING_LIBRARY) && (defined(__GNUC__) || defined(__clang__))
+#define SA_API __attribute__((visibility("default")))
+#else
+#define SA_API
+#endif
+
 /* ---------------------------------------------------------------------------------------------
  * Status: the one error convention of the library.
  * ------------------------------------------------------------------------------------------- */
@@ -43,10 +50,10 @@ typedef enum sa_status {
 } sa_status;
 
 /* Name of a status code ("SA_OK", ...). Never NULL. */
-const char* sa_status_name(sa_status status);
+SA_API const char* sa_status_name(sa_status status);
 
 /* Message of the last failed call on this thread ("" if none). Valid until the next call. */
-const char* sa_last_error(void);
+SA_API const char* sa_last_error(void);
 
 /* ---------------------------------------------------------------------------------------------
  * Tensors.
@@ -74,10 +81,11 @@ typedef struct sa_tensor {
 } sa_tensor;
 
 /* An absent optional tensor. */
-sa_tensor sa_tensor_none(void);
+SA_API sa_tensor sa_tensor_none(void);
 /* A contiguous (row-major) view. rank <= SA_MAX_RANK. */
-sa_tensor sa_tensor_contiguous(void* data, sa_dtype dtype, int32_t rank, const int64_t* shape,
-                               sa_device_type device, int32_t device_index);
+SA_API sa_tensor sa_tensor_contiguous(void* data, sa_dtype dtype, int32_t rank,
+                                      const int64_t* shape, sa_device_type device,
+                                      int32_t device_index);
 
 /* ---------------------------------------------------------------------------------------------
  * Implementations and execution context.
@@ -89,7 +97,7 @@ typedef enum sa_impl {
   SA_IMPL_SM90 = 3       /* Hopper fast path (sm_90a) */
 } sa_impl;
 
-const char* sa_impl_name(sa_impl impl);
+SA_API const char* sa_impl_name(sa_impl impl);
 
 typedef struct CUstream_st* sa_stream_t; /* == cudaStream_t; NULL is the legacy default stream */
 
@@ -112,7 +120,7 @@ typedef struct sa_context {
 } sa_context;
 
 /* A context with no workspace and no allocator on the default stream. */
-sa_context sa_context_default(void);
+SA_API sa_context sa_context_default(void);
 
 /* ---------------------------------------------------------------------------------------------
  * Block-sparse attention (SPEC section 1).
@@ -133,7 +141,7 @@ typedef struct sa_bsa_options {
   sa_impl impl;          /* SA_IMPL_AUTO or a forced implementation */
 } sa_bsa_options;
 
-sa_bsa_options sa_bsa_options_default(void);
+SA_API sa_bsa_options sa_bsa_options_default(void);
 
 typedef struct sa_bsa_sparsity {
   sa_tensor q2k_index;    /* [B, H_q, N_q, K_max] int32: KV blocks attended by query block m */
@@ -161,10 +169,10 @@ typedef struct sa_bsa_bwd_args {
   sa_bsa_options options;
 } sa_bsa_bwd_args;
 
-sa_status sa_bsa_forward_workspace_size(const sa_bsa_fwd_args* args, size_t* bytes);
-sa_status sa_bsa_forward(const sa_bsa_fwd_args* args, const sa_context* ctx);
-sa_status sa_bsa_backward_workspace_size(const sa_bsa_bwd_args* args, size_t* bytes);
-sa_status sa_bsa_backward(const sa_bsa_bwd_args* args, const sa_context* ctx);
+SA_API sa_status sa_bsa_forward_workspace_size(const sa_bsa_fwd_args* args, size_t* bytes);
+SA_API sa_status sa_bsa_forward(const sa_bsa_fwd_args* args, const sa_context* ctx);
+SA_API sa_status sa_bsa_backward_workspace_size(const sa_bsa_bwd_args* args, size_t* bytes);
+SA_API sa_status sa_bsa_backward(const sa_bsa_bwd_args* args, const sa_context* ctx);
 
 /* ---------------------------------------------------------------------------------------------
  * DeepSeek sparse attention, top-k sparse MLA (SPEC section 2).
@@ -176,7 +184,7 @@ typedef struct sa_dsa_options {
   sa_impl impl;
 } sa_dsa_options;
 
-sa_dsa_options sa_dsa_options_default(void);
+SA_API sa_dsa_options sa_dsa_options_default(void);
 
 typedef struct sa_dsa_fwd_args {
   sa_tensor q;           /* [S_q, H, D_qk] bf16/fp16 (CPU also fp32/fp64) */
@@ -203,10 +211,10 @@ typedef struct sa_dsa_bwd_args {
 /* The forward's workspace is optional: with topk_length the Hopper forward asks for a few bytes
  * (a counter from which its persistent CTAs take the rows of different lengths); given neither
  * that workspace nor an allocator, it runs one CTA per row instead (slower, same results). */
-sa_status sa_dsa_forward_workspace_size(const sa_dsa_fwd_args* args, size_t* bytes);
-sa_status sa_dsa_forward(const sa_dsa_fwd_args* args, const sa_context* ctx);
-sa_status sa_dsa_backward_workspace_size(const sa_dsa_bwd_args* args, size_t* bytes);
-sa_status sa_dsa_backward(const sa_dsa_bwd_args* args, const sa_context* ctx);
+SA_API sa_status sa_dsa_forward_workspace_size(const sa_dsa_fwd_args* args, size_t* bytes);
+SA_API sa_status sa_dsa_forward(const sa_dsa_fwd_args* args, const sa_context* ctx);
+SA_API sa_status sa_dsa_backward_workspace_size(const sa_dsa_bwd_args* args, size_t* bytes);
+SA_API sa_status sa_dsa_backward(const sa_dsa_bwd_args* args, const sa_context* ctx);
 
 #ifdef __cplusplus
 } /* extern "C" */
