@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "common/tuning.hpp"
 #include "dsa_problem_builder.hpp"
 #include "gpu_test_util.hpp"
 #include "portable/dsa_backward.hpp"
@@ -512,13 +513,15 @@ INSTANTIATE_TEST_SUITE_P(Cases, Sm90DsaBackward, ::testing::ValuesIn(sm90_dsa_bw
                            return info.param.name;
                          });
 
-// The Hopper kernel's experiment variants (SA_TUNE_SM90_DSA_BWD bits, bench/NOTES.md: 1 late K
-// release, 2 per-row index loads; bit 16 is a diagnostic with wrong results), on four cases (one
-// with several work items per persistent CTA): the same results.
+// The Hopper kernel's variants (Tuning::sm90_dsa_bwd_bits, bench/NOTES.md: 1 late K release,
+// 2 per-row index loads), on four cases (one with several work items per persistent CTA): the
+// same results.
 TEST(Sm90DsaBackwardTuned, MatchesReference) {
   SA_SKIP_WITHOUT_GPU();
   SA_SKIP_UNLESS_SM90();
-  const ScopedEnv tune("SA_TUNE_SM90_DSA_BWD", "3");  // bits 1 and 2 together
+  sa::detail::Tuning t;
+  t.sm90_dsa_bwd_bits = 3;  // bits 1 and 2 together
+  const sa::detail::ScopedTuning tune(t);
   for (const GpuDsaBwdCase& p : gpu_dsa_bwd_cases()) {
     if (p.name != "H64_D576_K100_LengthsInvalid" && p.name != "H128_D512_K2048_Plain" &&
         p.name != "H128_D576_K160_SinkMixed" && p.name != "H128_D576_K130_PersistentItems")

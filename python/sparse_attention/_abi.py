@@ -347,8 +347,8 @@ def _call_shape_key(op: str, args) -> tuple:
 def workspace_bytes(op: str, args) -> int:
     """`sa_<op>_workspace_size` for this call shape (cached; errors are raised, not cached).
 
-    The library's experiment switches (`SA_TUNE_*` environment variables, bench/NOTES.md) can
-    change the size; they are read once per call shape here, so set them before the first call.
+    Caching is exact: the library reads no environment or other process state that could change
+    the size (its kernel tuning is internal, reachable only by the in-tree bench and tests).
     """
     key = _call_shape_key(op, args)
     nbytes = _WS_CACHE.get(key)

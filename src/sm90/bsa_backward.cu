@@ -17,6 +17,7 @@
 #include "common/cuda_check.hpp"
 #include "common/cuda_device.hpp"
 #include "common/host_numeric.hpp"
+#include "common/tuning.hpp"
 #include "portable/bsa_backward.hpp"
 #include "portable/bsa_backward_aux.hpp"
 #include "portable/bsa_backward_plan.hpp"
@@ -73,11 +74,11 @@ int64_t cta_slots(const BsaBwdProblem& p) {
 
 // How many of the last work items the reverse map orders longest first (its step 6): the last
 // two waves' worth. With items of uneven length (a reverse row's length varies with the pattern)
-// the SMs then run out of work closer together. SA_TUNE_SM90_BWD_TAIL overrides the count for
-// experiments (0: launch order = item order).
+// the SMs then run out of work closer together. The internal tuning (Tuning::sm90_bwd_tail, set
+// by the bench and tests only) can name another count (0: launch order = item order).
 int32_t tail_items(const BsaBwdProblem& p) {
-  const char* v = std::getenv("SA_TUNE_SM90_BWD_TAIL");
-  const int64_t n = v != nullptr ? std::atoll(v) : 2 * cta_slots(p);
+  const int32_t forced = detail::tuning().sm90_bwd_tail;
+  const int64_t n = forced >= 0 ? forced : 2 * cta_slots(p);
   return static_cast<int32_t>(std::clamp<int64_t>(n, 0, portable::kMaxTailItems));
 }
 
