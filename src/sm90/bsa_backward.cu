@@ -112,11 +112,10 @@ bool launch_main_kernel(const BsaBwdProblem& p, const portable::BsaBwdPlan& plan
   params.tail_items = map.tail_items;
   params.dq_ready = buf.dq_ready;
   if (map.max_items > 0) dispatch_main(params, d.block, d.D, map.max_items, stream);
-  // The conversion beside the kernel waits for the signals of its bulk-reduction path; without
-  // them (no accumulator, no main kernel, or no SM count to size the grid) step 4 converts.
+  // The conversion beside the kernel waits for the kernel's dq_ready signals; without them (no
+  // accumulator, no main kernel, or no SM count to size the grid) step 4 converts.
   const int sms = sm_count(p.device_index);
-  if (buf.dq_accum == nullptr || !bwd::dq_bulk(d.block) || map.max_items == 0 || sms <= 0)
-    return false;
+  if (buf.dq_accum == nullptr || map.max_items == 0 || sms <= 0) return false;
   DqConvertBeside c;
   c.dq_accum = buf.dq_accum;
   c.ready = buf.dq_ready;
@@ -189,10 +188,10 @@ void bsa_backward(const BsaBwdProblem& p, void* workspace, size_t workspace_byte
                   cudaStream_t stream) {
   const std::string why = bsa_backward_unsupported(p);
   SA_CHECK(why.empty(), SA_ERROR_UNSUPPORTED, "sm90 bsa_backward: " << why);
-  // dq: the accumulator in the fragment-tile order of the bulk reduction, or, in deterministic
-  // mode, the portable query-major kernel.
+  // dq: the accumulator in the fragment-tile order of the bulk reduction (dq_tiled), or, in
+  // deterministic mode, the portable query-major kernel.
   portable::bsa_backward_around(p, make_plan(p), workspace, workspace_bytes, "sm90 bsa_backward",
-                                bwd::dq_bulk(p.dims.block), &launch_main_kernel, stream);
+                                /*dq_tiled=*/true, &launch_main_kernel, stream);
 }
 
 }  // namespace sa::sm90
