@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
@@ -515,17 +516,32 @@ INSTANTIATE_TEST_SUITE_P(Cases, Sm90DsaBackward, ::testing::ValuesIn(sm90_dsa_bw
 
 // The Hopper kernel's variants (Tuning::sm90_dsa_bwd_bits, bench/NOTES.md: 1 late K release,
 // 2 per-row index loads), on four cases (one with several work items per persistent CTA): the
-// same results.
+// same results. The cases are picked by name; a renamed case fails the count (on any machine).
+const char* const kTunedCaseNames[] = {"H64_D576_K100_LengthsInvalid", "H128_D512_K2048_Plain",
+                                       "H128_D576_K160_SinkMixed",
+                                       "H128_D576_K130_PersistentItems"};
+
+std::vector<GpuDsaBwdCase> tuned_variant_cases() {
+  std::vector<GpuDsaBwdCase> out;
+  for (const GpuDsaBwdCase& p : gpu_dsa_bwd_cases())
+    for (const char* name : kTunedCaseNames)
+      if (p.name == name) out.push_back(p);
+  return out;
+}
+
+TEST(Sm90DsaBackwardTunedCases, EveryNamedCaseExists) {
+  EXPECT_EQ(tuned_variant_cases().size(), std::size(kTunedCaseNames));
+}
+
 TEST(Sm90DsaBackwardTuned, MatchesReference) {
   SA_SKIP_WITHOUT_GPU();
   SA_SKIP_UNLESS_SM90();
+  const std::vector<GpuDsaBwdCase> cases = tuned_variant_cases();
+  ASSERT_EQ(cases.size(), std::size(kTunedCaseNames));
   sa::detail::Tuning t;
   t.sm90_dsa_bwd_bits = 3;  // bits 1 and 2 together
   const sa::detail::ScopedTuning tune(t);
-  for (const GpuDsaBwdCase& p : gpu_dsa_bwd_cases()) {
-    if (p.name != "H64_D576_K100_LengthsInvalid" && p.name != "H128_D512_K2048_Plain" &&
-        p.name != "H128_D576_K160_SinkMixed" && p.name != "H128_D576_K130_PersistentItems")
-      continue;
+  for (const GpuDsaBwdCase& p : cases) {
     SCOPED_TRACE(p.name + " tune 3");
     ASSERT_NO_FATAL_FAILURE(expect_case_matches(p, {Variant::kSm90}));
   }
