@@ -158,7 +158,7 @@ void run_reference_backward(const DsaHostCase& c, const Inputs& in, Grads* resul
   dq.poison();
   dkv.poison();
   d_sink.poison();
-  sa_dsa_bwd_args a{};
+  sa_dsa_bwd_args a = sa_dsa_bwd_args_default();
   a.q = q.view();
   a.kv = kv.view();
   a.topk_idx = idx.view();
@@ -207,7 +207,7 @@ void run_gpu(const DsaHostCase& c, const Inputs& in, Variant variant, bool deter
     const sa_impl expect_used = impl != SA_IMPL_AUTO                      ? impl
                                 : device_is_sm90() && !deterministic ? SA_IMPL_SM90
                                                                      : SA_IMPL_PORTABLE;
-    sa_dsa_bwd_args a{};
+    sa_dsa_bwd_args a = sa_dsa_bwd_args_default();
     a.q = view_of(q.get(), c.dtype, {s.Sq, s.H, s.Dqk}, SA_DEVICE_CUDA);
     a.kv = view_of(kv.get(), c.dtype, {s.Skv, s.Dqk}, SA_DEVICE_CUDA);
     a.topk_idx = view_of(idx.get(), SA_DTYPE_INT32, {s.Sq, s.topk}, SA_DEVICE_CUDA);
@@ -594,7 +594,7 @@ TEST(DsaBackwardGpuRefusals, UnsupportedShapesNameTheReason) {
     ASSERT_EQ(cudaMalloc(&dout, Sq * r.H * r.Dv * esize), cudaSuccess);
     ASSERT_EQ(cudaMalloc(&dq, Sq * r.H * r.Dqk * esize), cudaSuccess);
     ASSERT_EQ(cudaMalloc(&dkv, Skv * r.Dqk * esize), cudaSuccess);
-    sa_dsa_bwd_args a{};
+    sa_dsa_bwd_args a = sa_dsa_bwd_args_default();
     a.q = view_of(q, r.dtype, {Sq, r.H, r.Dqk}, SA_DEVICE_CUDA);
     a.kv = view_of(kv, r.dtype, {Skv, r.Dqk}, SA_DEVICE_CUDA);
     a.topk_idx = view_of(idx, SA_DTYPE_INT32, {Sq, topk}, SA_DEVICE_CUDA);

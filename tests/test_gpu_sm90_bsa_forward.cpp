@@ -182,7 +182,7 @@ struct SmallProblem {
   BsaPattern pat;
   BsaTensors t;
   std::unique_ptr<DeviceTensor> q, k, v, o, lse, index;
-  sa_bsa_fwd_args args{};
+  sa_bsa_fwd_args args = sa_bsa_fwd_args_default();
 
   SmallProblem(int64_t D, sa_dtype dtype, int32_t index_value = -1) {
     s = shape_of(1, 2, 1, 128, 256, D, 64, 2);
@@ -251,7 +251,7 @@ TEST(Sm90BsaForwardDispatch, RefusesCpuTensors) {
   std::mt19937_64 rng(3);
   BsaPattern pat = random_bsa_pattern(s, spec_of(false, 1, false, false), rng);
   BsaTensors t = make_bsa_tensors(s, SA_DTYPE_BF16, rng);
-  sa_bsa_fwd_args args{};
+  sa_bsa_fwd_args args = sa_bsa_fwd_args_default();
   args.q = t.q.view();
   args.k = t.k.view();
   args.v = t.v.view();

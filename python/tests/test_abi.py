@@ -1,6 +1,7 @@
 """The C ABI as Python sees it: the ctypes mirror matches the header (every struct's size and
-every field's offset, as the system C compiler lays them out), the library exports the C ABI
-only, and it runs inside a process that holds torch's C++ runtime."""
+every field's offset, as the system C compiler lays them out, `size` first in the extensible
+structs), the library exports the C ABI only, and it runs inside a process that holds torch's
+C++ runtime."""
 
 import ctypes
 import shutil
@@ -102,3 +103,24 @@ def test_error_messages_inside_a_torch_process():
     with pytest.raises(NotImplementedError, match=r"sm90"):
         _abi.validate_shapes("dsa_backward", _dsa_bwd_shape_args(d_v=8, impl=3))
     _abi.validate_shapes("dsa_backward", _dsa_bwd_shape_args(d_v=8))
+
+
+# ---- extensible structs ---------------------------------------------------------------------------
+@pytest.mark.parametrize("name", [n for n in STRUCTS if n not in ("sa_tensor", "sa_context",
+                                                                   "sa_bsa_sparsity")])
+def test_structs_carry_their_size(name):
+    cls = getattr(_abi, name)
+    assert cls.size.offset == 0
+    assert cls().size == ctypes.sizeof(cls)
+
+
+def test_garbage_sizes_are_refused_by_name():
+    args = _dsa_bwd_shape_args(d_v=8)
+    args.size = 3
+    with pytest.raises(ValueError, match=r"args\.size: expected at least \d+ \(the first "
+                                         r"version's size\) and at most 65536, got 3"):
+        _abi.validate_shapes("dsa_backward", args)
+    args = _dsa_bwd_shape_args(d_v=8)
+    args.options.size = 0
+    with pytest.raises(ValueError, match=r"args\.options\.size: 0, an uninitialised struct"):
+        _abi.validate_shapes("dsa_backward", args)

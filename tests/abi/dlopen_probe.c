@@ -16,8 +16,6 @@ typedef sa_status (*dsa_fwd_fn)(const sa_dsa_fwd_args*, const sa_context*);
 typedef const char* (*last_error_fn)(void);
 typedef sa_tensor (*contiguous_fn)(void*, sa_dtype, int32_t, const int64_t*, sa_device_type,
                                    int32_t);
-typedef sa_tensor (*none_fn)(void);
-typedef sa_dsa_options (*dsa_options_fn)(void);
 typedef sa_context (*context_fn)(void);
 
 static int failures = 0;
@@ -54,8 +52,6 @@ int main(int argc, char** argv) {
   dsa_fwd_fn fwd = (dsa_fwd_fn)sym(lib, "sa_dsa_forward");
   last_error_fn last_error = (last_error_fn)sym(lib, "sa_last_error");
   contiguous_fn contiguous = (contiguous_fn)sym(lib, "sa_tensor_contiguous");
-  none_fn none = (none_fn)sym(lib, "sa_tensor_none");
-  dsa_options_fn dsa_options = (dsa_options_fn)sym(lib, "sa_dsa_options_default");
   context_fn context = (context_fn)sym(lib, "sa_context_default");
   if (failures) return 1;
 
@@ -68,8 +64,7 @@ int main(int argc, char** argv) {
   const int64_t q_shape[3] = {2, 1, 8}, kv_shape[2] = {4, 8}, idx_shape[2] = {2, 2},
                 lse_shape[2] = {2, 1};
 
-  sa_dsa_bwd_args b;
-  memset(&b, 0, sizeof b);
+  sa_dsa_bwd_args b = sa_dsa_bwd_args_default();
   b.q = contiguous(q, SA_DTYPE_FP32, 3, q_shape, SA_DEVICE_CPU, 0);
   b.kv = contiguous(kv, SA_DTYPE_FP32, 2, kv_shape, SA_DEVICE_CPU, 0);
   b.topk_idx = contiguous(idx, SA_DTYPE_INT32, 2, idx_shape, SA_DEVICE_CPU, 0);
@@ -78,8 +73,6 @@ int main(int argc, char** argv) {
   b.dout = contiguous(dout, SA_DTYPE_FP32, 3, q_shape, SA_DEVICE_CPU, 0);
   b.dq = contiguous(dq, SA_DTYPE_FP32, 3, q_shape, SA_DEVICE_CPU, 0);
   b.dkv = contiguous(dkv, SA_DTYPE_FP32, 2, kv_shape, SA_DEVICE_CPU, 0);
-  b.topk_length = b.sink = b.d_sink = none();
-  b.options = dsa_options();
 
   size_t bytes = 1;
   /* 1. A validation error, formatted with std::ostream: the defaulted d_v (512) > D_qk. */
@@ -98,12 +91,10 @@ int main(int argc, char** argv) {
   st = bwd_ws(&b, &bytes);
   expect(st == SA_OK && bytes == 0, "the reference's workspace size", last_error());
 
-  sa_dsa_fwd_args f;
-  memset(&f, 0, sizeof f);
+  sa_dsa_fwd_args f = sa_dsa_fwd_args_default();
   f.q = b.q;
   f.kv = b.kv;
   f.topk_idx = b.topk_idx;
-  f.topk_length = f.sink = none();
   f.out = b.out;
   f.lse = b.lse;
   f.options = b.options;
