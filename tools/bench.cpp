@@ -439,7 +439,7 @@ std::vector<BenchVariant> parse_variants(const std::string& text) {
 int run_bench(const DemoOptions& demo, const BenchOptions& o) {
   const CudaDevice dev = find_cuda_device();
   if (!dev.present)
-    throw ToolError(kExitBadArgument, "bench needs a CUDA device (" + dev.why_not + ")");
+    throw ToolError(kExitBadArgument, "bench needs a CUDA device: " + dev.why_not);
   std::cout << "sparse-attention bench on " << describe_device(dev) << ": " << o.warmup
             << " warm-up calls, 2 passes x " << o.rounds << " rounds x " << o.calls
             << " calls per variant, median round\n";

@@ -239,13 +239,13 @@ SA_API sa_status sa_bsa_backward(const sa_bsa_bwd_args* args, const sa_context* 
 typedef struct sa_dsa_options {
   size_t size;           /* sizeof(sa_dsa_options): set by SA_DSA_OPTIONS_INIT */
   float scale;           /* softmax scale; 0 means 1/sqrt(D_qk) */
-  int32_t d_v;           /* value width: kv[:, :d_v] is the value; 0 means 512 */
+  int32_t d_v;           /* value width: kv[:, :d_v] is the value; 0 (the default) means 512 */
   int32_t deterministic; /* nonzero: bitwise-reproducible dkv and d_sink */
   sa_impl impl;
 } sa_dsa_options;
 
 /* Defaults: scale 1/sqrt(D_qk), d_v 512, not deterministic, AUTO. */
-#define SA_DSA_OPTIONS_INIT {sizeof(sa_dsa_options), 0.0f, 512, 0, SA_IMPL_AUTO}
+#define SA_DSA_OPTIONS_INIT {sizeof(sa_dsa_options), 0.0f, 0, 0, SA_IMPL_AUTO}
 SA_INLINE sa_dsa_options sa_dsa_options_default(void) {
   sa_dsa_options o = SA_DSA_OPTIONS_INIT;
   return o;
