@@ -15,13 +15,13 @@ rc=$?
 set -e
 # One line per test: "  12/1124 Test  #12: Name ....   Passed   0.01 sec", "***Skipped",
 # "***Failed", "***Timeout", "***Exception: ...", "Not Run".
-passed=$(grep -c -E "^ *[0-9]+/[0-9]+ Test +#[0-9]+: .* Passed " "$LOG" || true)
-skipped=$(grep -c -E "^ *[0-9]+/[0-9]+ Test +#[0-9]+: .*\*\*\*Skipped" "$LOG" || true)
-failed=$(grep -E "^ *[0-9]+/[0-9]+ Test +#[0-9]+: " "$LOG" | grep -c -v -E " Passed |\*\*\*Skipped" ||
-         true)
+result="^ *[0-9]+/[0-9]+ Test +#[0-9]+: "
+passed=$(grep -c -E "$result.* Passed " "$LOG" || true)
+skipped=$(grep -c -E "$result.*\*\*\*Skipped" "$LOG" || true)
+failed=$(grep -E "$result" "$LOG" | grep -c -v -E " Passed |\*\*\*Skipped" || true)
 if [ "$failed" -gt 0 ] || [ "$rc" -ne 0 ]; then
   # The failing tests' output (--output-on-failure), then their names.
-  grep -v -E "^ *[0-9]+/[0-9]+ Test +#[0-9]+: .*( Passed |\*\*\*Skipped)" "$LOG" |
+  grep -v -E "^ +Start +[0-9]+: |$result.*( Passed |\*\*\*Skipped)" "$LOG" |
     awk '/^The following tests did not run:/ { skip = 1; next }
          skip && /^[ \t]/ { next }
          { skip = 0; print }' | tail -200
