@@ -28,8 +28,7 @@ using Common = CheckedCommon<DsaDims, DsaMeta>;
 Common check_inputs(const sa_tensor& q, const sa_tensor& kv, const sa_tensor& topk_idx,
                     const sa_tensor& topk_length, const sa_tensor& sink,
                     const sa_dsa_options& opt) {
-  SA_CHECK_ARG(std::isfinite(opt.scale), "options.scale: expected a finite value (0 for "
-                                         "1/sqrt(D_qk)), got " << opt.scale);
+  check_scale(opt.scale, "1/sqrt(D_qk)");
   SA_CHECK_ARG(enum_bits(opt.impl) >= SA_IMPL_AUTO && enum_bits(opt.impl) <= SA_IMPL_SM90,
                "options.impl: unknown implementation " << enum_bits(opt.impl));
   Common c;
