@@ -996,6 +996,12 @@ std::vector<DsaCase> dsa_cases() {
         c.t("topk_idx").strides[0] = 0;
       },
       kArg, {"topk_idx: shape [4, 4611686018427387904] holds more than 2^63 - 1 elements"});
+  add("TopkPastInt32", kBoth,
+      [](DsaCall& c) {
+        c.t("topk_idx").shape[1] = int64_t{1} << 31;
+        c.t("topk_idx").strides[1] = 0;
+      },
+      kArg, {"topk_idx: topk = 2147483648 slots per row, more than 2147483647"});
   add("KvExtentOverflows", kBoth, [](DsaCall& c) { c.t("kv").strides[0] = INT64_MAX / 4; },
       kArg, {"kv: shape [10, 16] with strides", "addresses elements past offset 2^63 - 1"});
   add("ImplUnknown", kBoth, [](DsaCall& c) { store_bits(c.options().impl, -1); },

@@ -108,8 +108,25 @@ _META_INDEX = {
 }
 
 
-def _bsa_meta_int32(t: Optional[Tensor], name: str, validate: bool) -> Optional[Tensor]:
-    """BSA metadata as int32. An int64 value outside int32 is an error that names the entry
+def _slots_read(q2k_index: Tensor, q2k_count: Optional[Tensor], count: Optional[int]):
+    """Which slots of q2k_index are read (a mask that broadcasts against it): the first count of
+    each row. None when the shapes do not line up (the library then names the shape error)."""
+    k_max = q2k_index.shape[-1]
+    slots = torch.arange(k_max, device=q2k_index.device)
+    if q2k_count is None:
+        return slots < (k_max if count is None or count == -1 else max(0, min(count, k_max)))
+    try:
+        read = slots < q2k_count.clamp(0, k_max)[..., None]
+        torch.broadcast_shapes(read.shape, q2k_index.shape)
+        return read
+    except RuntimeError:
+        return None
+
+
+def _bsa_meta_int32(t: Optional[Tensor], name: str, validate: bool,
+                    read: Optional[Tensor] = None) -> Optional[Tensor]:
+    """BSA metadata as int32. An int64 value outside int32 that the library would read (`read`:
+    the mask of read entries, default all) is an error that names the entry
     (SA_ERROR_INVALID_METADATA) on the CPU, and on CUDA with validate; otherwise it saturates,
     which keeps it out of SPEC's range (the GPU fast path trusts the contract, as for int32)."""
     if t is None or t.dtype not in _INT_DTYPES:
@@ -117,9 +134,13 @@ def _bsa_meta_int32(t: Optional[Tensor], name: str, validate: bool) -> Optional[
     if t.dtype == torch.int64:
         if t.numel() and _values_readable(t, validate):
             bad = _distinct(t, lambda x: (x < _INT32_MIN) | (x > _INT32_MAX))
+            if read is not None:
+                bad = bad & read
             if bool(bad.any()):
                 where = [int(i) for i in bad.nonzero()[0]]
-                labels = _META_INDEX[name] if t.dim() != 2 else ("b", "n")
+                labels = _META_INDEX[name]
+                if name == "sparsity.kv_block_len" and t.dim() == 2:
+                    labels = ("b", "n")
                 if len(labels) != len(where):
                     labels = ["i%d" % i for i in range(len(where))]
                 raise ValueError(
@@ -236,8 +257,13 @@ def block_sparse_attention(
             "not both"
         )
     q, k, v = _inner_contiguous(q), _inner_contiguous(k), _inner_contiguous(v)
-    q2k_index = _bsa_meta_int32(q2k_index, "sparsity.q2k_index", validate)
+    read = None  # entries past a row's count are never read: any value is fine there
+    if (q2k_index.dtype == torch.int64 and q2k_index.dim() >= 1 and q2k_index.numel()
+            and _values_readable(q2k_index, validate)
+            and (q2k_count is None or q2k_count.dtype in (torch.int32,) + _INT_DTYPES)):
+        read = _slots_read(q2k_index, q2k_count, count)
     q2k_count = _bsa_meta_int32(q2k_count, "sparsity.q2k_count", validate)
+    q2k_index = _bsa_meta_int32(q2k_index, "sparsity.q2k_index", validate, read)
     kv_block_len = _bsa_meta_int32(kv_block_len, "sparsity.kv_block_len", validate)
     if q.dim() == 4:
         batch = q.shape[0]

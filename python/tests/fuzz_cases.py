@@ -171,10 +171,10 @@ def _flat(x):
 
 
 # ---- BSA through the Python API -----------------------------------------------------------------
-BSA_FAULTS = ["scale", "block_size", "count", "bucket", "layout_value", "layout_type", "index_range",
-              "index_duplicate", "index_int64", "count_value", "count_int64", "block_len_zero",
-              "block_len_big", "block_len_int64", "k_dtype", "q_rank5", "index_shape",
-              "q_int64", "kv_heads"]
+BSA_FAULTS = ["scale", "block_size", "count", "bucket", "layout_value", "layout_type",
+              "index_range", "index_duplicate", "index_int64", "count_value", "count_int64",
+              "block_len_zero", "block_len_big", "block_len_int64", "k_dtype", "q_rank5",
+              "index_shape", "q_int64", "kv_heads"]
 
 
 @st.composite
@@ -380,7 +380,8 @@ def run_bsa(c, device="cpu"):
             expect = (ValueError, ME % "q2k_count")
         else:
             fault = "skipped"
-    elif fault in ("block_len_zero", "block_len_big", "block_len_int64") and kv_block_len is not None:
+    elif fault in ("block_len_zero", "block_len_big", "block_len_int64") and \
+            kv_block_len is not None:
         t = kv_block_len.to(torch.int64).reshape(-1)
         i = pick % t.numel()
         t[i] = {"block_len_zero": 0, "block_len_big": c["block"] + 1,
@@ -776,11 +777,11 @@ def _perturb(c, op, args, outputs):
     if kind == "option":
         o = args.options
         is_bsa = op.startswith("bsa")
-        choices = ["scale", "impl", "impl_forced"] + (["block_size", "layout", "count", "bucket_size"]
-                                                      if is_bsa else ["d_v"])
+        choices = ["scale", "impl", "impl_forced"] + (
+            ["block_size", "layout", "count", "bucket_size"] if is_bsa else ["d_v"])
         field = choices[pick % len(choices)]
         if field == "scale":
-            o.scale = [float("nan"), float("inf"), float("-inf"), 1e-40, -1e-45, 3e38, -3e38][pick % 7]
+            o.scale = [math.nan, math.inf, -math.inf, 1e-40, -1e-45, 3e38, -3e38][pick % 7]
             return bad, "options.scale"
         if field == "impl":
             o.impl = [4, -1, 99][pick % 3]

@@ -46,8 +46,9 @@ def _block_len_fn(kv_block_len, block, s_kv):
 
 
 def bsa_forward(q, k, v, idx, cnt, block, scale, kv_block_len=None):
-    """(o, o_mag, lse, lse_mag) with q [B, Hq, Sq, D], k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv] float64;
-    idx[b][h][m][slot] and cnt[b][h][m] Python ints (cnt: the entries each row reads)."""
+    """(o, o_mag, lse, lse_mag; lse_mag: the row's largest |score|) with q [B, Hq, Sq, D],
+    k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv] float64; idx[b][h][m][slot] and cnt[b][h][m] Python
+    ints (cnt: the entries each row reads)."""
     B, Hq, Sq, _ = q.shape
     Hkv, Skv, Dv = k.shape[1], k.shape[2], v.shape[3]
     group = Hq // Hkv
@@ -128,8 +129,8 @@ def _big_l(lse_row, sink):
 
 
 def dsa_forward(q, kv, idx, length, sink, d_v, scale):
-    """(out, out_mag, lse, lse_mag): q [Sq, H, Dqk], kv [Skv, Dqk] float64; idx[t] a list of ints (any
-    value), length a list of ints or None, sink [H] float64 or None."""
+    """(out, out_mag, lse, lse_mag): q [Sq, H, Dqk], kv [Skv, Dqk] float64; idx[t] a list of
+    ints (any value), length a list of ints or None, sink [H] float64 or None."""
     Sq, H, _ = q.shape
     Skv = kv.shape[0]
     topk = len(idx[0]) if Sq else 0

@@ -34,7 +34,7 @@ def dsa_inputs(s_q=1, s_kv=8, h=1, d=16, seed=0):
             torch.randn(s_kv, d, generator=g, dtype=f64))
 
 
-# ---- 3. DSA int64 indices and lengths outside int32 ------------------------------------------------
+# ---- 3. DSA int64 indices and lengths outside int32 ---------------------------------------------
 def test_3_dsa_index_outside_int32_is_an_inactive_slot():
     q, kv = dsa_inputs()
     out, lse = deepseek_sparse_attention(q, kv, torch.tensor([[2**32 + 5]]), d_v=8)
@@ -58,7 +58,7 @@ def test_3_dsa_topk_length_outside_int32_keeps_its_meaning(length, empty):
         torch.testing.assert_close(out[0, 0], kv[5, :8], atol=1e-12, rtol=0)
 
 
-# ---- 4. BSA int64 metadata outside int32 ----------------------------------------------------------
+# ---- 4. BSA int64 metadata outside int32 --------------------------------------------------------
 @pytest.mark.parametrize("which, value, pattern", [
     ("q2k_index", 2**32, r"sparsity\.q2k_index\[b=0, h=0, m=0, slot=0\] = 4294967296: outside"),
     ("q2k_count", 2**32 + 1, r"sparsity\.q2k_count\[b=0, h=0, m=0\] = 4294967297: outside"),
@@ -80,11 +80,14 @@ def test_4_bsa_metadata_outside_int32_is_a_named_error(which, value, pattern):
         block_sparse_attention(q, k, v, idx, count, kv_block_len=blen, block_size=64)
 
 
-# ---- 5. Python ints into int32 fields -------------------------------------------------------------
+# ---- 5. Python ints into int32 fields -----------------------------------------------------------
 @pytest.mark.parametrize("kwargs, pattern", [
-    ({"block_size": 2**32 + 64}, r"options\.block_size: expected 64 or 128, got 4294967360 \(outside int32\)"),
-    ({"count": 2**32 + 1}, r"options\.count: expected -1 \(K_max\) or a value in \[0, K_max\], got 4294967297"),
-    ({"bucket_size": 2**32 - 1}, r"options\.bucket_size: expected >= 0 \(0 = automatic\), got 4294967295"),
+    ({"block_size": 2**32 + 64},
+     r"options\.block_size: expected 64 or 128, got 4294967360 \(outside int32\)"),
+    ({"count": 2**32 + 1},
+     r"options\.count: expected -1 \(K_max\) or a value in \[0, K_max\], got 4294967297"),
+    ({"bucket_size": 2**32 - 1},
+     r"options\.bucket_size: expected >= 0 \(0 = automatic\), got 4294967295"),
     ({"block_size": 2**31}, r"options\.block_size: expected 64 or 128, got 2147483648"),
 ])
 def test_5_bsa_options_outside_int32(kwargs, pattern):
@@ -119,8 +122,9 @@ def test_6_kmax_past_int32(k_max):
 @pytest.mark.parametrize("scale", [0.0, -0.0, 1e-50, -1e-40, 1e39, -1e39, math.nan, math.inf])
 def test_7_scale_never_silently_replaced(scale):
     q, k, v, idx = bsa_inputs()
-    with pytest.raises(ValueError, match=INVALID + r"scale: expected None \(the default 1/sqrt\(D\)\) "
-                       r"or a finite value with 1\.1754944e-38 <= \|scale\| <= 2\.35865e\+38"):
+    with pytest.raises(ValueError, match=INVALID + r"scale: expected None \(the default "
+                       r"1/sqrt\(D\)\) or a finite value with 1\.1754944e-38 <= \|scale\| <= "
+                       r"2\.35865e\+38"):
         block_sparse_attention(q, k, v, idx, block_size=64, scale=scale)
     qd, kv = dsa_inputs()
     with pytest.raises(ValueError, match=INVALID + r"scale: expected None \(the default "
@@ -144,7 +148,7 @@ def test_7_scale_types():
             block_sparse_attention(q, k, v, idx, block_size=64, scale=bad)
 
 
-# ---- 8. huge scales: no NaN in the backward -------------------------------------------------------
+# ---- 8. huge scales: no NaN in the backward -----------------------------------------------------
 @pytest.mark.parametrize("dtype", [f64, torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("scale", [1e30, -1e30, 2.3e38])
 def test_8_huge_scale_backward_has_no_nan(dtype, scale):
@@ -166,7 +170,7 @@ def test_8_huge_scale_backward_has_no_nan(dtype, scale):
         assert not torch.isnan(t).any()
 
 
-# ---- 9. every error names the argument ------------------------------------------------------------
+# ---- 9. every error names the argument ----------------------------------------------------------
 @pytest.mark.parametrize("which, dtype", [
     (w, d) for w in ("q", "k", "q2k_index")
     for d in (torch.int64, torch.bool, torch.complex64, torch.float8_e4m3fn)
@@ -192,8 +196,8 @@ def test_9_topk_length_dtype_names_the_argument(dtype):
 
 def test_9_rank5_names_the_argument():
     q, k, v, idx = bsa_inputs()
-    with pytest.raises(ValueError, match=INVALID + r"q: expected rank <= 4 \(the library's tensors\), "
-                       r"got rank 5"):
+    with pytest.raises(ValueError, match=INVALID + r"q: expected rank <= 4 \(the library's "
+                       r"tensors\), got rank 5"):
         block_sparse_attention(q[None], k, v, idx, block_size=64)
     with pytest.raises(ValueError, match=INVALID + r"sparsity\.q2k_count: expected rank <= 4"):
         block_sparse_attention(q, k, v, idx, torch.zeros(1, 1, 1, 2, 2, dtype=torch.int32),
@@ -251,7 +255,7 @@ def test_9_bshd_without_layout_names_the_likely_cause():
     block_sparse_attention(q, q, q, idx, block_size=64, layout="bshd")  # and with it, it runs
 
 
-# ---- 10. shapes are validated before anything is allocated ---------------------------------------
+# ---- 10. shapes are validated before anything is allocated --------------------------------------
 def test_10_no_allocation_before_validation():
     q = torch.zeros(1, 1, 1, 64, dtype=f64).expand(1, 1, 2**31, 64)  # 1 TiB if materialised
     with pytest.raises(ValueError, match=INVALID + r"sparsity\.q2k_index: expected shape "
@@ -300,7 +304,8 @@ def test_11_meta_and_cpu_inputs_are_an_error():
     with pytest.raises(ValueError, match=INVALID + r"k: expected device meta like q, got cpu"):
         block_sparse_attention(q.to("meta"), k, v, idx, block_size=64)
     qd, kv = dsa_inputs()
-    with pytest.raises(ValueError, match=INVALID + r"topk_idx: expected device meta like q, got cpu"):
+    with pytest.raises(ValueError, match=INVALID + r"topk_idx: expected device meta like q, "
+                       r"got cpu"):
         deepseek_sparse_attention(qd.to("meta"), kv.to("meta"), torch.tensor([[5]]), d_v=8)
     out, lse = deepseek_sparse_attention(qd.to("meta"), kv.to("meta"),
                                          torch.tensor([[5]], device="meta"), d_v=8)
@@ -328,7 +333,7 @@ def test_11_nan_sink_propagates_to_its_head_only():
     assert torch.isfinite(lse[[0, 2]]).all() and torch.isinf(lse[1]).all()  # sink excluded
 
 
-# ---- 1 and 2: the command-line tool ---------------------------------------------------------------
+# ---- 1 and 2: the command-line tool -------------------------------------------------------------
 def run_cli(*args):
     r = subprocess.run([cli_binary(), "demo"] + list(args), capture_output=True, text=True,
                        timeout=120)
@@ -366,3 +371,19 @@ def test_2_cli_problem_larger_than_memory():
     r = run_cli("--device", "cpu", "--batch", "1000000", "--op", "bsa_fwd")
     assert r.returncode == 2
     assert "bytes of host memory, more than this machine's" in r.stderr
+
+
+def test_4_int64_padding_past_the_count_is_never_read():
+    q, k, v, idx = bsa_inputs()
+    wide = torch.full((1, 2, 2, 3), -(2**63), dtype=torch.int64)
+    wide[..., :2] = idx
+    count = torch.tensor([[[2, 1], [0, 2]]])
+    o, lse = block_sparse_attention(q, k, v, wide, count, block_size=64)
+    o2, lse2 = block_sparse_attention(q, k, v, wide[..., :2].clamp(min=0), count, block_size=64)
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)
+    o3, _ = block_sparse_attention(q, k, v, wide, block_size=64, count=2)
+    o4, _ = block_sparse_attention(q, k, v, idx, block_size=64)
+    assert torch.equal(o3, o4)
+    with pytest.raises(ValueError, match=METADATA + r"sparsity\.q2k_index\[b=0, h=0, m=0, "
+                       r"slot=2\] = -9223372036854775808: outside"):
+        block_sparse_attention(q, k, v, wide, block_size=64)  # count -1 reads all 3

@@ -61,7 +61,8 @@ struct TensorRules {
 };
 
 // Checks presence, rank, dtype, strides, the element count and the farthest offset (in
-// elements and bytes) against int64, device (same as `place`), CUDA pointer kind and alignment. `name` is the argument name used in messages ("q", "sparsity.q2k_index", ...).
+// elements and bytes) against int64, device (same as `place`), CUDA pointer kind and alignment.
+// `name` is the argument name used in messages ("q", "sparsity.q2k_index", ...).
 void check_tensor(const sa_tensor& t, const char* name, const TensorRules& rules,
                   DevicePlace& place);
 

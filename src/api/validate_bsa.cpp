@@ -43,7 +43,8 @@ std::string other_layout_hint(const sa_tensor& q, sa_layout layout, const sa_ten
                               int32_t block) {
   const sa_layout other = layout == SA_LAYOUT_BHSD ? SA_LAYOUT_BSHD : SA_LAYOUT_BHSD;
   const Bhsd4 d = dims_of(q, other);
-  if (d.s < 1 || qi.shape[0] != d.b || qi.shape[1] != d.h || qi.shape[2] != ceil_div_i64(d.s, block))
+  if (d.s < 1 || qi.shape[0] != d.b || qi.shape[1] != d.h ||
+      qi.shape[2] != ceil_div_i64(d.s, block))
     return "";
   return std::string("; read in layout ") + layout_name(other) + " (options.layout), q's shape " +
          shape_str(q) + " would match: is the layout right?";
