@@ -261,6 +261,11 @@ class Planned:
         self.shape = tuple(int(n) for n in shape)
         self.dtype = dtype
 
+    @classmethod
+    def of(cls, shape, dtype: torch.dtype):
+        """Planned(shape, dtype), or None (absent) when the shape is not known."""
+        return None if shape is None else cls(shape, dtype)
+
     def dim(self) -> int:
         return len(self.shape)
 
@@ -366,12 +371,20 @@ LAST_IMPL_NAME: Optional[str] = None
 def validate_shapes(op: str, args) -> None:
     """Shape-only validation (args built with view(..., shape_only=True), outputs `Planned`): the
     library's checks and messages before any output is allocated, and at trace time for fake and
-    meta tensors. A call shape that passed once is remembered (errors are raised every time)."""
-    key = _call_shape_key(op, args)
-    if key in _SHAPES_OK:
-        return
+    meta tensors."""
     nbytes = ctypes.c_size_t(0)
     check(getattr(LIB, "sa_%s_workspace_size" % op)(ctypes.byref(args), ctypes.byref(nbytes)))
+
+
+def validate_shapes_once(op: str, options, tensors, build_args) -> None:
+    """validate_shapes(op, build_args()) for a call shape not seen before: the key is the options
+    and each input's shape, strides and dtype (the planned outputs follow from them), so a
+    repeated call shape costs a dictionary lookup. Errors are raised every time."""
+    key = (op, ctypes.string_at(ctypes.addressof(options), ctypes.sizeof(options)),
+           tuple(None if t is None else (tuple(t.shape), t.stride(), t.dtype) for t in tensors))
+    if key in _SHAPES_OK:
+        return
+    validate_shapes(op, build_args())
     if len(_SHAPES_OK) >= _WS_CACHE_MAX:
         _SHAPES_OK.pop(next(iter(_SHAPES_OK)))
     _SHAPES_OK[key] = True

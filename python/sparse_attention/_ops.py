@@ -83,20 +83,18 @@ def _bsa_fwd_args(q, k, v, q2k_index, q2k_count, kv_block_len, o, lse, options, 
     return a
 
 
-def _bsa_fwd_outputs(q, k, v, q2k_index, q2k_count, kv_block_len, options):
+def _bsa_fwd_outputs(q, k, v, q2k_index, q2k_count, kv_block_len, options, fake=False):
     """Validates the call's shapes with the library (no data read, nothing allocated), then
     allocates o and lse. Returns (o, lse)."""
     o_shape = lse_shape = None
     if q.dim() == 4 and v.dim() == 4:
         o_shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
         lse_shape = _lse_shape(q, options.layout)
-    if _abi.can_describe(q, k, v, q2k_index, q2k_count, kv_block_len):
-        planned = [None if sh is None else _abi.Planned(sh, dt)
-                   for sh, dt in ((o_shape, q.dtype), (lse_shape, torch.float32))]
-        _abi.validate_shapes(
-            "bsa_forward",
-            _bsa_fwd_args(q, k, v, q2k_index, q2k_count, kv_block_len, *planned, options, True),
-        )
+    inputs = (q, k, v, q2k_index, q2k_count, kv_block_len)
+    if not fake or _abi.can_describe(*inputs):  # fake: maybe symbolic
+        _abi.validate_shapes_once("bsa_forward", options, inputs, lambda: _bsa_fwd_args(
+            q, k, v, q2k_index, q2k_count, kv_block_len, _abi.Planned.of(o_shape, q.dtype),
+            _abi.Planned.of(lse_shape, torch.float32), options, True))
     if o_shape is None:  # symbolic shapes of the wrong rank
         raise _abi._invalid("q and v: expected rank 4, got %d and %d" % (q.dim(), v.dim()))
     return q.new_empty(o_shape), q.new_empty(lse_shape, dtype=torch.float32)
@@ -131,7 +129,7 @@ def _bsa_fwd_fake(q, k, v, q2k_index, q2k_count, kv_block_len, block_size, layou
     _same_device(q=q, k=k, v=v, q2k_index=q2k_index, q2k_count=q2k_count,
                  kv_block_len=kv_block_len)
     opts = _bsa_options(block_size, layout, count, scale, bucket_size, deterministic, validate)
-    return _bsa_fwd_outputs(q, k, v, q2k_index, q2k_count, kv_block_len, opts)
+    return _bsa_fwd_outputs(q, k, v, q2k_index, q2k_count, kv_block_len, opts, fake=True)
 
 
 def _bsa_bwd_args(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, dq, dk, dv, options,
@@ -151,15 +149,14 @@ def _bsa_bwd_args(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, dq,
     return a
 
 
-def _bsa_bwd_outputs(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, options):
+def _bsa_bwd_outputs(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, options,
+                     fake=False):
     """Validates the call's shapes (nothing allocated yet), then allocates dq, dk, dv."""
-    if _abi.can_describe(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len):
-        planned = [_abi.Planned(t.shape, t.dtype) for t in (q, k, v)]
-        _abi.validate_shapes(
-            "bsa_backward",
-            _bsa_bwd_args(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, *planned,
-                          options, True),
-        )
+    inputs = (dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len)
+    if not fake or _abi.can_describe(*inputs):  # fake: maybe symbolic
+        _abi.validate_shapes_once("bsa_backward", options, inputs, lambda: _bsa_bwd_args(
+            dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len,
+            *(_abi.Planned(t.shape, t.dtype) for t in (q, k, v)), options, True))
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
@@ -196,7 +193,8 @@ def _bsa_bwd_fake(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, blo
     _same_device(dout=dout, q=q, k=k, v=v, o=o, lse=lse, q2k_index=q2k_index,
                  q2k_count=q2k_count, kv_block_len=kv_block_len)
     opts = _bsa_options(block_size, layout, count, scale, bucket_size, deterministic, validate)
-    return _bsa_bwd_outputs(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, opts)
+    return _bsa_bwd_outputs(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, opts,
+                            fake=True)
 
 
 def _bsa_setup_context(ctx, inputs, output):
@@ -244,19 +242,17 @@ def _dsa_fwd_args(q, kv, topk_idx, topk_length, sink, out, lse, options, shape_o
     return a
 
 
-def _dsa_fwd_outputs(q, kv, topk_idx, topk_length, sink, options):
+def _dsa_fwd_outputs(q, kv, topk_idx, topk_length, sink, options, fake=False):
     """Validates the call's shapes (nothing allocated yet), then allocates out and lse."""
     out_shape = lse_shape = None
     if q.dim() == 3:
         d_v = options.d_v if options.d_v != 0 else 512
         out_shape, lse_shape = (q.shape[0], q.shape[1], d_v), (q.shape[0], q.shape[1])
-    if _abi.can_describe(q, kv, topk_idx, topk_length, sink):
-        planned = [None if sh is None else _abi.Planned(sh, dt)
-                   for sh, dt in ((out_shape, q.dtype), (lse_shape, torch.float32))]
-        _abi.validate_shapes(
-            "dsa_forward",
-            _dsa_fwd_args(q, kv, topk_idx, topk_length, sink, *planned, options, True),
-        )
+    inputs = (q, kv, topk_idx, topk_length, sink)
+    if not fake or _abi.can_describe(*inputs):  # fake: maybe symbolic
+        _abi.validate_shapes_once("dsa_forward", options, inputs, lambda: _dsa_fwd_args(
+            q, kv, topk_idx, topk_length, sink, _abi.Planned.of(out_shape, q.dtype),
+            _abi.Planned.of(lse_shape, torch.float32), options, True))
     if out_shape is None:  # symbolic shapes of the wrong rank
         raise _abi._invalid("q: expected rank 3, got rank %d" % q.dim())
     return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
@@ -284,7 +280,7 @@ def dsa_fwd(
 def _dsa_fwd_fake(q, kv, topk_idx, topk_length, sink, d_v, scale, deterministic):
     _same_device(q=q, kv=kv, topk_idx=topk_idx, topk_length=topk_length, sink=sink)
     opts = _dsa_options(d_v, scale, deterministic)
-    return _dsa_fwd_outputs(q, kv, topk_idx, topk_length, sink, opts)
+    return _dsa_fwd_outputs(q, kv, topk_idx, topk_length, sink, opts, fake=True)
 
 
 def _dsa_bwd_args(dout, q, kv, out, lse, topk_idx, topk_length, sink, dq, dkv, d_sink, options,
@@ -305,17 +301,14 @@ def _dsa_bwd_args(dout, q, kv, out, lse, topk_idx, topk_length, sink, dq, dkv, d
     return a
 
 
-def _dsa_bwd_outputs(dout, q, kv, out, lse, topk_idx, topk_length, sink, options):
+def _dsa_bwd_outputs(dout, q, kv, out, lse, topk_idx, topk_length, sink, options, fake=False):
     """Validates the call's shapes (nothing allocated yet), then allocates dq, dkv, d_sink."""
-    if _abi.can_describe(dout, q, kv, out, lse, topk_idx, topk_length, sink):
-        d_sink_shape = (q.shape[1],) if q.dim() >= 2 else (1,)
-        planned = [_abi.Planned(q.shape, q.dtype), _abi.Planned(kv.shape, kv.dtype),
-                   _abi.Planned(d_sink_shape, torch.float32)]
-        _abi.validate_shapes(
-            "dsa_backward",
-            _dsa_bwd_args(dout, q, kv, out, lse, topk_idx, topk_length, sink, *planned, options,
-                          True),
-        )
+    inputs = (dout, q, kv, out, lse, topk_idx, topk_length, sink)
+    if not fake or _abi.can_describe(*inputs):  # fake: maybe symbolic
+        _abi.validate_shapes_once("dsa_backward", options, inputs, lambda: _dsa_bwd_args(
+            dout, q, kv, out, lse, topk_idx, topk_length, sink, _abi.Planned(q.shape, q.dtype),
+            _abi.Planned(kv.shape, kv.dtype),
+            _abi.Planned((q.shape[1],) if q.dim() >= 2 else (1,), torch.float32), options, True))
     return (q.new_empty(q.shape), kv.new_empty(kv.shape),
             q.new_empty((q.shape[1],), dtype=torch.float32))
 
@@ -347,7 +340,7 @@ def _dsa_bwd_fake(dout, q, kv, out, lse, topk_idx, topk_length, sink, d_v, scale
     _same_device(dout=dout, q=q, kv=kv, out=out, lse=lse, topk_idx=topk_idx,
                  topk_length=topk_length, sink=sink)
     opts = _dsa_options(d_v, scale, deterministic)
-    return _dsa_bwd_outputs(dout, q, kv, out, lse, topk_idx, topk_length, sink, opts)
+    return _dsa_bwd_outputs(dout, q, kv, out, lse, topk_idx, topk_length, sink, opts, fake=True)
 
 
 def _dsa_setup_context(ctx, inputs, output):
