@@ -13,6 +13,7 @@ answer or a wrong error fails the batch with Hypothesis's shrunk example and exi
 import argparse
 import json
 import os
+import signal
 import sys
 from collections import Counter
 
@@ -27,6 +28,7 @@ torch.set_num_threads(1)
 def run_batch(kind: str, device: str, batch_seed: int, cases: int, log: str) -> Counter:
     outcomes: Counter = Counter()
     run = fuzz_cases.RUNNERS[kind]
+    crash_at = int(os.environ.get("SA_FUZZ_SELFTEST_CRASH", "-1"))  # test_fuzz's own check
 
     @seed(batch_seed)
     @settings(max_examples=cases, deadline=None, database=None, derandomize=False,
@@ -37,6 +39,8 @@ def run_batch(kind: str, device: str, batch_seed: int, cases: int, log: str) -> 
         if log:
             with open(log, "w") as f:
                 json.dump(case, f)
+        if sum(outcomes.values()) == crash_at:
+            os.kill(os.getpid(), signal.SIGSEGV)
         outcomes[run(case, device)] += 1
 
     one()
@@ -63,5 +67,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONHASHSEED", "0")
     sys.exit(main())

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import cli_binary, needs_cli
 
 pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
@@ -136,15 +137,16 @@ def test_fuzz_c_abi(record_property):
     assert cases >= total
 
 
+def test_fuzz_harness_names_a_crashing_case(monkeypatch):
+    """A worker killed by a signal fails its batch, and the report names the running case."""
+    monkeypatch.setenv("SA_FUZZ_SELFTEST_CRASH", "2")
+    cases, _, failures = run_batches("api", 4)
+    assert len(failures) == 1 and cases == 0
+    assert "exit status -11" in failures[0] and "crashed while running: {" in failures[0]
+    assert '"op": ' in failures[0] and "replayed alone: exit status 0" in failures[0]
+
+
 # ---- the command-line tool ----------------------------------------------------------------------
-def cli_binary():
-    path = os.environ.get("SA_CLI") or str(HERE.parent.parent / "build" / "sparse-attention")
-    return path if os.path.isfile(path) and os.access(path, os.X_OK) else None
-
-
-needs_cli = pytest.mark.skipif(cli_binary() is None,
-                               reason="no sparse-attention binary (build/ or SA_CLI)")
-
 # Flag values: valid small ones per flag, and adversarial ones for any flag.
 _SMALL = {
     "--op": ["bsa_fwd", "bsa_bwd", "dsa_fwd", "dsa_bwd", "bsa_fwd,dsa_bwd"],

@@ -11,10 +11,9 @@ import types
 import pytest
 import torch
 
-from conftest import bsa_dense, bsa_token_mask, dsa_dense
+from conftest import bsa_dense, bsa_token_mask, cli_binary, dsa_dense, needs_cli
 from sparse_attention import (_abi, block_sparse_attention, bsa_metadata_from_block_mask,
                               bsa_metadata_from_flex_block_mask, deepseek_sparse_attention)
-from test_fuzz import cli_binary, needs_cli
 
 f64 = torch.float64
 INVALID = r"SA_ERROR_INVALID_ARGUMENT: "
