@@ -4,8 +4,8 @@
 # the working tree). With the defaults it takes about 4 min 50 s on an H200 (session 11: 290 s,
 # test shards and the two sanitizer tools run in parallel).
 #
-#   scripts/gpu_suite.sh [gated] [tests] [sanitize] [python] [demo] [bench] [anchors] [cudnn]
-#                        [full]                                                  (default: all)
+#   scripts/gpu_suite.sh [gated] [tests] [sanitize] [python] [fuzz] [demo] [bench] [anchors]
+#                        [cudnn] [full]                                          (default: all)
 #
 # Kernels written without a GPU are gated (only used when options.impl forces them); "gated" runs
 # their tests first, alone, under a short timeout. If they fail or hang, the later steps leave
@@ -26,11 +26,13 @@
 #                   --only "dsa" or --rounds 3); the step runs when scripts/cudnn_fe_env.sh
 #                   finds the cuDNN-frontend set complete (scripts/fetch_cudnn_fe.sh)
 #   PY_TESTS        pytest targets (default: python/tests/test_cuda.py)
+#   FUZZ_SAN_CASES  fuzz cases on CUDA tensors under compute-sanitizer memcheck (default 300)
+#   FUZZ_CASES      fuzz cases on CUDA tensors without the sanitizer (default 1500)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/sa_gpu_out}"
 mkdir -p "$OUT"
-STEPS="${*:-gated tests sanitize python demo bench anchors cudnn full}"
+STEPS="${*:-gated tests sanitize python fuzz demo bench anchors cudnn full}"
 BIN=./build
 TEST_SHARDS="${TEST_SHARDS:-4}"
 status=0
@@ -153,6 +155,29 @@ if has python; then
     timeout 300 python3 -m pytest ${PY_TESTS:-python/tests/test_cuda.py} -q -p no:cacheprovider \
     > "$OUT/python_tests.log" 2>&1; verdict python $?
   tail -3 "$OUT/python_tests.log"
+fi
+
+if has fuzz; then
+  # The CI fuzz suite (python/tests/test_fuzz.py) on CUDA tensors: GPU shapes (bf16, D 64/128,
+  # D_qk 512/576, H 16-64) against the fp64 SPEC oracle with SPEC's GPU tolerances; first a few
+  # hundred cases under memcheck (every worker process followed), then more without it.
+  note "fuzz on CUDA: ${FUZZ_SAN_CASES:-300} cases under memcheck, ${FUZZ_CASES:-1500} plain"
+  if ! python3 -c "import hypothesis" 2>/dev/null; then
+    echo "fuzz: skipped, this machine's python3 has no hypothesis (pip install hypothesis)" \
+      | tee -a "$OUT/gpu_tests.log"
+    SUMMARY+=("fuzz: skipped (no hypothesis)")
+  else
+    FUZZ_ENV=(SPARSE_ATTENTION_LIBRARY="$PWD/$BIN/libsparse_attention.so" PYTHONPATH="$PWD/python"
+              SA_FUZZ_DEVICE=cuda SA_FUZZ_JOBS=1)
+    env "${FUZZ_ENV[@]}" SA_FUZZ_CASES="${FUZZ_SAN_CASES:-300}" SA_FUZZ_BATCH=100 timeout 900 \
+      compute-sanitizer --tool memcheck --error-exitcode 9 --target-processes all \
+      python3 -m pytest python/tests/test_fuzz.py -q -s -p no:cacheprovider -k python_api \
+      > "$OUT/fuzz.log" 2>&1; verdict "fuzz memcheck" $?
+    env "${FUZZ_ENV[@]}" SA_FUZZ_CASES="${FUZZ_CASES:-1500}" timeout 600 \
+      python3 -m pytest python/tests/test_fuzz.py -q -s -p no:cacheprovider -k python_api \
+      >> "$OUT/fuzz.log" 2>&1; verdict fuzz $?
+    grep -E "fuzz api|ERROR SUMMARY|passed|failed" "$OUT/fuzz.log" | tail -6
+  fi
 fi
 
 if has demo; then

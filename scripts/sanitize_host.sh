@@ -20,4 +20,17 @@ export ASAN_OPTIONS=protect_shadow_gap=0:detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=print_stacktrace=1
 "$B/sa_tests" --gtest_brief=1
 "$B/sparse-attention" demo --device cpu >/dev/null
-echo "[sanitize_host] ASan + UBSan: tests and CPU demo clean"
+# Adversarial flags (issue #37): each run exits 2 with its message and no sanitizer report.
+for args in "--block 4294967296" "--block 2147483648" "--repeats 99999999999" \
+    "--batch 1152921504606846977 --heads 1 --kv-heads 1 --density 0.25 --op bsa_bwd" \
+    "--batch 4611686018427387905 --heads 1 --kv-heads 1 --op bsa_fwd" \
+    "--dsa-queries 4611686018427387905 --dsa-heads 1 --dsa-dqk 512 --topk 4 --op dsa_fwd" \
+    "--seq 9223372036854775807 --op bsa_fwd" "--topk 2147483648 --op dsa_fwd"; do
+  rc=0
+  # shellcheck disable=SC2086  # the flags split on purpose
+  out=$("$B/sparse-attention" demo --device cpu $args 2>&1 >/dev/null) || rc=$?
+  if [ "$rc" -ne 2 ] || grep -qE "Sanitizer|runtime error" <<<"$out"; then
+    echo "[sanitize_host] demo $args: exit $rc"; echo "$out"; exit 1
+  fi
+done
+echo "[sanitize_host] ASan + UBSan: tests, CPU demo and adversarial flags clean"

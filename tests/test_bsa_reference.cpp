@@ -307,6 +307,21 @@ TEST(BsaReferenceBackwardRows, MinusInfLseRowContributesNothing) {
     for (double x : g->to_double()) ASSERT_EQ(x, 0.0);
 }
 
+// A huge scale puts the fp32 LSE's rounding (about |lse| * 6e-8) beyond exp's range: the
+// recomputed probabilities are capped at 1, so the gradients stay finite (issue #37: NaN in dq).
+TEST(BsaReferenceBackwardRows, HugeScaleGivesFiniteGradients) {
+  BsaShape s = make_shape(1, 2, 1, 128, 128, 16, 16, 64, 2);
+  std::mt19937_64 rng(37);
+  BsaPattern pat = sa_test::random_bsa_pattern(s, make_spec(false, false, -1, false), rng);
+  BsaTensors t = sa_test::make_bsa_tensors(s, SA_DTYPE_FP32, rng);
+  for (float scale : {1e30f, -1e30f, 2.3e38f}) {
+    sa::reference::bsa_forward(sa_test::make_bsa_fwd_problem(s, SA_DTYPE_FP32, pat, t, scale));
+    sa::reference::bsa_backward(sa_test::make_bsa_bwd_problem(s, SA_DTYPE_FP32, pat, t, scale));
+    for (const sa_test::HostTensor* g : {&t.o, &t.dq, &t.dk, &t.dv})
+      for (double x : g->to_double()) ASSERT_FALSE(std::isnan(x)) << "scale " << scale;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Metadata validation.
 // ---------------------------------------------------------------------------------------------

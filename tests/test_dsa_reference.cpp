@@ -341,6 +341,40 @@ TEST(DsaReferenceEdges, NanBehindInactiveSlotsAndInfiniteSinks) {
   EXPECT_TRUE(all_close(c.lse.to_double(), want.lse, 1e-6, 1e-6));
 }
 
+// A NaN sink is a NaN input: that head's out is NaN on every non-empty row (lse excludes the sink
+// and stays finite; empty rows stay 0); the other heads are unaffected.
+TEST(DsaReferenceEdges, NanSinkPropagatesToItsHeadOnly) {
+  DsaShape s = tiny(3, 8, 2, 3);
+  DsaHostCase c = make_dsa_host_case(s, spec_of(DsaLengths::kMixed, false, false, DsaSink::kFinite),
+                                     SA_DTYPE_FP64, 13);
+  c.sink.set(0, NAN);
+  for (int t = 0; t < 3; ++t) c.topk_length.i32()[t] = t == 1 ? 0 : 3;
+  sa::reference::dsa_forward(c.fwd_problem());
+  for (int64_t t = 0; t < s.Sq; ++t) {
+    for (int64_t d = 0; d < s.Dv; ++d) {
+      const double head0 = c.out.get((t * s.H + 0) * s.Dv + d);
+      if (t == 1) EXPECT_EQ(head0, 0.0);
+      else EXPECT_TRUE(std::isnan(head0));
+      EXPECT_FALSE(std::isnan(c.out.get((t * s.H + 1) * s.Dv + d)));
+    }
+    EXPECT_FALSE(std::isnan(c.lse.get(t * s.H + 0)));
+  }
+}
+
+// A huge scale: the recomputed probabilities are capped at 1 (the fp32 LSE's rounding would
+// overflow exp), so the gradients stay finite.
+TEST(DsaReferenceEdges, HugeScaleGivesFiniteGradients) {
+  DsaShape s = tiny(4, 10, 2, 4);
+  DsaHostCase c = make_dsa_host_case(s, spec_of(DsaLengths::kNone, false, false, DsaSink::kFinite),
+                                     SA_DTYPE_FP32, 17, /*scale*/ 1e30f);
+  sa::reference::dsa_forward(c.fwd_problem());
+  sa::reference::dsa_backward(c.bwd_problem());
+  EXPECT_FALSE(has_nan(c.out));
+  EXPECT_FALSE(has_nan(c.dq));
+  EXPECT_FALSE(has_nan(c.dkv));
+  EXPECT_FALSE(has_nan(c.d_sink));
+}
+
 // Weights known in closed form: all logits 0, one key listed twice and one once, a finite sink.
 TEST(DsaReferenceEdges, DuplicateKeyCountsTwiceWithSink) {
   DsaShape s = tiny(1, 4, 1, 3);

@@ -610,9 +610,14 @@ std::vector<BsaCase> bsa_cases() {
   add("VZeroHeadDim", kBoth, fp32, [](BsaCall& c) { c.t("v").shape[3] = 0; }, kArg,
       {"v: D_v must be >= 1"});
   // BHSD tensors declared BSHD: q reads as [B=1, S=2, H=128], so N_q = 1 and H_q = 128.
+  // The message names the likely cause: in the other layout the shapes match.
   add("LayoutDoesNotMatchTensors", kBoth, fp32,
       [](BsaCall& c) { c.options().layout = SA_LAYOUT_BSHD; }, kArg,
-      {"sparsity.q2k_index: expected shape [B, H_q, N_q, K_max] = [1, 128, 1, K_max]"});
+      {"sparsity.q2k_index: expected shape [B, H_q, N_q, K_max] = [1, 128, 1, K_max]",
+       "; read in layout BHSD (options.layout), q's shape [1, 2, 128, 16] would match: is the "
+       "layout right?"});
+  add("BshdTensorsDeclaredBhsd", kBoth, bshd, [](BsaCall& c) { c.options().layout = SA_LAYOUT_BHSD; },
+      kArg, {"read in layout BSHD (options.layout), q's shape [1, 128, 2, 16] would match"});
 
   // Shapes of the other attention tensors (D_v comes from v, D from q).
   add("ODvMismatch", kBoth, fp32, [](BsaCall& c) { c.reshape("o", {1, 2, 128, 16}); }, kArg,
@@ -710,9 +715,46 @@ std::vector<BsaCase> bsa_cases() {
   add("BucketSizeNegative", kBoth, fp32, [](BsaCall& c) { c.options().bucket_size = -1; }, kArg,
       {"options.bucket_size: expected >= 0 (0 = automatic), got -1"});
   add("ScaleNaN", kBoth, fp32, [](BsaCall& c) { c.options().scale = kNaN; }, kArg,
-      {"options.scale: expected a finite value (0 for 1/sqrt(D))"});
+      {"options.scale: expected 0 (for 1/sqrt(D)) or a finite value with"});
   add("ScaleInf", kBoth, fp32, [](BsaCall& c) { c.options().scale = kInf; }, kArg,
-      {"options.scale: expected a finite value (0 for 1/sqrt(D)), got inf"});
+      {"options.scale: expected 0 (for 1/sqrt(D)) or a finite value with", "got inf"});
+  add("ScaleSubnormal", kBoth, fp32, [](BsaCall& c) { c.options().scale = 1e-40f; }, kArg,
+      {"options.scale: expected 0 (for 1/sqrt(D)) or a finite value with 1.17549e-38 <= |scale| "
+       "<= 2.35865e+38, got 9.99995e-41"});
+  add("ScaleTooLargeForLog2e", kBoth, fp32, [](BsaCall& c) { c.options().scale = -3e38f; },
+      kArg, {"options.scale:", "got -3e+38"});
+
+  // Sizes whose products overflow int64 (issue #37): element counts, extents, bytes.
+  add("QElementCountOverflows", kBoth, fp32,
+      [](BsaCall& c) { c.t("q").shape[0] = int64_t{1} << 62; }, kArg,
+      {"q: shape [4611686018427387904, 2, 128, 16] holds more than 2^63 - 1 elements"});
+  add("KExtentOverflows", kBoth, fp32,
+      [](BsaCall& c) {
+        c.t("k").shape[0] = 1;
+        c.t("k").strides[2] = int64_t{1} << 62;
+      },
+      kArg, {"k: shape [1, 1, 128, 16] with strides [2048, 2048, 4611686018427387904, 1] "
+             "addresses elements past offset 2^63 - 1"});
+  add("VBytesOverflow", kBoth, fp32, [](BsaCall& c) { c.t("v").strides[2] = int64_t{1} << 56; },
+      kArg, {"v: shape [1, 1, 128, 8] with strides", "spans more than 2^63 - 1 bytes"});
+  add("ContiguousHelperOverflowBatch", kBoth, fp32,
+      [](BsaCall& c) {
+        const int64_t shape[4] = {int64_t{1} << 62, 2, 128, 16};
+        c.t("q") = sa_tensor_contiguous(c.t("q").data, SA_DTYPE_FP32, 4, shape, SA_DEVICE_CPU, 0);
+      },
+      kArg, {"q: shape [4611686018427387904, 2, 128, 16] holds more than 2^63 - 1 elements"});
+  // count -1 reads all K_max entries: K_max past int32 cannot be a count (was narrowed to 1).
+  for (int64_t kmax : {(int64_t{1} << 31) + 1, (int64_t{1} << 32) + 1}) {
+    add(kmax > (int64_t{1} << 32) ? "KmaxPastInt32Plus2p32" : "KmaxPastInt32", kBoth, fp32,
+        [kmax](BsaCall& c) {
+          c.t("sparsity.q2k_count").data = nullptr;
+          c.t("sparsity.q2k_index").shape[3] = kmax;
+          c.t("sparsity.q2k_index").strides[3] = 0;
+        },
+        kArg, {"sparsity.q2k_index: K_max = " + std::to_string(kmax) +
+               " entries per row (options.count = -1 reads them all) exceeds the int32 range of "
+               "a count"});
+  }
   add("ImplUnknown", kBoth, fp32, [](BsaCall& c) { store_bits(c.options().impl, 9); },
       kArg, {"options.impl: unknown implementation 9"});
   add("ForcedPortableOnCpu", kBoth, fp32,
@@ -940,9 +982,28 @@ std::vector<DsaCase> dsa_cases() {
 
   // Options.
   add("ScaleNaN", kBoth, [](DsaCall& c) { c.options().scale = kNaN; }, kArg,
-      {"options.scale: expected a finite value (0 for 1/sqrt(D_qk))"});
+      {"options.scale: expected 0 (for 1/sqrt(D_qk)) or a finite value with"});
   add("ScaleNegativeInf", kBoth, [](DsaCall& c) { c.options().scale = -kInf; }, kArg,
-      {"options.scale: expected a finite value (0 for 1/sqrt(D_qk)), got -inf"});
+      {"options.scale: expected 0 (for 1/sqrt(D_qk)) or a finite value with", "got -inf"});
+  add("ScaleSubnormal", kBoth, [](DsaCall& c) { c.options().scale = -1e-39f; }, kArg,
+      {"options.scale: expected 0 (for 1/sqrt(D_qk))", "got -1e-39"});
+  add("ScaleTooLargeForLog2e", kBoth, [](DsaCall& c) { c.options().scale = 2.4e38f; }, kArg,
+      {"options.scale:", "<= 2.35865e+38, got 2.4e+38"});
+  add("TopkIdxElementCountOverflows", kBoth,
+      [](DsaCall& c) {
+        c.t("topk_idx").shape[1] = int64_t{1} << 62;
+        c.t("topk_idx").strides[1] = 0;
+        c.t("topk_idx").strides[0] = 0;
+      },
+      kArg, {"topk_idx: shape [4, 4611686018427387904] holds more than 2^63 - 1 elements"});
+  add("TopkPastInt32", kBoth,
+      [](DsaCall& c) {
+        c.t("topk_idx").shape[1] = int64_t{1} << 31;
+        c.t("topk_idx").strides[1] = 0;
+      },
+      kArg, {"topk_idx: topk = 2147483648 slots per row, more than 2147483647"});
+  add("KvExtentOverflows", kBoth, [](DsaCall& c) { c.t("kv").strides[0] = INT64_MAX / 4; },
+      kArg, {"kv: shape [10, 16] with strides", "addresses elements past offset 2^63 - 1"});
   add("ImplUnknown", kBoth, [](DsaCall& c) { store_bits(c.options().impl, -1); },
       kArg, {"options.impl: unknown implementation -1"});
   add("DvAboveDqk", kBoth, [](DsaCall& c) { c.options().d_v = 20; }, kArg,
@@ -1135,6 +1196,27 @@ TEST_P(BsaBroadcastMetadata, CountIgnoredWhenQ2kCountGiven) {
   EXPECT_TRUE(same_outputs(a, b));
 }
 
+// K_max past int32 is fine when q2k_count says how much of each row is read (a broadcast row).
+TEST_P(BsaBroadcastMetadata, KmaxPastInt32WithQ2kCount) {
+  BsaCall a(GetParam(), BsaConfig{}), b(GetParam(), BsaConfig{});
+  for (BsaCall* c : {&a, &b})
+    for (int64_t h = 0; h < BsaCall::kHq; ++h)
+      for (int64_t m = 0; m < c->Nq(); ++m) c->count(h, m) = 1;
+  b.t("sparsity.q2k_index").shape[3] = (int64_t{1} << 32) + 1;
+  b.t("sparsity.q2k_index").strides[3] = 0;
+  expect_accepted(b);
+  EXPECT_TRUE(same_outputs(a, b));
+}
+
+// -0 is the default scale like 0; a negative scale is a scale.
+TEST_P(BsaBroadcastMetadata, ScaleSignedZeroIsTheDefaultNegativeIsAScale) {
+  BsaCall a(GetParam(), BsaConfig{}), b(GetParam(), BsaConfig{}), n(GetParam(), BsaConfig{});
+  b.options().scale = -0.0f;
+  EXPECT_TRUE(same_outputs(a, b));
+  n.options().scale = -0.25f;
+  expect_accepted(n);
+}
+
 INSTANTIATE_TEST_SUITE_P(BsaValidation, BsaBroadcastMetadata,
                          ::testing::Values(Op::kForward, Op::kBackward),
                          [](const ::testing::TestParamInfo<Op>& i) {
@@ -1234,6 +1316,17 @@ TEST(ApiValidation, LastErrorIsPerCall) {
   EXPECT_STREQ(sa_status_name(SA_ERROR_INVALID_METADATA), "SA_ERROR_INVALID_METADATA");
   // sa_status_name(42) from C returns "SA_ERROR_UNKNOWN" (it reads the argument's bits); C++
   // cannot make that call without an out-of-range enum value, so it is not made here.
+}
+
+// A contiguous view whose strides overflow int64 saturates them; validation names the tensor.
+TEST(ApiValidation, ContiguousHelperSaturatesOverflowingStrides) {
+  const int64_t shape[4] = {2, int64_t{1} << 62, 4, 1};
+  float x = 0.f;
+  const sa_tensor t = sa_tensor_contiguous(&x, SA_DTYPE_FP32, 4, shape, SA_DEVICE_CPU, 0);
+  EXPECT_EQ(t.strides[3], 1);
+  EXPECT_EQ(t.strides[2], 1);
+  EXPECT_EQ(t.strides[1], 4);
+  EXPECT_EQ(t.strides[0], INT64_MAX);
 }
 
 // A view of rank above SA_MAX_RANK from the helpers keeps its rank, so validation names it

@@ -3,7 +3,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstdio>
 #include <fstream>
@@ -411,9 +413,11 @@ std::vector<BenchVariant> parse_variants(const std::string& text) {
                                                "or reference, got '" + val + "'");
       } else if (key == "bucket" || key == "deterministic") {
         char* end = nullptr;
-        const long x = std::strtol(val.c_str(), &end, 10);
-        if (val.empty() || *end != '\0' || x < 0)
-          throw ToolError(kExitBadArgument, "--variants: " + key + " needs an integer >= 0, got '" +
+        errno = 0;
+        const long long x = std::strtoll(val.c_str(), &end, 10);
+        if (val.empty() || *end != '\0' || errno != 0 || x < 0 || x > INT32_MAX)
+          throw ToolError(kExitBadArgument, "--variants: " + key +
+                                                " needs an integer in [0, 2147483647], got '" +
                                                 val + "'");
         (key == "bucket" ? v.bucket : v.deterministic) = static_cast<int>(x);
       } else if (key.rfind("tune.", 0) == 0 || key.rfind("env.", 0) == 0) {

@@ -18,7 +18,7 @@ const char* kDenseOracle =
 
 // ---- CPU ----------------------------------------------------------------------------------------
 OpReport bsa_forward_cpu(const DemoOptions& opt) {
-  BsaProblem p = make_bsa_problem(bsa_shape(opt, Target::kCpu), opt.seed);
+  BsaProblem p = make_cpu_bsa_problem(opt);
   OpReport r = start_report("bsa_fwd", p.shape.describe(), "cpu");
   const api::BsaForwardArgs args = bsa_forward_args(p.shape, bsa_views(p, host_place));
   finish(r,
@@ -33,7 +33,7 @@ OpReport bsa_forward_cpu(const DemoOptions& opt) {
 }
 
 OpReport bsa_backward_cpu(const DemoOptions& opt) {
-  BsaProblem p = make_bsa_problem(bsa_shape(opt, Target::kCpu), opt.seed);
+  BsaProblem p = make_cpu_bsa_problem(opt);
   OpReport r = start_report("bsa_bwd", p.shape.describe(), "cpu");
   const BsaViews v = bsa_views(p, host_place);
   const api::BsaForwardArgs fwd = bsa_forward_args(p.shape, v);

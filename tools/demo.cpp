@@ -67,6 +67,18 @@ DsaShape dsa_shape(const DemoOptions& o, Target target) {
   return s;
 }
 
+BsaProblem make_cpu_bsa_problem(const DemoOptions& opt) {
+  const BsaShape s = bsa_shape(opt, Target::kCpu);
+  check_bsa_size(s, true);
+  return make_bsa_problem(s, opt.seed);
+}
+
+DsaProblem make_cpu_dsa_problem(const DemoOptions& opt) {
+  const DsaShape s = dsa_shape(opt, Target::kCpu);
+  check_dsa_size(s, true);
+  return make_dsa_problem(s, opt.seed);
+}
+
 // ---- report -------------------------------------------------------------------------------------
 bool OpReport::pass() const {
   for (const Check& c : checks)

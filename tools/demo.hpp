@@ -47,6 +47,9 @@ BsaShape default_bsa_shape(Target target);
 DsaShape default_dsa_shape(Target target);
 BsaShape bsa_shape(const DemoOptions& opt, Target target);
 DsaShape dsa_shape(const DemoOptions& opt, Target target);
+// The CPU runs' problems: their size is checked with the dense oracle's buffers included.
+BsaProblem make_cpu_bsa_problem(const DemoOptions& opt);
+DsaProblem make_cpu_dsa_problem(const DemoOptions& opt);
 
 // What one operation did and how it compared.
 struct OpReport {

@@ -18,7 +18,7 @@ const char* kDenseOracle =
 
 // ---- CPU ----------------------------------------------------------------------------------------
 OpReport dsa_forward_cpu(const DemoOptions& opt) {
-  DsaProblem p = make_dsa_problem(dsa_shape(opt, Target::kCpu), opt.seed);
+  DsaProblem p = make_cpu_dsa_problem(opt);
   OpReport r = start_report("dsa_fwd", p.shape.describe(), "cpu");
   const api::DsaForwardArgs args = dsa_forward_args(p.shape, dsa_views(p, host_place));
   finish(r,
@@ -33,7 +33,7 @@ OpReport dsa_forward_cpu(const DemoOptions& opt) {
 }
 
 OpReport dsa_backward_cpu(const DemoOptions& opt) {
-  DsaProblem p = make_dsa_problem(dsa_shape(opt, Target::kCpu), opt.seed);
+  DsaProblem p = make_cpu_dsa_problem(opt);
   OpReport r = start_report("dsa_bwd", p.shape.describe(), "cpu");
   const DsaViews v = dsa_views(p, host_place);
   const api::DsaForwardArgs fwd = dsa_forward_args(p.shape, v);

@@ -9,6 +9,7 @@
 #include <functional>
 #include <initializer_list>
 #include <iomanip>
+#include <limits>
 #include <new>
 #include <sstream>
 #include <string>
@@ -89,12 +90,20 @@ std::string usage() {
   throw ToolError(kExitBadArgument, flag + ": expected " + expected + ", got '" + got + "'");
 }
 
-int64_t parse_positive(const std::string& flag, const std::string& v) {
+// A positive integer up to `max` (the range of the C++ type the value goes into).
+int64_t parse_positive(const std::string& flag, const std::string& v,
+                       int64_t max = std::numeric_limits<int64_t>::max()) {
   errno = 0;
   char* end = nullptr;
   const long long x = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || errno != 0 || x < 1) bad(flag, "a positive integer", v);
+  if (v.empty() || *end != '\0' || errno != 0 || x < 1 || x > max)
+    bad(flag, "a positive integer <= " + std::to_string(max), v);
   return x;
+}
+
+// For flags stored as int or int32_t.
+int parse_positive_int(const std::string& flag, const std::string& v) {
+  return static_cast<int>(parse_positive(flag, v, std::numeric_limits<int32_t>::max()));
 }
 
 uint64_t parse_seed(const std::string& flag, const std::string& v) {
@@ -160,13 +169,13 @@ bool parse_demo(const std::vector<std::string>& args, DemoOptions* o) {
              parse_choice<sa_dtype>(f, v, {{"bf16", SA_DTYPE_BF16}, {"fp16", SA_DTYPE_FP16}});
        }},
       {"--seed", [&](auto& f, auto& v) { o->seed = parse_seed(f, v); }},
-      {"--repeats", [&](auto& f, auto& v) { o->repeats = static_cast<int>(parse_positive(f, v)); }},
+      {"--repeats", [&](auto& f, auto& v) { o->repeats = parse_positive_int(f, v); }},
       {"--batch", [&](auto& f, auto& v) { o->batch = parse_positive(f, v); }},
       {"--heads", [&](auto& f, auto& v) { o->heads = parse_positive(f, v); }},
       {"--kv-heads", [&](auto& f, auto& v) { o->kv_heads = parse_positive(f, v); }},
       {"--seq", [&](auto& f, auto& v) { o->seq = parse_positive(f, v); }},
       {"--dim", [&](auto& f, auto& v) { o->dim = parse_positive(f, v); }},
-      {"--block", [&](auto& f, auto& v) { o->block = parse_positive(f, v); }},
+      {"--block", [&](auto& f, auto& v) { o->block = parse_positive_int(f, v); }},
       {"--density", [&](auto& f, auto& v) { o->density = parse_fraction(f, v); }},
       {"--layout",
        [&](auto& f, auto& v) {
@@ -175,9 +184,9 @@ bool parse_demo(const std::vector<std::string>& args, DemoOptions* o) {
        }},
       {"--dsa-heads", [&](auto& f, auto& v) { o->dsa_heads = parse_positive(f, v); }},
       {"--dsa-dqk", [&](auto& f, auto& v) { o->dsa_dqk = parse_positive(f, v); }},
-      {"--dsa-seq", [&](auto& f, auto& v) { o->dsa_seq = parse_positive(f, v); }},
+      {"--dsa-seq", [&](auto& f, auto& v) { o->dsa_seq = parse_positive_int(f, v); }},
       {"--dsa-queries", [&](auto& f, auto& v) { o->dsa_queries = parse_positive(f, v); }},
-      {"--topk", [&](auto& f, auto& v) { o->topk = parse_positive(f, v); }},
+      {"--topk", [&](auto& f, auto& v) { o->topk = parse_positive_int(f, v); }},
       {"--topk-length", [&](auto& f, auto& v) { o->topk_length = parse_on_off(f, v); }},
       {"--sink", [&](auto& f, auto& v) { o->sink = parse_on_off(f, v); }},
   };
@@ -246,9 +255,9 @@ int run(int argc, char** argv) {
       else if (i + 1 < rest.size()) value = rest[++i];
       else throw ToolError(kExitBadArgument, name + ": missing value");
       if (name == "--variants") bench.variants = parse_variants(value);
-      else if (name == "--warmup") bench.warmup = static_cast<int>(parse_positive(name, value));
-      else if (name == "--rounds") bench.rounds = static_cast<int>(parse_positive(name, value));
-      else if (name == "--calls") bench.calls = static_cast<int>(parse_positive(name, value));
+      else if (name == "--warmup") bench.warmup = parse_positive_int(name, value);
+      else if (name == "--rounds") bench.rounds = parse_positive_int(name, value);
+      else if (name == "--calls") bench.calls = parse_positive_int(name, value);
       else bench.json = value;
     }
     DemoOptions options;

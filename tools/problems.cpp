@@ -7,10 +7,15 @@
 #include <numeric>
 #include <random>
 #include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #include "common/host_numeric.hpp"
+#include "common/narrow.hpp"
+#include "tool_error.hpp"
 
 namespace sa_tool {
 namespace {
@@ -54,7 +59,73 @@ void draw_distinct(std::vector<int32_t>& pool, int64_t n, std::mt19937_64& rng, 
 
 const char* dtype_str(sa_dtype t) { return sa::dtype_name(t); }
 
+// Host bytes of a problem, added up tensor by tensor with overflow checks.
+class HostBytes {
+ public:
+  explicit HostBytes(std::string flags) : flags_(std::move(flags)) {}
+  // A buffer of prod(dims) elements of `element_bytes` each.
+  void add(const char* name, std::initializer_list<int64_t> dims, int64_t element_bytes) {
+    int64_t n = element_bytes;
+    std::string shape;
+    for (int64_t d : dims) shape += (shape.empty() ? "[" : ", ") + std::to_string(d);
+    for (int64_t d : dims) {
+      if (d < 0 || sa::mul_overflows(n, d, &n))
+        fail(std::string(name) + " " + shape + "] holds more than 2^63 - 1 bytes");
+    }
+    if (sa::add_overflows(total_, n, &total_))
+      fail("the tensors hold more than 2^63 - 1 bytes in all");
+  }
+  void check_fits() const {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || page <= 0) return;  // unknown: the allocation itself reports
+    int64_t machine = 0;
+    if (sa::mul_overflows(pages, page, &machine)) return;
+    if (total_ > machine)
+      fail("the problem needs " + std::to_string(total_) + " bytes of host memory, more than " +
+           "this machine's " + std::to_string(machine));
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    throw ToolError(kExitBadArgument, flags_ + ": " + what + "; use smaller sizes");
+  }
+  std::string flags_;
+  int64_t total_ = 0;
+};
+
 }  // namespace
+
+void check_bsa_size(const BsaShape& s, bool dense_oracle) {
+  HostBytes need("--batch, --heads, --kv-heads, --seq, --dim, --block");
+  const int64_t e = sa::dtype_size(s.dtype);
+  for (const char* t : {"q", "o", "dout", "dq"}) need.add(t, {s.B, s.Hq, s.S, s.D}, e);
+  for (const char* t : {"k", "v", "dk", "dv"}) need.add(t, {s.B, s.Hkv, s.S, s.D}, e);
+  need.add("lse", {s.B, s.Hq, s.S}, 4);
+  need.add("q2k_index", {s.B, s.Hq, s.Nq(), s.Nkv()}, 4);
+  if (dense_oracle) {
+    need.add("the oracle's mask", {s.S, s.S}, 1);
+    // Its double copies of q, k, v, dout and of o, dq, dk, dv.
+    need.add("the oracle's inputs", {8, s.B, std::max(s.Hq, s.Hkv), s.S, s.D}, 8);
+  }
+  need.check_fits();
+}
+
+void check_dsa_size(const DsaShape& s, bool dense_oracle) {
+  HostBytes need("--dsa-queries, --dsa-seq, --dsa-heads, --dsa-dqk, --topk");
+  const int64_t e = sa::dtype_size(s.dtype);
+  for (const char* t : {"q", "dq"}) need.add(t, {s.Sq, s.H, s.Dqk}, e);
+  for (const char* t : {"out", "dout"}) need.add(t, {s.Sq, s.H, s.Dv}, e);
+  for (const char* t : {"kv", "dkv"}) need.add(t, {s.Skv, s.Dqk}, e);
+  need.add("topk_idx", {s.Sq, s.topk}, 4);
+  need.add("lse", {s.Sq, s.H}, 4);
+  need.add("the key pool", {s.Skv}, 4);
+  if (dense_oracle) {
+    need.add("the oracle's mask", {s.Sq, s.Skv}, 4);
+    need.add("the oracle's inputs", {4, s.Sq, s.H, std::max(s.Dqk, s.Dv)}, 8);
+    need.add("the oracle's keys", {2, s.Skv, s.Dqk}, 8);
+  }
+  need.check_fits();
+}
 
 // ---- BSA ----------------------------------------------------------------------------------------
 int32_t BsaShape::count() const {
@@ -111,6 +182,7 @@ std::vector<double> BsaProblem::logical(const HostTensor& t) const {
 }
 
 BsaProblem make_bsa_problem(const BsaShape& s, uint64_t seed) {
+  check_bsa_size(s, false);
   std::mt19937_64 rng(seed);
   BsaProblem p;
   p.shape = s;
@@ -211,6 +283,7 @@ bool DsaProblem::row_empty(int64_t t) const {
 }
 
 DsaProblem make_dsa_problem(const DsaShape& s, uint64_t seed) {
+  check_dsa_size(s, false);
   std::mt19937_64 rng(seed);
   DsaProblem p;
   p.shape = s;

@@ -29,7 +29,7 @@ struct BsaShape {
   sa_layout layout = SA_LAYOUT_BHSD;
   sa_dtype dtype = SA_DTYPE_BF16;
 
-  int64_t Nq() const { return (S + block - 1) / block; }
+  int64_t Nq() const { return S <= 0 || block <= 0 ? 0 : (S - 1) / block + 1; }
   int64_t Nkv() const { return Nq(); }
   int64_t group() const { return Hq / Hkv; }  // query heads per KV head
   int32_t count() const;                      // KV blocks per query block, in [1, N_kv]
@@ -57,6 +57,12 @@ struct BsaProblem {
   std::vector<double> logical(const HostTensor& t) const;
 };
 
+// Checks that the problem fits this machine before anything is allocated: every tensor's element
+// count and the total bytes fit in int64 (overflow-checked products), and the total is at most
+// the machine's physical memory. With dense_oracle, also the CPU demo's dense [S_q, S_kv] oracle
+// buffers. Throws ToolError(kExitBadArgument) naming the flags that set the sizes.
+void check_bsa_size(const BsaShape& shape, bool dense_oracle);
+// Calls check_bsa_size(shape, false) first.
 BsaProblem make_bsa_problem(const BsaShape& shape, uint64_t seed);
 
 struct BsaViews {
@@ -94,6 +100,8 @@ struct DsaProblem {
   bool row_empty(int64_t t) const;
 };
 
+void check_dsa_size(const DsaShape& shape, bool dense_oracle);
+// Calls check_dsa_size(shape, false) first.
 DsaProblem make_dsa_problem(const DsaShape& shape, uint64_t seed);
 
 struct DsaViews {

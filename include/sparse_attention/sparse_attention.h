@@ -163,10 +163,12 @@ typedef enum sa_layout {
 
 typedef struct sa_bsa_options {
   size_t size;           /* sizeof(sa_bsa_options): set by SA_BSA_OPTIONS_INIT */
-  float scale;           /* softmax scale; 0 means 1/sqrt(D) */
+  float scale;           /* softmax scale; 0 means 1/sqrt(D); else finite, with
+                          * FLT_MIN <= |scale| <= 2.35865e38 */
   sa_layout layout;      /* layout of q, k, v, o (and dout, dq, dk, dv) */
   int32_t block_size;    /* 64 or 128 (query and KV blocks) */
-  int32_t count;         /* blocks per row when q2k_count is absent; -1 means K_max */
+  int32_t count;         /* blocks per row when q2k_count is absent; -1 means K_max (which
+                          * must then fit in int32) */
   int32_t bucket_size;   /* backward: query blocks per group of a reverse row; 0 = automatic */
   int32_t validate;      /* nonzero: check metadata values first, report the first bad entry */
   int32_t deterministic; /* nonzero: bitwise-reproducible gradients */
@@ -238,7 +240,7 @@ SA_API sa_status sa_bsa_backward(const sa_bsa_bwd_args* args, const sa_context* 
  * ------------------------------------------------------------------------------------------- */
 typedef struct sa_dsa_options {
   size_t size;           /* sizeof(sa_dsa_options): set by SA_DSA_OPTIONS_INIT */
-  float scale;           /* softmax scale; 0 means 1/sqrt(D_qk) */
+  float scale;           /* softmax scale; 0 means 1/sqrt(D_qk); else as in sa_bsa_options */
   int32_t d_v;           /* value width: kv[:, :d_v] is the value; 0 (the default) means 512 */
   int32_t deterministic; /* nonzero: bitwise-reproducible dkv and d_sink */
   sa_impl impl;

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import os
 from pathlib import Path
 from typing import Optional
@@ -318,38 +319,69 @@ def can_describe(*tensors: Optional[torch.Tensor]) -> bool:
     """Whether the shapes and strides are plain ints (not symbolic), so that the library can
     validate them without data (see `view(..., shape_only=True)`)."""
     for t in tensors:
-        if t is None:
+        if t is None or isinstance(t, Planned):
             continue
         if not (_concrete(t.shape) and _concrete(t.stride())):
             return False
     return True
 
 
-def view(t: Optional[torch.Tensor], shape_only: bool = False) -> sa_tensor:
-    """The `sa_tensor` view of a torch tensor (`None` -> absent). With shape_only, the view
-    carries a placeholder address and says CPU: it lets the library check ranks, shapes, dtypes
-    and strides of fake or meta tensors without touching memory (CUDA-only checks wait for the
-    real call)."""
+class Planned:
+    """An output that is not allocated yet: its shape and dtype (contiguous). Its view lets the
+    library validate a call's shapes before the outputs are allocated."""
+
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape, dtype: torch.dtype):
+        self.shape = tuple(int(n) for n in shape)
+        self.dtype = dtype
+
+    @classmethod
+    def of(cls, shape, dtype: torch.dtype):
+        """Planned(shape, dtype), or None (absent) when the shape is not known."""
+        return None if shape is None else cls(shape, dtype)
+
+    def dim(self) -> int:
+        return len(self.shape)
+
+    def stride(self):
+        out, step = [], 1
+        for n in reversed(self.shape):
+            out.append(step)
+            step *= max(n, 1)
+        return tuple(reversed(out))
+
+
+def _invalid(message: str) -> ValueError:
+    return ValueError("SA_ERROR_INVALID_ARGUMENT: " + message)
+
+
+def view(t, shape_only: bool = False, name: str = "tensor") -> sa_tensor:
+    """The `sa_tensor` view of a torch tensor (`None` -> absent; a `Planned` output -> a
+    shape-only view). With shape_only, the view carries a placeholder address and says CPU: it
+    lets the library check ranks, shapes, dtypes and strides of fake or meta tensors without
+    touching memory (CUDA-only checks wait for the real call). `name` is the argument's name in
+    error messages ("q", "sparsity.q2k_index", ...), as the library names it."""
     v = sa_tensor()
     if t is None:
         return v  # data NULL: absent
     if t.dim() > SA_MAX_RANK:
-        raise ValueError(
-            "SA_ERROR_INVALID_ARGUMENT: tensor of rank %d: the library takes rank <= %d"
-            % (t.dim(), SA_MAX_RANK)
+        raise _invalid(
+            "%s: expected rank <= %d (the library's tensors), got rank %d %s"
+            % (name, SA_MAX_RANK, t.dim(), list(t.shape))
         )
     dtype = _DTYPES.get(t.dtype)
     if dtype is None:
-        raise ValueError(
-            "SA_ERROR_INVALID_ARGUMENT: unsupported dtype %s (the library takes bfloat16, "
-            "float16, float32, float64 and int32 tensors)" % t.dtype
+        raise _invalid(
+            "%s: unsupported dtype %s (the library takes bfloat16, float16, float32, float64 "
+            "and int32 tensors)" % (name, t.dtype)
         )
     v.dtype = dtype
     v.rank = t.dim()
     for i, (n, s) in enumerate(zip(t.shape, t.stride())):
         v.shape[i] = int(n)
         v.strides[i] = int(s)
-    if shape_only:
+    if shape_only or isinstance(t, Planned):
         v.data = _FAKE_DATA
         v.device = SA_DEVICE_CPU
         v.device_index = 0
@@ -362,11 +394,47 @@ def view(t: Optional[torch.Tensor], shape_only: bool = False) -> sa_tensor:
     elif t.device.type == "cpu":
         v.device = SA_DEVICE_CPU
     else:
-        raise ValueError(
-            "SA_ERROR_INVALID_ARGUMENT: tensor on device %s: the library takes CPU and CUDA "
-            "tensors" % t.device
+        raise _invalid(
+            "%s: tensor on device %s: the library takes CPU and CUDA tensors" % (name, t.device)
         )
     return v
+
+
+# ---- scalar options -----------------------------------------------------------------------------
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+# The largest |scale| the library takes (scale * log2(e) finite in fp32), and the smallest normal
+# fp32 value; the C ABI's SA_ERROR_INVALID_ARGUMENT names the same bounds.
+SCALE_MAX = 2.35865e38
+SCALE_MIN = 1.1754943508222875e-38
+
+
+def int32_option(value: int, name: str, expected: str) -> int:
+    """A Python int headed for an int32 field of the C structs, range-checked (ctypes would
+    silently keep the low 32 bits)."""
+    if isinstance(value, bool):
+        value = int(value)
+    if not isinstance(value, int):
+        raise TypeError("%s: expected an int, got %s" % (name, type(value).__name__))
+    if not INT32_MIN <= value <= INT32_MAX:
+        raise _invalid("%s: expected %s, got %d (outside int32)" % (name, expected, value))
+    return value
+
+
+def scale_option(scale: float, default_doc: str) -> float:
+    """The operators' scale (0.0: the default) headed for the C structs' float field: a nonzero
+    scale must survive the conversion to fp32 unchanged in kind (no underflow to 0 or a
+    subnormal, no overflow to inf)."""
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool):
+        raise TypeError("scale: expected a float, got %s" % type(scale).__name__)
+    scale = float(scale)
+    if scale != 0.0 and not (
+        math.isfinite(scale) and SCALE_MIN <= abs(scale) <= SCALE_MAX
+    ):
+        raise _invalid(
+            "options.scale: expected 0 (for %s) or a finite value with %.8g <= |scale| <= %.6g, "
+            "got %r" % (default_doc, SCALE_MIN, SCALE_MAX, scale)
+        )
+    return scale
 
 
 # The implementation that served the last call on this process (benchmarks and logs read it).
@@ -376,10 +444,25 @@ LAST_IMPL_NAME: Optional[str] = None
 
 # ---- running a call -----------------------------------------------------------------------------
 def validate_shapes(op: str, args) -> None:
-    """Shape-only validation (args built with view(..., shape_only=True)): the library's checks
-    and messages at trace time, for fake and meta tensors."""
+    """Shape-only validation (args built with view(..., shape_only=True), outputs `Planned`): the
+    library's checks and messages before any output is allocated, and at trace time for fake and
+    meta tensors."""
     nbytes = ctypes.c_size_t(0)
     check(getattr(LIB, "sa_%s_workspace_size" % op)(ctypes.byref(args), ctypes.byref(nbytes)))
+
+
+def validate_shapes_once(op: str, options, tensors, build_args) -> None:
+    """validate_shapes(op, build_args()) for a call shape not seen before: the key is the options
+    and each input's shape, strides and dtype (the planned outputs follow from them), so a
+    repeated call shape costs a dictionary lookup. Errors are raised every time."""
+    key = (op, ctypes.string_at(ctypes.addressof(options), ctypes.sizeof(options)),
+           tuple(None if t is None else (tuple(t.shape), t.stride(), t.dtype) for t in tensors))
+    if key in _SHAPES_OK:
+        return
+    validate_shapes(op, build_args())
+    if len(_SHAPES_OK) >= _WS_CACHE_MAX:
+        _SHAPES_OK.pop(next(iter(_SHAPES_OK)))
+    _SHAPES_OK[key] = True
 
 
 # Workspace sizes by call shape: the size depends on shapes, strides, dtypes, devices, options and
@@ -388,6 +471,7 @@ def validate_shapes(op: str, args) -> None:
 # instead of two per call; the call itself still validates everything).
 _WS_CACHE: dict = {}
 _WS_CACHE_MAX = 256
+_SHAPES_OK: dict = {}  # call shapes that passed validate_shapes (insertion-ordered, bounded)
 _DATA_OFFSETS: dict = {}
 
 

@@ -27,24 +27,41 @@ _NS = "sparse_attention"
 
 # ---- BSA ----------------------------------------------------------------------------------------
 def _bsa_options(block_size, layout, count, scale, bucket_size, deterministic, validate):
+    # Every value is range-checked before ctypes narrows it (it would keep the low 32 bits).
     o = _abi.sa_bsa_options()
-    o.scale = scale
-    o.layout = layout
-    o.block_size = block_size
-    o.count = count
-    o.bucket_size = bucket_size
-    o.validate = int(validate)
-    o.deterministic = int(deterministic)
+    o.scale = _abi.scale_option(scale, "1/sqrt(D)")
+    o.layout = _abi.int32_option(layout, "options.layout", "SA_LAYOUT_BHSD or SA_LAYOUT_BSHD")
+    o.block_size = _abi.int32_option(block_size, "options.block_size", "64 or 128")
+    o.count = _abi.int32_option(count, "options.count", "-1 (K_max) or a value in [0, K_max]")
+    o.bucket_size = _abi.int32_option(bucket_size, "options.bucket_size",
+                                      ">= 0 (0 = automatic)")
+    o.validate = int(bool(validate))
+    o.deterministic = int(bool(deterministic))
     o.impl = _abi.SA_IMPL_AUTO
     return o
 
 
 def _bsa_sparsity(q2k_index, q2k_count, kv_block_len, shape_only):
     s = _abi.sa_bsa_sparsity()
-    s.q2k_index = _abi.view(q2k_index, shape_only)
-    s.q2k_count = _abi.view(q2k_count, shape_only)
-    s.kv_block_len = _abi.view(kv_block_len, shape_only)
+    s.q2k_index = _abi.view(q2k_index, shape_only, "sparsity.q2k_index")
+    s.q2k_count = _abi.view(q2k_count, shape_only, "sparsity.q2k_count")
+    s.kv_block_len = _abi.view(kv_block_len, shape_only, "sparsity.kv_block_len")
     return s
+
+
+def _same_device(**tensors) -> None:
+    """Every tensor of a call on one device (the first one's). Meta dispatch (the fake kernels)
+    is chosen when any input is a meta tensor; mixing it with real tensors is an error, not a
+    shape-only call."""
+    first = None
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if first is None:
+            first = (name, t.device)
+        elif t.device != first[1]:
+            raise _abi._invalid("%s: expected device %s like %s, got %s"
+                                % (name, first[1], first[0], t.device))
 
 
 def _lse_shape(x: Tensor, layout: int):
@@ -56,28 +73,31 @@ def _lse_shape(x: Tensor, layout: int):
 
 def _bsa_fwd_args(q, k, v, q2k_index, q2k_count, kv_block_len, o, lse, options, shape_only):
     a = _abi.sa_bsa_fwd_args()
-    a.q = _abi.view(q, shape_only)
-    a.k = _abi.view(k, shape_only)
-    a.v = _abi.view(v, shape_only)
+    a.q = _abi.view(q, shape_only, "q")
+    a.k = _abi.view(k, shape_only, "k")
+    a.v = _abi.view(v, shape_only, "v")
     a.sparsity = _bsa_sparsity(q2k_index, q2k_count, kv_block_len, shape_only)
-    a.o = _abi.view(o, shape_only)
-    a.lse = _abi.view(lse, shape_only)
+    a.o = _abi.view(o, shape_only, "o")
+    a.lse = _abi.view(lse, shape_only, "lse")
     a.options = options
     return a
 
 
-def _bsa_fwd_outputs(q, k, v, q2k_index, q2k_count, kv_block_len, options):
-    """Allocates o and lse; when their shapes cannot be derived (wrong ranks), lets the library
-    report what is wrong. Returns (o, lse)."""
-    if q.dim() != 4 or v.dim() != 4:
-        _abi.validate_shapes(
-            "bsa_forward",
-            _bsa_fwd_args(q, k, v, q2k_index, q2k_count, kv_block_len, None, None, options, True),
-        )
-        raise ValueError("SA_ERROR_INVALID_ARGUMENT: q and v must have rank 4")  # not reached
-    o = q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
-    lse = q.new_empty(_lse_shape(q, options.layout), dtype=torch.float32)
-    return o, lse
+def _bsa_fwd_outputs(q, k, v, q2k_index, q2k_count, kv_block_len, options, fake=False):
+    """Validates the call's shapes with the library (no data read, nothing allocated), then
+    allocates o and lse. Returns (o, lse)."""
+    o_shape = lse_shape = None
+    if q.dim() == 4 and v.dim() == 4:
+        o_shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
+        lse_shape = _lse_shape(q, options.layout)
+    inputs = (q, k, v, q2k_index, q2k_count, kv_block_len)
+    if not fake or _abi.can_describe(*inputs):  # fake: maybe symbolic
+        _abi.validate_shapes_once("bsa_forward", options, inputs, lambda: _bsa_fwd_args(
+            q, k, v, q2k_index, q2k_count, kv_block_len, _abi.Planned.of(o_shape, q.dtype),
+            _abi.Planned.of(lse_shape, torch.float32), options, True))
+    if o_shape is None:  # symbolic shapes of the wrong rank
+        raise _abi._invalid("q and v: expected rank 4, got %d and %d" % (q.dim(), v.dim()))
+    return q.new_empty(o_shape), q.new_empty(lse_shape, dtype=torch.float32)
 
 
 @torch.library.custom_op(_NS + "::bsa_fwd", mutates_args=())
@@ -106,31 +126,38 @@ def bsa_fwd(
 @bsa_fwd.register_fake
 def _bsa_fwd_fake(q, k, v, q2k_index, q2k_count, kv_block_len, block_size, layout, count, scale,
                   bucket_size, deterministic, validate):
+    _same_device(q=q, k=k, v=v, q2k_index=q2k_index, q2k_count=q2k_count,
+                 kv_block_len=kv_block_len)
     opts = _bsa_options(block_size, layout, count, scale, bucket_size, deterministic, validate)
-    o, lse = _bsa_fwd_outputs(q, k, v, q2k_index, q2k_count, kv_block_len, opts)
-    if _abi.can_describe(q, k, v, q2k_index, q2k_count, kv_block_len, o, lse):
-        _abi.validate_shapes(
-            "bsa_forward",
-            _bsa_fwd_args(q, k, v, q2k_index, q2k_count, kv_block_len, o, lse, opts, True),
-        )
-    return o, lse
+    return _bsa_fwd_outputs(q, k, v, q2k_index, q2k_count, kv_block_len, opts, fake=True)
 
 
 def _bsa_bwd_args(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, dq, dk, dv, options,
                   shape_only):
     a = _abi.sa_bsa_bwd_args()
-    a.q = _abi.view(q, shape_only)
-    a.k = _abi.view(k, shape_only)
-    a.v = _abi.view(v, shape_only)
-    a.o = _abi.view(o, shape_only)
-    a.lse = _abi.view(lse, shape_only)
-    a.dout = _abi.view(dout, shape_only)
+    a.q = _abi.view(q, shape_only, "q")
+    a.k = _abi.view(k, shape_only, "k")
+    a.v = _abi.view(v, shape_only, "v")
+    a.o = _abi.view(o, shape_only, "o")
+    a.lse = _abi.view(lse, shape_only, "lse")
+    a.dout = _abi.view(dout, shape_only, "dout")
     a.sparsity = _bsa_sparsity(q2k_index, q2k_count, kv_block_len, shape_only)
-    a.dq = _abi.view(dq, shape_only)
-    a.dk = _abi.view(dk, shape_only)
-    a.dv = _abi.view(dv, shape_only)
+    a.dq = _abi.view(dq, shape_only, "dq")
+    a.dk = _abi.view(dk, shape_only, "dk")
+    a.dv = _abi.view(dv, shape_only, "dv")
     a.options = options
     return a
+
+
+def _bsa_bwd_outputs(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, options,
+                     fake=False):
+    """Validates the call's shapes (nothing allocated yet), then allocates dq, dk, dv."""
+    inputs = (dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len)
+    if not fake or _abi.can_describe(*inputs):  # fake: maybe symbolic
+        _abi.validate_shapes_once("bsa_backward", options, inputs, lambda: _bsa_bwd_args(
+            dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len,
+            *(_abi.Planned(t.shape, t.dtype) for t in (q, k, v)), options, True))
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 @torch.library.custom_op(_NS + "::bsa_bwd", mutates_args=())
@@ -153,7 +180,7 @@ def bsa_bwd(
     validate: bool,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     opts = _bsa_options(block_size, layout, count, scale, bucket_size, deterministic, validate)
-    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    dq, dk, dv = _bsa_bwd_outputs(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, opts)
     args = _bsa_bwd_args(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, dq, dk, dv,
                          opts, False)
     _abi.run("bsa_backward", args, q.device)
@@ -163,15 +190,11 @@ def bsa_bwd(
 @bsa_bwd.register_fake
 def _bsa_bwd_fake(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, block_size, layout,
                   count, scale, bucket_size, deterministic, validate):
+    _same_device(dout=dout, q=q, k=k, v=v, o=o, lse=lse, q2k_index=q2k_index,
+                 q2k_count=q2k_count, kv_block_len=kv_block_len)
     opts = _bsa_options(block_size, layout, count, scale, bucket_size, deterministic, validate)
-    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
-    if _abi.can_describe(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, dq, dk, dv):
-        _abi.validate_shapes(
-            "bsa_backward",
-            _bsa_bwd_args(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, dq, dk, dv,
-                          opts, True),
-        )
-    return dq, dk, dv
+    return _bsa_bwd_outputs(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, opts,
+                            fake=True)
 
 
 def _bsa_setup_context(ctx, inputs, output):
@@ -199,37 +222,40 @@ bsa_fwd.register_autograd(_bsa_backward, setup_context=_bsa_setup_context)
 # ---- DSA ----------------------------------------------------------------------------------------
 def _dsa_options(d_v, scale, deterministic):
     o = _abi.sa_dsa_options()
-    o.scale = scale
-    o.d_v = d_v
-    o.deterministic = int(deterministic)
+    o.scale = _abi.scale_option(scale, "1/sqrt(D_qk)")
+    o.d_v = _abi.int32_option(d_v, "options.d_v", "a value in [1, D_qk] (0 for 512)")
+    o.deterministic = int(bool(deterministic))
     o.impl = _abi.SA_IMPL_AUTO
     return o
 
 
 def _dsa_fwd_args(q, kv, topk_idx, topk_length, sink, out, lse, options, shape_only):
     a = _abi.sa_dsa_fwd_args()
-    a.q = _abi.view(q, shape_only)
-    a.kv = _abi.view(kv, shape_only)
-    a.topk_idx = _abi.view(topk_idx, shape_only)
-    a.topk_length = _abi.view(topk_length, shape_only)
-    a.sink = _abi.view(sink, shape_only)
-    a.out = _abi.view(out, shape_only)
-    a.lse = _abi.view(lse, shape_only)
+    a.q = _abi.view(q, shape_only, "q")
+    a.kv = _abi.view(kv, shape_only, "kv")
+    a.topk_idx = _abi.view(topk_idx, shape_only, "topk_idx")
+    a.topk_length = _abi.view(topk_length, shape_only, "topk_length")
+    a.sink = _abi.view(sink, shape_only, "sink")
+    a.out = _abi.view(out, shape_only, "out")
+    a.lse = _abi.view(lse, shape_only, "lse")
     a.options = options
     return a
 
 
-def _dsa_fwd_outputs(q, kv, topk_idx, topk_length, sink, options):
-    if q.dim() != 3:
-        _abi.validate_shapes(
-            "dsa_forward",
-            _dsa_fwd_args(q, kv, topk_idx, topk_length, sink, None, None, options, True),
-        )
-        raise ValueError("SA_ERROR_INVALID_ARGUMENT: q must have rank 3")  # not reached
-    d_v = options.d_v if options.d_v != 0 else 512
-    out = q.new_empty((q.shape[0], q.shape[1], d_v))
-    lse = q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
-    return out, lse
+def _dsa_fwd_outputs(q, kv, topk_idx, topk_length, sink, options, fake=False):
+    """Validates the call's shapes (nothing allocated yet), then allocates out and lse."""
+    out_shape = lse_shape = None
+    if q.dim() == 3:
+        d_v = options.d_v if options.d_v != 0 else 512
+        out_shape, lse_shape = (q.shape[0], q.shape[1], d_v), (q.shape[0], q.shape[1])
+    inputs = (q, kv, topk_idx, topk_length, sink)
+    if not fake or _abi.can_describe(*inputs):  # fake: maybe symbolic
+        _abi.validate_shapes_once("dsa_forward", options, inputs, lambda: _dsa_fwd_args(
+            q, kv, topk_idx, topk_length, sink, _abi.Planned.of(out_shape, q.dtype),
+            _abi.Planned.of(lse_shape, torch.float32), options, True))
+    if out_shape is None:  # symbolic shapes of the wrong rank
+        raise _abi._invalid("q: expected rank 3, got rank %d" % q.dim())
+    return q.new_empty(out_shape), q.new_empty(lse_shape, dtype=torch.float32)
 
 
 @torch.library.custom_op(_NS + "::dsa_fwd", mutates_args=())
@@ -252,34 +278,37 @@ def dsa_fwd(
 
 @dsa_fwd.register_fake
 def _dsa_fwd_fake(q, kv, topk_idx, topk_length, sink, d_v, scale, deterministic):
+    _same_device(q=q, kv=kv, topk_idx=topk_idx, topk_length=topk_length, sink=sink)
     opts = _dsa_options(d_v, scale, deterministic)
-    out, lse = _dsa_fwd_outputs(q, kv, topk_idx, topk_length, sink, opts)
-    if _abi.can_describe(q, kv, topk_idx, topk_length, sink, out, lse):
-        _abi.validate_shapes(
-            "dsa_forward", _dsa_fwd_args(q, kv, topk_idx, topk_length, sink, out, lse, opts, True)
-        )
-    return out, lse
+    return _dsa_fwd_outputs(q, kv, topk_idx, topk_length, sink, opts, fake=True)
 
 
 def _dsa_bwd_args(dout, q, kv, out, lse, topk_idx, topk_length, sink, dq, dkv, d_sink, options,
                   shape_only):
     a = _abi.sa_dsa_bwd_args()
-    a.q = _abi.view(q, shape_only)
-    a.kv = _abi.view(kv, shape_only)
-    a.topk_idx = _abi.view(topk_idx, shape_only)
-    a.topk_length = _abi.view(topk_length, shape_only)
-    a.sink = _abi.view(sink, shape_only)
-    a.out = _abi.view(out, shape_only)
-    a.lse = _abi.view(lse, shape_only)
-    a.dout = _abi.view(dout, shape_only)
-    a.dq = _abi.view(dq, shape_only)
-    a.dkv = _abi.view(dkv, shape_only)
-    a.d_sink = _abi.view(d_sink, shape_only)
+    a.q = _abi.view(q, shape_only, "q")
+    a.kv = _abi.view(kv, shape_only, "kv")
+    a.topk_idx = _abi.view(topk_idx, shape_only, "topk_idx")
+    a.topk_length = _abi.view(topk_length, shape_only, "topk_length")
+    a.sink = _abi.view(sink, shape_only, "sink")
+    a.out = _abi.view(out, shape_only, "out")
+    a.lse = _abi.view(lse, shape_only, "lse")
+    a.dout = _abi.view(dout, shape_only, "dout")
+    a.dq = _abi.view(dq, shape_only, "dq")
+    a.dkv = _abi.view(dkv, shape_only, "dkv")
+    a.d_sink = _abi.view(d_sink, shape_only, "d_sink")
     a.options = options
     return a
 
 
-def _dsa_bwd_outputs(q, kv):
+def _dsa_bwd_outputs(dout, q, kv, out, lse, topk_idx, topk_length, sink, options, fake=False):
+    """Validates the call's shapes (nothing allocated yet), then allocates dq, dkv, d_sink."""
+    inputs = (dout, q, kv, out, lse, topk_idx, topk_length, sink)
+    if not fake or _abi.can_describe(*inputs):  # fake: maybe symbolic
+        _abi.validate_shapes_once("dsa_backward", options, inputs, lambda: _dsa_bwd_args(
+            dout, q, kv, out, lse, topk_idx, topk_length, sink, _abi.Planned(q.shape, q.dtype),
+            _abi.Planned(kv.shape, kv.dtype),
+            _abi.Planned((q.shape[1],) if q.dim() >= 2 else (1,), torch.float32), options, True))
     return (q.new_empty(q.shape), kv.new_empty(kv.shape),
             q.new_empty((q.shape[1],), dtype=torch.float32))
 
@@ -299,7 +328,7 @@ def dsa_bwd(
     deterministic: bool,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     opts = _dsa_options(d_v, scale, deterministic)
-    dq, dkv, d_sink = _dsa_bwd_outputs(q, kv)
+    dq, dkv, d_sink = _dsa_bwd_outputs(dout, q, kv, out, lse, topk_idx, topk_length, sink, opts)
     args = _dsa_bwd_args(dout, q, kv, out, lse, topk_idx, topk_length, sink, dq, dkv, d_sink, opts,
                          False)
     _abi.run("dsa_backward", args, q.device)
@@ -308,15 +337,10 @@ def dsa_bwd(
 
 @dsa_bwd.register_fake
 def _dsa_bwd_fake(dout, q, kv, out, lse, topk_idx, topk_length, sink, d_v, scale, deterministic):
+    _same_device(dout=dout, q=q, kv=kv, out=out, lse=lse, topk_idx=topk_idx,
+                 topk_length=topk_length, sink=sink)
     opts = _dsa_options(d_v, scale, deterministic)
-    dq, dkv, d_sink = _dsa_bwd_outputs(q, kv)
-    if _abi.can_describe(dout, q, kv, out, lse, topk_idx, topk_length, sink, dq, dkv, d_sink):
-        _abi.validate_shapes(
-            "dsa_backward",
-            _dsa_bwd_args(dout, q, kv, out, lse, topk_idx, topk_length, sink, dq, dkv, d_sink,
-                          opts, True),
-        )
-    return dq, dkv, d_sink
+    return _dsa_bwd_outputs(dout, q, kv, out, lse, topk_idx, topk_length, sink, opts, fake=True)
 
 
 def _dsa_setup_context(ctx, inputs, output):

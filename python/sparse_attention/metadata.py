@@ -27,28 +27,40 @@ def bsa_metadata_from_block_mask(
     query block ``m`` of head ``h`` attends KV block ``n`` iff ``block_mask[b, h, m, n]``.
 
     ``q2k_index`` is ``[B, H, N_q, k_max]`` int32 (each row's blocks in increasing order, then
-    padding) and ``q2k_count`` ``[B, H, N_q]`` int32. ``k_max`` defaults to ``N_kv`` (no host
-    synchronisation); a smaller ``k_max`` must hold every row and is checked (which synchronises
-    with the device).
+    padding that the library never reads; past ``N_kv`` the padding is -1) and ``q2k_count``
+    ``[B, H, N_q]`` int32. ``k_max`` defaults to ``N_kv`` (no host synchronisation); a smaller
+    ``k_max`` must hold every row and is checked (which synchronises with the device); a larger
+    one pads every row to that width.
     """
+    if not isinstance(block_mask, torch.Tensor):
+        raise TypeError(
+            "block_mask: expected a [B, H, N_q, N_kv] boolean torch.Tensor, got %s%s" % (
+                type(block_mask).__name__,
+                "; for a FlexAttention BlockMask use bsa_metadata_from_flex_block_mask"
+                if hasattr(block_mask, "kv_indices") else "")
+        )
+    if k_max is not None and (isinstance(k_max, bool) or not isinstance(k_max, int)):
+        raise TypeError("k_max: expected an int or None, got %s %r" % (type(k_max).__name__, k_max))
     if block_mask.dim() != 4:
         raise ValueError(
             "block_mask: expected a [B, H, N_q, N_kv] mask, got shape %s" % (tuple(block_mask.shape),)
         )
+    if k_max is not None and not 1 <= k_max <= 2**31 - 1:
+        raise ValueError("k_max: expected a value in [1, 2147483647], got %d" % k_max)
     mask = block_mask if block_mask.dtype == torch.bool else block_mask != 0
     n_kv = mask.shape[-1]
     count = mask.sum(dim=-1, dtype=torch.int32)
     blocks = torch.arange(n_kv, device=mask.device, dtype=torch.int32).expand(mask.shape)
     index = _compact(blocks, mask)
     if k_max is not None and k_max < n_kv:
-        if k_max < 1:
-            raise ValueError("k_max: expected >= 1, got %d" % k_max)
         widest = int(count.max()) if count.numel() else 0
         if widest > k_max:
             raise ValueError(
                 "k_max: a row attends %d blocks, more than k_max = %d" % (widest, k_max)
             )
         index = index[..., :k_max]
+    elif k_max is not None and k_max > n_kv:
+        index = torch.nn.functional.pad(index, (0, k_max - n_kv), value=-1)
     return index.contiguous(), count
 
 
@@ -65,6 +77,14 @@ def bsa_metadata_from_flex_block_mask(block_mask) -> Tuple[Tensor, Tensor]:
     must be equal (64 or 128): pass that as ``block_size``. Batch or head dimensions of size 1
     broadcast in ``block_sparse_attention``.
     """
+    if isinstance(block_mask, torch.Tensor) or not hasattr(block_mask, "BLOCK_SIZE"):
+        raise TypeError(
+            "block_mask: expected a FlexAttention BlockMask (from torch.nn.attention."
+            "flex_attention.create_block_mask), got %s%s" % (
+                type(block_mask).__name__,
+                "; for a boolean [B, H, N_q, N_kv] block mask use bsa_metadata_from_block_mask"
+                if isinstance(block_mask, torch.Tensor) else "")
+        )
     bs_q, bs_kv = (int(b) for b in block_mask.BLOCK_SIZE)
     if bs_q != bs_kv or bs_q not in (64, 128):
         raise ValueError(

@@ -6,6 +6,7 @@ are checked against them, values and gradients (through torch autograd).
 """
 
 import math
+import os
 
 import pytest
 import torch
@@ -109,6 +110,18 @@ def dsa_dense(q, kv, topk_idx, topk_length=None, sink=None, d_v=512, scale=None)
 
 def needs_cuda():
     return pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+# ---- the command-line tool --------------------------------------------------------------------
+def cli_binary():
+    """The built `sparse-attention` binary: SA_CLI, else build/ of this checkout; None if absent."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.environ.get("SA_CLI") or os.path.join(here, "..", "..", "build", "sparse-attention")
+    return path if os.path.isfile(path) and os.access(path, os.X_OK) else None
+
+
+needs_cli = pytest.mark.skipif(cli_binary() is None,
+                               reason="no sparse-attention binary (build/ or SA_CLI)")
 
 
 # ---- a session in which nothing ran must not pass ---------------------------------------------------

@@ -1,5 +1,6 @@
 """The workspace-size cache of the ctypes layer (sparse_attention._abi): a repeated call shape
-asks the library for its workspace size once; another shape, another option or another optional
+asks the library for its workspace size once (and validates its shapes before allocating the
+outputs once: two queries per new call shape); another shape, another option or another optional
 tensor asks again; data pointers and values never change the key."""
 
 import torch
@@ -38,19 +39,21 @@ def _problem(s, seed, scale=None):
 
 def test_repeated_call_shape_queries_once():
     _abi._WS_CACHE.clear()
+    _abi._SHAPES_OK.clear()
     with _Spy("bsa_forward") as spy:
         q, k, v, idx, cnt = _problem(128, 0)
         o1, _ = block_sparse_attention(q, k, v, idx, cnt, block_size=64)
+        assert spy.calls == 2  # the shape check before allocation, the workspace size
         # New tensors (other pointers, other values), same shapes: no new query.
         q2, k2, v2, idx2, cnt2 = _problem(128, 1)
         o2, _ = block_sparse_attention(q2, k2, v2, idx2, cnt2, block_size=64)
-        assert spy.calls == 1
-        # Another shape, then another option: one query each.
+        assert spy.calls == 2
+        # Another shape, then another option: two queries each.
         q3, k3, v3, idx3, cnt3 = _problem(192, 2)
         block_sparse_attention(q3, k3, v3, idx3, cnt3, block_size=64)
-        assert spy.calls == 2
+        assert spy.calls == 4
         block_sparse_attention(q, k, v, idx, cnt, block_size=64, scale=0.5)
-        assert spy.calls == 3
+        assert spy.calls == 6
     assert not torch.equal(o1, o2)
 
 

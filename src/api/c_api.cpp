@@ -11,6 +11,7 @@
 #include "api/extensible.hpp"
 #include "api/validate.hpp"
 #include "common/error.hpp"
+#include "common/narrow.hpp"
 #include "sparse_attention/sparse_attention.h"
 
 namespace {
@@ -184,11 +185,13 @@ sa_tensor sa_tensor_contiguous(void* data, sa_dtype dtype, int32_t rank, const i
   t.device = device;
   t.device_index = device_index;
   const int32_t stored = rank < 0 ? 0 : (rank > SA_MAX_RANK ? SA_MAX_RANK : rank);
+  // A stride whose product overflows saturates at INT64_MAX: validation then rejects the view by
+  // name (its element count or extent overflows) instead of reading wrapped strides.
   int64_t stride = 1;
   for (int i = stored - 1; i >= 0; --i) {
     t.shape[i] = shape[i];
     t.strides[i] = stride;
-    stride *= shape[i] > 0 ? shape[i] : 1;
+    if (sa::mul_overflows(stride, shape[i] > 0 ? shape[i] : 1, &stride)) stride = INT64_MAX;
   }
   return t;
 }

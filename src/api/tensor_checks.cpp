@@ -2,9 +2,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cfloat>
+#include <cmath>
 #include <sstream>
 
 #include "common/host_numeric.hpp"
+#include "common/narrow.hpp"
 
 namespace sa::api {
 
@@ -14,6 +17,24 @@ std::string shape_str(const sa_tensor& t) {
   for (int i = 0; i < t.rank && i < SA_MAX_RANK; ++i) os << (i ? ", " : "") << t.shape[i];
   os << "]";
   return os.str();
+}
+
+std::string strides_str(const sa_tensor& t) {
+  std::ostringstream os;
+  os << "[";
+  for (int i = 0; i < t.rank && i < SA_MAX_RANK; ++i) os << (i ? ", " : "") << t.strides[i];
+  os << "]";
+  return os.str();
+}
+
+void check_scale(float scale, const char* default_doc) {
+  // 0 (either sign) is the default. Anything else is used as given: finite, normal, and small
+  // enough that the kernels' scale * log2(e) is finite in fp32 (kMaxScale).
+  const bool ok = scale == 0.f || (std::isfinite(scale) && std::fabs(scale) >= FLT_MIN &&
+                                   std::fabs(scale) <= kMaxScale);
+  SA_CHECK_ARG(ok, "options.scale: expected 0 (for " << default_doc << ") or a finite value "
+                       << "with " << FLT_MIN << " <= |scale| <= " << kMaxScale << ", got "
+                       << scale);
 }
 
 static const char* device_name(sa_device_type d) { return d == SA_DEVICE_CUDA ? "cuda" : "cpu"; }
@@ -73,6 +94,26 @@ void check_tensor(const sa_tensor& t, const char* name, const TensorRules& r,
       SA_CHECK_ARG(t.strides[i] > 0, name << ": output stride " << i
                                           << " is 0 on a dimension of size " << t.shape[i]
                                           << "; outputs cannot broadcast");
+  }
+  // Every element count, element offset and byte offset of the view fits in int64, so that no
+  // size product made from these dimensions downstream can overflow.
+  int64_t numel = 1;
+  for (int i = 0; i < t.rank; ++i)
+    SA_CHECK_ARG(!mul_overflows(numel, t.shape[i], &numel),
+                 name << ": shape " << shape_str(t) << " holds more than 2^63 - 1 elements");
+  if (numel > 0) {
+    int64_t last = 0;  // offset of the farthest element, in elements
+    for (int i = 0; i < t.rank; ++i) {
+      int64_t step = 0;
+      SA_CHECK_ARG(!mul_overflows(t.shape[i] - 1, t.strides[i], &step) &&
+                       !add_overflows(last, step, &last),
+                   name << ": shape " << shape_str(t) << " with strides " << strides_str(t)
+                        << " addresses elements past offset 2^63 - 1");
+    }
+    int64_t bytes = 0;
+    SA_CHECK_ARG(!mul_overflows(last, dtype_size(t.dtype), &bytes),
+                 name << ": shape " << shape_str(t) << " with strides " << strides_str(t)
+                      << " spans more than 2^63 - 1 bytes");
   }
   if (r.inner_contiguous && t.rank > 0 && t.shape[t.rank - 1] > 1)
     SA_CHECK_ARG(t.strides[t.rank - 1] == 1, name << ": the last dimension must be contiguous "

@@ -14,6 +14,14 @@
 namespace sa::api {
 
 std::string shape_str(const sa_tensor& t);
+std::string strides_str(const sa_tensor& t);
+
+// The largest |options.scale|: scale * log2(e), which the kernels use, is finite in fp32.
+constexpr float kMaxScale = 2.35865e38f;
+
+// options.scale: 0 (the default, `default_doc`) or a finite, normal fp32 value of magnitude at
+// most kMaxScale; negative scales are allowed.
+void check_scale(float scale, const char* default_doc);
 
 // Where every tensor of a call lives; the first present tensor fixes it.
 struct DevicePlace {
@@ -52,8 +60,9 @@ struct TensorRules {
   bool output = false;                        // no zero or negative strides on dims of size > 1
 };
 
-// Checks presence, rank, dtype, strides, device (same as `place`), CUDA pointer kind and
-// alignment. `name` is the argument name used in messages ("q", "sparsity.q2k_index", ...).
+// Checks presence, rank, dtype, strides, the element count and the farthest offset (in
+// elements and bytes) against int64, device (same as `place`), CUDA pointer kind and alignment.
+// `name` is the argument name used in messages ("q", "sparsity.q2k_index", ...).
 void check_tensor(const sa_tensor& t, const char* name, const TensorRules& rules,
                   DevicePlace& place);
 

@@ -3,6 +3,7 @@
 
 #include "api/tensor_checks.hpp"
 #include "api/validate.hpp"
+#include "common/narrow.hpp"
 
 namespace sa::api {
 namespace {
@@ -36,6 +37,19 @@ Bhsd4 dims_of(const sa_tensor& t, sa_layout layout) {
 
 const char* layout_name(sa_layout l) { return l == SA_LAYOUT_BHSD ? "BHSD" : "BSHD"; }
 
+// When q2k_index's shape fits q read in the other layout, the likely cause of a shape error:
+// e.g. [B, S, H, D] tensors passed with the default layout BHSD.
+std::string other_layout_hint(const sa_tensor& q, sa_layout layout, const sa_tensor& qi,
+                              int32_t block) {
+  const sa_layout other = layout == SA_LAYOUT_BHSD ? SA_LAYOUT_BSHD : SA_LAYOUT_BHSD;
+  const Bhsd4 d = dims_of(q, other);
+  if (d.s < 1 || qi.shape[0] != d.b || qi.shape[1] != d.h ||
+      qi.shape[2] != ceil_div_i64(d.s, block))
+    return "";
+  return std::string("; read in layout ") + layout_name(other) + " (options.layout), q's shape " +
+         shape_str(q) + " would match: is the layout right?";
+}
+
 // Checks a [B, H, S, D]-like tensor against expected sizes in the call's layout.
 void check_attn_shape(const sa_tensor& t, const char* name, sa_layout layout, Bhsd4 want,
                       const char* shape_doc) {
@@ -56,8 +70,7 @@ void check_options(const sa_bsa_options& o) {
                    << enum_bits(o.layout));
   SA_CHECK_ARG(o.block_size == 64 || o.block_size == 128,
                "options.block_size: expected 64 or 128, got " << o.block_size);
-  SA_CHECK_ARG(std::isfinite(o.scale), "options.scale: expected a finite value (0 for "
-                                       "1/sqrt(D)), got " << o.scale);
+  check_scale(o.scale, "1/sqrt(D)");
   SA_CHECK_ARG(o.bucket_size >= 0,
                "options.bucket_size: expected >= 0 (0 = automatic), got " << o.bucket_size);
   SA_CHECK_ARG(enum_bits(o.impl) >= SA_IMPL_AUTO && enum_bits(o.impl) <= SA_IMPL_SM90,
@@ -98,15 +111,16 @@ Common check_inputs(const sa_tensor& q, const sa_tensor& k, const sa_tensor& v,
   d.D = dq.d;
   d.Dv = dv.d;
   d.block = opt.block_size;
-  d.Nq = (d.Sq + d.block - 1) / d.block;
-  d.Nkv = (d.Skv + d.block - 1) / d.block;
+  d.Nq = ceil_div_i64(d.Sq, d.block);
+  d.Nkv = ceil_div_i64(d.Skv, d.block);
 
   check_tensor(sp.q2k_index, "sparsity.q2k_index", {4, kInt32, false, false}, c.place);
   const sa_tensor& qi = sp.q2k_index;
   SA_CHECK_ARG(qi.shape[0] == d.B && qi.shape[1] == d.Hq && qi.shape[2] == d.Nq,
-               "sparsity.q2k_index: expected shape [B, H_q, N_q, K_max] = [" << d.B << ", " << d.Hq
-                   << ", " << d.Nq << ", K_max] (N_q = ceil(S_q / block_size)), got "
-                   << shape_str(qi));
+               "sparsity.q2k_index: expected shape [B, H_q, N_q, K_max] = ["
+                   << d.B << ", " << d.Hq << ", " << d.Nq
+                   << ", K_max] (N_q = ceil(S_q / block_size)), got " << shape_str(qi)
+                   << other_layout_hint(q, L, qi, d.block));
   SA_CHECK_ARG(qi.shape[3] >= 1, "sparsity.q2k_index: K_max must be >= 1, got " << qi.shape[3]);
   d.Kmax = qi.shape[3];
   c.meta.q2k_index = int_view(qi);
@@ -122,7 +136,13 @@ Common check_inputs(const sa_tensor& q, const sa_tensor& k, const sa_tensor& v,
                  "options.count: expected -1 (K_max) or a value in [0, " << d.Kmax
                      << "] when sparsity.q2k_count is absent, got " << opt.count);
   }
-  c.meta.fixed_count = opt.count == -1 ? static_cast<int32_t>(d.Kmax) : opt.count;
+  // count -1 reads all K_max entries of every row; counts are int32.
+  SA_CHECK_ARG(sp.q2k_count.data != nullptr || opt.count != -1 || fits_i32(d.Kmax),
+               "sparsity.q2k_index: K_max = " << d.Kmax << " entries per row (options.count = -1 "
+                   << "reads them all) exceeds the int32 range of a count; give q2k_count or a "
+                   << "count in [0, 2147483647]");
+  c.meta.fixed_count =
+      opt.count == -1 ? (fits_i32(d.Kmax) ? static_cast<int32_t>(d.Kmax) : 0) : opt.count;
 
   const sa_tensor& bl = sp.kv_block_len;
   if (bl.data != nullptr) {

@@ -1,5 +1,6 @@
 // Validation of DSA forward and backward arguments (SPEC 2 and 3).
 #include <cmath>
+#include <cstdint>
 
 #include "api/tensor_checks.hpp"
 #include "api/validate.hpp"
@@ -28,8 +29,7 @@ using Common = CheckedCommon<DsaDims, DsaMeta>;
 Common check_inputs(const sa_tensor& q, const sa_tensor& kv, const sa_tensor& topk_idx,
                     const sa_tensor& topk_length, const sa_tensor& sink,
                     const sa_dsa_options& opt) {
-  SA_CHECK_ARG(std::isfinite(opt.scale), "options.scale: expected a finite value (0 for "
-                                         "1/sqrt(D_qk)), got " << opt.scale);
+  check_scale(opt.scale, "1/sqrt(D_qk)");
   SA_CHECK_ARG(enum_bits(opt.impl) >= SA_IMPL_AUTO && enum_bits(opt.impl) <= SA_IMPL_SM90,
                "options.impl: unknown implementation " << enum_bits(opt.impl));
   Common c;
@@ -59,6 +59,8 @@ Common check_inputs(const sa_tensor& q, const sa_tensor& kv, const sa_tensor& to
                "topk_idx: expected shape [S_q, topk] = [" << d.Sq << ", topk >= 1], got "
                                                           << shape_str(topk_idx));
   d.topk = topk_idx.shape[1];
+  SA_CHECK_ARG(d.topk <= INT32_MAX, "topk_idx: topk = " << d.topk << " slots per row, more than "
+                                        << "2147483647 (slots and lengths are int32)");
   c.meta.topk_idx = int_view(topk_idx);
   if (check_optional(topk_length, "topk_length", {1, kInt32, false, false}, c.place)) {
     SA_CHECK_ARG(topk_length.shape[0] == d.Sq, "topk_length: expected shape [S_q] = ["

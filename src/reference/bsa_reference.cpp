@@ -7,6 +7,8 @@
 //   lse            = log sum_j exp(s_j)       (natural log; -inf for a row with no keys)
 //   o_i            = sum_j exp(s_j - lse) v_j (0 for a row with no keys)
 // Backward, with P recomputed from the PROVIDED lse and Delta from the PROVIDED o:
+//   P_j  = min(exp(s_j - lse), 1)   (a probability; the cap only removes the overflow that the
+//                                    fp32 rounding of a huge lse would cause, see softmax_prob)
 //   dS_j = P_j (<dO_i, v_j> - Delta_i),  dq_i = scale sum_j dS_j k_j,
 //   dk_j += scale dS_j q_i,  dv_j += P_j dO_i   (summed over the query heads of a GQA group).
 // Gradients are accumulated in zero-initialised double buffers, then every element is stored, so
@@ -173,7 +175,7 @@ void bsa_backward(const BsaBwdProblem& p) {
           for (int64_t x = 0; x < d.Dv; ++x)
             delta += load(p.dout, p.dtype, b, h, i, x) * load(p.o, p.dtype, b, h, i, x);
           for (int64_t j : keys) {
-            const double prob = std::exp(score(p, b, h, hk, i, j) - lse);
+            const double prob = softmax_prob(score(p, b, h, hk, i, j), lse);
             double dp = 0.0;
             for (int64_t x = 0; x < d.Dv; ++x)
               dp += load(p.dout, p.dtype, b, h, i, x) * load(p.v, p.dtype, b, hk, j, x);

@@ -6,7 +6,7 @@
 //   L     = logaddexp(lse, sink[h])         (no sink: L = lse)
 //   p_j   = exp(s_j - L)
 //   out   = sum_j p_j kv[j, :D_v]
-// Backward, from the provided out and lse:
+// Backward, from the provided out and lse (p_j = min(exp(s_j - L), 1), see softmax_prob):
 //   delta = <out, dout>,  dP_j = <dout, kv[j, :D_v]>,  dS_j = p_j (dP_j - delta)
 //   dq    = scale * sum_j dS_j kv[j, :]
 //   dkv[j] += scale * dS_j q;  dkv[j, :D_v] += p_j dout     (double buffer, stored once)
@@ -41,7 +41,7 @@ double log_add_exp(double a, double b) {
 double sink_share(double sink, double L) {
   if (sink == -kInf) return 0.0;
   if (sink == kInf) return 1.0;
-  return std::exp(sink - L);
+  return softmax_prob(sink, L);
 }
 
 double sink_of(const DsaMeta& meta, int64_t h) {
@@ -143,7 +143,7 @@ void dsa_backward(const DsaBwdProblem& p) {
         const double L = log_add_exp(lse, sink);
         for (int64_t k = 0; k < row.n(); ++k) {
           const double* key = row.at(k, d.Dqk);
-          const double pk = std::exp(scale * dot(q.data(), key, d.Dqk) - L);
+          const double pk = softmax_prob(scale * dot(q.data(), key, d.Dqk), L);
           const double dS = pk * (dot(dout.data(), key, d.Dv) - delta);
           double* dkv_j = dkv.data() + row.index[static_cast<size_t>(k)] * d.Dqk;
           for (int64_t c = 0; c < d.Dqk; ++c) {

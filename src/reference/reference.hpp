@@ -9,10 +9,22 @@
 // The problems come validated from the host API (src/api); these functions only compute.
 #pragma once
 
+#include <cmath>
+
 #include "common/indexer_problem.hpp"
 #include "common/problem.hpp"
 
 namespace sa::reference {
+
+// exp(s - lse) for a backward that recomputes probabilities from a stored fp32 LSE, capped at 1.
+// The exact value is at most 1 (lse >= s for every key of the row); the fp32 rounding of lse,
+// about |lse| * 6e-8, can put a huge lse (huge scales or scores) below the largest s by more than
+// exp's range, and the cap keeps that row's gradients finite (their accuracy is bounded by the
+// same rounding). NaN stays NaN.
+inline double softmax_prob(double s, double lse) {
+  const double p = std::exp(s - lse);
+  return p > 1.0 ? 1.0 : p;
+}
 
 // BSA metadata values (SPEC 1): counts in [0, Kmax], the first count entries of each row distinct
 // and in [0, Nkv), kv_block_len in [1, block]. Throws SA_ERROR_INVALID_METADATA naming the first
