@@ -133,6 +133,20 @@ void indexer_topk_run(const IndexerTopkProblem& p, const ExecContext& ctx) {
   portable::indexer_topk(p, ctx.workspace, ctx.workspace_bytes, ctx.stream);
 }
 
+std::string indexer_loss_unsupported(const IndexerLossProblem& p) {
+  return indexer_unsupported(p, &portable::indexer_loss_unsupported);
+}
+
+size_t indexer_loss_workspace_bytes(const IndexerLossProblem& p) {
+  DeviceScope scope(p.device_index);  // CUB sizes deterministic mode's sort for the current device
+  return portable::indexer_loss_workspace_bytes(p);
+}
+
+void indexer_loss_run(const IndexerLossProblem& p, const ExecContext& ctx) {
+  DeviceScope scope(p.device_index);
+  portable::indexer_loss(p, ctx.workspace, ctx.workspace_bytes, ctx.stream);
+}
+
 }  // namespace
 
 extern const Implementation kPortableImplementation = {
@@ -144,7 +158,7 @@ extern const Implementation kPortableImplementation = {
     /*dsa_bwd=*/{&dsa_bwd_unsupported, &dsa_bwd_workspace_bytes, &dsa_bwd_run},
     /*indexer_scores=*/{&indexer_scores_unsupported, nullptr, &indexer_scores_run},
     /*indexer_topk=*/{&indexer_topk_unsupported, &indexer_topk_workspace_bytes, &indexer_topk_run},
-    /*indexer_loss=*/{},
+    /*indexer_loss=*/{&indexer_loss_unsupported, &indexer_loss_workspace_bytes, &indexer_loss_run},
 };
 
 }  // namespace sa
