@@ -1,10 +1,11 @@
-// The portable sparse indexer KL loss and its gradients (src/portable/indexer_loss.cu) against
-// the fp64 reference (SPEC 5). Gated kernels: every call forces options.impl = SA_IMPL_PORTABLE;
+// The portable indexer KL loss and its gradients, sparse and dense mode
+// (src/portable/indexer_loss.cu), against the fp64 reference (SPEC 5). Gated kernels: every call forces options.impl = SA_IMPL_PORTABLE;
 // suite names contain "IndexerGpu" (the gated filter *IndexerGpu*).
 //
 // Each case: bf16 q_I, k_I, q, kv, fp32 w and lse (a few heads at +inf, row 2 entirely: no target
-// mass), top-k metadata drawn from each row's range with SPEC 2's edge cases planted (-1, S_kv, a
-// repeated key, a key outside the range; lengths topk, 0, -2, past topk, topk - 1 in turn).
+// mass); sparse mode with top-k metadata drawn from each row's range with SPEC 2's edge cases
+// planted (-1, S_kv, a repeated key, a key outside the range; lengths topk, 0, -2, past topk,
+// topk - 1 in turn), dense mode over the ranges (causal, packed, empty, clamped).
 // Device tensors have rows 8 elements wider and NaN guards; every output starts as NaN; the
 // workspace starts as garbage. The oracle is the reference through the public API on fp64 copies
 // of the same values.
@@ -41,6 +42,7 @@ struct LossCase {
   bool grads = true;
   float coeff = 1.f;
   float scale_I = 0.f;
+  bool dense = false;  // no topk_idx: K_t is the range
 };
 
 void PrintTo(const LossCase& c, std::ostream* os) { *os << c.name; }
@@ -85,9 +87,12 @@ void make_meta(const IndexerCase& c, int64_t topk, uint64_t seed, HostTensor* id
   }
 }
 
-// K_t of row t (SPEC 5), written without IndexerMeta.
+// K_t of row t (SPEC 5), written without IndexerMeta; dense mode: the range.
 std::vector<int64_t> loss_keys(const IndexerCase& c, const HostTensor& idx, const HostTensor* len,
-                               int64_t t) {
+                               int64_t t, bool dense) {
+  std::vector<int64_t> range;
+  for (int64_t s = c.begin(t); s < c.end(t); ++s) range.push_back(s);
+  if (dense) return range;
   const int64_t topk = idx.shape()[1];
   const int64_t n = len ? std::min<int64_t>(len->i32()[t], topk) : topk;
   std::vector<int64_t> keys;
@@ -155,8 +160,8 @@ sa_indexer_options loss_options(const LossCase& lc, sa_impl impl) {
   a.q = dev.q.view();
   a.kv = dev.kv.view();
   a.lse = dev.lse.view();
-  a.topk_idx = dev.idx.view();
-  a.topk_length = lc.with_length ? dev.len.view() : sa_tensor_none();
+  a.topk_idx = lc.dense ? sa_tensor_none() : dev.idx.view();
+  a.topk_length = lc.with_length && !lc.dense ? dev.len.view() : sa_tensor_none();
   a.k_start = dev.in.start();
   a.k_end = dev.in.end();
   a.loss = dev.loss_view();
@@ -207,8 +212,8 @@ void run_reference_loss(const LossCase& lc, IndexerCase& c, HostTensor& idx, Hos
   a.q = q.view();
   a.kv = kv.view();
   a.lse = c.lse.view();
-  a.topk_idx = idx.view();
-  a.topk_length = lc.with_length ? len.view() : sa_tensor_none();
+  a.topk_idx = lc.dense ? sa_tensor_none() : idx.view();
+  a.topk_length = lc.with_length && !lc.dense ? len.view() : sa_tensor_none();
   a.k_start = c.has_range ? c.k_start.view() : sa_tensor_none();
   a.k_end = c.has_range ? c.k_end.view() : sa_tensor_none();
   a.loss = out->loss.view();
@@ -246,7 +251,8 @@ void expect_matches(const LossCase& lc, const IndexerCase& c, const HostTensor& 
   // Structural zeros.
   std::vector<uint8_t> selected(static_cast<size_t>(s.Skv), 0);
   for (int64_t t = 0; t < s.Sq; ++t) {
-    const std::vector<int64_t> keys = loss_keys(c, idx, lc.with_length ? &len : nullptr, t);
+    const std::vector<int64_t> keys =
+        loss_keys(c, idx, lc.with_length ? &len : nullptr, t, lc.dense);
     const bool empty = keys.empty() || !row_has_mass(c, t);
     if (!empty) {
       for (int64_t k : keys) selected[static_cast<size_t>(k)] = 1;
@@ -272,7 +278,7 @@ TEST_P(IndexerGpuLoss, MatchesReference) {
   const LossCase& lc = GetParam();
   IndexerCase c = make_indexer_case(lc.shape, lc.ranges, SA_DTYPE_BF16, loss_seed(lc.name));
   HostTensor idx, len;
-  make_meta(c, lc.topk, loss_seed(lc.name) + 1, &idx, &len);
+  make_meta(c, std::max<int64_t>(lc.topk, 1), loss_seed(lc.name) + 1, &idx, &len);
   LossOutputs want;
   ASSERT_NO_FATAL_FAILURE(run_reference_loss(lc, c, idx, len, &want));
   LossDevice dev(c, idx, len, output_shapes(c, SA_DTYPE_FP32, SA_DTYPE_BF16));
@@ -313,19 +319,35 @@ std::vector<LossCase> loss_cases() {
        true, kDet},
       {"HI16_H32_D576_K9_OddDeterministic", loss_shape(36, 80, 16, 32, 576), R::kOdd, 9, true,
        kDet},
+      // dense mode (topk 0: no topk_idx)
+      {"Dense_HI64_H128_D576_Causal", loss_shape(40, 300, 64, 128, 576), R::kCausal, 0, false,
+       false, true, 1.f, 0.f, true},
+      {"Dense_HI32_H64_D512_Packed", loss_shape(36, 400, 32, 64, 512), R::kPacked, 0, false,
+       false, true, 1.f, 0.f, true},
+      {"Dense_HI16_H16_D576_OddRanges", loss_shape(30, 100, 16, 16, 576), R::kOdd, 0, false,
+       false, true, 1.f, 0.f, true},
+      {"Dense_HI64_H32_D512_Full_Skv1100", loss_shape(8, 1100, 64, 32, 512), R::kNone, 0, false,
+       false, true, 1.f, 0.f, true},
+      {"Dense_HI32_H80_D576_LossOnly", loss_shape(24, 250, 32, 80, 576), R::kCausal, 0, false,
+       false, false, 1.f, 0.f, true},
+      {"Dense_HI16_H8_D576_CoeffNegativeScale", loss_shape(20, 200, 16, 8, 576), R::kPacked, 0,
+       false, false, true, 0.37f, -0.07f, true},
   };
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, IndexerGpuLoss, ::testing::ValuesIn(loss_cases()),
                          [](const auto& info) { return info.param.name; });
 
-// What the portable loss does not serve yet is refused by name (portable forced).
-TEST(IndexerGpuLossRefusals, DenseModeAndHeadDim) {
+// What the portable loss does not serve yet is refused by name (portable forced): deterministic
+// dk_I in dense mode.
+TEST(IndexerGpuLossRefusals, DeterministicDenseMode) {
   SA_SKIP_WITHOUT_GPU();
-  LossCase lc{"refusal", loss_shape(4, 32, 16, 16, 576), IndexerRanges::kNone, 8};
+  LossCase lc{"refusal", loss_shape(4, 32, 16, 16, 576), IndexerRanges::kNone, 0};
+  lc.deterministic = true;
+  lc.dense = true;
   IndexerCase c = make_indexer_case(lc.shape, lc.ranges, SA_DTYPE_BF16, 3);
   HostTensor idx, len;
-  make_meta(c, lc.topk, 4, &idx, &len);
+  make_meta(c, 8, 4, &idx, &len);
   LossDevice dev(c, idx, len, output_shapes(c, SA_DTYPE_FP32, SA_DTYPE_BF16));
   ASSERT_TRUE(dev.ok());
   sa_indexer_loss_args a{};
@@ -341,10 +363,121 @@ TEST(IndexerGpuLossRefusals, DenseModeAndHeadDim) {
   a.k_end = sa_tensor_none();
   a.loss = dev.loss_view();
   a.loss_per_token = sa_tensor_none();
+  a.dq_I = dev.dq_I.view();
+  a.dk_I = dev.dk_I.view();
+  a.dw = dev.dw.view();
   a.options = loss_options(lc, SA_IMPL_PORTABLE);
   EXPECT_EQ(sa_indexer_loss(&a, nullptr), SA_ERROR_UNSUPPORTED);
   EXPECT_NE(std::string(sa_last_error()).find("dense mode"), std::string::npos)
       << sa_last_error();
+}
+
+// Dense mode at S = 32768 (causal, H_I 64, attention H 16, D_qk 512): it runs with workspace far
+// below [S_q, S_kv] (the log A slices are capped), every output finite; sample rows' loss terms,
+// dq_I and dw match the reference run on that row alone (the same keys, so the same terms).
+TEST(IndexerGpuLossLarge, DenseS32768Causal) {
+  SA_SKIP_WITHOUT_GPU();
+  const int64_t S = 32768, HI = 64, DI = 128, H = 16, Dqk = 512;
+  auto value = [](uint64_t i) {  // uniform [-1, 1) from a hash
+    uint64_t z = i * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 31)) * 0xbf58476d1ce4e5b9ull;
+    z ^= z >> 29;
+    return (z >> 40) * (2.0 / 16777216.0) - 1.0;
+  };
+  HostTensor q_I(SA_DTYPE_BF16, {S, HI, DI}), k_I(SA_DTYPE_BF16, {S, DI}), w(SA_DTYPE_FP32, {S, HI}),
+      q(SA_DTYPE_BF16, {S, H, Dqk}), kv(SA_DTYPE_BF16, {S, Dqk}), lse(SA_DTYPE_FP32, {S, H}),
+      k_end(SA_DTYPE_INT32, {S});
+  uint64_t salt = 0;
+  for (HostTensor* t : {&q_I, &k_I, &w, &q, &kv, &lse}) {
+    salt += uint64_t{1} << 40;
+    for (int64_t i = 0; i < t->numel(); ++i) t->set(i, value(salt + static_cast<uint64_t>(i)));
+  }
+  for (int64_t t = 0; t < S; ++t) k_end.i32()[t] = static_cast<int32_t>(t + 1);
+  DeviceTensor dq_Id(q_I, 0, 0), dk_Id(k_I, 0, 0), dwd(w, 0, 0), dqd(q, 0, 0), dkvd(kv, 0, 0),
+      dlse(lse, 0, 0), dend(k_end, 0, 0);
+  HostTensor pt(SA_DTYPE_FP32, {S}), gq(SA_DTYPE_BF16, {S, HI, DI}), gk(SA_DTYPE_BF16, {S, DI}),
+      gw(SA_DTYPE_FP32, {S, HI});
+  DeviceTensor loss(HostTensor(SA_DTYPE_FP32, {1}), 0, 0), dpt(pt, 0, 16), dgq(gq, 0, 256),
+      dgk(gk, 0, 256), dgw(gw, 0, 64);
+  for (const DeviceTensor* t : {&dq_Id, &dk_Id, &dwd, &dqd, &dkvd, &dlse, &dend, &loss, &dpt,
+                                &dgq, &dgk, &dgw})
+    ASSERT_TRUE(t->ok());
+  for (DeviceTensor* t : {&loss, &dpt, &dgq, &dgk, &dgw}) ASSERT_TRUE(t->poison());
+  sa_indexer_loss_args a{};
+  a.q_I = dq_Id.view();
+  a.k_I = dk_Id.view();
+  a.w = dwd.view();
+  a.q = dqd.view();
+  a.kv = dkvd.view();
+  a.lse = dlse.view();
+  a.topk_idx = sa_tensor_none();
+  a.topk_length = sa_tensor_none();
+  a.k_start = sa_tensor_none();
+  a.k_end = dend.view();
+  a.loss = view_of(loss.view().data, SA_DTYPE_FP32, {}, SA_DEVICE_CUDA);
+  a.loss_per_token = dpt.view();
+  a.dq_I = dgq.view();
+  a.dk_I = dgk.view();
+  a.dw = dgw.view();
+  a.options = sa_indexer_options_default();
+  a.options.impl = SA_IMPL_PORTABLE;
+  size_t bytes = 0;
+  ASSERT_EQ(sa_indexer_loss_workspace_size(&a, &bytes), SA_OK) << sa_last_error();
+  EXPECT_LE(bytes, static_cast<size_t>(S * S));  // a quarter of [S_q, S_kv] fp32
+  DeviceBuffer ws(bytes);
+  ASSERT_TRUE(ws.ok());
+  sa_context ctx = sa_context_default();
+  ctx.workspace = ws.get();
+  ctx.workspace_bytes = bytes;
+  ASSERT_EQ(sa_indexer_loss(&a, &ctx), SA_OK) << sa_last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_TRUE(dpt.download(pt));
+  ASSERT_TRUE(dgq.download(gq));
+  ASSERT_TRUE(dgk.download(gk));
+  ASSERT_TRUE(dgw.download(gw));
+  EXPECT_FALSE(any_nan(pt.to_double())) << "NaN in loss_per_token";
+  EXPECT_FALSE(any_nan(gq.to_double())) << "NaN in dq_I";
+  EXPECT_FALSE(any_nan(gk.to_double())) << "NaN in dk_I";
+  EXPECT_FALSE(any_nan(gw.to_double())) << "NaN in dw";
+
+  // Sample rows: the reference on a one-row problem (row t's q_I, w, q, lse and range; all keys).
+  HostTensor k64 = to_fp64(k_I), kv64 = to_fp64(kv);
+  for (int64_t t : {int64_t{100}, int64_t{20000}, S - 1}) {
+    HostTensor rq_I(SA_DTYPE_FP64, {1, HI, DI}), rw(SA_DTYPE_FP32, {1, HI}),
+        rq(SA_DTYPE_FP64, {1, H, Dqk}), rlse(SA_DTYPE_FP32, {1, H}), rend(SA_DTYPE_INT32, {1});
+    for (int64_t i = 0; i < HI * DI; ++i) rq_I.set(i, q_I.get(t * HI * DI + i));
+    for (int64_t i = 0; i < HI; ++i) rw.set(i, w.get(t * HI + i));
+    for (int64_t i = 0; i < H * Dqk; ++i) rq.set(i, q.get(t * H * Dqk + i));
+    for (int64_t i = 0; i < H; ++i) rlse.set(i, lse.get(t * H + i));
+    rend.i32()[0] = static_cast<int32_t>(t + 1);
+    HostTensor rloss(SA_DTYPE_FP64, {}), rpt(SA_DTYPE_FP64, {1}), rgq(SA_DTYPE_FP64, {1, HI, DI}),
+        rgk(SA_DTYPE_FP64, {S, DI}), rgw(SA_DTYPE_FP32, {1, HI});
+    sa_indexer_loss_args r{};
+    r.q_I = rq_I.view();
+    r.k_I = k64.view();
+    r.w = rw.view();
+    r.q = rq.view();
+    r.kv = kv64.view();
+    r.lse = rlse.view();
+    r.topk_idx = sa_tensor_none();
+    r.topk_length = sa_tensor_none();
+    r.k_start = sa_tensor_none();
+    r.k_end = rend.view();
+    r.loss = rloss.view();
+    r.loss_per_token = rpt.view();
+    r.dq_I = rgq.view();
+    r.dk_I = rgk.view();
+    r.dw = rgw.view();
+    r.options = sa_indexer_options_default();
+    r.options.impl = SA_IMPL_REFERENCE;
+    ASSERT_EQ(sa_indexer_loss(&r, nullptr), SA_OK) << sa_last_error();
+    EXPECT_NEAR(pt.get(t), rpt.get(0), 1e-4 * (1.0 + std::fabs(rpt.get(0)))) << "row " << t;
+    std::vector<double> got_q(static_cast<size_t>(HI * DI)), got_w(static_cast<size_t>(HI));
+    for (int64_t i = 0; i < HI * DI; ++i) got_q[static_cast<size_t>(i)] = gq.get(t * HI * DI + i);
+    for (int64_t i = 0; i < HI; ++i) got_w[static_cast<size_t>(i)] = gw.get(t * HI + i);
+    EXPECT_LT(rel_l2(got_q, rgq.to_double()), 1e-2) << "dq_I of row " << t;
+    EXPECT_LT(rel_l2(got_w, rgw.to_double()), 1e-2) << "dw of row " << t;
+  }
 }
 
 }  // namespace

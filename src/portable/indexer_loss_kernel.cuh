@@ -1,26 +1,31 @@
-// The portable sparse indexer loss and its gradients (SPEC 5), one CTA per token t, after the
-// target kernel (indexer_target_kernel.cuh) has written log A_g for every active slot:
+// The portable indexer loss and its gradients (SPEC 5), one CTA per token t, after the target
+// kernel (indexer_target_kernel.cuh) has written log A_g for the token's slots (sparse: the
+// active slots; dense: the keys of its range, for the tokens of one slice):
 //
-//   [a] K_t: the slots i of row t in the loss (IndexerMeta::slot_in_loss), compacted in slot
-//       order into shared memory with their keys and log A = logaddexp over the head groups of
-//       log A_g (group order). Deterministic mode: zero partial dk rows for the active slots
-//       (SPEC 2's rule) outside K_t, which the fixed-order reduction also reads.
+//   [a] K_t. Sparse: the slots i of row t in the loss (IndexerMeta::slot_in_loss), compacted in
+//       slot order into shared memory with their keys and log A = logaddexp over the head groups
+//       of log A_g (group order); deterministic mode: zero partial dk rows for the active slots
+//       (SPEC 2's rule) outside K_t, which the fixed-order reduction also reads. Dense: the
+//       range, key = begin + position, log A read from the workspace when needed (no list: the
+//       range may hold any number of keys).
 //   [b] log Z_A = logsumexp of log A over K_t; an empty K_t or log Z_A = -inf (no target mass) is
 //       an empty row: loss 0, dq_I and dw rows 0, zero partial rows (deterministic mode).
-//   [c] pass 1: the k_I rows of K_t in chunks of 64 (cp.async gathers, double-buffered; rows past
-//       |K_t| zero-filled), a = scale_I k_I q_I^T on mma.sync (keys x heads: warp w owns keys
+//   [c] pass 1: the k_I rows of K_t in chunks of 64 (cp.async, double-buffered; rows past |K_t|
+//       zero-filled), a = scale_I k_I q_I^T on mma.sync (keys x heads: warp w owns keys
 //       [16 w, +16) of the chunk, all H_I heads), I = sum_j w_j relu(a_j) (each thread its
-//       columns, then the quad) -> shared memory.
-//   [d] log Z_I, then per slot p = exp(log A - log Z_A), r = exp(I - log Z_I), the row's loss
-//       coeff sum p (log p - log r) (p = 0 terms: 0) and dI = coeff (r - p) in place of I.
-//       Every sum over the row is per thread over a fixed stride, then a fixed tree: the same
-//       bits on every run.
-//   [e] pass 2 (gradients): the same chunks and a again; G = dI [a > 0];
+//       columns, then the quad). Sparse: I -> shared memory. Dense (streaming): per thread an
+//       online logsumexp of I and, with p = exp(log A - log Z_A), the sums of p (log p - I) and
+//       of p over its keys.
+//   [d] log Z_I and the row's loss coeff sum p (log p - log r) (p = 0 terms: 0); sparse also
+//       dI = coeff (r - p) in place of I. Every sum over the row is per thread in a fixed order,
+//       then a fixed tree: the same bits on every run.
+//   [e] pass 2 (gradients): the same chunks and a again (dense: I and dI recomputed from them
+//       and log A); G = dI [a > 0];
 //         dw_j   += sum_i dI_i relu(a_ij)                  per thread, then lanes and warps
 //         dk_I[s_i] += sum_j (scale_I w_j G_ij) q_I[t, j]  keys x heads times heads x D_I: A
 //                  from the accumulator of a (bf16, the FA2 register reuse), q_I by
-//                  ldmatrix.trans; fp32 reductions into the dk accumulator, or (deterministic)
-//                  plain stores into the slot's partial row
+//                  ldmatrix.trans; fp32 reductions into the dk accumulator, or (deterministic,
+//                  sparse) plain stores into the slot's partial row
 //         dq_I[t, j] += sum_i G_ij k_I[s_i]                heads x keys (G through shared
 //                  memory, ldmatrix.trans) times keys x D_I (the gathered rows, .trans); each
 //                  warp a tile of heads x columns of dq_I, accumulated over all chunks
@@ -35,8 +40,8 @@
 // partials 16.
 //
 // Shared memory (bytes): q_I row H_I x 256; k_I 2 stages x 64 x 256 = 32,768; G 64 x (2 H_I + 16)
-// (rows padded: conflict-free ldmatrix.trans); w H_I fp32; scratch; then per slot of the row
-// (topk rounded up to 128) its position data: key, slot, log A, I / dI (16 bytes per slot).
+// (rows padded: conflict-free ldmatrix.trans); w H_I fp32; scratch; then, sparse mode, per slot
+// of the row (topk rounded up to 128) its position data: key, slot, log A, I / dI (16 bytes).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -58,9 +63,13 @@ struct LossParams {
   IndexerDims dims;
   IndexerMeta meta;  // ranges, topk_idx, topk_length (slot_in_loss)
   float scale_I, coeff;
-  const float* log_a;  // [head_groups, S_q, topk] (the target kernel's)
+  // log A_g of (group g, token t, position i) at g * la_gs + (t - la_tok0) * la_ts + i: the
+  // target kernel's (sparse: [groups, S_q, topk], position = slot; dense: [groups, slice, S_kv],
+  // position = key - range_begin(t)).
+  const float* log_a;
+  int64_t la_gs, la_ts, la_tok0;
   int32_t head_groups;
-  int32_t topk;
+  int32_t topk;  // sparse mode: slots per row
   // Outputs.
   float* loss_rows;       // [S_q] workspace: the row losses (coeff included)
   float* loss_per_token;  // [S_q] at t * lpt_s; may be null
@@ -71,8 +80,8 @@ struct LossParams {
   float* dw;  // [S_q, H_I]: (t, j) at t * dw_ss + j * dw_sh
   int64_t dw_ss, dw_sh;
   float* dk_acc;   // [S_kv, 128] fp32 accumulator (reductions); null in deterministic mode
-  float* dk_part;  // deterministic: [(t - tok_begin) * topk + slot, 128]; else null
-  int64_t tok_begin;
+  float* dk_part;  // deterministic (sparse): [(t - tok_begin) * topk + slot, 128]; else null
+  int64_t tok_begin;  // the token of CTA 0
 };
 
 template <int kHeads_>
@@ -98,7 +107,8 @@ struct LossConfig {
   static constexpr int kDwOff = kRedOff + kThreads * 4;       // kWarps x kHeads fp32
   static constexpr int kCountOff = kDwOff + kWarps * kHeads * 4;  // kWarps int32
   static constexpr int kListOff = kCountOff + 16 * 4;
-  // Per slot: key (int32), slot (int32), log A (fp32), I then dI (fp32).
+  // Sparse mode, per slot: key (int32), slot (int32), log A (fp32), I then dI (fp32); dense
+  // mode (topk 0): none.
   static int smem_bytes(int topk) {
     const int slots = (topk + kThreads - 1) / kThreads * kThreads;
     return kListOff + 16 * slots;
@@ -160,7 +170,42 @@ __device__ __forceinline__ void warp_logits(uint32_t k_stage, uint32_t q_base, f
     for (int c = 0; c < 4; ++c) acc[nt][c] *= scale;
 }
 
+// log A of (token, position): the head groups' parts added in log space, in group order.
+__device__ __forceinline__ float log_a_at(const LossParams& p, int64_t tok, int64_t pos) {
+  const float* src = p.log_a + (tok - p.la_tok0) * p.la_ts + pos;
+  float la = -INFINITY;
+  for (int hg = 0; hg < p.head_groups; ++hg) {
+    const float v = src[hg * p.la_gs];
+    const float m = fmaxf(la, v);
+    la = m == -INFINITY ? -INFINITY : m + log1pf(expf(fminf(la, v) - m));
+  }
+  return la;
+}
+
+// I of this thread's two rows (g, g + 8) from the scaled logits: each thread's columns, then the
+// quad (every lane of the quad gets the sum).
 template <class Cfg>
+__device__ __forceinline__ void row_scores(const float (&acc)[Cfg::kNt][4], const float* s_w,
+                                           float (&row)[2]) {
+  const int t4 = threadIdx.x & 3;
+  row[0] = row[1] = 0.f;
+#pragma unroll
+  for (int nt = 0; nt < Cfg::kNt; ++nt) {
+    const float2 wv = *reinterpret_cast<const float2*>(s_w + 8 * nt + 2 * t4);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      row[i] = fmaf(fmaxf(acc[nt][2 * i], 0.f), wv.x, row[i]);
+      row[i] = fmaf(fmaxf(acc[nt][2 * i + 1], 0.f), wv.y, row[i]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    row[i] += __shfl_xor_sync(0xffffffffu, row[i], 1);
+    row[i] += __shfl_xor_sync(0xffffffffu, row[i], 2);
+  }
+}
+
+template <class Cfg, bool kDense>
 __global__ void __launch_bounds__(Cfg::kThreads, 2) loss_kernel(const LossParams p) {
   using Ops = dsa::Mma16<__nv_bfloat16>;
   constexpr int kT = Cfg::kThreads;
@@ -186,7 +231,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2) loss_kernel(const LossParams
   const uint32_t sq = dsa::smem_u32(smem + Cfg::kQOff);
   const uint32_t sk = dsa::smem_u32(smem + Cfg::kKOff);
   const uint32_t sg = dsa::smem_u32(smem + Cfg::kGOff);
-  const bool det = p.dk_part != nullptr;
+  const bool det = !kDense && p.dk_part != nullptr;
   float* part_rows = det ? p.dk_part + (tok - p.tok_begin) * p.topk * int64_t{128} : nullptr;
 
   // A zero partial dk row (deterministic mode) for slot i, by one thread.
@@ -196,9 +241,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2) loss_kernel(const LossParams
     for (int c = 0; c < 32; ++c) row[c] = make_float4(0.f, 0.f, 0.f, 0.f);
   };
 
-  // [a] K_t in slot order.
+  // [a] K_t: sparse in slot order; dense the range.
   int n = 0;
-  for (int base = 0; base < p.topk; base += kT) {
+  int64_t begin = 0;
+  if (kDense) {
+    begin = p.meta.range_begin(tok, d);
+    n = static_cast<int>(p.meta.range_size(tok, d));
+  }
+  for (int base = 0; !kDense && base < p.topk; base += kT) {
     const int i = base + tid;
     bool in = false, active = false;
     int32_t key = -1;
@@ -222,13 +272,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2) loss_kernel(const LossParams
     if (in) {
       s_key[pos] = key;
       s_slot[pos] = i;
-      float la = -kInf;
-      for (int hg = 0; hg < p.head_groups; ++hg) {
-        const float v = p.log_a[(int64_t{hg} * d.Sq + tok) * p.topk + i];
-        const float m = fmaxf(la, v);
-        la = m == -kInf ? -kInf : m + log1pf(expf(fminf(la, v) - m));
-      }
-      s_la[pos] = la;
+      s_la[pos] = log_a_at(p, tok, i);
     }
     if (det && p.grads && active && !in) zero_part_row(i);
     n += total;
@@ -236,12 +280,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2) loss_kernel(const LossParams
   }
 
   // [b] log Z_A.
+  // log A of position i: sparse from the list, dense from the workspace.
+  auto la_of = [&](int i) { return kDense ? log_a_at(p, tok, i) : s_la[i]; };
   float m_loc = -kInf;
-  for (int i = tid; i < n; i += kT) m_loc = fmaxf(m_loc, s_la[i]);
+  for (int i = tid; i < n; i += kT) m_loc = fmaxf(m_loc, la_of(i));
   const float m_a = block_reduce<kT, true>(m_loc, s_red);
   float z_loc = 0.f;
   if (m_a != -kInf)
-    for (int i = tid; i < n; i += kT) z_loc += expf(s_la[i] - m_a);
+    for (int i = tid; i < n; i += kT) z_loc += expf(la_of(i) - m_a);
   const float z_a = block_reduce<kT, false>(z_loc, s_red);
   const float log_za = m_a == -kInf ? -kInf : m_a + logf(z_a);
 
@@ -275,13 +321,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2) loss_kernel(const LossParams
     for (int j = tid; j < kHeads; j += kT) s_w[j] = p.w[tok * p.w_ss + j * p.w_sh];
   }
   const int n_chunks = (n + kChunk - 1) / kChunk;
+  // The key of position i of K_t.
+  auto key_of = [&](int i) { return kDense ? begin + i : int64_t{s_key[i]}; };
   auto gather = [&](int chunk, int stage) {
 #pragma unroll
     for (int i = 0; i < kChunk / (kT / 16); ++i) {
       const int r = (tid >> 4) + i * (kT / 16);
       const int pos = chunk * kChunk + r;
       const bool valid = pos < n;
-      const __nv_bfloat16* src = valid ? p.k_I + s_key[pos] * p.ki_ss + cp_chunk * 8 : p.k_I;
+      const __nv_bfloat16* src = valid ? p.k_I + key_of(pos) * p.ki_ss + cp_chunk * 8 : p.k_I;
       dsa::cp_async_16_zfill(sk + stage * Cfg::kKStageBytes + r * Cfg::kRowBytes +
                                  ((cp_chunk ^ (r & 7)) << 4),
                              src, valid ? 16 : 0);
@@ -290,7 +338,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2) loss_kernel(const LossParams
   gather(0, 0);
   dsa::cp_async_commit();
 
-  // Pass 1: I of every slot of K_t.
+  // Pass 1: I of every position of K_t (dense: folded into running sums, one lane per quad).
+  float run_m = -kInf, run_z = 0.f;  // dense: online logsumexp of I
+  float sum_pl = 0.f, sum_p = 0.f;   // dense: sum p (log p - I), sum p
   for (int chunk = 0; chunk < n_chunks; ++chunk) {
     const int stage = chunk & 1;
     dsa::cp_async_wait_all();
@@ -301,41 +351,58 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2) loss_kernel(const LossParams
     }
     float acc[Cfg::kNt][4];
     warp_logits<Cfg>(sk + stage * Cfg::kKStageBytes, sq, p.scale_I, acc);
-    float row[2] = {0.f, 0.f};
-#pragma unroll
-    for (int nt = 0; nt < Cfg::kNt; ++nt) {
-      const float2 wv = *reinterpret_cast<const float2*>(s_w + 8 * nt + 2 * t4);
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        row[i] = fmaf(fmaxf(acc[nt][2 * i], 0.f), wv.x, row[i]);
-        row[i] = fmaf(fmaxf(acc[nt][2 * i + 1], 0.f), wv.y, row[i]);
-      }
-    }
+    float row[2];
+    row_scores<Cfg>(acc, s_w, row);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      row[i] += __shfl_xor_sync(0xffffffffu, row[i], 1);
-      row[i] += __shfl_xor_sync(0xffffffffu, row[i], 2);
       const int pos = chunk * kChunk + 16 * warp + g + 8 * i;
-      if (t4 == 0 && pos < n) s_val[pos] = row[i];
+      if (t4 != 0 || pos >= n) continue;
+      if (!kDense) {
+        s_val[pos] = row[i];
+        continue;
+      }
+      if (row[i] > run_m) {
+        run_z = run_z * expf(run_m - row[i]) + 1.f;  // run_m = -inf: 0 * 0 + 1
+        run_m = row[i];
+      } else if (row[i] != -kInf) {
+        run_z += expf(row[i] - run_m);
+      }
+      const float lp = log_a_at(p, tok, pos) - log_za;
+      const float pr = expf(lp);
+      if (pr > 0.f) {
+        sum_pl = fmaf(pr, lp - row[i], sum_pl);
+        sum_p += pr;
+      }
     }
   }
   __syncthreads();
 
-  // [d] log Z_I, the row's loss, dI.
-  m_loc = -kInf;
-  for (int i = tid; i < n; i += kT) m_loc = fmaxf(m_loc, s_val[i]);
-  const float m_i = block_reduce<kT, true>(m_loc, s_red);
-  z_loc = 0.f;
-  for (int i = tid; i < n; i += kT) z_loc += expf(s_val[i] - m_i);
-  const float log_zi = m_i + logf(block_reduce<kT, false>(z_loc, s_red));
-  float term = 0.f;
-  for (int i = tid; i < n; i += kT) {
-    const float lp = s_la[i] - log_za, lr = s_val[i] - log_zi;
-    const float pr = expf(lp);
-    if (pr > 0.f) term += pr * (lp - lr);
-    s_val[i] = p.coeff * (expf(lr) - pr);
+  // [d] log Z_I, the row's loss (sparse: and dI).
+  float log_zi, row_loss;
+  if (!kDense) {
+    m_loc = -kInf;
+    for (int i = tid; i < n; i += kT) m_loc = fmaxf(m_loc, s_val[i]);
+    const float m_i = block_reduce<kT, true>(m_loc, s_red);
+    z_loc = 0.f;
+    for (int i = tid; i < n; i += kT) z_loc += expf(s_val[i] - m_i);
+    log_zi = m_i + logf(block_reduce<kT, false>(z_loc, s_red));
+    float term = 0.f;
+    for (int i = tid; i < n; i += kT) {
+      const float lp = s_la[i] - log_za, lr = s_val[i] - log_zi;
+      const float pr = expf(lp);
+      if (pr > 0.f) term += pr * (lp - lr);
+      s_val[i] = p.coeff * (expf(lr) - pr);
+    }
+    row_loss = p.coeff * block_reduce<kT, false>(term, s_red);
+  } else {
+    // sum p (log p - log r) = sum p (log p - I) + log Z_I sum p.
+    const float m_i = block_reduce<kT, true>(run_m, s_red);
+    const float z = block_reduce<kT, false>(run_m == -kInf ? 0.f : run_z * expf(run_m - m_i), s_red);
+    log_zi = m_i + logf(z);
+    const float pl = block_reduce<kT, false>(sum_pl, s_red);
+    const float ps = block_reduce<kT, false>(sum_p, s_red);
+    row_loss = p.coeff * fmaf(log_zi, ps, pl);
   }
-  const float row_loss = p.coeff * block_reduce<kT, false>(term, s_red);
   if (tid == 0) {
     p.loss_rows[tok] = row_loss;
     if (p.loss_per_token != nullptr) p.loss_per_token[tok * p.lpt_s] = row_loss;
@@ -365,14 +432,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2) loss_kernel(const LossParams
     }
     float acc[Cfg::kNt][4];
     warp_logits<Cfg>(k_stage, sq, p.scale_I, acc);
-    // G, dw, the A fragments of dk (scale_I w_j G in bf16), G -> shared memory.
+    // dI of the two rows (sparse: from [d]; dense: from I and log A again).
     float di[2];
     int pos[2];
+    float row[2];
+    if (kDense) row_scores<Cfg>(acc, s_w, row);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       pos[i] = chunk * kChunk + 16 * warp + g + 8 * i;
-      di[i] = pos[i] < n ? s_val[pos[i]] : 0.f;
+      di[i] = 0.f;
+      if (pos[i] < n) {
+        di[i] = kDense ? p.coeff * (expf(row[i] - log_zi) - expf(log_a_at(p, tok, pos[i]) - log_za))
+                       : s_val[pos[i]];
+      }
     }
+    // G, dw, the A fragments of dk (scale_I w_j G in bf16), G -> shared memory.
     uint32_t afr[Cfg::kKSteps][4];
 #pragma unroll
     for (int nt = 0; nt < Cfg::kNt; ++nt) {
@@ -417,7 +491,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2) loss_kernel(const LossParams
       for (int i = 0; i < 2; ++i) {
         if (pos[i] >= n) continue;
         float* dst = det ? part_rows + int64_t{s_slot[pos[i]]} * 128
-                         : p.dk_acc + int64_t{s_key[pos[i]]} * 128;
+                         : p.dk_acc + key_of(pos[i]) * 128;
         dst += 64 * half + 2 * t4;
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {

@@ -6,6 +6,8 @@
 // group of 64 heads) writes the group's part, log A_g, for every slot of the active prefix (SPEC
 // 2's rule; inactive slots read nothing and hold -inf); the loss kernel adds the groups in log
 // space (logaddexp, group order: deterministic) and keeps the slots of K_t.
+// Dense mode (kDense): the slots of token t are the keys of its range, slot i = key
+// range_begin(t) + i (contiguous rows, no index loads), for the tokens of one slice.
 //
 // The CTA is the DSA forward's S = Q K^T (dsa_forward_kernel.cuh) without the softmax and P V:
 // the token's 64 head rows of q in shared memory (zero rows past H), its selected kv rows
@@ -37,6 +39,7 @@
 #include <cstdint>
 
 #include "common/dsa_device.cuh"
+#include "common/indexer_problem.hpp"
 #include "portable/dsa_mma.hpp"
 #include "portable/dsa_row_copy.hpp"
 #include "portable/dsa_warp_mma.hpp"
@@ -47,11 +50,17 @@ struct TargetParams {
   const __nv_bfloat16* q;   // [S_q, H, D_qk]: (t, h, d) at t * q_ss + h * q_sh + d
   const __nv_bfloat16* kv;  // [S_kv, D_qk]: row j at j * kv_ss
   const float* lse;         // [S_q, H]: (t, h) at t * lse_ss + h * lse_sh
-  const int32_t* idx;       // [S_q, topk]: (t, i) at t * idx_ss + i * idx_si
-  const int32_t* len;       // [S_q] at t * len_s; may be null
-  float* log_a;             // [head_groups, S_q, topk]: (g, t, i) at (g * S_q + t) * topk + i
+  const int32_t* idx;       // sparse: [S_q, topk]: (t, i) at t * idx_ss + i * idx_si
+  const int32_t* len;       // sparse: [S_q] at t * len_s; may be null
+  IndexerDims dims;         // dense: the range rule (IndexerMeta::range_begin / range_size)
+  IndexerMeta meta;
+  // log A_g of (group g, token t, slot i) at g * la_gs + (t - tok_begin) * la_ts + i:
+  // sparse [groups, S_q, topk], dense [groups, slice, S_kv].
+  float* log_a;
+  int64_t la_gs, la_ts;
+  int64_t tok_begin;
   int64_t q_ss, q_sh, kv_ss, lse_ss, lse_sh, idx_ss, idx_si, len_s;
-  int64_t sq, skv;
+  int64_t skv;
   int32_t H, topk, head_groups, qk_chunks;  // qk_chunks = D_qk / 8: 64 or 72
   float scale_log2;                         // scale * log2(e)
 };
@@ -81,7 +90,7 @@ struct TargetConfig {
   static_assert(kSTiles == 1 || kSTiles == 2, "K fragments: one ldmatrix (.x2 or .x4) per step");
 };
 
-template <class Cfg>
+template <class Cfg, bool kDense>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) target_kernel(const TargetParams p) {
   using Ops = dsa::Mma16<__nv_bfloat16>;
   constexpr int N = Cfg::kBlockN;
@@ -101,7 +110,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) target_kernel(const TargetPa
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int rg = warp & 1, cq = warp >> 1;
   const int g = lane >> 2, t4 = lane & 3;
-  const int64_t tok = blockIdx.x / p.head_groups;
+  const int64_t tok = p.tok_begin + blockIdx.x / p.head_groups;
   const int hg = static_cast<int>(blockIdx.x % p.head_groups);
   const int h0 = hg * Cfg::kBlockM;
   const int rows = min(Cfg::kBlockM, p.H - h0);
@@ -109,19 +118,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) target_kernel(const TargetPa
   const bool computes = row0 < rows;  // warp-uniform
   const int pair_barrier = 1 + cq;
 
-  const int n_slots = dsa_active_slots(p.len, p.len_s, p.topk, tok);
+  // Slots: sparse, the active prefix of the row; dense, the keys of the range.
+  const int64_t begin = kDense ? p.meta.range_begin(tok, p.dims) : 0;
+  const int n_slots = kDense ? static_cast<int>(p.meta.range_size(tok, p.dims))
+                             : dsa_active_slots(p.len, p.len_s, p.topk, tok);
   const int n_chunks = (n_slots + N - 1) / N;
-  float* out = p.log_a + (int64_t{hg} * p.sq + tok) * p.topk;
+  float* out = p.log_a + int64_t{hg} * p.la_gs + (tok - p.tok_begin) * p.la_ts;
 
   const int cp_row = tid >> 3, cp_sub = tid & 7, cp_swz = cp_row & 7;
-  const int32_t* idx_row = p.idx + tok * p.idx_ss;
+  const int32_t* idx_row = kDense ? nullptr : p.idx + tok * p.idx_ss;
   const bool rope = p.qk_chunks > 64;
 
   auto load_indices = [&](int chunk, int32_t(&dst)[kGatherRows]) {
 #pragma unroll
     for (int i = 0; i < kGatherRows; ++i) {
       const int slot = chunk * N + cp_row + 32 * i;
-      dst[i] = slot < n_slots ? idx_row[slot * p.idx_si] : -1;
+      if (kDense) {
+        dst[i] = slot < n_slots ? static_cast<int32_t>(begin + slot) : -1;
+      } else {
+        dst[i] = slot < n_slots ? idx_row[slot * p.idx_si] : -1;
+      }
     }
   };
   auto gather = [&](int stage, const int32_t(&j)[kGatherRows]) {
