@@ -62,7 +62,9 @@ gated_ok=0
 if has gated && [ -n "$GATED" ]; then
   note "gated kernels' tests first: $GATED"
   rc=0
-  timeout 180 "$BIN/sa_tests" --gtest_brief=1 --gtest_filter="$GATED" \
+  # 300 s: the indexer's gated tests include S 131072 top-k and S 32768 dense-loss runs, whose
+  # host-side inputs and sampled fp64 rows take most of a minute.
+  timeout 300 "$BIN/sa_tests" --gtest_brief=1 --gtest_filter="$GATED" \
     >> "$OUT/gpu_tests.log" 2>&1 || rc=$?
   verdict gated $rc
   grep -E "FAILED|PASSED|tests ran" "$OUT/gpu_tests.log" | tail -12
