@@ -471,7 +471,9 @@ TEST(IndexerGpuLossLarge, DenseS32768Causal) {
     r.options = sa_indexer_options_default();
     r.options.impl = SA_IMPL_REFERENCE;
     ASSERT_EQ(sa_indexer_loss(&r, nullptr), SA_OK) << sa_last_error();
-    EXPECT_NEAR(pt.get(t), rpt.get(0), 1e-4 * (1.0 + std::fabs(rpt.get(0)))) << "row " << t;
+    // Dense mode forms a row's loss as sum p (log p - I) + log Z_I sum p, fp32 sums of ~t terms
+    // of size ~log Z_I (~14 here) that cancel: a few 1e-5 of error at t ~ 32768.
+    EXPECT_NEAR(pt.get(t), rpt.get(0), 5e-4 * (1.0 + std::fabs(rpt.get(0)))) << "row " << t;
     std::vector<double> got_q(static_cast<size_t>(HI * DI)), got_w(static_cast<size_t>(HI));
     for (int64_t i = 0; i < HI * DI; ++i) got_q[static_cast<size_t>(i)] = gq.get(t * HI * DI + i);
     for (int64_t i = 0; i < HI; ++i) got_w[static_cast<size_t>(i)] = gw.get(t * HI + i);
