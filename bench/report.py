@@ -31,16 +31,20 @@ def table(records):
             continue
         lines += [f"### {op}", "",
                   "| shape | impl | ours ms | ours TFLOPS | anchor | anchor ms | speedup | "
-                  "rel L2 | source |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "rel L2 | vs fp64: ours / anchor | source |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             err = r.get("max_rel_l2")
+            f64 = r.get("fp64_rel_l2") or {}
+            f64_txt = "-" if not f64 else " / ".join(
+                "-" if f64.get(k) is None else format(f64[k], ".1e") for k in ("ours", "anchor"))
             lines.append(
                 f"| {shape_label(op, r['shape'])} | {r['impl']} | {r['ms']:.4f} | "
                 f"{r['tflops']:.1f} | {r.get('anchor') or '-'} | "
                 f"{'-' if r.get('anchor_ms') is None else format(r['anchor_ms'], '.4f')} | "
                 f"{'-' if r.get('speedup') is None else format(r['speedup'], '.2f') + 'x'} | "
-                f"{'-' if err is None else format(err, '.1e')} | {r.get('source', '')} |")
+                f"{'-' if err is None else format(err, '.1e')} | {f64_txt} | "
+                f"{r.get('source', '')} |")
         lines.append("")
     return "\n".join(lines)
 

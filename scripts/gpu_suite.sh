@@ -4,8 +4,8 @@
 # the working tree). With the defaults it takes about 4 min 50 s on an H200 (session 11: 290 s,
 # test shards and the two sanitizer tools run in parallel).
 #
-#   scripts/gpu_suite.sh [gated] [tests] [sanitize] [python] [demo] [bench] [anchors] [full]
-#                                                                                (default: all)
+#   scripts/gpu_suite.sh [gated] [tests] [sanitize] [python] [demo] [bench] [anchors] [cudnn]
+#                        [full]                                                  (default: all)
 #
 # Kernels written without a GPU are gated (only used when options.impl forces them); "gated" runs
 # their tests first, alone, under a short timeout. If they fail or hang, the later steps leave
@@ -20,15 +20,18 @@
 #   BENCH_FULL=1    the "full" step (last, after the anchors; unchecked timings, the tests cover
 #                   these shapes): block 64, density 12.5%, S 32768 and the other DSA target
 #                   shapes
-#   BENCH_EXPERIMENTS=1  also the experiment knobs (SA_TUNE_*: bench/NOTES.md) against the
+#   BENCH_EXPERIMENTS=1  also the internal tuning variants (tune.*: tools/bench.hpp) against the
 #                   portable path, when the gated tests passed
 #   ANCHORS_ARGS    extra arguments of bench/anchors.py (default: --budget-s 60)
+#   CUDNN_ARGS      extra arguments of the cudnn step's bench/anchors.py --plan cudnn (e.g.
+#                   --only "dsa" or --rounds 3); the step runs when scripts/cudnn_fe_env.sh
+#                   finds the cuDNN-frontend set complete (scripts/fetch_cudnn_fe.sh)
 #   PY_TESTS        pytest targets (default: python/tests/test_cuda.py)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/sa_gpu_out}"
 mkdir -p "$OUT"
-STEPS="${*:-gated tests sanitize python demo bench anchors full}"
+STEPS="${*:-gated tests sanitize python demo bench anchors cudnn full}"
 BIN=./build
 TEST_SHARDS="${TEST_SHARDS:-4}"
 status=0
@@ -191,7 +194,7 @@ if has bench; then
     --variants "deterministic=0/deterministic=1"
   # H 16 (8-way tensor parallelism of 128 heads): the transposed kernel against the padded one.
   run --op dsa_fwd "${DSA[@]}" --dsa-heads 16 --dsa-dqk 576 --rounds 3 --calls 10 \
-    --variants "impl=sm90,env.SA_TUNE_SM90_DSA_FWD_PAD=1/impl=sm90"
+    --variants "impl=sm90,tune.dsa_fwd_pad=1/impl=sm90"
   if "$BIN/sparse-attention" help | grep -q "built in: yes"; then
     # FlashMLA's Hopper sparse prefill beside ours on the same tensors, checked against the same
     # reference (a CLI built by scripts/flashmla_anchor.sh); the anchor first, so that "speedup"
@@ -209,18 +212,17 @@ if has bench; then
     run --op dsa_bwd "${DSA[@]}" --dsa-heads 128 --dsa-dqk 576 --rounds 2 --calls 5 --variants "$PS"
   fi
   if [ $gated_ok -eq 1 ] && [ "${BENCH_EXPERIMENTS:-0}" = 1 ]; then
-    # The Hopper DSA backward's experiment bits (SA_TUNE_SM90_DSA_BWD, dsa_backward_kernel.cuh),
-    # paired in one process with the default kernel: the K stage released after the pieces (1)
-    # and the no-reduction diagnostic (16: wrong dkv, its check FAILs by design). The seed's
+    # The Hopper DSA backward's variant bits (tune.dsa_bwd, dsa_backward_kernel.cuh), paired in
+    # one process with the default kernel: the K stage released after the pieces (1). The seed's
     # index loads (bit 2) were measured in session 9 (bench/NOTES.md).
-    T="impl=sm90,env.SA_TUNE_SM90_DSA_BWD"
+    T="impl=sm90,tune.dsa_bwd"
     for h in 128 64; do
       run --op dsa_bwd "${DSA[@]}" --dsa-heads "$h" --dsa-dqk 576 --rounds 2 --calls 5 \
-        --variants "impl=sm90/$T=1/$T=16"
+        --variants "impl=sm90/$T=1"
     done
     # Split-KV forward (AUTO's rule) against unsplit, where the query blocks cannot fill the GPU:
     # 32 tiles of 16 KV blocks.
-    F="impl=sm90,env.SA_TUNE_SM90_FWD_SPLITS"
+    F="impl=sm90,tune.fwd_splits"
     run --op bsa_fwd --batch 1 --heads 1 --kv-heads 1 --seq 4096 --dim 128 --block 128 \
       --density 0.5 --variants "$F=1/impl=sm90/$F=8"
   fi
@@ -232,6 +234,22 @@ if has anchors && [ -f bench/anchors.py ]; then
   PYTHONUNBUFFERED=1 timeout 400 python3 bench/anchors.py --lib "$BIN/libsparse_attention.so" \
     ${ANCHORS_ARGS:---budget-s 60} --out "$OUT" > "$OUT/anchors.log" 2>&1; verdict anchors $?
   grep -E "^\[|^  (bsa|dsa)|wrote|budget" "$OUT/anchors.log" | tail -40
+fi
+if has cudnn && [ -f scripts/cudnn_fe_env.sh ]; then
+  # cuDNN-frontend beside ours on issue 33's table (bench/anchors.py --plan cudnn), when its
+  # wheels were carried (scripts/fetch_cudnn_fe.sh: two device calls; the second runs this).
+  # shellcheck disable=SC1091
+  source scripts/cudnn_fe_env.sh
+  if [ "$CUDNN_FE_READY" = 1 ]; then
+    note "cuDNN-frontend anchors (issue 33's table)"
+    mkdir -p "$OUT/cudnn"
+    PYTHONUNBUFFERED=1 timeout 480 python3 bench/anchors.py --lib "$BIN/libsparse_attention.so" \
+      --plan cudnn --anchors cudnn_fe --impls auto ${CUDNN_ARGS:-} --out "$OUT/cudnn" \
+      > "$OUT/cudnn/anchors.log" 2>&1; verdict cudnn_fe $?
+    grep -E "^\[|^  (bsa|dsa)|wrote|unavailable|cuDNN" "$OUT/cudnn/anchors.log" | tail -40
+  else
+    echo "cudnn step: the cuDNN-frontend set is not (yet) complete on this machine"
+  fi
 fi
 if has full && [ "${BENCH_FULL:-0}" = 1 ]; then
   # The other rows of the Hopper targets, after the anchors so that a long run loses only these.

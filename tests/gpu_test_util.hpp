@@ -211,7 +211,7 @@ inline sa_bsa_fwd_args bsa_fwd_args(const DeviceTensor& q, const DeviceTensor& k
                                     const DeviceTensor& lse, const DeviceTensor& index,
                                     const DeviceTensor* count = nullptr,
                                     const DeviceTensor* block_len = nullptr) {
-  sa_bsa_fwd_args args{};
+  sa_bsa_fwd_args args = sa_bsa_fwd_args_default();
   args.q = q.view();
   args.k = k.view();
   args.v = v.view();
@@ -450,7 +450,7 @@ struct GpuBsaBwdProblem {
 
   // o and lse of the current pattern, through the CPU reference (public API).
   ::testing::AssertionResult forward() {
-    sa_bsa_fwd_args a{};
+    sa_bsa_fwd_args a = sa_bsa_fwd_args_default();
     a.q = t.q.view();
     a.k = t.k.view();
     a.v = t.v.view();
@@ -471,7 +471,7 @@ struct GpuBsaBwdProblem {
                dout = to_fp64(t.dout);
     HostTensor gq(SA_DTYPE_FP64, t.q.shape()), gk(SA_DTYPE_FP64, t.k.shape()),
         gv(SA_DTYPE_FP64, t.v.shape());
-    sa_bsa_bwd_args a{};
+    sa_bsa_bwd_args a = sa_bsa_bwd_args_default();
     a.q = q.view();
     a.k = k.view();
     a.v = v.view();
@@ -534,7 +534,7 @@ struct GpuBsaBwdDevice {
   }
 
   sa_bsa_bwd_args args(const GpuBsaBwdProblem& p) const {
-    sa_bsa_bwd_args a{};
+    sa_bsa_bwd_args a = sa_bsa_bwd_args_default();
     a.q = q.view();
     a.k = k.view();
     a.v = v.view();
@@ -835,7 +835,7 @@ inline void run_dsa_reference_forward(const DsaHostCase& c, HostTensor& q, HostT
   HostTensor out(out_dtype, {s.Sq, s.H, s.Dv}), lse(SA_DTYPE_FP32, {s.Sq, s.H});
   out.poison();
   lse.poison();
-  sa_dsa_fwd_args a{};
+  sa_dsa_fwd_args a = sa_dsa_fwd_args_default();
   a.q = q.view();
   a.kv = kv.view();
   a.topk_idx = idx.view();
@@ -990,7 +990,7 @@ inline void launch_dsa_forward_public_api(const DsaHostCase& c, const DsaFwdDevi
                                           sa_impl impl, sa_impl expect_used,
                                           bool workspace = true) {
   const DsaShape& s = c.shape;
-  sa_dsa_fwd_args a{};
+  sa_dsa_fwd_args a = sa_dsa_fwd_args_default();
   a.q = view_of(d.q.get(), c.dtype, {s.Sq, s.H, s.Dqk}, SA_DEVICE_CUDA);
   a.kv = view_of(d.kv.get(), c.dtype, {s.Skv, s.Dqk}, SA_DEVICE_CUDA);
   a.topk_idx = view_of(d.idx.get(), SA_DTYPE_INT32, {s.Sq, s.topk}, SA_DEVICE_CUDA);
@@ -1114,7 +1114,7 @@ inline void expect_dsa_forward_refused(sa_impl impl, int64_t H, int64_t Dqk, int
   ASSERT_EQ(cudaMalloc(&idx, Sq * topk * 4), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&out, Sq * H * Dv * esize), cudaSuccess);
   ASSERT_EQ(cudaMalloc(&lse, Sq * H * 4), cudaSuccess);
-  sa_dsa_fwd_args a{};
+  sa_dsa_fwd_args a = sa_dsa_fwd_args_default();
   a.q = view_of(q, dtype, {Sq, H, Dqk}, SA_DEVICE_CUDA);
   a.kv = view_of(kv, dtype, {Skv, Dqk}, SA_DEVICE_CUDA);
   a.topk_idx = view_of(idx, SA_DTYPE_INT32, {Sq, topk}, SA_DEVICE_CUDA);

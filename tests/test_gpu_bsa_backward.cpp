@@ -68,7 +68,7 @@ TEST(GpuBsaBackwardSupport, RefusesFp16WithReason) {
   DeviceTensor q(t.q, 0, 0), k(t.k, 0, 0), v(t.v, 0, 0), o(t.o, 0, 0), lse(t.lse, 0, 0),
       dout(t.dout, 0, 0), dq(t.dq, 0, 0), dk(t.dk, 0, 0), dv(t.dv, 0, 0),
       index(pat.q2k_index, 0, 0);
-  sa_bsa_bwd_args a{};
+  sa_bsa_bwd_args a = sa_bsa_bwd_args_default();
   a.q = q.view();
   a.k = k.view();
   a.v = v.view();

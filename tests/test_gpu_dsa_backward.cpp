@@ -21,10 +21,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "common/tuning.hpp"
 #include "dsa_problem_builder.hpp"
 #include "gpu_test_util.hpp"
 #include "portable/dsa_backward.hpp"
@@ -156,7 +158,7 @@ void run_reference_backward(const DsaHostCase& c, const Inputs& in, Grads* resul
   dq.poison();
   dkv.poison();
   d_sink.poison();
-  sa_dsa_bwd_args a{};
+  sa_dsa_bwd_args a = sa_dsa_bwd_args_default();
   a.q = q.view();
   a.kv = kv.view();
   a.topk_idx = idx.view();
@@ -205,7 +207,7 @@ void run_gpu(const DsaHostCase& c, const Inputs& in, Variant variant, bool deter
     const sa_impl expect_used = impl != SA_IMPL_AUTO                      ? impl
                                 : device_is_sm90() && !deterministic ? SA_IMPL_SM90
                                                                      : SA_IMPL_PORTABLE;
-    sa_dsa_bwd_args a{};
+    sa_dsa_bwd_args a = sa_dsa_bwd_args_default();
     a.q = view_of(q.get(), c.dtype, {s.Sq, s.H, s.Dqk}, SA_DEVICE_CUDA);
     a.kv = view_of(kv.get(), c.dtype, {s.Skv, s.Dqk}, SA_DEVICE_CUDA);
     a.topk_idx = view_of(idx.get(), SA_DTYPE_INT32, {s.Sq, s.topk}, SA_DEVICE_CUDA);
@@ -519,17 +521,34 @@ INSTANTIATE_TEST_SUITE_P(Cases, Sm90DsaBackward, ::testing::ValuesIn(sm90_dsa_bw
                            return info.param.name;
                          });
 
-// The Hopper kernel's experiment variants (SA_TUNE_SM90_DSA_BWD bits, bench/NOTES.md: 1 late K
-// release, 2 per-row index loads; bit 16 is a diagnostic with wrong results), on four cases (one
-// with several work items per persistent CTA): the same results.
+// The Hopper kernel's variants (Tuning::sm90_dsa_bwd_bits, bench/NOTES.md: 1 late K release,
+// 2 per-row index loads), on four cases (one with several work items per persistent CTA): the
+// same results. The cases are picked by name; a renamed case fails the count (on any machine).
+const char* const kTunedCaseNames[] = {"H64_D576_K100_LengthsInvalid", "H128_D512_K2048_Plain",
+                                       "H128_D576_K160_SinkMixed",
+                                       "H128_D576_K130_PersistentItems"};
+
+std::vector<GpuDsaBwdCase> tuned_variant_cases() {
+  std::vector<GpuDsaBwdCase> out;
+  for (const GpuDsaBwdCase& p : gpu_dsa_bwd_cases())
+    for (const char* name : kTunedCaseNames)
+      if (p.name == name) out.push_back(p);
+  return out;
+}
+
+TEST(Sm90DsaBackwardTunedCases, EveryNamedCaseExists) {
+  EXPECT_EQ(tuned_variant_cases().size(), std::size(kTunedCaseNames));
+}
+
 TEST(Sm90DsaBackwardTuned, MatchesReference) {
   SA_SKIP_WITHOUT_GPU();
   SA_SKIP_UNLESS_SM90();
-  const ScopedEnv tune("SA_TUNE_SM90_DSA_BWD", "3");  // bits 1 and 2 together
-  for (const GpuDsaBwdCase& p : gpu_dsa_bwd_cases()) {
-    if (p.name != "H64_D576_K100_LengthsInvalid" && p.name != "H128_D512_K2048_Plain" &&
-        p.name != "H128_D576_K160_SinkMixed" && p.name != "H128_D576_K130_PersistentItems")
-      continue;
+  const std::vector<GpuDsaBwdCase> cases = tuned_variant_cases();
+  ASSERT_EQ(cases.size(), std::size(kTunedCaseNames));
+  sa::detail::Tuning t;
+  t.sm90_dsa_bwd_bits = 3;  // bits 1 and 2 together
+  const sa::detail::ScopedTuning tune(t);
+  for (const GpuDsaBwdCase& p : cases) {
     SCOPED_TRACE(p.name + " tune 3");
     ASSERT_NO_FATAL_FAILURE(expect_case_matches(p, {Variant::kSm90}));
   }
@@ -582,7 +601,7 @@ TEST(DsaBackwardGpuRefusals, UnsupportedShapesNameTheReason) {
     ASSERT_EQ(cudaMalloc(&dout, Sq * r.H * r.Dv * esize), cudaSuccess);
     ASSERT_EQ(cudaMalloc(&dq, Sq * r.H * r.Dqk * esize), cudaSuccess);
     ASSERT_EQ(cudaMalloc(&dkv, Skv * r.Dqk * esize), cudaSuccess);
-    sa_dsa_bwd_args a{};
+    sa_dsa_bwd_args a = sa_dsa_bwd_args_default();
     a.q = view_of(q, r.dtype, {Sq, r.H, r.Dqk}, SA_DEVICE_CUDA);
     a.kv = view_of(kv, r.dtype, {Skv, r.Dqk}, SA_DEVICE_CUDA);
     a.topk_idx = view_of(idx, SA_DTYPE_INT32, {Sq, topk}, SA_DEVICE_CUDA);

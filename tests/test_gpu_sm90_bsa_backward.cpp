@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "bsa_problem_builder.hpp"
+#include "common/tuning.hpp"
 #include "gpu_test_util.hpp"
 #include "test_util.hpp"
 
@@ -58,16 +59,18 @@ INSTANTIATE_TEST_SUITE_P(Cases, GpuSm90BsaBackward,
                            return info.param.name;
                          });
 
-// The launch order of the last work items (reverse map step 6; SA_TUNE_SM90_BWD_TAIL): off and a
+// The launch order of the last work items (reverse map step 6; Tuning::sm90_bwd_tail): off and a
 // short tail (3 items) are exact too (the suite above runs the default: two waves, i.e. every
 // test case's items).
 TEST(GpuSm90BsaBackwardTailOrder, MatchesReferenceWhateverTheOrder) {
   SA_SKIP_WITHOUT_GPU();
   SA_SKIP_UNLESS_SM90();
-  for (const char* tail : {"0", "3"}) {
-    const ScopedEnv tune("SA_TUNE_SM90_BWD_TAIL", tail);
+  for (int32_t tail : {0, 3}) {
+    sa::detail::Tuning t;
+    t.sm90_bwd_tail = tail;
+    const sa::detail::ScopedTuning tune(t);
     for (const GpuBwdCase& c : gpu_bsa_backward_cases(SA_IMPL_SM90)) {
-      SCOPED_TRACE(c.name + " tail " + tail);
+      SCOPED_TRACE(c.name + " tail " + std::to_string(tail));
       expect_bsa_backward_case_matches_reference(c, SA_IMPL_SM90, SA_IMPL_SM90);
     }
   }

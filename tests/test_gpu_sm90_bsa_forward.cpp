@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "bsa_problem_builder.hpp"
+#include "common/tuning.hpp"
 #include "gpu_test_util.hpp"
 #include "test_util.hpp"
 
@@ -150,10 +151,12 @@ INSTANTIATE_TEST_SUITE_P(Cases, Sm90BsaForward, ::testing::ValuesIn(kCases),
 // queried and filled with garbage.
 TEST(Sm90BsaForwardSplitKv, MatchesReference) {
   SA_SKIP_UNLESS_SM90();
-  for (const char* splits : {"1", "3", "2"}) {
-    const ScopedEnv tune("SA_TUNE_SM90_FWD_SPLITS", splits);
+  for (int32_t splits : {1, 3, 2}) {
+    sa::detail::Tuning t;
+    t.sm90_fwd_splits = splits;
+    const sa::detail::ScopedTuning tune(t);
     for (const Sm90BsaCase& c : kCases) {
-      SCOPED_TRACE(c.name + " splits " + splits);
+      SCOPED_TRACE(c.name + " splits " + std::to_string(splits));
       expect_case_matches_reference(c, SA_DTYPE_BF16);
     }
   }
@@ -179,7 +182,7 @@ struct SmallProblem {
   BsaPattern pat;
   BsaTensors t;
   std::unique_ptr<DeviceTensor> q, k, v, o, lse, index;
-  sa_bsa_fwd_args args{};
+  sa_bsa_fwd_args args = sa_bsa_fwd_args_default();
 
   SmallProblem(int64_t D, sa_dtype dtype, int32_t index_value = -1) {
     s = shape_of(1, 2, 1, 128, 256, D, 64, 2);
@@ -248,7 +251,7 @@ TEST(Sm90BsaForwardDispatch, RefusesCpuTensors) {
   std::mt19937_64 rng(3);
   BsaPattern pat = random_bsa_pattern(s, spec_of(false, 1, false, false), rng);
   BsaTensors t = make_bsa_tensors(s, SA_DTYPE_BF16, rng);
-  sa_bsa_fwd_args args{};
+  sa_bsa_fwd_args args = sa_bsa_fwd_args_default();
   args.q = t.q.view();
   args.k = t.k.view();
   args.v = t.v.view();

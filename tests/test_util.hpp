@@ -120,32 +120,6 @@ inline ::testing::AssertionResult all_close(const std::vector<double>& a,
 // True when this process sees at least one CUDA device. GPU tests call GTEST_SKIP() otherwise.
 bool cuda_available();
 
-// An environment variable set for a scope (the SA_TUNE_* experiment switches, which the library
-// reads per call) and restored when the scope ends (to its previous value, or unset), also when
-// an assertion returns early: a suite run with a switch set keeps it for the later tests.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_)
-      setenv(name_, old_.c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
-
 }  // namespace sa_test
 
 #define SA_SKIP_WITHOUT_GPU()                                          \

@@ -948,6 +948,9 @@ std::vector<DsaCase> dsa_cases() {
   add("DvAboveDqk", kBoth, [](DsaCall& c) { c.options().d_v = 20; }, kArg,
       {"options.d_v: expected a value in [1, D_qk = 16] (0 for 512), got 20"});
   add("DvDefault512AboveDqk", kBoth, [](DsaCall& c) { c.options().d_v = 0; }, kArg,
+      {"options.d_v: not set (0), so it defaults to 512, more than D_qk = 16 (from q): set d_v "
+       "to a value in [1, 16]"});
+  add("Dv512AboveDqk", kBoth, [](DsaCall& c) { c.options().d_v = 512; }, kArg,
       {"options.d_v: expected a value in [1, D_qk = 16] (0 for 512), got 512"});
   add("DvNegative", kBoth, [](DsaCall& c) { c.options().d_v = -8; }, kArg,
       {"options.d_v: expected a value in [1, D_qk = 16] (0 for 512), got -8"});

@@ -225,34 +225,6 @@ struct OpSetup {
   std::function<Subject(const BenchVariant&)> make;
 };
 
-// Sets a variant's environment for one call and restores the previous values.
-class ScopedEnv {
- public:
-  explicit ScopedEnv(const std::vector<std::pair<std::string, std::string>>& env) {
-    for (const auto& kv : env) {
-      const char* old = std::getenv(kv.first.c_str());
-      saved_.push_back({kv.first, old != nullptr, old != nullptr ? old : ""});
-      setenv(kv.first.c_str(), kv.second.c_str(), 1);
-    }
-  }
-  ~ScopedEnv() {
-    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
-      if (it->had) setenv(it->name.c_str(), it->value.c_str(), 1);
-      else unsetenv(it->name.c_str());
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  struct Saved {
-    std::string name;
-    bool had;
-    std::string value;
-  };
-  std::vector<Saved> saved_;
-};
-
 int bench_op(const OpSetup& setup, const BenchOptions& o, const CudaDevice& dev,
              std::vector<std::string>* records) {
   std::vector<Subject> subjects;
@@ -269,18 +241,17 @@ int bench_op(const OpSetup& setup, const BenchOptions& o, const CudaDevice& dev,
       continue;
     }
     Subject s = setup.make(v);
-    if (!v.env.empty()) {
-      // The knobs are read when the library sizes its workspace and when it launches: set them
-      // around both.
+    if (v.tuned) {
+      // The tuning decides the workspace size and the launches: set it around both.
       auto inner = s.run;
-      auto env = v.env;
-      s.run = [inner, env](const sa_context& c) {
-        ScopedEnv scoped(env);
+      const sa::detail::Tuning tuning = v.tuning;
+      s.run = [inner, tuning](const sa_context& c) {
+        const sa::detail::ScopedTuning scoped(tuning);
         return inner(c);
       };
       auto inner_ws = s.workspace_size;
-      s.workspace_size = [inner_ws, env](size_t* bytes) {
-        ScopedEnv scoped(env);
+      s.workspace_size = [inner_ws, tuning](size_t* bytes) {
+        const sa::detail::ScopedTuning scoped(tuning);
         return inner_ws(bytes);
       };
     }
@@ -385,6 +356,39 @@ std::string dsa_shape_json(const DsaShape& s) {
   return os.str();
 }
 
+// An integer in [lo, hi] for a --variants key, or `automatic` for "auto" when given.
+int32_t tune_int(const std::string& key, const std::string& val, long lo, long hi,
+                 const int32_t* automatic = nullptr) {
+  if (automatic != nullptr && val == "auto") return *automatic;
+  char* end = nullptr;
+  const long x = std::strtol(val.c_str(), &end, 0);
+  if (val.empty() || *end != '\0' || x < lo || x > hi) {
+    std::ostringstream os;
+    os << "--variants: " << key << " needs " << (automatic != nullptr ? "auto or " : "")
+       << "an integer in [" << lo << ", " << hi << "], got '" << val << "'";
+    throw ToolError(kExitBadArgument, os.str());
+  }
+  return static_cast<int32_t>(x);
+}
+
+// One tuning key (bench.hpp lists them) into `t`.
+void parse_tune(const std::string& key, const std::string& val, sa::detail::Tuning* t) {
+  const sa::detail::Tuning defaults;
+  if (key == "tune.fwd_splits" || key == "env.SA_TUNE_SM90_FWD_SPLITS") {
+    t->sm90_fwd_splits = tune_int(key, val, 1, 16, &defaults.sm90_fwd_splits);
+  } else if (key == "tune.bwd_tail" || key == "env.SA_TUNE_SM90_BWD_TAIL") {
+    t->sm90_bwd_tail = tune_int(key, val, 0, 1024, &defaults.sm90_bwd_tail);
+  } else if (key == "tune.dsa_bwd" || key == "env.SA_TUNE_SM90_DSA_BWD") {
+    t->sm90_dsa_bwd_bits = tune_int(key, val, 0, 3);
+  } else if (key == "tune.dsa_fwd_pad" || key == "env.SA_TUNE_SM90_DSA_FWD_PAD") {
+    t->sm90_dsa_fwd_pad_h16 = tune_int(key, val, 0, 1) != 0;
+  } else {
+    throw ToolError(kExitBadArgument,
+                    "--variants: unknown tuning key '" + key +
+                        "' (tune.fwd_splits=, tune.bwd_tail=, tune.dsa_bwd=, tune.dsa_fwd_pad=)");
+  }
+}
+
 }  // namespace
 
 std::vector<BenchVariant> parse_variants(const std::string& text) {
@@ -412,8 +416,9 @@ std::vector<BenchVariant> parse_variants(const std::string& text) {
           throw ToolError(kExitBadArgument, "--variants: " + key + " needs an integer >= 0, got '" +
                                                 val + "'");
         (key == "bucket" ? v.bucket : v.deterministic) = static_cast<int>(x);
-      } else if (key.rfind("env.", 0) == 0 && key.size() > 4 && eq != std::string::npos) {
-        v.env.emplace_back(key.substr(4), val);
+      } else if (key.rfind("tune.", 0) == 0 || key.rfind("env.", 0) == 0) {
+        parse_tune(key, val, &v.tuning);
+        v.tuned = true;
       } else if (key == "anchor") {
         if (val != "flashmla")
           throw ToolError(kExitBadArgument,
@@ -422,7 +427,7 @@ std::vector<BenchVariant> parse_variants(const std::string& text) {
       } else {
         throw ToolError(kExitBadArgument,
                         "--variants: unknown key '" + key +
-                            "' (impl=, bucket=, deterministic=, env.NAME=, anchor=flashmla)");
+                            "' (impl=, bucket=, deterministic=, tune.NAME=, anchor=flashmla)");
       }
     }
     out.push_back(v);
@@ -434,7 +439,7 @@ std::vector<BenchVariant> parse_variants(const std::string& text) {
 int run_bench(const DemoOptions& demo, const BenchOptions& o) {
   const CudaDevice dev = find_cuda_device();
   if (!dev.present)
-    throw ToolError(kExitBadArgument, "bench needs a CUDA device (" + dev.why_not + ")");
+    throw ToolError(kExitBadArgument, "bench needs a CUDA device: " + dev.why_not);
   std::cout << "sparse-attention bench on " << describe_device(dev) << ": " << o.warmup
             << " warm-up calls, 2 passes x " << o.rounds << " rounds x " << o.calls
             << " calls per variant, median round\n";

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/tuning.hpp"
 #include "demo.hpp"
 
 namespace sa_tool {
@@ -26,9 +27,10 @@ struct BenchVariant {
   sa_impl impl = SA_IMPL_AUTO;
   int bucket = -1;             // -1: leave options.bucket_size as it is
   int deterministic = -1;      // -1: leave as it is
-  // Environment variables set around each of this variant's calls (the library's SA_TUNE_*
-  // experiment knobs, read at launch), restored after: "env.NAME=VALUE" in --variants.
-  std::vector<std::pair<std::string, std::string>> env;
+  // The library's internal tuning (common/tuning.hpp) around each of this variant's calls:
+  // "tune.NAME=VALUE" in --variants (parse_variants below lists the keys).
+  sa::detail::Tuning tuning;
+  bool tuned = false;
   // "anchor=flashmla": not our library but FlashMLA's Hopper sparse prefill (dsa_fwd only;
   // flashmla_anchor.hpp) on the same tensors, checked against the same reference.
   std::string anchor;
@@ -44,6 +46,14 @@ struct BenchOptions {
 };
 
 // "impl=portable,bucket=1/impl=sm90" -> two variants.
+// Keys: impl=, bucket=, deterministic=, anchor=flashmla, and the tuning keys
+//   tune.fwd_splits=auto|1..16   Hopper BSA forward split-KV slices (1: never split)
+//   tune.bwd_tail=auto|0..1024   Hopper BSA backward: last work items launched longest first
+//   tune.dsa_bwd=0..3            Hopper DSA backward variant bits (1 late K release, 2 per-row
+//                                index loads)
+//   tune.dsa_fwd_pad=0|1         Hopper DSA forward at H 16 on the padded 64-row kernel
+// The former spellings env.SA_TUNE_SM90_{FWD_SPLITS,BWD_TAIL,DSA_BWD,DSA_FWD_PAD}=VALUE are
+// accepted for the same keys.
 std::vector<BenchVariant> parse_variants(const std::string& text);
 
 // Returns the exit status: 0 when every variant ran and passed its check.

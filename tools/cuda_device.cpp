@@ -1,6 +1,7 @@
 #include "cuda_device.hpp"
 
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 
 #include <string>
 
@@ -15,6 +16,26 @@ void cuda_check(cudaError_t e, const char* what) {
     throw ToolError(kExitCheckFailed, std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
 }
 
+// Whether the NVIDIA driver's library can be loaded on this machine.
+bool driver_present() {
+  void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (h == nullptr) return false;
+  dlclose(h);
+  return true;
+}
+
+// Why cudaGetDeviceCount found no device, in words. The runtime reports a machine without the
+// driver as "CUDA driver version is insufficient"; that message is kept for a driver that is
+// present but older than the runtime needs.
+std::string no_device_reason(cudaError_t e) {
+  if (e == cudaErrorNoDevice || (e == cudaErrorInsufficientDriver && !driver_present()))
+    return "no NVIDIA GPU or driver found";
+  if (e == cudaErrorInsufficientDriver)
+    return std::string("the NVIDIA driver is older than this build's CUDA runtime needs (") +
+           cudaGetErrorString(e) + ")";
+  return std::string("no usable CUDA device (cudaGetDeviceCount: ") + cudaGetErrorString(e) + ")";
+}
+
 }  // namespace
 
 CudaDevice find_cuda_device() {
@@ -23,18 +44,19 @@ CudaDevice find_cuda_device() {
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    d.why_not = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(e);
+    d.why_not = no_device_reason(e);
     return d;
   }
   if (count == 0) {
-    d.why_not = "cudaGetDeviceCount: 0 devices";
+    d.why_not = no_device_reason(cudaErrorNoDevice);
     return d;
   }
   cudaDeviceProp prop{};
   e = cudaGetDeviceProperties(&prop, 0);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    d.why_not = std::string("cudaGetDeviceProperties: ") + cudaGetErrorString(e);
+    d.why_not = std::string("no usable CUDA device (cudaGetDeviceProperties: ") +
+                cudaGetErrorString(e) + ")";
     return d;
   }
   d.present = true;

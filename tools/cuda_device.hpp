@@ -15,7 +15,7 @@ struct CudaDevice {
   bool present = false;
   int index = 0;
   std::string name;     // "NVIDIA H200 (sm_90)"
-  std::string why_not;  // when !present: what the runtime said
+  std::string why_not;  // when !present: why, in words ("no NVIDIA GPU or driver found")
 };
 CudaDevice find_cuda_device();
 

@@ -51,6 +51,12 @@ DsaShape dsa_shape(const DemoOptions& o, Target target) {
   DsaShape s = default_dsa_shape(target);
   s.H = o.dsa_heads.value_or(s.H);
   s.Dqk = o.dsa_dqk.value_or(s.Dqk);
+  if (s.Dqk < s.Dv)
+    throw ToolError(kExitBadArgument,
+                    "--dsa-dqk " + std::to_string(s.Dqk) + ": the demo's D_v is " +
+                        std::to_string(s.Dv) + " (SPEC's value width kv[:, :" +
+                        std::to_string(s.Dv) + "], not a flag), so D_qk must be at least " +
+                        std::to_string(s.Dv) + " (512 or 576)");
   s.Skv = o.dsa_seq.value_or(s.Skv);
   // S_q follows --dsa-seq on the GPU; on the CPU it stays small unless given.
   s.Sq = o.dsa_queries.value_or(target == Target::kGpu ? s.Skv : s.Sq);
@@ -148,6 +154,9 @@ OpReport run_op(const OpEntry& e, const DemoOptions& opt, const CudaDevice& dev)
 }  // namespace
 
 int run_demo(const DemoOptions& opt) {
+  // The DSA shape flags are checked before anything runs.
+  for (const std::string& op : opt.ops)
+    if (op.rfind("dsa", 0) == 0) (void)dsa_shape(opt, Target::kCpu);
   CudaDevice dev;
   std::string where;
   if (opt.device == DeviceChoice::kCpu) {
@@ -156,10 +165,10 @@ int run_demo(const DemoOptions& opt) {
   } else {
     dev = find_cuda_device();
     if (!dev.present && opt.device == DeviceChoice::kCuda)
-      throw ToolError(kExitBadArgument, "--device cuda: no CUDA device (" + dev.why_not + ")");
+      throw ToolError(kExitBadArgument, "--device cuda: " + dev.why_not);
     where = dev.present
                 ? describe_device(dev) + ", and the CPU reference for what it does not serve"
-                : "cpu (no CUDA device: " + dev.why_not + ")";
+                : "cpu (" + dev.why_not + ")";
   }
   std::printf("sparse-attention demo: device %s; dtype %s; seed %llu\n", where.c_str(),
               sa::dtype_name(opt.dtype), static_cast<unsigned long long>(opt.seed));

@@ -13,6 +13,8 @@
  * the device and the shape allow (options.impl can force one; a forced implementation that cannot
  * serve the call is an error, never a silent fallback).
  *
+ * Every options and args struct starts with `size`: see "Extensible structs" below.
+ *
  * This header does not include any CUDA header: sa_stream_t is the same type as cudaStream_t.
  */
 #ifndef SPARSE_ATTENTION_H_
@@ -29,6 +31,21 @@ extern "C" {
 #define SA_VERSION_MINOR 1
 #define SA_VERSION_PATCH 0
 
+/* The library exports these functions and nothing else (every other symbol is hidden). */
+#if defined(SA_BUILDING_LIBRARY) && (defined(__GNUC__) || defined(__clang__))
+#define SA_API __attribute__((visibility("default")))
+#else
+#define SA_API
+#endif
+
+/* The initializers of the extensible structs below are defined in this header (so that they
+ * give the caller's sizeof), as static inline functions. */
+#if defined(__cplusplus) || (defined(__STDC_VERSION__) && __STDC_VERSION__ >= 199901L)
+#define SA_INLINE static inline
+#else
+#define SA_INLINE static __inline
+#endif
+
 /* ---------------------------------------------------------------------------------------------
  * Status: the one error convention of the library.
  * ------------------------------------------------------------------------------------------- */
@@ -43,10 +60,10 @@ typedef enum sa_status {
 } sa_status;
 
 /* Name of a status code ("SA_OK", ...). Never NULL. */
-const char* sa_status_name(sa_status status);
+SA_API const char* sa_status_name(sa_status status);
 
 /* Message of the last failed call on this thread ("" if none). Valid until the next call. */
-const char* sa_last_error(void);
+SA_API const char* sa_last_error(void);
 
 /* ---------------------------------------------------------------------------------------------
  * Tensors.
@@ -73,11 +90,13 @@ typedef struct sa_tensor {
   int32_t device_index;            /* CUDA ordinal; 0 for CPU */
 } sa_tensor;
 
-/* An absent optional tensor. */
-sa_tensor sa_tensor_none(void);
+/* An absent optional tensor (also as an initializer: sa_tensor t = SA_TENSOR_NONE_INIT;). */
+#define SA_TENSOR_NONE_INIT {NULL, SA_DTYPE_FP32, 0, {0, 0, 0, 0}, {0, 0, 0, 0}, SA_DEVICE_CPU, 0}
+SA_API sa_tensor sa_tensor_none(void);
 /* A contiguous (row-major) view. rank <= SA_MAX_RANK. */
-sa_tensor sa_tensor_contiguous(void* data, sa_dtype dtype, int32_t rank, const int64_t* shape,
-                               sa_device_type device, int32_t device_index);
+SA_API sa_tensor sa_tensor_contiguous(void* data, sa_dtype dtype, int32_t rank,
+                                      const int64_t* shape, sa_device_type device,
+                                      int32_t device_index);
 
 /* ---------------------------------------------------------------------------------------------
  * Implementations and execution context.
@@ -89,7 +108,7 @@ typedef enum sa_impl {
   SA_IMPL_SM90 = 3       /* Hopper fast path (sm_90a) */
 } sa_impl;
 
-const char* sa_impl_name(sa_impl impl);
+SA_API const char* sa_impl_name(sa_impl impl);
 
 typedef struct CUstream_st* sa_stream_t; /* == cudaStream_t; NULL is the legacy default stream */
 
@@ -112,7 +131,27 @@ typedef struct sa_context {
 } sa_context;
 
 /* A context with no workspace and no allocator on the default stream. */
-sa_context sa_context_default(void);
+SA_API sa_context sa_context_default(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Extensible structs: the options structs (sa_bsa_options, sa_dsa_options) and the args structs
+ * (sa_bsa_fwd_args, sa_bsa_bwd_args, sa_dsa_fwd_args, sa_dsa_bwd_args) start with
+ *     size_t size;   sizeof the struct as the caller compiled it
+ * Start every one from its initializer in this header, which sets `size` (and the defaults),
+ * then set the fields you need:
+ *     sa_bsa_fwd_args a = sa_bsa_fwd_args_default();   (or = SA_BSA_FWD_ARGS_INIT;)
+ * The rules that keep a program built against this header working with later libraries:
+ *  - A later version only appends fields at the end of a struct, and a field added later has
+ *    the value 0 as its default. New per-call settings go at the end of the options struct,
+ *    which stays the last member of each args struct.
+ *  - The library reads only the bytes inside the caller's `size` (of the args struct and of its
+ *    options) and gives every field past them its default.
+ *  - A size of 0 (an uninitialised struct), below the first version's size, or above 64 KiB is
+ *    SA_ERROR_INVALID_ARGUMENT naming it ("args.size", "args.options.size").
+ *  - A size larger than the library's own struct (a newer header than the library) is accepted
+ *    when the bytes the library does not know are all 0, the defaults; otherwise the call is
+ *    SA_ERROR_UNSUPPORTED: it asks for options this library predates.
+ * ------------------------------------------------------------------------------------------- */
 
 /* ---------------------------------------------------------------------------------------------
  * Block-sparse attention (SPEC section 1).
@@ -123,6 +162,7 @@ typedef enum sa_layout {
 } sa_layout;
 
 typedef struct sa_bsa_options {
+  size_t size;           /* sizeof(sa_bsa_options): set by SA_BSA_OPTIONS_INIT */
   float scale;           /* softmax scale; 0 means 1/sqrt(D) */
   sa_layout layout;      /* layout of q, k, v, o (and dout, dq, dk, dv) */
   int32_t block_size;    /* 64 or 128 (query and KV blocks) */
@@ -133,7 +173,14 @@ typedef struct sa_bsa_options {
   sa_impl impl;          /* SA_IMPL_AUTO or a forced implementation */
 } sa_bsa_options;
 
-sa_bsa_options sa_bsa_options_default(void);
+/* Defaults: scale 1/sqrt(D), BHSD, block 128, count K_max, automatic buckets, no validation,
+ * not deterministic, AUTO. */
+#define SA_BSA_OPTIONS_INIT \
+  {sizeof(sa_bsa_options), 0.0f, SA_LAYOUT_BHSD, 128, -1, 0, 0, 0, SA_IMPL_AUTO}
+SA_INLINE sa_bsa_options sa_bsa_options_default(void) {
+  sa_bsa_options o = SA_BSA_OPTIONS_INIT;
+  return o;
+}
 
 typedef struct sa_bsa_sparsity {
   sa_tensor q2k_index;    /* [B, H_q, N_q, K_max] int32: KV blocks attended by query block m */
@@ -142,43 +189,70 @@ typedef struct sa_bsa_sparsity {
 } sa_bsa_sparsity;
 
 typedef struct sa_bsa_fwd_args {
+  size_t size;   /* sizeof(sa_bsa_fwd_args): set by SA_BSA_FWD_ARGS_INIT */
   sa_tensor q;   /* [B, H_q, S_q, D] or [B, S_q, H_q, D]; bf16/fp16 (CPU also fp32/fp64) */
   sa_tensor k;   /* [B, H_kv, S_kv, D] (same layout) */
   sa_tensor v;   /* [B, H_kv, S_kv, D_v] (same layout) */
   sa_bsa_sparsity sparsity;
   sa_tensor o;   /* out: layout and dtype of q, last dim D_v */
   sa_tensor lse; /* out: [B, H_q, S_q] fp32 */
-  sa_bsa_options options;
+  sa_bsa_options options; /* the last member (see "Extensible structs") */
 } sa_bsa_fwd_args;
 
 typedef struct sa_bsa_bwd_args {
+  size_t size;       /* sizeof(sa_bsa_bwd_args): set by SA_BSA_BWD_ARGS_INIT */
   sa_tensor q, k, v; /* as in the forward */
   sa_tensor o;       /* forward output */
   sa_tensor lse;     /* forward LSE, [B, H_q, S_q] fp32 */
   sa_tensor dout;    /* gradient of o: shape, layout and dtype of o */
   sa_bsa_sparsity sparsity;
   sa_tensor dq, dk, dv; /* out: shapes, layouts and dtypes of q, k, v */
-  sa_bsa_options options;
+  sa_bsa_options options; /* the last member */
 } sa_bsa_bwd_args;
 
-sa_status sa_bsa_forward_workspace_size(const sa_bsa_fwd_args* args, size_t* bytes);
-sa_status sa_bsa_forward(const sa_bsa_fwd_args* args, const sa_context* ctx);
-sa_status sa_bsa_backward_workspace_size(const sa_bsa_bwd_args* args, size_t* bytes);
-sa_status sa_bsa_backward(const sa_bsa_bwd_args* args, const sa_context* ctx);
+/* Every tensor absent, default options. */
+#define SA_BSA_SPARSITY_NONE_INIT {SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT}
+#define SA_BSA_FWD_ARGS_INIT                                                                     \
+  {sizeof(sa_bsa_fwd_args), SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT,      \
+   SA_BSA_SPARSITY_NONE_INIT, SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, SA_BSA_OPTIONS_INIT}
+#define SA_BSA_BWD_ARGS_INIT                                                                     \
+  {sizeof(sa_bsa_bwd_args), SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT,      \
+   SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, SA_BSA_SPARSITY_NONE_INIT,    \
+   SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, SA_BSA_OPTIONS_INIT}
+SA_INLINE sa_bsa_fwd_args sa_bsa_fwd_args_default(void) {
+  sa_bsa_fwd_args a = SA_BSA_FWD_ARGS_INIT;
+  return a;
+}
+SA_INLINE sa_bsa_bwd_args sa_bsa_bwd_args_default(void) {
+  sa_bsa_bwd_args a = SA_BSA_BWD_ARGS_INIT;
+  return a;
+}
+
+SA_API sa_status sa_bsa_forward_workspace_size(const sa_bsa_fwd_args* args, size_t* bytes);
+SA_API sa_status sa_bsa_forward(const sa_bsa_fwd_args* args, const sa_context* ctx);
+SA_API sa_status sa_bsa_backward_workspace_size(const sa_bsa_bwd_args* args, size_t* bytes);
+SA_API sa_status sa_bsa_backward(const sa_bsa_bwd_args* args, const sa_context* ctx);
 
 /* ---------------------------------------------------------------------------------------------
  * DeepSeek sparse attention, top-k sparse MLA (SPEC section 2).
  * ------------------------------------------------------------------------------------------- */
 typedef struct sa_dsa_options {
+  size_t size;           /* sizeof(sa_dsa_options): set by SA_DSA_OPTIONS_INIT */
   float scale;           /* softmax scale; 0 means 1/sqrt(D_qk) */
-  int32_t d_v;           /* value width: kv[:, :d_v] is the value; 0 means 512 */
+  int32_t d_v;           /* value width: kv[:, :d_v] is the value; 0 (the default) means 512 */
   int32_t deterministic; /* nonzero: bitwise-reproducible dkv and d_sink */
   sa_impl impl;
 } sa_dsa_options;
 
-sa_dsa_options sa_dsa_options_default(void);
+/* Defaults: scale 1/sqrt(D_qk), d_v 512, not deterministic, AUTO. */
+#define SA_DSA_OPTIONS_INIT {sizeof(sa_dsa_options), 0.0f, 0, 0, SA_IMPL_AUTO}
+SA_INLINE sa_dsa_options sa_dsa_options_default(void) {
+  sa_dsa_options o = SA_DSA_OPTIONS_INIT;
+  return o;
+}
 
 typedef struct sa_dsa_fwd_args {
+  size_t size;           /* sizeof(sa_dsa_fwd_args): set by SA_DSA_FWD_ARGS_INIT */
   sa_tensor q;           /* [S_q, H, D_qk] bf16/fp16 (CPU also fp32/fp64) */
   sa_tensor kv;          /* [S_kv, D_qk], dtype of q */
   sa_tensor topk_idx;    /* [S_q, topk] int32; any value allowed, inactive ones are never read */
@@ -186,10 +260,11 @@ typedef struct sa_dsa_fwd_args {
   sa_tensor sink;        /* [H] fp32; may be absent */
   sa_tensor out;         /* out: [S_q, H, d_v], dtype of q */
   sa_tensor lse;         /* out: [S_q, H] fp32 (+inf for an empty row) */
-  sa_dsa_options options;
+  sa_dsa_options options; /* the last member */
 } sa_dsa_fwd_args;
 
 typedef struct sa_dsa_bwd_args {
+  size_t size;      /* sizeof(sa_dsa_bwd_args): set by SA_DSA_BWD_ARGS_INIT */
   sa_tensor q, kv, topk_idx, topk_length, sink; /* as in the forward */
   sa_tensor out;    /* forward output [S_q, H, d_v] */
   sa_tensor lse;    /* forward LSE [S_q, H] fp32 */
@@ -197,16 +272,35 @@ typedef struct sa_dsa_bwd_args {
   sa_tensor dq;     /* out: [S_q, H, D_qk], dtype of q */
   sa_tensor dkv;    /* out: [S_kv, D_qk], dtype of kv (accumulated in fp32) */
   sa_tensor d_sink; /* out: [H] fp32; may be absent (zeros when there is no sink) */
-  sa_dsa_options options;
+  sa_dsa_options options; /* the last member */
 } sa_dsa_bwd_args;
+
+/* Every tensor absent, default options. */
+#define SA_DSA_FWD_ARGS_INIT                                                                     \
+  {sizeof(sa_dsa_fwd_args), SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT,      \
+   SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT,          \
+   SA_DSA_OPTIONS_INIT}
+#define SA_DSA_BWD_ARGS_INIT                                                                     \
+  {sizeof(sa_dsa_bwd_args), SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT,      \
+   SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT,          \
+   SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT,          \
+   SA_DSA_OPTIONS_INIT}
+SA_INLINE sa_dsa_fwd_args sa_dsa_fwd_args_default(void) {
+  sa_dsa_fwd_args a = SA_DSA_FWD_ARGS_INIT;
+  return a;
+}
+SA_INLINE sa_dsa_bwd_args sa_dsa_bwd_args_default(void) {
+  sa_dsa_bwd_args a = SA_DSA_BWD_ARGS_INIT;
+  return a;
+}
 
 /* The forward's workspace is optional: with topk_length the Hopper forward asks for a few bytes
  * (a counter from which its persistent CTAs take the rows of different lengths); given neither
  * that workspace nor an allocator, it runs one CTA per row instead (slower, same results). */
-sa_status sa_dsa_forward_workspace_size(const sa_dsa_fwd_args* args, size_t* bytes);
-sa_status sa_dsa_forward(const sa_dsa_fwd_args* args, const sa_context* ctx);
-sa_status sa_dsa_backward_workspace_size(const sa_dsa_bwd_args* args, size_t* bytes);
-sa_status sa_dsa_backward(const sa_dsa_bwd_args* args, const sa_context* ctx);
+SA_API sa_status sa_dsa_forward_workspace_size(const sa_dsa_fwd_args* args, size_t* bytes);
+SA_API sa_status sa_dsa_forward(const sa_dsa_fwd_args* args, const sa_context* ctx);
+SA_API sa_status sa_dsa_backward_workspace_size(const sa_dsa_bwd_args* args, size_t* bytes);
+SA_API sa_status sa_dsa_backward(const sa_dsa_bwd_args* args, const sa_context* ctx);
 
 /* ---------------------------------------------------------------------------------------------
  * The DSA lightning indexer (SPEC section 5): scores, top-k, and the KL training loss with its
@@ -231,7 +325,7 @@ typedef struct sa_indexer_options {
   sa_impl impl;
 } sa_indexer_options;
 
-sa_indexer_options sa_indexer_options_default(void);
+SA_API sa_indexer_options sa_indexer_options_default(void);
 
 /* The dense score matrix (short sequences and tests). */
 typedef struct sa_indexer_scores_args {
@@ -291,12 +385,12 @@ typedef struct sa_indexer_loss_args {
   sa_indexer_options options;
 } sa_indexer_loss_args;
 
-sa_status sa_indexer_scores_workspace_size(const sa_indexer_scores_args* args, size_t* bytes);
-sa_status sa_indexer_scores(const sa_indexer_scores_args* args, const sa_context* ctx);
-sa_status sa_indexer_topk_workspace_size(const sa_indexer_topk_args* args, size_t* bytes);
-sa_status sa_indexer_topk(const sa_indexer_topk_args* args, const sa_context* ctx);
-sa_status sa_indexer_loss_workspace_size(const sa_indexer_loss_args* args, size_t* bytes);
-sa_status sa_indexer_loss(const sa_indexer_loss_args* args, const sa_context* ctx);
+SA_API sa_status sa_indexer_scores_workspace_size(const sa_indexer_scores_args* args, size_t* bytes);
+SA_API sa_status sa_indexer_scores(const sa_indexer_scores_args* args, const sa_context* ctx);
+SA_API sa_status sa_indexer_topk_workspace_size(const sa_indexer_topk_args* args, size_t* bytes);
+SA_API sa_status sa_indexer_topk(const sa_indexer_topk_args* args, const sa_context* ctx);
+SA_API sa_status sa_indexer_loss_workspace_size(const sa_indexer_loss_args* args, size_t* bytes);
+SA_API sa_status sa_indexer_loss(const sa_indexer_loss_args* args, const sa_context* ctx);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -57,6 +57,7 @@ inline Context context(sa_stream_t stream = nullptr) {
   return c;
 }
 
+// The C structs with their defaults (and `size`, sparse_attention.h "Extensible structs").
 struct BsaOptions : sa_bsa_options {
   BsaOptions() : sa_bsa_options(sa_bsa_options_default()) {}
 };
@@ -67,31 +68,16 @@ struct BsaSparsity : sa_bsa_sparsity {
   BsaSparsity() : sa_bsa_sparsity{sa_tensor_none(), sa_tensor_none(), sa_tensor_none()} {}
 };
 struct BsaForwardArgs : sa_bsa_fwd_args {
-  BsaForwardArgs() : sa_bsa_fwd_args{} {
-    q = k = v = o = lse = sa_tensor_none();
-    sparsity = BsaSparsity();
-    options = BsaOptions();
-  }
+  BsaForwardArgs() : sa_bsa_fwd_args(sa_bsa_fwd_args_default()) {}
 };
 struct BsaBackwardArgs : sa_bsa_bwd_args {
-  BsaBackwardArgs() : sa_bsa_bwd_args{} {
-    q = k = v = o = lse = dout = dq = dk = dv = sa_tensor_none();
-    sparsity = BsaSparsity();
-    options = BsaOptions();
-  }
+  BsaBackwardArgs() : sa_bsa_bwd_args(sa_bsa_bwd_args_default()) {}
 };
 struct DsaForwardArgs : sa_dsa_fwd_args {
-  DsaForwardArgs() : sa_dsa_fwd_args{} {
-    q = kv = topk_idx = topk_length = sink = out = lse = sa_tensor_none();
-    options = DsaOptions();
-  }
+  DsaForwardArgs() : sa_dsa_fwd_args(sa_dsa_fwd_args_default()) {}
 };
 struct DsaBackwardArgs : sa_dsa_bwd_args {
-  DsaBackwardArgs() : sa_dsa_bwd_args{} {
-    q = kv = topk_idx = topk_length = sink = out = lse = dout = dq = dkv = d_sink =
-        sa_tensor_none();
-    options = DsaOptions();
-  }
+  DsaBackwardArgs() : sa_dsa_bwd_args(sa_dsa_bwd_args_default()) {}
 };
 struct IndexerOptions : sa_indexer_options {
   IndexerOptions() : sa_indexer_options(sa_indexer_options_default()) {}

@@ -72,8 +72,19 @@ class sa_context(ctypes.Structure):
     ]
 
 
-class sa_bsa_options(ctypes.Structure):
+class _Extensible(ctypes.Structure):
+    """An options or args struct of the C ABI: its first field, `size`, is its size in bytes,
+    set here on construction (the header's "Extensible structs" rule: the library reads only
+    the fields inside the caller's size). Every other field starts at 0."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.size = ctypes.sizeof(self)
+
+
+class sa_bsa_options(_Extensible):
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("scale", ctypes.c_float),
         ("layout", ctypes.c_int),
         ("block_size", ctypes.c_int32),
@@ -89,8 +100,9 @@ class sa_bsa_sparsity(ctypes.Structure):
     _fields_ = [("q2k_index", sa_tensor), ("q2k_count", sa_tensor), ("kv_block_len", sa_tensor)]
 
 
-class sa_bsa_fwd_args(ctypes.Structure):
+class sa_bsa_fwd_args(_Extensible):
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("q", sa_tensor),
         ("k", sa_tensor),
         ("v", sa_tensor),
@@ -101,8 +113,9 @@ class sa_bsa_fwd_args(ctypes.Structure):
     ]
 
 
-class sa_bsa_bwd_args(ctypes.Structure):
+class sa_bsa_bwd_args(_Extensible):
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("q", sa_tensor),
         ("k", sa_tensor),
         ("v", sa_tensor),
@@ -117,8 +130,9 @@ class sa_bsa_bwd_args(ctypes.Structure):
     ]
 
 
-class sa_dsa_options(ctypes.Structure):
+class sa_dsa_options(_Extensible):
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("scale", ctypes.c_float),
         ("d_v", ctypes.c_int32),
         ("deterministic", ctypes.c_int32),
@@ -126,8 +140,9 @@ class sa_dsa_options(ctypes.Structure):
     ]
 
 
-class sa_dsa_fwd_args(ctypes.Structure):
+class sa_dsa_fwd_args(_Extensible):
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("q", sa_tensor),
         ("kv", sa_tensor),
         ("topk_idx", sa_tensor),
@@ -139,8 +154,9 @@ class sa_dsa_fwd_args(ctypes.Structure):
     ]
 
 
-class sa_dsa_bwd_args(ctypes.Structure):
+class sa_dsa_bwd_args(_Extensible):
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("q", sa_tensor),
         ("kv", sa_tensor),
         ("topk_idx", sa_tensor),
@@ -406,8 +422,8 @@ def _call_shape_key(op: str, args) -> tuple:
 def workspace_bytes(op: str, args) -> int:
     """`sa_<op>_workspace_size` for this call shape (cached; errors are raised, not cached).
 
-    The library's experiment switches (`SA_TUNE_*` environment variables, bench/NOTES.md) can
-    change the size; they are read once per call shape here, so set them before the first call.
+    Caching is exact: the library reads no environment or other process state that could change
+    the size (its kernel tuning is internal, reachable only by the in-tree bench and tests).
     """
     key = _call_shape_key(op, args)
     nbytes = _WS_CACHE.get(key)

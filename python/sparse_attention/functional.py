@@ -121,7 +121,7 @@ def deepseek_sparse_attention(
     *,
     topk_length: Optional[Tensor] = None,
     sink: Optional[Tensor] = None,
-    d_v: int = 512,
+    d_v: Optional[int] = None,
     scale: Optional[float] = None,
     deterministic: bool = False,
 ) -> Tuple[Tensor, Tensor]:
@@ -137,7 +137,7 @@ def deepseek_sparse_attention(
             active (optional).
         sink: ``[H]`` per-head logit that joins the softmax denominator but has no value
             (optional; converted to fp32). Its gradient is computed.
-        d_v: value width (512).
+        d_v: value width (default 512; at most D_qk).
         scale: softmax scale (default ``1/sqrt(D_qk)``).
         deterministic: bitwise-reproducible ``dkv`` and ``d_sink``.
 
@@ -150,6 +150,7 @@ def deepseek_sparse_attention(
     if sink is not None and sink.dtype != torch.float32:
         sink = sink.to(torch.float32)
     return _ops.dsa_fwd(
-        q, kv, topk_idx, topk_length, sink, int(d_v), 0.0 if scale is None else float(scale),
+        q, kv, topk_idx, topk_length, sink, 0 if d_v is None else int(d_v),
+        0.0 if scale is None else float(scale),
         bool(deterministic),
     )

@@ -1,5 +1,7 @@
-"""The ctypes mirror of the C ABI matches the header: every struct's size and every field's
-offset, as the system C compiler lays them out."""
+"""The C ABI as Python sees it: the ctypes mirror matches the header (every struct's size and
+every field's offset, as the system C compiler lays them out, `size` first in the extensible
+structs), the library exports the C ABI only, and it runs inside a process that holds torch's
+C++ runtime."""
 
 import ctypes
 import shutil
@@ -7,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from sparse_attention import _abi
 
@@ -65,3 +68,60 @@ def test_library_is_loaded_from_the_package_or_an_explicit_path():
     assert path.is_file()
     if os.environ.get("SPARSE_ATTENTION_LIBRARY"):
         assert path == Path(os.environ["SPARSE_ATTENTION_LIBRARY"])
+
+
+# ---- the library boundary -------------------------------------------------------------------------
+def test_library_exports_only_the_c_abi():
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("needs nm (binutils)")
+    out = subprocess.run([nm, "-D", "--defined-only", "--format=posix", _abi.LIBRARY_PATH],
+                         check=True, capture_output=True, text=True).stdout
+    names = [line.split()[0].split("@")[0] for line in out.splitlines() if line.strip()]
+    markers = {"_init", "_fini", "_edata", "_end", "__bss_start"}
+    leaked = [n for n in names if not n.startswith("sa_") and n not in markers]
+    assert not leaked, "exported outside the C ABI: %s" % leaked[:20]
+    assert sum(n.startswith("sa_") for n in names) >= 10
+
+
+def _dsa_bwd_shape_args(d_v=0, impl=_abi.SA_IMPL_AUTO):
+    from sparse_attention import _ops
+
+    q, kv = torch.zeros(2, 1, 8), torch.zeros(4, 8)
+    idx = torch.zeros(2, 2, dtype=torch.int32)
+    out, lse = torch.zeros(2, 1, d_v or 512), torch.zeros(2, 1)
+    options = _ops._dsa_options(d_v, 0.0, False)
+    options.impl = impl
+    return _ops._dsa_bwd_args(out, q, kv, out, lse, idx, None, None, q, kv, None, options, True)
+
+
+def test_error_messages_inside_a_torch_process():
+    """torch, with its C++ runtime, is loaded before the library (as in every PyTorch program).
+    Calls whose errors the library formats with std::ostream report their message (they crashed
+    when the library exported an embedded static libstdc++)."""
+    with pytest.raises(ValueError, match=r"options\.d_v: .*512"):
+        _abi.validate_shapes("dsa_backward", _dsa_bwd_shape_args(d_v=0))
+    with pytest.raises(NotImplementedError, match=r"sm90"):
+        _abi.validate_shapes("dsa_backward", _dsa_bwd_shape_args(d_v=8, impl=3))
+    _abi.validate_shapes("dsa_backward", _dsa_bwd_shape_args(d_v=8))
+
+
+# ---- extensible structs ---------------------------------------------------------------------------
+@pytest.mark.parametrize("name", [n for n in STRUCTS if n not in ("sa_tensor", "sa_context",
+                                                                   "sa_bsa_sparsity")])
+def test_structs_carry_their_size(name):
+    cls = getattr(_abi, name)
+    assert cls.size.offset == 0
+    assert cls().size == ctypes.sizeof(cls)
+
+
+def test_garbage_sizes_are_refused_by_name():
+    args = _dsa_bwd_shape_args(d_v=8)
+    args.size = 3
+    with pytest.raises(ValueError, match=r"args\.size: expected at least \d+ \(the first "
+                                         r"version's size\) and at most 65536, got 3"):
+        _abi.validate_shapes("dsa_backward", args)
+    args = _dsa_bwd_shape_args(d_v=8)
+    args.options.size = 0
+    with pytest.raises(ValueError, match=r"args\.options\.size: 0, an uninitialised struct"):
+        _abi.validate_shapes("dsa_backward", args)

@@ -89,8 +89,11 @@ def test_dsa_errors():
     q, kv, idx = dsa_inputs()
     with pytest.raises(ValueError, match=r"kv: expected shape \[S_kv, D_qk\] with D_qk = 16"):
         deepseek_sparse_attention(q, kv[:, :8], idx, d_v=8)
+    with pytest.raises(ValueError, match=r"options\.d_v: not set \(0\), so it defaults to 512, "
+                       r"more than D_qk = 16 \(from q\): set d_v to a value in \[1, 16\]"):
+        deepseek_sparse_attention(q, kv, idx)  # the default d_v = 512 > D_qk
     with pytest.raises(ValueError, match=r"options\.d_v: expected a value in \[1, D_qk = 16\]"):
-        deepseek_sparse_attention(q, kv, idx)  # d_v = 512 > D_qk
+        deepseek_sparse_attention(q, kv, idx, d_v=512)
     with pytest.raises(ValueError, match=r"topk_idx: expected shape \[S_q, topk\] = \[4, topk >= 1\]"):
         deepseek_sparse_attention(q, kv, idx[:2], d_v=8)
     with pytest.raises(ValueError, match=r"sink: expected shape \[H\] = \[2\]"):

@@ -1,5 +1,5 @@
-"""The README's Python examples run as written (on the CPU reference; on a GPU as well when the
-library serves every operation they use there)."""
+"""The README's Python examples run as written: on the CPU reference, and on a GPU of compute
+capability 8.0 or newer, where the README says the GPU paths serve every operation they use."""
 
 import os
 import re
@@ -36,7 +36,12 @@ def test_readme_examples_run_on_cpu():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_readme_examples_run_on_gpu():
+    # The examples use shapes the README's table says the GPU paths serve on sm80 and newer:
+    # there, a NotImplementedError is a dispatch regression and fails. Older devices are left
+    # out by the table.
+    major, minor = torch.cuda.get_device_capability()
+    if major < 8:
+        pytest.skip("the GPU paths need compute capability 8.0 or newer (this device: %d.%d)"
+                    % (major, minor))
     r = _run(_examples(), {})
-    if r.returncode != 0 and "NotImplementedError: SA_ERROR_UNSUPPORTED" in r.stderr:
-        pytest.skip("GPU kernels not available yet: " + r.stderr.strip().splitlines()[-1])
     assert r.returncode == 0, r.stdout + r.stderr

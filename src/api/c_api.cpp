@@ -8,6 +8,7 @@
 
 #include "api/dispatch.hpp"
 #include "api/enum_bits.hpp"
+#include "api/extensible.hpp"
 #include "api/validate.hpp"
 #include "common/error.hpp"
 #include "sparse_attention/sparse_attention.h"
@@ -82,13 +83,38 @@ size_t workspace_of(const sa::OpEntry<Problem>& e, const Problem& p) {
   return e.workspace_bytes ? e.workspace_bytes(p) : 0;
 }
 
+// The caller's args struct, of any version, as this library's (sparse_attention.h, "Extensible
+// structs").
+sa_bsa_fwd_args read_args(const sa_bsa_fwd_args* a) {
+  return sa::api::read_args<sa_bsa_fwd_args, sa_bsa_options>(
+      a, sa_bsa_fwd_args_default(), "sa_bsa_fwd_args_default()", "sa_bsa_options_default()");
+}
+sa_bsa_bwd_args read_args(const sa_bsa_bwd_args* a) {
+  return sa::api::read_args<sa_bsa_bwd_args, sa_bsa_options>(
+      a, sa_bsa_bwd_args_default(), "sa_bsa_bwd_args_default()", "sa_bsa_options_default()");
+}
+sa_dsa_fwd_args read_args(const sa_dsa_fwd_args* a) {
+  return sa::api::read_args<sa_dsa_fwd_args, sa_dsa_options>(
+      a, sa_dsa_fwd_args_default(), "sa_dsa_fwd_args_default()", "sa_dsa_options_default()");
+}
+sa_dsa_bwd_args read_args(const sa_dsa_bwd_args* a) {
+  return sa::api::read_args<sa_dsa_bwd_args, sa_dsa_options>(
+      a, sa_dsa_bwd_args_default(), "sa_dsa_bwd_args_default()", "sa_dsa_options_default()");
+}
+
+// The indexer's structs have no size field yet (issue 38's rule is still to be applied to
+// them): read as they are.
+sa_indexer_scores_args read_args(const sa_indexer_scores_args* a) { return *a; }
+sa_indexer_topk_args read_args(const sa_indexer_topk_args* a) { return *a; }
+sa_indexer_loss_args read_args(const sa_indexer_loss_args* a) { return *a; }
+
 template <class Args, class Problem>
 sa_status run_op(const Args* args, const sa_context* ctx,
                  sa::OpEntry<Problem> sa::Implementation::*entry) {
   return guarded([&] {
     SA_CHECK_ARG(args != nullptr, "args: NULL");
     sa_context c = ctx ? *ctx : sa_context_default();
-    Problem p = sa::api::make_problem(*args);
+    Problem p = sa::api::make_problem(read_args(args));
     const sa::Implementation& impl = sa::api::select(p);
     const sa::OpEntry<Problem>& e = impl.*entry;
     Workspace ws(c, workspace_of(e, p), e.workspace_optional);
@@ -103,7 +129,7 @@ sa_status workspace_size_op(const Args* args, size_t* bytes,
   return guarded([&] {
     SA_CHECK_ARG(args != nullptr, "args: NULL");
     SA_CHECK_ARG(bytes != nullptr, "bytes: NULL");
-    Problem p = sa::api::make_problem(*args);
+    Problem p = sa::api::make_problem(read_args(args));
     const sa::Implementation& impl = sa::api::select(p);
     *bytes = workspace_of(impl.*entry, p);
   });
@@ -170,28 +196,6 @@ sa_tensor sa_tensor_contiguous(void* data, sa_dtype dtype, int32_t rank, const i
 sa_context sa_context_default(void) {
   sa_context c{};
   return c;
-}
-
-sa_bsa_options sa_bsa_options_default(void) {
-  sa_bsa_options o{};
-  o.scale = 0.f;
-  o.layout = SA_LAYOUT_BHSD;
-  o.block_size = 128;
-  o.count = -1;
-  o.bucket_size = 0;
-  o.validate = 0;
-  o.deterministic = 0;
-  o.impl = SA_IMPL_AUTO;
-  return o;
-}
-
-sa_dsa_options sa_dsa_options_default(void) {
-  sa_dsa_options o{};
-  o.scale = 0.f;
-  o.d_v = 512;
-  o.deterministic = 0;
-  o.impl = SA_IMPL_AUTO;
-  return o;
 }
 
 sa_indexer_options sa_indexer_options_default(void) {

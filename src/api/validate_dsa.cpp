@@ -48,6 +48,9 @@ Common check_inputs(const sa_tensor& q, const sa_tensor& kv, const sa_tensor& to
   SA_CHECK_ARG(kv.shape[1] == d.Dqk, "kv: expected shape [S_kv, D_qk] with D_qk = "
                                          << d.Dqk << " (from q), got " << shape_str(kv));
   d.Dv = opt.d_v == 0 ? 512 : opt.d_v;
+  SA_CHECK_ARG(opt.d_v != 0 || d.Dv <= d.Dqk,
+               "options.d_v: not set (0), so it defaults to 512, more than D_qk = "
+                   << d.Dqk << " (from q): set d_v to a value in [1, " << d.Dqk << "]");
   SA_CHECK_ARG(d.Dv >= 1 && d.Dv <= d.Dqk, "options.d_v: expected a value in [1, D_qk = "
                                                << d.Dqk << "] (0 for 512), got " << d.Dv);
 

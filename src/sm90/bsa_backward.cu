@@ -17,6 +17,7 @@
 #include "common/cuda_check.hpp"
 #include "common/cuda_device.hpp"
 #include "common/host_numeric.hpp"
+#include "common/tuning.hpp"
 #include "portable/bsa_backward.hpp"
 #include "portable/bsa_backward_aux.hpp"
 #include "portable/bsa_backward_plan.hpp"
@@ -73,11 +74,11 @@ int64_t cta_slots(const BsaBwdProblem& p) {
 
 // How many of the last work items the reverse map orders longest first (its step 6): the last
 // two waves' worth. With items of uneven length (a reverse row's length varies with the pattern)
-// the SMs then run out of work closer together. SA_TUNE_SM90_BWD_TAIL overrides the count for
-// experiments (0: launch order = item order).
+// the SMs then run out of work closer together. The internal tuning (Tuning::sm90_bwd_tail, set
+// by the bench and tests only) can name another count (0: launch order = item order).
 int32_t tail_items(const BsaBwdProblem& p) {
-  const char* v = std::getenv("SA_TUNE_SM90_BWD_TAIL");
-  const int64_t n = v != nullptr ? std::atoll(v) : 2 * cta_slots(p);
+  const int32_t forced = detail::tuning().sm90_bwd_tail;
+  const int64_t n = forced >= 0 ? forced : 2 * cta_slots(p);
   return static_cast<int32_t>(std::clamp<int64_t>(n, 0, portable::kMaxTailItems));
 }
 
@@ -111,11 +112,10 @@ bool launch_main_kernel(const BsaBwdProblem& p, const portable::BsaBwdPlan& plan
   params.tail_items = map.tail_items;
   params.dq_ready = buf.dq_ready;
   if (map.max_items > 0) dispatch_main(params, d.block, d.D, map.max_items, stream);
-  // The conversion beside the kernel waits for the signals of its bulk-reduction path; without
-  // them (no accumulator, no main kernel, or no SM count to size the grid) step 4 converts.
+  // The conversion beside the kernel waits for the kernel's dq_ready signals; without them (no
+  // accumulator, no main kernel, or no SM count to size the grid) step 4 converts.
   const int sms = sm_count(p.device_index);
-  if (buf.dq_accum == nullptr || !bwd::dq_bulk(d.block) || map.max_items == 0 || sms <= 0)
-    return false;
+  if (buf.dq_accum == nullptr || map.max_items == 0 || sms <= 0) return false;
   DqConvertBeside c;
   c.dq_accum = buf.dq_accum;
   c.ready = buf.dq_ready;
@@ -188,10 +188,10 @@ void bsa_backward(const BsaBwdProblem& p, void* workspace, size_t workspace_byte
                   cudaStream_t stream) {
   const std::string why = bsa_backward_unsupported(p);
   SA_CHECK(why.empty(), SA_ERROR_UNSUPPORTED, "sm90 bsa_backward: " << why);
-  // dq: the accumulator in the fragment-tile order of the bulk reduction, or, in deterministic
-  // mode, the portable query-major kernel.
+  // dq: the accumulator in the fragment-tile order of the bulk reduction (dq_tiled), or, in
+  // deterministic mode, the portable query-major kernel.
   portable::bsa_backward_around(p, make_plan(p), workspace, workspace_bytes, "sm90 bsa_backward",
-                                bwd::dq_bulk(p.dims.block), &launch_main_kernel, stream);
+                                /*dq_tiled=*/true, &launch_main_kernel, stream);
 }
 
 }  // namespace sa::sm90

@@ -33,16 +33,14 @@
 //     [6] dS^T -> s.ds (the warpgroup's 64 x 64 part), between two named barriers of the
 //              consumers that share s.ds
 //     [7] dQ   = dS K         SS  M = 64 rows, N = 64 columns (a panel) of D, K = keys.
-//              Both block sizes (dq_bulk): the fp32 panel goes to shared memory in fragment order
+//              Both block sizes: the fp32 panel goes to shared memory in fragment order
 //              (common/dq_tile_layout.hpp: conflict-free 8-byte stores), and one thread of the
 //              warpgroup adds it to dq_accum with one 16 KB bulk reduction (cp.reduce.async.bulk
 //              .add.f32), waited for (.read) only before the next tile rewrites the buffer; the
-//              consumers issue no per-element atomics. (The red.global.add.v2.f32 path of the
-//              fragments into a row-major dq_accum is kept for a block size without room for the
-//              staging; none is instantiated.) Block 128 with D 128: warpgroup w takes panel w over
-//              all 128 keys (both dS tiles in shared memory: barrier of all consumers). Block 64:
-//              the one warpgroup takes every panel. Block 128 with D 64: each warpgroup adds the
-//              partial of its own 64 keys (2x the reduction traffic).
+//              consumers issue no per-element atomics. Block 128 with D 128: warpgroup w takes
+//              panel w over all 128 keys (both dS tiles in shared memory: barrier of all
+//              consumers). Block 64: the one warpgroup takes every panel. Block 128 with D 64:
+//              each warpgroup adds the partial of its own 64 keys (2x the reduction traffic).
 //   Deterministic mode (no dQ accumulator, p.dq_accum null): [6]'s dS stores and [7] are
 //   skipped (dQ comes from the portable query-major pass); rows have one owner, so dK and dV
 //   are accumulated by one CTA in a fixed order and written by it (TMA stores, no workspace).
@@ -132,9 +130,6 @@ struct BsaBwdSm90Params {
 
 namespace bwd {
 
-// Whether the block size's kernel reduces dQ with bulk copies from shared memory (dq_accum then
-// in the fragment-tile order of common/dq_tile_layout.hpp) instead of per-element atomics.
-constexpr bool dq_bulk(int block) { return block == 128 || block == 64; }
 // Consumer warpgroups of the block size's CTA (64 keys each): each signals its KV head's dq_ready
 // counter once per work item.
 constexpr int consumer_warpgroups(int block) { return block / 64; }
@@ -208,9 +203,8 @@ struct BwdTraits {
   static constexpr int kDqPanels = kDqSplitPanels ? kPanels / kConsumerWgs : kPanels;  // per WG
   static constexpr int kDsThreads = kDqSplitPanels ? kConsumerThreads : 128;  // share s.ds
   using DqKeysT = cute::Int<kDqKeys>;
-  static constexpr bool kDqBulk = dq_bulk(kBlockN);
   // fp32 dQ staging of the bulk reduction: kDqPanels panels of 64 x 64 per warpgroup.
-  static constexpr int kDqStageFloats = kDqBulk ? kConsumerWgs * kDqPanels * kDqPanelFloats : 4;
+  static constexpr int kDqStageFloats = kConsumerWgs * kDqPanels * kDqPanelFloats;
   // The (rows, keys) part of s.ds that [7] reads: all keys, or the warpgroup's 64 (A of [7]).
   using SmemLayoutDs = decltype(cute::tile_to_shape(
       cute::SM90::GMMA::Layout_MN_SW128_Atom<Element>{}, cute::Shape<cute::_64, DqKeysT>{}));
@@ -443,7 +437,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
   // per SM (session 18) behind both warpgroups every tile. (What still waits at the barrier
   // here is warp skew, not the bulk engine: session 25, call 8.)
   const auto sync_async_copies = [&]() {
-    if (T::kDqBulk && wtid == 0) bulk_wait_read_all();
+    if (wtid == 0) bulk_wait_read_all();
     cp_async_wait<0>();
     named_barrier_sync(3 + wg, 128);
   };
@@ -577,10 +571,6 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     named_barrier_sync(ds_barrier, T::kDsThreads);
     if (with_dq) {
       // [7]
-      float* dq_rows = p.dq_accum +
-                       ((static_cast<int64_t>(it.b) * p.Hq + h) * p.Sq_pad + row0 + frag_row) *
-                           kHeadDim +
-                       frag_col;
       CUTE_UNROLL
       for (int j = 0; j < T::kDqPanels; ++j) {
         const int c = T::kDqSplitPanels ? wg * T::kDqPanels + j : j;  // panel of D
@@ -604,37 +594,28 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
           warpgroup_wait<0>();
         }
         warpgroup_fence_operand(tQrdQ);
-        if (T::kDqBulk && j == 0) sync_async_copies();
-        if constexpr (T::kDqBulk) {
-          // Pair i / 2 of this thread -> floats 2 (128 (i / 2) + wtid) of the panel's staging.
-          const uint32_t dst = smem_u32(s.dq + (wg * T::kDqPanels + j) * kDqPanelFloats) + 8 * wtid;
-          CUTE_UNROLL
-          for (int i = 0; i < size(tQrdQ); i += 2)
-            st_shared_f32x2(dst + 1024 * (i / 2), tQrdQ(i), tQrdQ(i + 1));
-        } else {
-          CUTE_UNROLL
-          for (int i = 0; i < size(tQrdQ); i += 2)
-            red_add_f32x2(dq_rows + 8 * ((i / 2) % 2) * kHeadDim + c * 64 + 8 * (i / 4), tQrdQ(i),
-                          tQrdQ(i + 1));
-        }
+        if (j == 0) sync_async_copies();
+        // Pair i / 2 of this thread -> floats 2 (128 (i / 2) + wtid) of the panel's staging.
+        const uint32_t dst = smem_u32(s.dq + (wg * T::kDqPanels + j) * kDqPanelFloats) + 8 * wtid;
+        CUTE_UNROLL
+        for (int i = 0; i < size(tQrdQ); i += 2)
+          st_shared_f32x2(dst + 1024 * (i / 2), tQrdQ(i), tQrdQ(i + 1));
       }
-      if constexpr (T::kDqBulk) {
-        // The staging is written: one thread adds each panel to the tile's run of dq_accum
-        // (64 * D floats from row0; panel c at c * 4096).
-        fence_proxy_async_shared();
-        named_barrier_sync(3 + wg, 128);
-        if (wtid == 0) {
-          float* tile = p.dq_accum +
-                        ((static_cast<int64_t>(it.b) * p.Hq + h) * p.Sq_pad + row0) * kHeadDim;
-          CUTE_UNROLL
-          for (int j = 0; j < T::kDqPanels; ++j) {
-            const int c = T::kDqSplitPanels ? wg * T::kDqPanels + j : j;
-            bulk_reduce_add_f32(tile + c * kDqPanelFloats,
-                                s.dq + (wg * T::kDqPanels + j) * kDqPanelFloats,
-                                kDqPanelFloats * 4);
-          }
-          bulk_commit_group();
+      // The staging is written: one thread adds each panel to the tile's run of dq_accum
+      // (64 * D floats from row0; panel c at c * 4096).
+      fence_proxy_async_shared();
+      named_barrier_sync(3 + wg, 128);
+      if (wtid == 0) {
+        float* tile = p.dq_accum +
+                      ((static_cast<int64_t>(it.b) * p.Hq + h) * p.Sq_pad + row0) * kHeadDim;
+        CUTE_UNROLL
+        for (int j = 0; j < T::kDqPanels; ++j) {
+          const int c = T::kDqSplitPanels ? wg * T::kDqPanels + j : j;
+          bulk_reduce_add_f32(tile + c * kDqPanelFloats,
+                              s.dq + (wg * T::kDqPanels + j) * kDqPanelFloats,
+                              kDqPanelFloats * 4);
         }
+        bulk_commit_group();
       }
     } else {
       // Deterministic mode: dQ comes from the query-major pass; [4], [5] finish the tile.
@@ -646,7 +627,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
       if (lane == 0) mbarrier_arrive(&s.q_empty[stage]);
       if constexpr (kEarlyS) issue_next_s_and_wait();
     }
-    if (!(T::kDqBulk && with_dq)) sync_async_copies();
+    if (!with_dq) sync_async_copies();
     if constexpr (kEarlyS) {
       // Unconditional: ptxas's wgmma analysis does not correlate branches, and an accumulator
       // that may be in flight at the back edge serializes every wgmma of the loop (C7515).
@@ -703,10 +684,9 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
   }
 
   // The item's last bulk reduction has run (shared memory stays valid until then); then the
-  // head's counter (only the bulk path signals: the host launches the conversion beside this
-  // kernel only then). Before several owners' reductions: the release's MEMBAR.GPU would wait
-  // for them.
-  if (T::kDqBulk && wtid == 0) {
+  // head's counter, which the conversion launched beside this kernel waits for. Before several
+  // owners' reductions: the release's MEMBAR.GPU would wait for them.
+  if (wtid == 0) {
     bulk_wait_all();
     if (p.dq_ready != nullptr) {
       fence_proxy_async_global();

@@ -11,7 +11,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <limits>
 #include <sstream>
 
@@ -19,6 +18,7 @@
 #include "common/cuda_device.hpp"
 #include "common/host_numeric.hpp"
 #include "common/narrow.hpp"
+#include "common/tuning.hpp"
 #include "portable/bsa_forward_combine.hpp"
 #include "portable/launch_checks.hpp"
 #include "sm90/bsa_forward_kernel.cuh"
@@ -85,12 +85,12 @@ int auto_splits(const BsaFwdProblem& p) {
 }
 
 // How many slices of each row's block list the forward runs as separate tiles (1: no split-KV).
-// bf16 only (its instantiations). AUTO: the rule above; SA_TUNE_SM90_FWD_SPLITS overrides it
-// for experiments: a count in [1, 16] (1: never split) or "auto".
+// bf16 only (its instantiations). The rule above, unless the internal tuning
+// (Tuning::sm90_fwd_splits, set by the bench and tests only) names a count in [1, 16].
 int forward_splits(const BsaFwdProblem& p) {
   if (p.dtype != SA_DTYPE_BF16) return 1;
-  const char* v = std::getenv("SA_TUNE_SM90_FWD_SPLITS");
-  const int n = v == nullptr || std::strcmp(v, "auto") == 0 ? auto_splits(p) : std::atoi(v);
+  const int32_t forced = detail::tuning().sm90_fwd_splits;
+  const int n = forced <= 0 ? auto_splits(p) : forced;
   return std::clamp(n, 1, kMaxSplits);
 }
 

@@ -19,6 +19,7 @@
 #include "common/error.hpp"
 #include "common/host_numeric.hpp"
 #include "common/narrow.hpp"
+#include "common/tuning.hpp"
 #include "portable/dsa_backward.hpp"
 #include "portable/launch_checks.hpp"
 #include "portable/dsa_backward_params.cuh"
@@ -53,13 +54,11 @@ void launch(const dsa_bwd::Params& params, int64_t grid, cudaStream_t stream) {
   SA_CUDA_CHECK_LAUNCH();
 }
 
-// Experiment bits (dsa_backward_kernel.cuh, kTune*) from SA_TUNE_SM90_DSA_BWD, for measuring
-// the seed's techniques one at a time; 0 (the default kernel) when unset.
+// Variant bits (dsa_backward_kernel.cuh, kTune*) from the internal tuning
+// (Tuning::sm90_dsa_bwd_bits, set by the bench and tests only); 0: the default kernel.
 int32_t tune_bits() {
-  const char* v = std::getenv("SA_TUNE_SM90_DSA_BWD");
-  constexpr int32_t kKnown = dsa_bwd::kTuneLateRelease | dsa_bwd::kTuneRowIndex |
-                             dsa_bwd::kTuneNoDkv;
-  return v != nullptr ? static_cast<int32_t>(std::strtol(v, nullptr, 0)) & kKnown : 0;
+  constexpr int32_t kKnown = dsa_bwd::kTuneLateRelease | dsa_bwd::kTuneRowIndex;
+  return detail::tuning().sm90_dsa_bwd_bits & kKnown;
 }
 
 // The main kernel for portable::dsa_backward_around: `grid` work items (tokens x head groups),

@@ -94,13 +94,11 @@ namespace sa::sm90::dsa_bwd {
 using Params = portable::dsa_bwd::DsaBwdParams;
 
 // Params::tune bits, for measuring the seed's techniques one at a time (bench/NOTES.md; the host
-// sets them from SA_TUNE_SM90_DSA_BWD; 0 is the default kernel):
+// sets them from the internal Tuning::sm90_dsa_bwd_bits; 0 is the default kernel):
 //   kTuneLateRelease  release the K stage after the chunk's dKV pieces instead of right after
 //                     dQ (the order without the "K-consuming MMAs first" technique)
 //   kTuneRowIndex     each row's index loaded by its own lanes inside the gather loop instead of
 //                     lane-parallel before it (without the "lane-parallel index loads" technique)
-//   kTuneNoDkv        DIAGNOSTIC, WRONG RESULTS: the dKV pieces are computed but never reduced
-//                     (the time of the kernel without its fp32 dkv reductions: the "atomic wall")
 // The reductions: the fp32 accumulator holds its columns in quad-16 order, so that a lane's
 // four columns of two adjacent 8-column blocks are one 16-byte vector; one shuffle exchange
 // between neighbouring rows makes each red.v4 warp instruction cover 128 contiguous bytes in each
@@ -123,7 +121,7 @@ using Params = portable::dsa_bwd::DsaBwdParams;
 // pieces: 2.8-4.0% slower at D_qk 576, 4.8-8.2% at 512), its staged dQ epilogue (then bit 4),
 // session 9's per-fragment reductions (then bit 64: 11% slower), and a butterfly of 1 or 0
 // stages (4 rows x 64 B: -3 to -5%; 8 rows x 32 B: -21 to -30%).
-constexpr int32_t kTuneLateRelease = 1, kTuneRowIndex = 2, kTuneNoDkv = 16;
+constexpr int32_t kTuneLateRelease = 1, kTuneRowIndex = 2;
 
 // Named barriers (id 0 is __syncthreads): kPdsFree, kPdsReady and kItem over the 256 consumer
 // threads, kWg0 over warpgroup 0.
@@ -447,7 +445,6 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
     if constexpr (!rope) gemm_ss(mma_kv, tKrPT, tKrdO, acc, false);
     warpgroup_commit_batch();
   };
-  const int32_t tune = p.tune;
   auto reduce_piece = [&](int c, int buf, int panel, auto& acc) {
     warpgroup_fence_operand(acc);
     if (p.deterministic) {
@@ -465,8 +462,6 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
           *reinterpret_cast<float2*>(p.dkv_part + (part_tok + slot) * dqk + col0 + 8 * (i / 4)) =
               make_float2(acc(i), acc(i + 1));
       }
-    } else if (tune & kTuneNoDkv) {
-      // Diagnostic only: no reduction.
     } else {
       // The accumulator rows are in quad-16 column order (AccColumns::kQuad16,
       // portable/dsa_backward_aux.hpp): lane (g, q)'s columns 16 m + {2q, 2q + 1, 2q + 8, 2q + 9}

@@ -19,6 +19,7 @@
 #include "common/dsa_params.hpp"
 #include "common/host_numeric.hpp"
 #include "common/narrow.hpp"
+#include "common/tuning.hpp"
 #include "portable/launch_checks.hpp"
 #include "sm90/dsa_forward_kernel.cuh"
 #include "sm90/dsa_forward_small_h.cuh"
@@ -154,10 +155,9 @@ void dsa_forward(const DsaFwdProblem& p, void* workspace, size_t workspace_bytes
       persistent ? std::min<int64_t>(prm.items, std::max(1, sm_count(p.device_index)))
                  : prm.items;
   // H 16: the transposed kernel (1.15-1.17x the padded one; at H 32 it measured 0.90x, so H 32
-  // stays padded: bench/NOTES.md, session 21). SA_TUNE_SM90_DSA_FWD_PAD=1 (experiment knob, for
-  // the A/B) runs H 16 padded as well.
-  const char* pad_env = std::getenv("SA_TUNE_SM90_DSA_FWD_PAD");
-  if (d.H == 16 && (pad_env == nullptr || pad_env[0] != '1')) {
+  // stays padded: bench/NOTES.md, session 21). The internal tuning (Tuning::sm90_dsa_fwd_pad_h16,
+  // set by the bench and tests only) runs H 16 padded as well.
+  if (d.H == 16 && !detail::tuning().sm90_dsa_fwd_pad_h16) {
     if (d.Dqk == 576)
       launch_small_h<576, 16>(prm, grid, stream);
     else

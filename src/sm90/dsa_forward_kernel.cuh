@@ -86,8 +86,8 @@ __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint
 // of its O accumulators when none of its rows moved (measured +3-4%, bench/NOTES.md session 10).
 constexpr float kLazyRescaleLog2 = 8.f;
 
-// kPadHeads_: H < 64 (32; 16 with SA_TUNE_SM90_DSA_FWD_PAD=1): one 64-row item per token whose
-// rows >= H are padding (zero Q rows, never stored). Until session 17 these ran an older
+// kPadHeads_: H < 64 (32; 16 with Tuning::sm90_dsa_fwd_pad_h16): one 64-row item per token
+// whose rows >= H are padding (zero Q rows, never stored). Until session 17 these ran an older
 // "lockstep" schedule (both warpgroups on every block); on the seesaw they run 25-31% faster
 // (bench/NOTES.md session 17).
 template <int kDqk_, bool kPadHeads_ = false>

@@ -1,0 +1,44 @@
+// Internal tuning: which variant of a kernel runs where the library has measured alternatives.
+// Not part of the API. The shipped library never changes it (these symbols are hidden in
+// libsparse_attention.so), so every call through the C ABI runs the defaults below, and a
+// workspace size depends on the call's arguments only. The in-tree bench and tests, which link
+// the library's objects statically (CMake target sparse_attention_internal), set it to measure
+// and test the alternatives: `sparse-attention bench --variants "impl=sm90,tune.NAME=VALUE"`.
+#pragma once
+
+#include <cstdint>
+
+namespace sa::detail {
+
+struct Tuning {
+  // Hopper BSA forward, split-KV: slices of each row's block list run as separate tiles.
+  // 0: the automatic rule (sm90/bsa_forward.cu); 1: never split; 2..16: that many.
+  int32_t sm90_fwd_splits = 0;
+  // Hopper BSA backward: how many of the last work items the reverse map launches longest first
+  // (its step 6). -1: two waves of CTAs; 0: item order; at most portable::kMaxTailItems.
+  int32_t sm90_bwd_tail = -1;
+  // Hopper DSA backward variant bits (sm90/dsa_backward_kernel.cuh, kTune*): 1 releases the K
+  // stage late, 2 loads each row's index inside the gather loop. 0: the default kernel.
+  int32_t sm90_dsa_bwd_bits = 0;
+  // Hopper DSA forward at H 16: the padded 64-row kernel instead of the transposed one.
+  bool sm90_dsa_fwd_pad_h16 = false;
+};
+
+// The tuning of the calls made on this thread (the defaults unless set_tuning changed them).
+const Tuning& tuning();
+// Sets the tuning of the calls made on this thread; returns the previous one.
+Tuning set_tuning(const Tuning& t);
+
+// A tuning for the scope of this object; the previous one is restored on exit.
+class ScopedTuning {
+ public:
+  explicit ScopedTuning(const Tuning& t) : previous_(set_tuning(t)) {}
+  ~ScopedTuning() { set_tuning(previous_); }
+  ScopedTuning(const ScopedTuning&) = delete;
+  ScopedTuning& operator=(const ScopedTuning&) = delete;
+
+ private:
+  Tuning previous_;
+};
+
+}  // namespace sa::detail
