@@ -14,7 +14,8 @@
 # Logs and results go to $OUT (the device tool's output folder; /tmp/sa_gpu_out elsewhere).
 # Environment:
 #   GATED           gtest filter of the gated kernels' tests (default: the experiment variants'
-#                   tests and split-KV's, *Tuned*:*SplitKv*; empty: none)
+#                   tests, split-KV's and the portable indexer's, *Tuned*:*SplitKv*:*IndexerGpu*;
+#                   empty: none)
 #   SAN_FILTER      gtest filter for compute-sanitizer (default: one small case per GPU kernel)
 #   BENCH_FULL=1    the "full" step (last, after the anchors; unchecked timings, the tests cover
 #                   these shapes): block 64, density 12.5%, S 32768 and the other DSA target
@@ -61,12 +62,14 @@ trap 'kill "$SMI_PID" 2>/dev/null; wait "$SMI_PID" 2>/dev/null' EXIT
 # One bench command, time-stamped: stamp "## " or "##> " and the rest of the line.
 stamp() { echo "$1 $(date '+%Y/%m/%d %H:%M:%S.%3N') $2" >> "$OUT/bench.log"; }
 
-GATED="${GATED-*Tuned*:*SplitKv*}"
+GATED="${GATED-*Tuned*:*SplitKv*:*IndexerGpu*}"
 gated_ok=0
 if has gated && [ -n "$GATED" ]; then
   note "gated kernels' tests first: $GATED"
   rc=0
-  timeout 180 "$BIN/sa_tests" --gtest_brief=1 --gtest_filter="$GATED" \
+  # 300 s: the indexer's gated tests include S 131072 top-k and S 32768 dense-loss runs, whose
+  # host-side inputs and sampled fp64 rows take most of a minute.
+  timeout 300 "$BIN/sa_tests" --gtest_brief=1 --gtest_filter="$GATED" \
     >> "$OUT/gpu_tests.log" 2>&1 || rc=$?
   verdict gated $rc
   grep -E "FAILED|PASSED|tests ran" "$OUT/gpu_tests.log" | tail -12
@@ -129,6 +132,15 @@ if has sanitize; then
   DEFAULT_SAN+="SmallH/Sm90DsaForward.MatchesReference/H32_D512_K7_Lengths:"
   DEFAULT_SAN+="Cases/Sm90DsaForward.MatchesReference/H16_D576_K130_PersistentItems:"
   DEFAULT_SAN+="GpuReverseMapGraph.*"
+  if [ $gated_ok -eq 1 ]; then
+    # The portable indexer (gated until its tests pass): odd ranges (empty, clamped, one-key),
+    # compactions, the loss with planted metadata in both dk modes.
+    DEFAULT_SAN+=":Cases/IndexerGpuScores.MatchesReference/H16_Odd_Sq37_Skv150"
+    DEFAULT_SAN+=":Cases/IndexerGpuTopk.MatchesItsScoresAndTheReference/H16_OddRanges_K7"
+    DEFAULT_SAN+=":Cases/IndexerGpuTopk.MatchesItsScoresAndTheReference/H64_Causal_K100_Compactions"
+    DEFAULT_SAN+=":Cases/IndexerGpuLoss.MatchesReference/HI16_H16_D576_K7_OddRanges"
+    DEFAULT_SAN+=":Cases/IndexerGpuLoss.MatchesReference/HI16_H32_D576_K9_OddDeterministic"
+  fi
   SAN_FILTER="${SAN_FILTER:-$DEFAULT_SAN}"
   : > "$OUT/sanitizer.log"
   # Both tools at once (two processes on the GPU; each case is small).

@@ -1,5 +1,6 @@
 // The portable tensor-core path (sm80 and newer) as the dispatcher sees it. Operations whose
-// kernels are not written yet have no entry, so the dispatcher reports "not implemented".
+// kernels are not written yet have no entry, so the dispatcher reports "not implemented"; gated
+// ones (written without a GPU) serve only a caller that forces this path.
 #include <cuda_runtime_api.h>
 
 #include <sstream>
@@ -13,6 +14,7 @@
 #include "portable/bsa_metadata_check.hpp"
 #include "portable/dsa_backward.hpp"
 #include "portable/dsa_forward.hpp"
+#include "portable/indexer.hpp"
 
 namespace sa {
 namespace {
@@ -96,6 +98,55 @@ void dsa_bwd_run(const DsaBwdProblem& p, const ExecContext& ctx) {
   portable::dsa_backward(p, ctx.workspace, ctx.workspace_bytes, ctx.stream);
 }
 
+// ---- DSA indexer (SPEC 5) ----------------------------------------------------------------------
+// Gated: these kernels were written without a GPU. Until the GPU suite has run them (gtest filter
+// *IndexerGpu*, scripts/gpu_suite.sh's gated step), only a caller that forces the portable path
+// gets them; AUTO never runs unverified code.
+template <class Problem>
+std::string indexer_unsupported(const Problem& p, std::string (*path_unsupported)(const Problem&)) {
+  if (p.options.impl != SA_IMPL_PORTABLE)
+    return "gated: the portable indexer kernels are not yet verified on a GPU (set options.impl "
+           "= SA_IMPL_PORTABLE to run them)";
+  return unsupported(p, path_unsupported);
+}
+
+std::string indexer_scores_unsupported(const IndexerScoresProblem& p) {
+  return indexer_unsupported(p, &portable::indexer_scores_unsupported);
+}
+
+void indexer_scores_run(const IndexerScoresProblem& p, const ExecContext& ctx) {
+  DeviceScope scope(p.device_index);
+  portable::indexer_scores(p, ctx.stream);
+}
+
+std::string indexer_topk_unsupported(const IndexerTopkProblem& p) {
+  return indexer_unsupported(p, &portable::indexer_topk_unsupported);
+}
+
+size_t indexer_topk_workspace_bytes(const IndexerTopkProblem& p) {
+  DeviceScope scope(p.device_index);  // the launch shape comes from the current device
+  return portable::indexer_topk_workspace_bytes(p);
+}
+
+void indexer_topk_run(const IndexerTopkProblem& p, const ExecContext& ctx) {
+  DeviceScope scope(p.device_index);
+  portable::indexer_topk(p, ctx.workspace, ctx.workspace_bytes, ctx.stream);
+}
+
+std::string indexer_loss_unsupported(const IndexerLossProblem& p) {
+  return indexer_unsupported(p, &portable::indexer_loss_unsupported);
+}
+
+size_t indexer_loss_workspace_bytes(const IndexerLossProblem& p) {
+  DeviceScope scope(p.device_index);  // CUB sizes deterministic mode's sort for the current device
+  return portable::indexer_loss_workspace_bytes(p);
+}
+
+void indexer_loss_run(const IndexerLossProblem& p, const ExecContext& ctx) {
+  DeviceScope scope(p.device_index);
+  portable::indexer_loss(p, ctx.workspace, ctx.workspace_bytes, ctx.stream);
+}
+
 }  // namespace
 
 extern const Implementation kPortableImplementation = {
@@ -105,8 +156,9 @@ extern const Implementation kPortableImplementation = {
     /*bsa_bwd=*/{&bsa_bwd_unsupported, &bsa_bwd_workspace_bytes, &bsa_bwd_run},
     /*dsa_fwd=*/{&dsa_fwd_unsupported, nullptr, &dsa_fwd_run},
     /*dsa_bwd=*/{&dsa_bwd_unsupported, &dsa_bwd_workspace_bytes, &dsa_bwd_run},
-    // The DSA indexer (SPEC 5) has no kernels on this path yet.
-    /*indexer_scores=*/{}, /*indexer_topk=*/{}, /*indexer_loss=*/{},
+    /*indexer_scores=*/{&indexer_scores_unsupported, nullptr, &indexer_scores_run},
+    /*indexer_topk=*/{&indexer_topk_unsupported, &indexer_topk_workspace_bytes, &indexer_topk_run},
+    /*indexer_loss=*/{&indexer_loss_unsupported, &indexer_loss_workspace_bytes, &indexer_loss_run},
 };
 
 }  // namespace sa

@@ -1,0 +1,185 @@
+// Test-only helpers of the indexer's GPU suites (tests/test_gpu_indexer*.cpp): bf16 cases with
+// key patterns that make ties, device copies of a case's inputs, and the public-API calls of
+// scores, top-k and the loss with options.impl forced. Header-only.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu_test_util.hpp"
+#include "indexer_case.hpp"
+#include "test_util.hpp"
+
+namespace sa_test {
+
+// How k_I is filled (q_I, w random as make_indexer_case draws them unless noted).
+enum class IndexerKeys {
+  kRandom,      // uniform [-1, 1]
+  kTied,        // every key the same row: every score of a query equal (ties everywhere)
+  kDuplicates,  // key 2i + 1 a copy of key 2i: pairwise ties
+  kIncreasing,  // q_I, w > 0 and key s = c (s + 1) / S_kv with c > 0: scores rise with s, every
+                // key beats the k-th best so far (the top-k kernel's worst case)
+  kZero         // every key 0: every score 0
+};
+
+inline IndexerShape indexer_shape(int64_t Sq, int64_t Skv, int64_t HI) {
+  IndexerShape s;
+  s.Sq = Sq;
+  s.Skv = Skv;
+  s.HI = HI;
+  s.DI = 128;
+  return s;
+}
+
+// A bf16 case (w fp32) with keys of `keys`; `nan_w_rows`: w of every 7th query (t % 7 == 3) :=
+// NaN, so that all its scores are NaN (ranked last, ties by key).
+inline IndexerCase make_gpu_indexer_case(const IndexerShape& shape, IndexerRanges ranges,
+                                         IndexerKeys keys, bool nan_w_rows, uint64_t seed) {
+  IndexerCase c = make_indexer_case(shape, ranges, SA_DTYPE_BF16, seed);
+  const int64_t D = shape.DI;
+  std::mt19937_64 rng(seed ^ 0x9e3779b97f4a7c15ull);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  switch (keys) {
+    case IndexerKeys::kRandom:
+      break;
+    case IndexerKeys::kTied:
+      for (int64_t s = 1; s < shape.Skv; ++s)
+        for (int64_t x = 0; x < D; ++x) c.k_I.set(s * D + x, c.k_I.get(x));
+      break;
+    case IndexerKeys::kDuplicates:
+      for (int64_t s = 1; s < shape.Skv; s += 2)
+        for (int64_t x = 0; x < D; ++x) c.k_I.set(s * D + x, c.k_I.get((s - 1) * D + x));
+      break;
+    case IndexerKeys::kIncreasing: {
+      std::vector<double> dir(static_cast<size_t>(D));
+      for (double& v : dir) v = 0.5 + 0.5 * std::fabs(u(rng));
+      for (int64_t i = 0; i < c.q_I.numel(); ++i) c.q_I.set(i, 0.25 + 0.75 * std::fabs(u(rng)));
+      for (int64_t i = 0; i < c.w.numel(); ++i) c.w.set(i, 0.1 + std::fabs(u(rng)));
+      for (int64_t s = 0; s < shape.Skv; ++s)
+        for (int64_t x = 0; x < D; ++x)
+          c.k_I.set(s * D + x, dir[static_cast<size_t>(x)] * double(s + 1) / double(shape.Skv));
+      break;
+    }
+    case IndexerKeys::kZero:
+      c.k_I.fill(0.0);
+      break;
+  }
+  if (nan_w_rows)
+    for (int64_t t = 3; t < shape.Sq; t += 7)
+      for (int64_t j = 0; j < shape.HI; ++j) c.w.set(t * shape.HI + j, NAN);
+  return c;
+}
+
+// Device copies of a case's indexer inputs; q_I, k_I and w rows `pad` elements wider.
+struct GpuIndexerInputs {
+  DeviceTensor q_I, k_I, w, k_start, k_end;
+  bool has_range;
+  GpuIndexerInputs(const IndexerCase& c, int64_t pad)
+      : q_I(c.q_I, pad, 0), k_I(c.k_I, pad, 0), w(c.w, pad, 0), k_start(c.k_start, 0, 0),
+        k_end(c.k_end, 0, 0), has_range(c.has_range) {}
+  bool ok() const { return q_I.ok() && k_I.ok() && w.ok() && k_start.ok() && k_end.ok(); }
+  sa_tensor start() const { return has_range ? k_start.view() : sa_tensor_none(); }
+  sa_tensor end() const { return has_range ? k_end.view() : sa_tensor_none(); }
+};
+
+// An int32 device output of `n` elements followed by a guard of `guard` elements; everything
+// starts as kUnwritten, which no output value can be (values are -1 or a key, a count < 2^31 -
+// 128): after a run, the guard must still hold it and the tensor must not.
+class DeviceInts {
+ public:
+  static constexpr int32_t kUnwritten = static_cast<int32_t>(0xabababab);
+  DeviceInts(int64_t n, int64_t guard) : n_(n), guard_(guard), buf_((n + guard) * 4) {}
+  bool ok() const { return buf_.ok(); }
+  void* get() const { return buf_.get(); }
+  bool reset() { return cudaMemset(buf_.get(), 0xab, buf_.bytes()) == cudaSuccess; }
+  // The tensor's values; fails when a guard element was written or a tensor element was not.
+  ::testing::AssertionResult download(std::vector<int32_t>* values) const {
+    std::vector<int32_t> all(static_cast<size_t>(n_ + guard_));
+    if (cudaMemcpy(all.data(), buf_.get(), buf_.bytes(), cudaMemcpyDeviceToHost) != cudaSuccess)
+      return ::testing::AssertionFailure() << "cudaMemcpy failed";
+    for (int64_t i = 0; i < n_ + guard_; ++i) {
+      const bool unwritten = all[static_cast<size_t>(i)] == kUnwritten;
+      if (i < n_ && unwritten)
+        return ::testing::AssertionFailure() << "element " << i << " was not written";
+      if (i >= n_ && !unwritten)
+        return ::testing::AssertionFailure() << "guard element " << i - n_ << " was written";
+    }
+    values->assign(all.begin(), all.begin() + n_);
+    return ::testing::AssertionSuccess();
+  }
+
+ private:
+  int64_t n_, guard_;
+  DeviceBuffer buf_;
+};
+
+// Row t's top-k over `scores` ([S_q, S_kv], -inf outside the range) by SPEC 5's rule: the k keys
+// of the range with the largest values (ties to the smaller key, NaN last), in key order, then -1.
+// Returns min(k, |range|).
+inline int64_t select_topk(const IndexerCase& c, const std::vector<float>& scores, int64_t t,
+                           int64_t k, std::vector<int32_t>* row) {
+  const int64_t Skv = c.shape.Skv;
+  std::vector<int64_t> keys;
+  for (int64_t s = c.begin(t); s < c.end(t); ++s) keys.push_back(s);
+  auto score = [&](int64_t s) { return scores[static_cast<size_t>(t * Skv + s)]; };
+  const auto before = [&](int64_t a, int64_t b) {
+    const float x = score(a), y = score(b);
+    const bool xn = std::isnan(x), yn = std::isnan(y);
+    if (xn != yn) return yn;
+    if (!xn && x != y) return x > y;
+    return a < b;
+  };
+  const int64_t n = std::min<int64_t>(k, static_cast<int64_t>(keys.size()));
+  std::partial_sort(keys.begin(), keys.begin() + n, keys.end(), before);
+  std::sort(keys.begin(), keys.begin() + n);
+  row->assign(static_cast<size_t>(k), -1);
+  for (int64_t i = 0; i < n; ++i) (*row)[static_cast<size_t>(i)] = static_cast<int32_t>(keys[i]);
+  return n;
+}
+
+// sa_indexer_scores through the public API (options.impl = `impl`) into `scores`.
+inline sa_status run_indexer_scores(const GpuIndexerInputs& d, const DeviceTensor& scores,
+                                    const sa_indexer_options& options, sa_impl* used) {
+  sa_indexer_scores_args a{};
+  a.q_I = d.q_I.view();
+  a.k_I = d.k_I.view();
+  a.w = d.w.view();
+  a.k_start = d.start();
+  a.k_end = d.end();
+  a.scores = scores.view();
+  a.options = options;
+  sa_context ctx = sa_context_default();
+  ctx.impl_used = used;
+  return sa_indexer_scores(&a, &ctx);
+}
+
+// The fp64 reference's scores of the same (bf16) values, as fp32 [S_q, S_kv].
+inline std::vector<float> reference_scores(IndexerCase& c, const sa_indexer_options& options) {
+  HostTensor q64 = to_fp64(c.q_I), k64 = to_fp64(c.k_I);
+  HostTensor out(SA_DTYPE_FP32, {c.shape.Sq, c.shape.Skv});
+  out.poison();
+  sa_indexer_scores_args a{};
+  a.q_I = q64.view();
+  a.k_I = k64.view();
+  a.w = c.w.view();
+  a.k_start = c.has_range ? c.k_start.view() : sa_tensor_none();
+  a.k_end = c.has_range ? c.k_end.view() : sa_tensor_none();
+  a.scores = out.view();
+  a.options = options;
+  a.options.impl = SA_IMPL_REFERENCE;
+  EXPECT_EQ(sa_indexer_scores(&a, nullptr), SA_OK) << sa_last_error();
+  std::vector<float> v(static_cast<size_t>(out.numel()));
+  std::memcpy(v.data(), out.data(), v.size() * 4);
+  return v;
+}
+
+}  // namespace sa_test

@@ -1,0 +1,486 @@
+// The portable indexer KL loss and its gradients, sparse and dense mode
+// (src/portable/indexer_loss.cu), against the fp64 reference (SPEC 5). Gated kernels: every call forces options.impl = SA_IMPL_PORTABLE;
+// suite names contain "IndexerGpu" (the gated filter *IndexerGpu*).
+//
+// Each case: bf16 q_I, k_I, q, kv, fp32 w and lse (a few heads at +inf, row 2 entirely: no target
+// mass); sparse mode with top-k metadata drawn from each row's range with SPEC 2's edge cases
+// planted (-1, S_kv, a repeated key, a key outside the range; lengths topk, 0, -2, past topk,
+// topk - 1 in turn), dense mode over the ranges (causal, packed, empty, clamped).
+// Device tensors have rows 8 elements wider and NaN guards; every output starts as NaN; the
+// workspace starts as garbage. The oracle is the reference through the public API on fp64 copies
+// of the same values.
+// Pass: no NaN; loss within 1e-4 relative (of the sum of |per-token terms|) and per-token terms
+// within 1e-4 of the largest; rel L2 of dq_I, dk_I, dw < 1e-2; exactly 0 where 0 is structural:
+// dq_I and dw rows of empty rows (empty K_t or no target mass), dk_I rows of keys that no slot of
+// a non-empty row's K_t selects. Deterministic cases: 3 runs, bitwise identical loss, per-token
+// terms, dq_I, dk_I and dw.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gpu_test_util.hpp"
+#include "indexer_case.hpp"
+#include "indexer_gpu_case.hpp"
+#include "test_util.hpp"
+
+namespace sa_test {
+namespace {
+
+struct LossCase {
+  std::string name;
+  IndexerShape shape;  // DI 128
+  IndexerRanges ranges = IndexerRanges::kNone;
+  int64_t topk = 0;
+  bool with_length = true;
+  bool deterministic = false;
+  bool grads = true;
+  float coeff = 1.f;
+  float scale_I = 0.f;
+  bool dense = false;  // no topk_idx: K_t is the range
+};
+
+void PrintTo(const LossCase& c, std::ostream* os) { *os << c.name; }
+
+IndexerShape loss_shape(int64_t Sq, int64_t Skv, int64_t HI, int64_t H, int64_t Dqk) {
+  IndexerShape s = indexer_shape(Sq, Skv, HI);
+  s.H = H;
+  s.Dqk = Dqk;
+  return s;
+}
+
+uint64_t loss_seed(const std::string& name) {
+  uint64_t seed = 0x10552;
+  for (char ch : name) seed = seed * 131 + static_cast<uint64_t>(ch);
+  return seed;
+}
+
+// Top-k metadata: keys drawn from each row's range (anywhere for an empty range), then the
+// edge cases (topk >= 5): slot 0 = -1, slot 1 = S_kv, slot 3 = slot 2, slot 4 outside the range.
+// Lengths topk, 0, -2, topk + 4, topk - 1 in turn.
+void make_meta(const IndexerCase& c, int64_t topk, uint64_t seed, HostTensor* idx,
+               HostTensor* len) {
+  std::mt19937_64 rng(seed);
+  const IndexerShape& d = c.shape;
+  *idx = HostTensor(SA_DTYPE_INT32, {d.Sq, topk});
+  *len = HostTensor(SA_DTYPE_INT32, {d.Sq});
+  for (int64_t t = 0; t < d.Sq; ++t) {
+    const bool empty = c.end(t) <= c.begin(t);
+    std::uniform_int_distribution<int64_t> key(empty ? 0 : c.begin(t),
+                                               empty ? d.Skv - 1 : c.end(t) - 1);
+    int32_t* row = idx->i32() + t * topk;
+    for (int64_t i = 0; i < topk; ++i) row[i] = static_cast<int32_t>(key(rng));
+    if (topk >= 5) {
+      row[0] = -1;
+      row[1] = static_cast<int32_t>(d.Skv);
+      row[3] = row[2];
+      row[4] = static_cast<int32_t>(c.end(t) < d.Skv ? c.end(t) : c.begin(t) - 1);
+    }
+    const int32_t lens[5] = {static_cast<int32_t>(topk), 0, -2, static_cast<int32_t>(topk + 4),
+                             static_cast<int32_t>(topk - 1)};
+    len->i32()[t] = lens[t % 5];
+  }
+}
+
+// K_t of row t (SPEC 5), written without IndexerMeta; dense mode: the range.
+std::vector<int64_t> loss_keys(const IndexerCase& c, const HostTensor& idx, const HostTensor* len,
+                               int64_t t, bool dense) {
+  std::vector<int64_t> range;
+  for (int64_t s = c.begin(t); s < c.end(t); ++s) range.push_back(s);
+  if (dense) return range;
+  const int64_t topk = idx.shape()[1];
+  const int64_t n = len ? std::min<int64_t>(len->i32()[t], topk) : topk;
+  std::vector<int64_t> keys;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t s = idx.i32()[t * topk + i];
+    if (s >= 0 && s < c.shape.Skv && c.in_range(t, s)) keys.push_back(s);
+  }
+  return keys;
+}
+
+bool row_has_mass(const IndexerCase& c, int64_t t) {
+  for (int64_t h = 0; h < c.shape.H; ++h)
+    if (std::isfinite(c.lse.get(t * c.shape.H + h))) return true;
+  return false;
+}
+
+struct LossOutputs {
+  HostTensor loss, per_token, dq_I, dk_I, dw;
+};
+
+// The GPU: device copies, outputs poisoned, the queried workspace full of garbage.
+struct LossDevice {
+  GpuIndexerInputs in;
+  DeviceTensor q, kv, lse, idx, len, loss, per_token, dq_I, dk_I, dw;
+  LossDevice(const IndexerCase& c, const HostTensor& idx_h, const HostTensor& len_h,
+             const LossOutputs& shapes)
+      : in(c, 8), q(c.q, 8, 0), kv(c.kv, 8, 0), lse(c.lse, 0, 0), idx(idx_h, 0, 0),
+        len(len_h, 0, 0), loss(HostTensor(SA_DTYPE_FP32, {1}), 0, 16),
+        per_token(shapes.per_token, 0, 16),
+        dq_I(shapes.dq_I, 8, 256), dk_I(shapes.dk_I, 8, 256), dw(shapes.dw, 8, 64) {}
+  // The scalar loss as the rank-0 tensor the API takes (stored as [1] with a guard).
+  sa_tensor loss_view() const { return view_of(loss.view().data, SA_DTYPE_FP32, {}, SA_DEVICE_CUDA); }
+  bool ok() const {
+    return in.ok() && q.ok() && kv.ok() && lse.ok() && idx.ok() && len.ok() && loss.ok() &&
+           per_token.ok() && dq_I.ok() && dk_I.ok() && dw.ok();
+  }
+};
+
+LossOutputs output_shapes(const IndexerCase& c, sa_dtype loss_dtype, sa_dtype grad_dtype) {
+  const IndexerShape& s = c.shape;
+  LossOutputs o{HostTensor(loss_dtype, {}), HostTensor(loss_dtype, {s.Sq}),
+                HostTensor(grad_dtype, {s.Sq, s.HI, s.DI}), HostTensor(grad_dtype, {s.Skv, s.DI}),
+                HostTensor(SA_DTYPE_FP32, {s.Sq, s.HI})};
+  for (HostTensor* t : {&o.loss, &o.per_token, &o.dq_I, &o.dk_I, &o.dw}) t->poison();
+  return o;
+}
+
+sa_indexer_options loss_options(const LossCase& lc, sa_impl impl) {
+  sa_indexer_options o = sa_indexer_options_default();
+  o.scale_I = lc.scale_I;
+  o.coeff = lc.coeff;
+  o.deterministic = lc.deterministic ? 1 : 0;
+  o.impl = impl;
+  return o;
+}
+
+::testing::AssertionResult run_gpu_loss(const LossCase& lc, const IndexerCase& c,
+                                        LossDevice& dev, LossOutputs* out) {
+  for (DeviceTensor* t : {&dev.loss, &dev.per_token, &dev.dq_I, &dev.dk_I, &dev.dw})
+    if (!t->poison()) return ::testing::AssertionFailure() << "poison failed";
+  sa_indexer_loss_args a{};
+  a.q_I = dev.in.q_I.view();
+  a.k_I = dev.in.k_I.view();
+  a.w = dev.in.w.view();
+  a.q = dev.q.view();
+  a.kv = dev.kv.view();
+  a.lse = dev.lse.view();
+  a.topk_idx = lc.dense ? sa_tensor_none() : dev.idx.view();
+  a.topk_length = lc.with_length && !lc.dense ? dev.len.view() : sa_tensor_none();
+  a.k_start = dev.in.start();
+  a.k_end = dev.in.end();
+  a.loss = dev.loss_view();
+  a.loss_per_token = dev.per_token.view();
+  if (lc.grads) {
+    a.dq_I = dev.dq_I.view();
+    a.dk_I = dev.dk_I.view();
+    a.dw = dev.dw.view();
+  }
+  a.options = loss_options(lc, SA_IMPL_PORTABLE);
+  size_t bytes = 0;
+  if (sa_indexer_loss_workspace_size(&a, &bytes) != SA_OK)
+    return ::testing::AssertionFailure() << "workspace size: " << sa_last_error();
+  DeviceBuffer ws(bytes);
+  if (!ws.ok() || (bytes > 0 && cudaMemset(ws.get(), 0xff, bytes) != cudaSuccess))
+    return ::testing::AssertionFailure() << "workspace allocation failed";
+  sa_context ctx = sa_context_default();
+  ctx.workspace = ws.get();
+  ctx.workspace_bytes = bytes;
+  sa_impl used = SA_IMPL_AUTO;
+  ctx.impl_used = &used;
+  if (sa_indexer_loss(&a, &ctx) != SA_OK)
+    return ::testing::AssertionFailure() << "sa_indexer_loss: " << sa_last_error();
+  const cudaError_t err = cudaDeviceSynchronize();
+  if (err != cudaSuccess)
+    return ::testing::AssertionFailure() << "kernel failed: " << cudaGetErrorString(err);
+  if (used != SA_IMPL_PORTABLE)
+    return ::testing::AssertionFailure() << "ran " << sa_impl_name(used);
+  *out = output_shapes(c, SA_DTYPE_FP32, SA_DTYPE_BF16);
+  HostTensor loss(SA_DTYPE_FP32, {1});
+  ::testing::AssertionResult r = dev.loss.download(loss);
+  out->loss.set(0, loss.get(0));
+  if (r) r = dev.per_token.download(out->per_token);
+  if (r && lc.grads) r = dev.dq_I.download(out->dq_I);
+  if (r && lc.grads) r = dev.dk_I.download(out->dk_I);
+  if (r && lc.grads) r = dev.dw.download(out->dw);
+  return r;
+}
+
+void run_reference_loss(const LossCase& lc, IndexerCase& c, HostTensor& idx, HostTensor& len,
+                        LossOutputs* out) {
+  HostTensor q_I = to_fp64(c.q_I), k_I = to_fp64(c.k_I), q = to_fp64(c.q), kv = to_fp64(c.kv);
+  *out = output_shapes(c, SA_DTYPE_FP64, SA_DTYPE_FP64);
+  sa_indexer_loss_args a{};
+  a.q_I = q_I.view();
+  a.k_I = k_I.view();
+  a.w = c.w.view();
+  a.q = q.view();
+  a.kv = kv.view();
+  a.lse = c.lse.view();
+  a.topk_idx = lc.dense ? sa_tensor_none() : idx.view();
+  a.topk_length = lc.with_length && !lc.dense ? len.view() : sa_tensor_none();
+  a.k_start = c.has_range ? c.k_start.view() : sa_tensor_none();
+  a.k_end = c.has_range ? c.k_end.view() : sa_tensor_none();
+  a.loss = out->loss.view();
+  a.loss_per_token = out->per_token.view();
+  a.dq_I = out->dq_I.view();
+  a.dk_I = out->dk_I.view();
+  a.dw = out->dw.view();
+  a.options = loss_options(lc, SA_IMPL_REFERENCE);
+  ASSERT_EQ(sa_indexer_loss(&a, nullptr), SA_OK) << sa_last_error();
+}
+
+void expect_matches(const LossCase& lc, const IndexerCase& c, const HostTensor& idx,
+                    const HostTensor& len, const LossOutputs& got, const LossOutputs& want) {
+  const IndexerShape& s = c.shape;
+  const std::vector<double> pt = got.per_token.to_double(), pt_ref = want.per_token.to_double();
+  EXPECT_FALSE(any_nan(pt)) << "NaN in loss_per_token";
+  double abs_sum = 1e-30, pt_max = 1e-30;
+  for (double v : pt_ref) {
+    abs_sum += std::fabs(v);
+    pt_max = std::max(pt_max, std::fabs(v));
+  }
+  EXPECT_NEAR(got.loss.get(0), want.loss.get(0), 1e-4 * abs_sum) << "loss";
+  EXPECT_TRUE(all_close(pt, pt_ref, 1e-4 * pt_max, 1e-4)) << "loss_per_token";
+  if (!lc.grads) return;
+
+  const std::vector<double> dq = got.dq_I.to_double(), dk = got.dk_I.to_double(),
+                            dw = got.dw.to_double();
+  EXPECT_FALSE(any_nan(dq)) << "NaN in dq_I";
+  EXPECT_FALSE(any_nan(dk)) << "NaN in dk_I";
+  EXPECT_FALSE(any_nan(dw)) << "NaN in dw";
+  EXPECT_LT(rel_l2(dq, want.dq_I.to_double()), 1e-2) << "rel L2 of dq_I";
+  EXPECT_LT(rel_l2(dk, want.dk_I.to_double()), 1e-2) << "rel L2 of dk_I";
+  EXPECT_LT(rel_l2(dw, want.dw.to_double()), 1e-2) << "rel L2 of dw";
+
+  // Structural zeros.
+  std::vector<uint8_t> selected(static_cast<size_t>(s.Skv), 0);
+  for (int64_t t = 0; t < s.Sq; ++t) {
+    const std::vector<int64_t> keys =
+        loss_keys(c, idx, lc.with_length ? &len : nullptr, t, lc.dense);
+    const bool empty = keys.empty() || !row_has_mass(c, t);
+    if (!empty) {
+      for (int64_t k : keys) selected[static_cast<size_t>(k)] = 1;
+      continue;
+    }
+    for (int64_t i = 0; i < s.HI * s.DI; ++i)
+      ASSERT_EQ(dq[static_cast<size_t>(t * s.HI * s.DI + i)], 0.0) << "dq_I of empty row " << t;
+    for (int64_t j = 0; j < s.HI; ++j)
+      ASSERT_EQ(dw[static_cast<size_t>(t * s.HI + j)], 0.0) << "dw of empty row " << t;
+    ASSERT_EQ(pt[static_cast<size_t>(t)], 0.0) << "loss of empty row " << t;
+  }
+  for (int64_t k = 0; k < s.Skv; ++k) {
+    if (selected[static_cast<size_t>(k)]) continue;
+    for (int64_t x = 0; x < s.DI; ++x)
+      ASSERT_EQ(dk[static_cast<size_t>(k * s.DI + x)], 0.0) << "dk_I of unselected key " << k;
+  }
+}
+
+class IndexerGpuLoss : public ::testing::TestWithParam<LossCase> {};
+
+TEST_P(IndexerGpuLoss, MatchesReference) {
+  SA_SKIP_WITHOUT_GPU();
+  const LossCase& lc = GetParam();
+  IndexerCase c = make_indexer_case(lc.shape, lc.ranges, SA_DTYPE_BF16, loss_seed(lc.name));
+  HostTensor idx, len;
+  make_meta(c, std::max<int64_t>(lc.topk, 1), loss_seed(lc.name) + 1, &idx, &len);
+  LossOutputs want;
+  ASSERT_NO_FATAL_FAILURE(run_reference_loss(lc, c, idx, len, &want));
+  LossDevice dev(c, idx, len, output_shapes(c, SA_DTYPE_FP32, SA_DTYPE_BF16));
+  ASSERT_TRUE(dev.ok());
+  LossOutputs got;
+  ASSERT_TRUE(run_gpu_loss(lc, c, dev, &got));
+  expect_matches(lc, c, idx, len, got, want);
+  if (!lc.deterministic) return;
+  for (int run = 1; run < 3; ++run) {
+    LossOutputs again;
+    ASSERT_TRUE(run_gpu_loss(lc, c, dev, &again));
+    EXPECT_TRUE(bitwise_equal(again.loss, got.loss)) << "loss differs on run " << run;
+    EXPECT_TRUE(bitwise_equal(again.per_token, got.per_token)) << "per-token differs, run " << run;
+    EXPECT_TRUE(bitwise_equal(again.dq_I, got.dq_I)) << "dq_I differs on run " << run;
+    EXPECT_TRUE(bitwise_equal(again.dk_I, got.dk_I)) << "dk_I differs on run " << run;
+    EXPECT_TRUE(bitwise_equal(again.dw, got.dw)) << "dw differs on run " << run;
+  }
+}
+
+std::vector<LossCase> loss_cases() {
+  using R = IndexerRanges;
+  const bool kDet = true;
+  return {
+      {"HI64_H128_D576_K256_Causal", loss_shape(48, 600, 64, 128, 576), R::kCausal, 256},
+      {"HI32_H64_D512_K100_Packed", loss_shape(40, 500, 32, 64, 512), R::kPacked, 100},
+      {"HI16_H16_D576_K7_OddRanges", loss_shape(30, 120, 16, 16, 576), R::kOdd, 7},
+      {"HI64_H32_D576_K64_NoLength", loss_shape(24, 300, 64, 32, 576), R::kNone, 64, false},
+      {"HI64_H128_D576_K2048_Full", loss_shape(6, 3000, 64, 128, 576), R::kNone, 2048},
+      {"HI16_H8_D512_K32_Causal", loss_shape(20, 200, 16, 8, 512), R::kCausal, 32},
+      {"HI32_H80_D576_K64_TwoGroups", loss_shape(20, 300, 32, 80, 576), R::kCausal, 64},
+      {"HI64_H64_D576_K48_CoeffNegativeScale", loss_shape(20, 250, 64, 64, 576), R::kPacked, 48,
+       true, false, true, 0.37f, -0.07f},
+      {"HI32_H64_D512_K80_LossOnly", loss_shape(30, 400, 32, 64, 512), R::kCausal, 80, true,
+       false, false},
+      {"HI64_H64_D576_K160_Deterministic", loss_shape(40, 400, 64, 64, 576), R::kCausal, 160,
+       true, kDet},
+      {"HI32_H128_D512_K300_Deterministic", loss_shape(20, 700, 32, 128, 512), R::kPacked, 300,
+       true, kDet},
+      {"HI16_H32_D576_K9_OddDeterministic", loss_shape(36, 80, 16, 32, 576), R::kOdd, 9, true,
+       kDet},
+      // dense mode (topk 0: no topk_idx)
+      {"Dense_HI64_H128_D576_Causal", loss_shape(40, 300, 64, 128, 576), R::kCausal, 0, false,
+       false, true, 1.f, 0.f, true},
+      {"Dense_HI32_H64_D512_Packed", loss_shape(36, 400, 32, 64, 512), R::kPacked, 0, false,
+       false, true, 1.f, 0.f, true},
+      {"Dense_HI16_H16_D576_OddRanges", loss_shape(30, 100, 16, 16, 576), R::kOdd, 0, false,
+       false, true, 1.f, 0.f, true},
+      {"Dense_HI64_H32_D512_Full_Skv1100", loss_shape(8, 1100, 64, 32, 512), R::kNone, 0, false,
+       false, true, 1.f, 0.f, true},
+      {"Dense_HI32_H80_D576_LossOnly", loss_shape(24, 250, 32, 80, 576), R::kCausal, 0, false,
+       false, false, 1.f, 0.f, true},
+      {"Dense_HI16_H8_D576_CoeffNegativeScale", loss_shape(20, 200, 16, 8, 576), R::kPacked, 0,
+       false, false, true, 0.37f, -0.07f, true},
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, IndexerGpuLoss, ::testing::ValuesIn(loss_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// What the portable loss does not serve yet is refused by name (portable forced): deterministic
+// dk_I in dense mode.
+TEST(IndexerGpuLossRefusals, DeterministicDenseMode) {
+  SA_SKIP_WITHOUT_GPU();
+  LossCase lc{"refusal", loss_shape(4, 32, 16, 16, 576), IndexerRanges::kNone, 0};
+  lc.deterministic = true;
+  lc.dense = true;
+  IndexerCase c = make_indexer_case(lc.shape, lc.ranges, SA_DTYPE_BF16, 3);
+  HostTensor idx, len;
+  make_meta(c, 8, 4, &idx, &len);
+  LossDevice dev(c, idx, len, output_shapes(c, SA_DTYPE_FP32, SA_DTYPE_BF16));
+  ASSERT_TRUE(dev.ok());
+  sa_indexer_loss_args a{};
+  a.q_I = dev.in.q_I.view();
+  a.k_I = dev.in.k_I.view();
+  a.w = dev.in.w.view();
+  a.q = dev.q.view();
+  a.kv = dev.kv.view();
+  a.lse = dev.lse.view();
+  a.topk_idx = sa_tensor_none();  // dense mode
+  a.topk_length = sa_tensor_none();
+  a.k_start = sa_tensor_none();
+  a.k_end = sa_tensor_none();
+  a.loss = dev.loss_view();
+  a.loss_per_token = sa_tensor_none();
+  a.dq_I = dev.dq_I.view();
+  a.dk_I = dev.dk_I.view();
+  a.dw = dev.dw.view();
+  a.options = loss_options(lc, SA_IMPL_PORTABLE);
+  EXPECT_EQ(sa_indexer_loss(&a, nullptr), SA_ERROR_UNSUPPORTED);
+  EXPECT_NE(std::string(sa_last_error()).find("dense mode"), std::string::npos)
+      << sa_last_error();
+}
+
+// Dense mode at S = 32768 (causal, H_I 64, attention H 16, D_qk 512): it runs with workspace far
+// below [S_q, S_kv] (the log A slices are capped), every output finite; sample rows' loss terms,
+// dq_I and dw match the reference run on that row alone (the same keys, so the same terms).
+TEST(IndexerGpuLossLarge, DenseS32768Causal) {
+  SA_SKIP_WITHOUT_GPU();
+  const int64_t S = 32768, HI = 64, DI = 128, H = 16, Dqk = 512;
+  auto value = [](uint64_t i) {  // uniform [-1, 1) from a hash
+    uint64_t z = i * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 31)) * 0xbf58476d1ce4e5b9ull;
+    z ^= z >> 29;
+    return (z >> 40) * (2.0 / 16777216.0) - 1.0;
+  };
+  HostTensor q_I(SA_DTYPE_BF16, {S, HI, DI}), k_I(SA_DTYPE_BF16, {S, DI}), w(SA_DTYPE_FP32, {S, HI}),
+      q(SA_DTYPE_BF16, {S, H, Dqk}), kv(SA_DTYPE_BF16, {S, Dqk}), lse(SA_DTYPE_FP32, {S, H}),
+      k_end(SA_DTYPE_INT32, {S});
+  uint64_t salt = 0;
+  for (HostTensor* t : {&q_I, &k_I, &w, &q, &kv, &lse}) {
+    salt += uint64_t{1} << 40;
+    for (int64_t i = 0; i < t->numel(); ++i) t->set(i, value(salt + static_cast<uint64_t>(i)));
+  }
+  for (int64_t t = 0; t < S; ++t) k_end.i32()[t] = static_cast<int32_t>(t + 1);
+  DeviceTensor dq_Id(q_I, 0, 0), dk_Id(k_I, 0, 0), dwd(w, 0, 0), dqd(q, 0, 0), dkvd(kv, 0, 0),
+      dlse(lse, 0, 0), dend(k_end, 0, 0);
+  HostTensor pt(SA_DTYPE_FP32, {S}), gq(SA_DTYPE_BF16, {S, HI, DI}), gk(SA_DTYPE_BF16, {S, DI}),
+      gw(SA_DTYPE_FP32, {S, HI});
+  DeviceTensor loss(HostTensor(SA_DTYPE_FP32, {1}), 0, 0), dpt(pt, 0, 16), dgq(gq, 0, 256),
+      dgk(gk, 0, 256), dgw(gw, 0, 64);
+  for (const DeviceTensor* t : {&dq_Id, &dk_Id, &dwd, &dqd, &dkvd, &dlse, &dend, &loss, &dpt,
+                                &dgq, &dgk, &dgw})
+    ASSERT_TRUE(t->ok());
+  for (DeviceTensor* t : {&loss, &dpt, &dgq, &dgk, &dgw}) ASSERT_TRUE(t->poison());
+  sa_indexer_loss_args a{};
+  a.q_I = dq_Id.view();
+  a.k_I = dk_Id.view();
+  a.w = dwd.view();
+  a.q = dqd.view();
+  a.kv = dkvd.view();
+  a.lse = dlse.view();
+  a.topk_idx = sa_tensor_none();
+  a.topk_length = sa_tensor_none();
+  a.k_start = sa_tensor_none();
+  a.k_end = dend.view();
+  a.loss = view_of(loss.view().data, SA_DTYPE_FP32, {}, SA_DEVICE_CUDA);
+  a.loss_per_token = dpt.view();
+  a.dq_I = dgq.view();
+  a.dk_I = dgk.view();
+  a.dw = dgw.view();
+  a.options = sa_indexer_options_default();
+  a.options.impl = SA_IMPL_PORTABLE;
+  size_t bytes = 0;
+  ASSERT_EQ(sa_indexer_loss_workspace_size(&a, &bytes), SA_OK) << sa_last_error();
+  EXPECT_LE(bytes, static_cast<size_t>(S * S));  // a quarter of [S_q, S_kv] fp32
+  DeviceBuffer ws(bytes);
+  ASSERT_TRUE(ws.ok());
+  sa_context ctx = sa_context_default();
+  ctx.workspace = ws.get();
+  ctx.workspace_bytes = bytes;
+  ASSERT_EQ(sa_indexer_loss(&a, &ctx), SA_OK) << sa_last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_TRUE(dpt.download(pt));
+  ASSERT_TRUE(dgq.download(gq));
+  ASSERT_TRUE(dgk.download(gk));
+  ASSERT_TRUE(dgw.download(gw));
+  EXPECT_FALSE(any_nan(pt.to_double())) << "NaN in loss_per_token";
+  EXPECT_FALSE(any_nan(gq.to_double())) << "NaN in dq_I";
+  EXPECT_FALSE(any_nan(gk.to_double())) << "NaN in dk_I";
+  EXPECT_FALSE(any_nan(gw.to_double())) << "NaN in dw";
+
+  // Sample rows: the reference on a one-row problem (row t's q_I, w, q, lse and range; all keys).
+  HostTensor k64 = to_fp64(k_I), kv64 = to_fp64(kv);
+  for (int64_t t : {int64_t{100}, int64_t{20000}, S - 1}) {
+    HostTensor rq_I(SA_DTYPE_FP64, {1, HI, DI}), rw(SA_DTYPE_FP32, {1, HI}),
+        rq(SA_DTYPE_FP64, {1, H, Dqk}), rlse(SA_DTYPE_FP32, {1, H}), rend(SA_DTYPE_INT32, {1});
+    for (int64_t i = 0; i < HI * DI; ++i) rq_I.set(i, q_I.get(t * HI * DI + i));
+    for (int64_t i = 0; i < HI; ++i) rw.set(i, w.get(t * HI + i));
+    for (int64_t i = 0; i < H * Dqk; ++i) rq.set(i, q.get(t * H * Dqk + i));
+    for (int64_t i = 0; i < H; ++i) rlse.set(i, lse.get(t * H + i));
+    rend.i32()[0] = static_cast<int32_t>(t + 1);
+    HostTensor rloss(SA_DTYPE_FP64, {}), rpt(SA_DTYPE_FP64, {1}), rgq(SA_DTYPE_FP64, {1, HI, DI}),
+        rgk(SA_DTYPE_FP64, {S, DI}), rgw(SA_DTYPE_FP32, {1, HI});
+    sa_indexer_loss_args r{};
+    r.q_I = rq_I.view();
+    r.k_I = k64.view();
+    r.w = rw.view();
+    r.q = rq.view();
+    r.kv = kv64.view();
+    r.lse = rlse.view();
+    r.topk_idx = sa_tensor_none();
+    r.topk_length = sa_tensor_none();
+    r.k_start = sa_tensor_none();
+    r.k_end = rend.view();
+    r.loss = rloss.view();
+    r.loss_per_token = rpt.view();
+    r.dq_I = rgq.view();
+    r.dk_I = rgk.view();
+    r.dw = rgw.view();
+    r.options = sa_indexer_options_default();
+    r.options.impl = SA_IMPL_REFERENCE;
+    ASSERT_EQ(sa_indexer_loss(&r, nullptr), SA_OK) << sa_last_error();
+    // Dense mode forms a row's loss as sum p (log p - I) + log Z_I sum p, fp32 sums of ~t terms
+    // of size ~log Z_I (~14 here) that cancel: a few 1e-5 of error at t ~ 32768.
+    EXPECT_NEAR(pt.get(t), rpt.get(0), 5e-4 * (1.0 + std::fabs(rpt.get(0)))) << "row " << t;
+    std::vector<double> got_q(static_cast<size_t>(HI * DI)), got_w(static_cast<size_t>(HI));
+    for (int64_t i = 0; i < HI * DI; ++i) got_q[static_cast<size_t>(i)] = gq.get(t * HI * DI + i);
+    for (int64_t i = 0; i < HI; ++i) got_w[static_cast<size_t>(i)] = gw.get(t * HI + i);
+    EXPECT_LT(rel_l2(got_q, rgq.to_double()), 1e-2) << "dq_I of row " << t;
+    EXPECT_LT(rel_l2(got_w, rgw.to_double()), 1e-2) << "dw of row " << t;
+  }
+}
+
+}  // namespace
+}  // namespace sa_test
