@@ -19,6 +19,12 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
+// A recomputed softmax probability 2^x, x = s log2(e) scale - L: at most 1 (x capped at 0). The
+// fp32 LSE L carries a relative error of ~6e-8, so at huge |scale| (|L| ~ 1e30) s log2(e) scale
+// can exceed L by far more than 1; uncapped, 2^x overflows to inf and the backward's products
+// turn it into NaN (SPEC 3: the forward stays finite, so must its gradients).
+__device__ __forceinline__ float exp2_prob(float x) { return exp2_approx(fminf(x, 0.f)); }
+
 // Max / min / sum over the 4 lanes of a quad (the lanes that share an mma accumulator row).
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));

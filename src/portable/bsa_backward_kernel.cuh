@@ -453,7 +453,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
             float pr[2], ds[2];
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
-              float x = exp2_approx(fmaf(s[mi][j][2 * half + c], p.scale_log2, -l2));
+              float x = exp2_prob(fmaf(s[mi][j][2 * half + c], p.scale_log2, -l2));
               if (8 * j + c >= lim) x = 0.f;
               pr[c] = x;
               ds[c] = x * (dp[mi][j][2 * half + c] - dl);

@@ -385,11 +385,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) dsa_bwd_kernel(const DsaBwdP
             const float4 s = x_lane[(m * Cfg::kSTiles + nt) * 32];
             const int c = kp * Cfg::kWarpKeys + 8 * nt + 2 * t4;
             const bool act0 = kidx[c] >= 0, act1 = kidx[c + 1] >= 0;
-            // P = 2^(s log2(e) scale - L); L = +inf gives 0. Inactive keys: exactly 0.
-            const float p00 = act0 ? exp2_approx(fmaf(s.x, p.scale_log2, -l2_0)) : 0.f;
-            const float p01 = act1 ? exp2_approx(fmaf(s.y, p.scale_log2, -l2_0)) : 0.f;
-            const float p10 = act0 ? exp2_approx(fmaf(s.z, p.scale_log2, -l2_1)) : 0.f;
-            const float p11 = act1 ? exp2_approx(fmaf(s.w, p.scale_log2, -l2_1)) : 0.f;
+            // P = 2^(s log2(e) scale - L), at most 1; L = +inf gives 0. Inactive keys: exactly 0.
+            const float p00 = act0 ? exp2_prob(fmaf(s.x, p.scale_log2, -l2_0)) : 0.f;
+            const float p01 = act1 ? exp2_prob(fmaf(s.y, p.scale_log2, -l2_0)) : 0.f;
+            const float p10 = act0 ? exp2_prob(fmaf(s.z, p.scale_log2, -l2_1)) : 0.f;
+            const float p11 = act1 ? exp2_prob(fmaf(s.w, p.scale_log2, -l2_1)) : 0.f;
             const float ds00 = p00 * (acc[m][nt][0] - d_0) * p.scale;
             const float ds01 = p01 * (acc[m][nt][1] - d_0) * p.scale;
             const float ds10 = p10 * (acc[m][nt][2] - d_1) * p.scale;

@@ -528,7 +528,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
       CUTE_UNROLL
       for (int u = 0; u < 4; ++u) {
         const int i = 4 * j + u;
-        const float x = exp2_approx(fmaf(tSrS(i), scale_log2, -(u % 2 == 0 ? l2.x : l2.y)));
+        const float x = exp2_prob(fmaf(tSrS(i), scale_log2, -(u % 2 == 0 ? l2.x : l2.y)));
         tSrS(i) = 8 * (u / 2) < key_lim ? x : 0.f;
       }
     }

@@ -572,7 +572,7 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
         CUTE_UNROLL
         for (int e = 0; e < 2; ++e) {
           const float off = ld_shared_f32(bias + 4 * (8 * (i / 4) + e)) - l2[r];
-          pv[e] = exp2_approx(fmaf(tSrS(i + e), scale_log2, off));
+          pv[e] = exp2_prob(fmaf(tSrS(i + e), scale_log2, off));
         }
         p_pk[i / 2] = pack_bf16x2(pv[0], pv[1]);
       }
