@@ -173,8 +173,9 @@ class sa_dsa_bwd_args(_Extensible):
     ]
 
 
-class sa_indexer_options(ctypes.Structure):
+class sa_indexer_options(_Extensible):
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("scale_I", ctypes.c_float),
         ("scale", ctypes.c_float),
         ("coeff", ctypes.c_float),
@@ -183,8 +184,9 @@ class sa_indexer_options(ctypes.Structure):
     ]
 
 
-class sa_indexer_scores_args(ctypes.Structure):
+class sa_indexer_scores_args(_Extensible):
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("q_I", sa_tensor),
         ("k_I", sa_tensor),
         ("w", sa_tensor),
@@ -195,8 +197,9 @@ class sa_indexer_scores_args(ctypes.Structure):
     ]
 
 
-class sa_indexer_topk_args(ctypes.Structure):
+class sa_indexer_topk_args(_Extensible):
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("q_I", sa_tensor),
         ("k_I", sa_tensor),
         ("w", sa_tensor),
@@ -208,8 +211,9 @@ class sa_indexer_topk_args(ctypes.Structure):
     ]
 
 
-class sa_indexer_loss_args(ctypes.Structure):
+class sa_indexer_loss_args(_Extensible):
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("q_I", sa_tensor),
         ("k_I", sa_tensor),
         ("w", sa_tensor),
