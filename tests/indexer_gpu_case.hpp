@@ -149,7 +149,7 @@ inline int64_t select_topk(const IndexerCase& c, const std::vector<float>& score
 // sa_indexer_scores through the public API (options.impl = `impl`) into `scores`.
 inline sa_status run_indexer_scores(const GpuIndexerInputs& d, const DeviceTensor& scores,
                                     const sa_indexer_options& options, sa_impl* used) {
-  sa_indexer_scores_args a{};
+  sa_indexer_scores_args a = sa_indexer_scores_args_default();
   a.q_I = d.q_I.view();
   a.k_I = d.k_I.view();
   a.w = d.w.view();
@@ -167,7 +167,7 @@ inline std::vector<float> reference_scores(IndexerCase& c, const sa_indexer_opti
   HostTensor q64 = to_fp64(c.q_I), k64 = to_fp64(c.k_I);
   HostTensor out(SA_DTYPE_FP32, {c.shape.Sq, c.shape.Skv});
   out.poison();
-  sa_indexer_scores_args a{};
+  sa_indexer_scores_args a = sa_indexer_scores_args_default();
   a.q_I = q64.view();
   a.k_I = k64.view();
   a.w = c.w.view();

@@ -157,6 +157,25 @@ TEST_F(AbiSizes, InitializersSetTheSizes) {
   EXPECT_EQ(b.sparsity.q2k_count.data, nullptr);
 }
 
+TEST_F(AbiSizes, IndexerInitializersSetTheSizesAndDefaults) {
+  EXPECT_EQ(sa_indexer_options_default().size, sizeof(sa_indexer_options));
+  EXPECT_EQ(sa_indexer_options_default().coeff, 1.f);
+  EXPECT_EQ(sa_indexer_scores_args_default().size, sizeof(sa_indexer_scores_args));
+  EXPECT_EQ(sa_indexer_topk_args_default().size, sizeof(sa_indexer_topk_args));
+  EXPECT_EQ(sa_indexer_loss_args_default().size, sizeof(sa_indexer_loss_args));
+  EXPECT_EQ(sa_indexer_scores_args_default().options.size, sizeof(sa_indexer_options));
+  EXPECT_EQ(sa_indexer_topk_args_default().options.size, sizeof(sa_indexer_options));
+  const sa_indexer_loss_args l = SA_INDEXER_LOSS_ARGS_INIT;
+  EXPECT_EQ(l.size, sizeof(sa_indexer_loss_args));
+  EXPECT_EQ(l.options.size, sizeof(sa_indexer_options));
+  EXPECT_EQ(l.options.coeff, 1.f);
+  EXPECT_EQ(l.options.impl, SA_IMPL_AUTO);
+  for (const sa_tensor* t : {&l.q_I, &l.k_I, &l.w, &l.q, &l.kv, &l.lse, &l.topk_idx,
+                             &l.topk_length, &l.k_start, &l.k_end, &l.loss, &l.loss_per_token,
+                             &l.dq_I, &l.dk_I, &l.dw})
+    EXPECT_EQ(t->data, nullptr);
+}
+
 TEST_F(AbiSizes, FirstVersionSizesRun) {
   sa_dsa_fwd_args a = args();
   a.size = sa::api::args_v1<sa_dsa_fwd_args>();
@@ -208,6 +227,109 @@ TEST_F(AbiSizes, GarbageSizesAreRefusedByName) {
   size_t bytes = 0;
   EXPECT_EQ(sa_dsa_forward_workspace_size(&zero, &bytes), SA_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(sa_last_error()).find("args.size: 0"), std::string::npos);
+}
+
+
+// ---- the indexer's structs, through the C ABI: tiny dense scores on the CPU reference ------------
+class IndexerAbiSizes : public ::testing::Test {
+ protected:
+  // S_q 2, H_I 1, D_I 4, S_kv 3, fp32: every score is relu(scale_I * 4 * 0.25) = 0.5 (scale_I
+  // 1/sqrt(4) by default).
+  std::vector<float> q_I = std::vector<float>(8, 0.5f), k_I = std::vector<float>(12, 0.5f),
+                     w = std::vector<float>(2, 1.f), scores = std::vector<float>(6);
+
+  sa_indexer_scores_args args() {
+    const int64_t q_shape[3] = {2, 1, 4}, k_shape[2] = {3, 4}, w_shape[2] = {2, 1},
+                  s_shape[2] = {2, 3};
+    sa_indexer_scores_args a = sa_indexer_scores_args_default();
+    a.q_I = sa_tensor_contiguous(q_I.data(), SA_DTYPE_FP32, 3, q_shape, SA_DEVICE_CPU, 0);
+    a.k_I = sa_tensor_contiguous(k_I.data(), SA_DTYPE_FP32, 2, k_shape, SA_DEVICE_CPU, 0);
+    a.w = sa_tensor_contiguous(w.data(), SA_DTYPE_FP32, 2, w_shape, SA_DEVICE_CPU, 0);
+    a.scores = sa_tensor_contiguous(scores.data(), SA_DTYPE_FP32, 2, s_shape, SA_DEVICE_CPU, 0);
+    return a;
+  }
+
+  // As AbiSizes::call: a copy of `a` in a heap buffer of exactly a.size bytes.
+  sa_status call(const sa_indexer_scores_args& a, unsigned char tail_byte = 0) {
+    std::vector<unsigned char> buf(std::max<size_t>(a.size, sizeof(size_t)), tail_byte);
+    std::memcpy(buf.data(), &a, std::min(buf.size(), sizeof(a)));
+    sa_context ctx = sa_context_default();
+    return sa_indexer_scores(reinterpret_cast<const sa_indexer_scores_args*>(buf.data()), &ctx);
+  }
+};
+
+TEST_F(IndexerAbiSizes, FirstVersionSizesRun) {
+  sa_indexer_scores_args a = args();
+  a.size = sa::api::args_v1<sa_indexer_scores_args>();
+  a.options.size = sa::api::kIndexerOptionsV1;
+  std::fill(scores.begin(), scores.end(), NAN);
+  ASSERT_EQ(call(a), SA_OK) << sa_last_error();
+  EXPECT_FLOAT_EQ(scores[0], 0.5f);
+  EXPECT_FLOAT_EQ(scores[5], 0.5f);
+}
+
+TEST_F(IndexerAbiSizes, NewerCallerWithDefaultsRunsAndOneWithNewSettingsIsUnsupported) {
+  sa_indexer_scores_args a = args();
+  a.size = sizeof(sa_indexer_scores_args) + 16;
+  a.options.size = sizeof(sa_indexer_options) + 16;
+  ASSERT_EQ(call(a), SA_OK) << sa_last_error();
+  EXPECT_EQ(call(a, 1), SA_ERROR_UNSUPPORTED);
+  EXPECT_NE(std::string(sa_last_error()).find("args: the caller's struct"), std::string::npos)
+      << sa_last_error();
+}
+
+TEST_F(IndexerAbiSizes, GarbageSizesAreRefusedByName) {
+  struct Case {
+    size_t args_size, options_size;
+    std::string message;
+  };
+  const Case cases[] = {
+      {0, sizeof(sa_indexer_options),
+       "args.size: 0, an uninitialised struct: start from sa_indexer_scores_args_default()"},
+      {12, sizeof(sa_indexer_options), "args.size: expected at least"},
+      {sizeof(sa_indexer_scores_args), 0,
+       "args.options.size: 0, an uninitialised struct: start from sa_indexer_options_default()"},
+      {sizeof(sa_indexer_scores_args), 4, "args.options.size: expected at least"},
+      {sizeof(sa_indexer_scores_args), sizeof(sa_indexer_options) + 8,
+       "args.options.size: " + std::to_string(sizeof(sa_indexer_options) + 8) +
+           " is larger than the " + std::to_string(sizeof(sa_indexer_options)) +
+           " bytes that hold it"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.message);
+    sa_indexer_scores_args a = args();
+    a.size = c.args_size;
+    a.options.size = c.options_size;
+    std::fill(scores.begin(), scores.end(), -1.f);
+    EXPECT_EQ(call(a), SA_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(sa_last_error()).find(c.message), std::string::npos) << sa_last_error();
+    EXPECT_EQ(scores[0], -1.f);  // nothing written
+  }
+  // Zero-initialised structs of the three calls are named, with the initializer to start from.
+  size_t bytes = 0;
+  sa_indexer_scores_args zero_scores{};
+  EXPECT_EQ(sa_indexer_scores_workspace_size(&zero_scores, &bytes), SA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(sa_last_error()).find("args.size: 0, an uninitialised struct: start "
+                                              "from sa_indexer_scores_args_default()"),
+            std::string::npos)
+      << sa_last_error();
+  sa_indexer_topk_args zero_topk{};
+  EXPECT_EQ(sa_indexer_topk(&zero_topk, nullptr), SA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(sa_last_error()).find("start from sa_indexer_topk_args_default()"),
+            std::string::npos)
+      << sa_last_error();
+  sa_indexer_loss_args zero_loss{};
+  EXPECT_EQ(sa_indexer_loss_workspace_size(&zero_loss, &bytes), SA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(sa_last_error()).find("start from sa_indexer_loss_args_default()"),
+            std::string::npos)
+      << sa_last_error();
+  sa_indexer_loss_args no_options = sa_indexer_loss_args_default();
+  no_options.options = sa_indexer_options{};
+  EXPECT_EQ(sa_indexer_loss(&no_options, nullptr), SA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(sa_last_error()).find("args.options.size: 0, an uninitialised struct: "
+                                              "start from sa_indexer_options_default()"),
+            std::string::npos)
+      << sa_last_error();
 }
 
 }  // namespace

@@ -151,7 +151,7 @@ struct TopkResult {
   DeviceInts idx(c.shape.Sq * k, 64), len(c.shape.Sq, 16);
   if (!idx.ok() || !len.ok() || !idx.reset() || !len.reset())
     return ::testing::AssertionFailure() << "device outputs failed";
-  sa_indexer_topk_args a{};
+  sa_indexer_topk_args a = sa_indexer_topk_args_default();
   a.q_I = d.q_I.view();
   a.k_I = d.k_I.view();
   a.w = d.w.view();
@@ -314,7 +314,7 @@ TEST(IndexerGpuTopkLarge, S131072K2048Causal) {
   ASSERT_EQ(cudaMemcpy(dend.get(), ends.data(), dend.bytes(), cudaMemcpyHostToDevice),
             cudaSuccess);
   ASSERT_EQ(cudaMemset(didx.get(), 0xab, didx.bytes()), cudaSuccess);
-  sa_indexer_topk_args a{};
+  sa_indexer_topk_args a = sa_indexer_topk_args_default();
   a.q_I = view_of(dq.get(), SA_DTYPE_BF16, {S, HI, D}, SA_DEVICE_CUDA);
   a.k_I = view_of(dk.get(), SA_DTYPE_BF16, {S, D}, SA_DEVICE_CUDA);
   a.w = view_of(dw.get(), SA_DTYPE_FP32, {S, HI}, SA_DEVICE_CUDA);

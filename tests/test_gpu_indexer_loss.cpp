@@ -153,7 +153,7 @@ sa_indexer_options loss_options(const LossCase& lc, sa_impl impl) {
                                         LossDevice& dev, LossOutputs* out) {
   for (DeviceTensor* t : {&dev.loss, &dev.per_token, &dev.dq_I, &dev.dk_I, &dev.dw})
     if (!t->poison()) return ::testing::AssertionFailure() << "poison failed";
-  sa_indexer_loss_args a{};
+  sa_indexer_loss_args a = sa_indexer_loss_args_default();
   a.q_I = dev.in.q_I.view();
   a.k_I = dev.in.k_I.view();
   a.w = dev.in.w.view();
@@ -205,7 +205,7 @@ void run_reference_loss(const LossCase& lc, IndexerCase& c, HostTensor& idx, Hos
                         LossOutputs* out) {
   HostTensor q_I = to_fp64(c.q_I), k_I = to_fp64(c.k_I), q = to_fp64(c.q), kv = to_fp64(c.kv);
   *out = output_shapes(c, SA_DTYPE_FP64, SA_DTYPE_FP64);
-  sa_indexer_loss_args a{};
+  sa_indexer_loss_args a = sa_indexer_loss_args_default();
   a.q_I = q_I.view();
   a.k_I = k_I.view();
   a.w = c.w.view();
@@ -350,7 +350,7 @@ TEST(IndexerGpuLossRefusals, DeterministicDenseMode) {
   make_meta(c, 8, 4, &idx, &len);
   LossDevice dev(c, idx, len, output_shapes(c, SA_DTYPE_FP32, SA_DTYPE_BF16));
   ASSERT_TRUE(dev.ok());
-  sa_indexer_loss_args a{};
+  sa_indexer_loss_args a = sa_indexer_loss_args_default();
   a.q_I = dev.in.q_I.view();
   a.k_I = dev.in.k_I.view();
   a.w = dev.in.w.view();
@@ -403,7 +403,7 @@ TEST(IndexerGpuLossLarge, DenseS32768Causal) {
                                 &dgq, &dgk, &dgw})
     ASSERT_TRUE(t->ok());
   for (DeviceTensor* t : {&loss, &dpt, &dgq, &dgk, &dgw}) ASSERT_TRUE(t->poison());
-  sa_indexer_loss_args a{};
+  sa_indexer_loss_args a = sa_indexer_loss_args_default();
   a.q_I = dq_Id.view();
   a.k_I = dk_Id.view();
   a.w = dwd.view();
@@ -452,7 +452,7 @@ TEST(IndexerGpuLossLarge, DenseS32768Causal) {
     rend.i32()[0] = static_cast<int32_t>(t + 1);
     HostTensor rloss(SA_DTYPE_FP64, {}), rpt(SA_DTYPE_FP64, {1}), rgq(SA_DTYPE_FP64, {1, HI, DI}),
         rgk(SA_DTYPE_FP64, {S, DI}), rgw(SA_DTYPE_FP32, {1, HI});
-    sa_indexer_loss_args r{};
+    sa_indexer_loss_args r = sa_indexer_loss_args_default();
     r.q_I = rq_I.view();
     r.k_I = k64.view();
     r.w = rw.view();

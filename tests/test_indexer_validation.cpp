@@ -138,9 +138,9 @@ class IndexerCall {
   IndexerCase c_;
   HostTensor scores_, idx_out_, len_out_, idx_in_, len_in_;
   IndexerCase::LossOut out_;
-  sa_indexer_scores_args scores_args_;
-  sa_indexer_topk_args topk_args_;
-  sa_indexer_loss_args loss_args_;
+  sa_indexer_scores_args scores_args_ = sa_indexer_scores_args_default();
+  sa_indexer_topk_args topk_args_ = sa_indexer_topk_args_default();
+  sa_indexer_loss_args loss_args_ = sa_indexer_loss_args_default();
   std::map<std::string, sa_tensor*> fields_;
 };
 

@@ -134,8 +134,9 @@ typedef struct sa_context {
 SA_API sa_context sa_context_default(void);
 
 /* ---------------------------------------------------------------------------------------------
- * Extensible structs: the options structs (sa_bsa_options, sa_dsa_options) and the args structs
- * (sa_bsa_fwd_args, sa_bsa_bwd_args, sa_dsa_fwd_args, sa_dsa_bwd_args) start with
+ * Extensible structs: the options structs (sa_bsa_options, sa_dsa_options, sa_indexer_options)
+ * and the args structs (sa_bsa_fwd_args, sa_bsa_bwd_args, sa_dsa_fwd_args, sa_dsa_bwd_args,
+ * sa_indexer_scores_args, sa_indexer_topk_args, sa_indexer_loss_args) start with
  *     size_t size;   sizeof the struct as the caller compiled it
  * Start every one from its initializer in this header, which sets `size` (and the defaults),
  * then set the fields you need:
@@ -319,7 +320,7 @@ SA_API sa_status sa_dsa_backward(const sa_dsa_bwd_args* args, const sa_context* 
  * that gradient checks run on tiny shapes.
  * ------------------------------------------------------------------------------------------- */
 typedef struct sa_indexer_options {
-  /* (issue 38: the leading `size` field of every args and options struct goes here) */
+  size_t size;           /* sizeof(sa_indexer_options): set by SA_INDEXER_OPTIONS_INIT */
   float scale_I;         /* indexer scale; 0 means 1/sqrt(D_I) */
   float scale;           /* loss only: the attention's softmax scale; 0 means 1/sqrt(D_qk) */
   float coeff;           /* loss only: the loss is coeff * sum_t KL_t (default 1) */
@@ -327,18 +328,23 @@ typedef struct sa_indexer_options {
   sa_impl impl;
 } sa_indexer_options;
 
-SA_API sa_indexer_options sa_indexer_options_default(void);
+/* Defaults: scale_I 1/sqrt(D_I), scale 1/sqrt(D_qk), coeff 1, not deterministic, AUTO. */
+#define SA_INDEXER_OPTIONS_INIT {sizeof(sa_indexer_options), 0.0f, 0.0f, 1.0f, 0, SA_IMPL_AUTO}
+SA_INLINE sa_indexer_options sa_indexer_options_default(void) {
+  sa_indexer_options o = SA_INDEXER_OPTIONS_INIT;
+  return o;
+}
 
 /* The dense score matrix (short sequences and tests). */
 typedef struct sa_indexer_scores_args {
-  /* (issue 38: size field) */
+  size_t size;       /* sizeof(sa_indexer_scores_args): set by SA_INDEXER_SCORES_ARGS_INIT */
   sa_tensor q_I;     /* [S_q, H_I, D_I] bf16 (CPU also fp16/fp32/fp64) */
   sa_tensor k_I;     /* [S_kv, D_I], dtype of q_I: one key shared by all indexer heads */
   sa_tensor w;       /* [S_q, H_I] fp32 (CPU also fp64): per-token head weights */
   sa_tensor k_start; /* [S_q] int32; may be absent (0) */
   sa_tensor k_end;   /* [S_q] int32; may be absent (S_kv) */
   sa_tensor scores;  /* out: [S_q, S_kv] fp32: I[t, s] in range, -inf outside */
-  sa_indexer_options options;
+  sa_indexer_options options; /* the last member (see "Extensible structs") */
 } sa_indexer_scores_args;
 
 /* Top-k keys per query, exactly as sa_dsa_forward consumes them. Row t holds the k keys of its
@@ -346,11 +352,11 @@ typedef struct sa_indexer_scores_args {
  * -1; topk_length[t] = min(k, size of the range). Bitwise identical on every run. The scores are
  * ranked as the fp32 values sa_indexer_scores writes. */
 typedef struct sa_indexer_topk_args {
-  /* (issue 38: size field) */
+  size_t size;           /* sizeof(sa_indexer_topk_args): set by SA_INDEXER_TOPK_ARGS_INIT */
   sa_tensor q_I, k_I, w, k_start, k_end; /* as for the scores */
   sa_tensor topk_idx;    /* out: [S_q, k] int32 (k >= 1 is the last dimension) */
   sa_tensor topk_length; /* out: [S_q] int32; may be absent */
-  sa_indexer_options options;
+  sa_indexer_options options; /* the last member */
 } sa_indexer_topk_args;
 
 /* The KL loss and, in the same call, its gradients. For query t and its key set K_t:
@@ -369,7 +375,7 @@ typedef struct sa_indexer_topk_args {
  * absent for the loss alone; a caller that scales the loss (autograd's grad_output) scales the
  * gradients. */
 typedef struct sa_indexer_loss_args {
-  /* (issue 38: size field) */
+  size_t size;              /* sizeof(sa_indexer_loss_args): set by SA_INDEXER_LOSS_ARGS_INIT */
   sa_tensor q_I, k_I, w;    /* as for the scores */
   sa_tensor q;              /* [S_q, H, D_qk]: the attention's queries, bf16 (CPU also others) */
   sa_tensor kv;             /* [S_kv, D_qk], dtype of q: the attention's keys */
@@ -384,8 +390,35 @@ typedef struct sa_indexer_loss_args {
   sa_tensor dq_I;           /* out: [S_q, H_I, D_I], dtype of q_I; absent with dk_I and dw */
   sa_tensor dk_I;           /* out: [S_kv, D_I], dtype of k_I (accumulated in fp32 or wider) */
   sa_tensor dw;             /* out: [S_q, H_I], dtype of w */
-  sa_indexer_options options;
+  sa_indexer_options options; /* the last member */
 } sa_indexer_loss_args;
+
+/* Every tensor absent, default options. */
+#define SA_INDEXER_SCORES_ARGS_INIT                                                              \
+  {sizeof(sa_indexer_scores_args), SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, \
+   SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, SA_INDEXER_OPTIONS_INIT}
+#define SA_INDEXER_TOPK_ARGS_INIT                                                                \
+  {sizeof(sa_indexer_topk_args), SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT,   \
+   SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT,           \
+   SA_INDEXER_OPTIONS_INIT}
+#define SA_INDEXER_LOSS_ARGS_INIT                                                                \
+  {sizeof(sa_indexer_loss_args), SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT,   \
+   SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT,           \
+   SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT,           \
+   SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT, SA_TENSOR_NONE_INIT,           \
+   SA_INDEXER_OPTIONS_INIT}
+SA_INLINE sa_indexer_scores_args sa_indexer_scores_args_default(void) {
+  sa_indexer_scores_args a = SA_INDEXER_SCORES_ARGS_INIT;
+  return a;
+}
+SA_INLINE sa_indexer_topk_args sa_indexer_topk_args_default(void) {
+  sa_indexer_topk_args a = SA_INDEXER_TOPK_ARGS_INIT;
+  return a;
+}
+SA_INLINE sa_indexer_loss_args sa_indexer_loss_args_default(void) {
+  sa_indexer_loss_args a = SA_INDEXER_LOSS_ARGS_INIT;
+  return a;
+}
 
 SA_API sa_status sa_indexer_scores_workspace_size(const sa_indexer_scores_args* args, size_t* bytes);
 SA_API sa_status sa_indexer_scores(const sa_indexer_scores_args* args, const sa_context* ctx);

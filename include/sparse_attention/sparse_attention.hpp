@@ -83,23 +83,13 @@ struct IndexerOptions : sa_indexer_options {
   IndexerOptions() : sa_indexer_options(sa_indexer_options_default()) {}
 };
 struct IndexerScoresArgs : sa_indexer_scores_args {
-  IndexerScoresArgs() : sa_indexer_scores_args{} {
-    q_I = k_I = w = k_start = k_end = scores = sa_tensor_none();
-    options = IndexerOptions();
-  }
+  IndexerScoresArgs() : sa_indexer_scores_args(sa_indexer_scores_args_default()) {}
 };
 struct IndexerTopkArgs : sa_indexer_topk_args {
-  IndexerTopkArgs() : sa_indexer_topk_args{} {
-    q_I = k_I = w = k_start = k_end = topk_idx = topk_length = sa_tensor_none();
-    options = IndexerOptions();
-  }
+  IndexerTopkArgs() : sa_indexer_topk_args(sa_indexer_topk_args_default()) {}
 };
 struct IndexerLossArgs : sa_indexer_loss_args {
-  IndexerLossArgs() : sa_indexer_loss_args{} {
-    q_I = k_I = w = q = kv = lse = topk_idx = topk_length = k_start = k_end = loss =
-        loss_per_token = dq_I = dk_I = dw = sa_tensor_none();
-    options = IndexerOptions();
-  }
+  IndexerLossArgs() : sa_indexer_loss_args(sa_indexer_loss_args_default()) {}
 };
 
 inline Status bsa_forward_workspace_size(const sa_bsa_fwd_args& a, size_t* bytes) {

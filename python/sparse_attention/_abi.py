@@ -173,8 +173,9 @@ class sa_dsa_bwd_args(_Extensible):
     ]
 
 
-class sa_indexer_options(ctypes.Structure):
+class sa_indexer_options(_Extensible):
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("scale_I", ctypes.c_float),
         ("scale", ctypes.c_float),
         ("coeff", ctypes.c_float),
@@ -183,8 +184,9 @@ class sa_indexer_options(ctypes.Structure):
     ]
 
 
-class sa_indexer_scores_args(ctypes.Structure):
+class sa_indexer_scores_args(_Extensible):
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("q_I", sa_tensor),
         ("k_I", sa_tensor),
         ("w", sa_tensor),
@@ -195,8 +197,9 @@ class sa_indexer_scores_args(ctypes.Structure):
     ]
 
 
-class sa_indexer_topk_args(ctypes.Structure):
+class sa_indexer_topk_args(_Extensible):
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("q_I", sa_tensor),
         ("k_I", sa_tensor),
         ("w", sa_tensor),
@@ -208,8 +211,9 @@ class sa_indexer_topk_args(ctypes.Structure):
     ]
 
 
-class sa_indexer_loss_args(ctypes.Structure):
+class sa_indexer_loss_args(_Extensible):
     _fields_ = [
+        ("size", ctypes.c_size_t),
         ("q_I", sa_tensor),
         ("k_I", sa_tensor),
         ("w", sa_tensor),
@@ -420,21 +424,37 @@ def int32_option(value: int, name: str, expected: str) -> int:
     return value
 
 
-def scale_option(scale: float, default_doc: str) -> float:
-    """The operators' scale (0.0: the default) headed for the C structs' float field: a nonzero
-    scale must survive the conversion to fp32 unchanged in kind (no underflow to 0 or a
-    subnormal, no overflow to inf)."""
+def scale_option(scale: float, default_doc: str, name: str = "scale") -> float:
+    """The operators' scale (0.0: the default) headed for the C structs' float field
+    `options.<name>`: a nonzero scale must survive the conversion to fp32 unchanged in kind (no
+    underflow to 0 or a subnormal, no overflow to inf)."""
     if not isinstance(scale, (int, float)) or isinstance(scale, bool):
-        raise TypeError("scale: expected a float, got %s" % type(scale).__name__)
+        raise TypeError("%s: expected a float, got %s" % (name, type(scale).__name__))
     scale = float(scale)
     if scale != 0.0 and not (
         math.isfinite(scale) and SCALE_MIN <= abs(scale) <= SCALE_MAX
     ):
         raise _invalid(
-            "options.scale: expected 0 (for %s) or a finite value with %.8g <= |scale| <= %.6g, "
-            "got %r" % (default_doc, SCALE_MIN, SCALE_MAX, scale)
+            "options.%s: expected 0 (for %s) or a finite value with %.8g <= |%s| <= %.6g, "
+            "got %r" % (name, default_doc, SCALE_MIN, name, SCALE_MAX, scale)
         )
     return scale
+
+
+FLT_MAX = 3.4028234663852886e38
+
+
+def float_option(value: float, name: str) -> float:
+    """A Python number headed for a float field of the C structs (`options.<name>`): a finite
+    value must stay finite in fp32 (ctypes would store inf); NaN and inf go on to the library,
+    which names them."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TypeError("%s: expected a float, got %s" % (name, type(value).__name__))
+    value = float(value)
+    if math.isfinite(value) and abs(value) > FLT_MAX:
+        raise _invalid("options.%s: expected a finite value (|%s| <= %.8g in fp32), got %r"
+                       % (name, name, FLT_MAX, value))
+    return value
 
 
 # The implementation that served the last call on this process (benchmarks and logs read it).

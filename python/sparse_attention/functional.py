@@ -53,18 +53,19 @@ def _int(value, name: str, optional: bool = False) -> Optional[int]:
                     % (name, " or None" if optional else "", type(value).__name__, value))
 
 
-def _scale(scale, default_doc: str) -> float:
-    """The user's scale: None is the default; any other value is the scale itself, so 0 (which
-    the C ABI reads as "default") is refused rather than silently replaced."""
+def _scale(scale, default_doc: str, name: str = "scale") -> float:
+    """The user's scale (argument `name`): None is the default; any other value is the scale
+    itself, so 0 (which the C ABI reads as "default") is refused rather than silently
+    replaced."""
     if scale is None:
         return 0.0
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError("scale: expected a float or None, got %s" % type(scale).__name__)
+        raise TypeError("%s: expected a float or None, got %s" % (name, type(scale).__name__))
     scale = float(scale)
     if not (math.isfinite(scale) and _abi.SCALE_MIN <= abs(scale) <= _abi.SCALE_MAX):
         raise _invalid(
-            "scale: expected None (the default %s) or a finite value with %.8g <= |scale| <= "
-            "%.6g, got %r" % (default_doc, _abi.SCALE_MIN, _abi.SCALE_MAX, scale))
+            "%s: expected None (the default %s) or a finite value with %.8g <= |%s| <= "
+            "%.6g, got %r" % (name, default_doc, _abi.SCALE_MIN, name, _abi.SCALE_MAX, scale))
     return scale
 
 

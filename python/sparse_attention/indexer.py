@@ -12,13 +12,15 @@ torch.compile(fullgraph=True).
 
 from __future__ import annotations
 
+import numbers
 from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from . import _indexer_ops
-from .functional import _inner_contiguous, _int32
+from .functional import (_INT32_MAX, _INT32_MIN, _INT_DTYPES, _distinct, _inner_contiguous, _int,
+                         _invalid, _scale, _tensor, _topk_idx_int32, _topk_length_int32)
 
 
 def _weights(w: Tensor) -> Tensor:
@@ -26,8 +28,29 @@ def _weights(w: Tensor) -> Tensor:
     return w if w.dtype in (torch.float32, torch.float64) else w.float()
 
 
-def _scale(v: Optional[float]) -> float:
-    return 0.0 if v is None else float(v)
+def _range_int32(t: Optional[Tensor], name: str, k_I: Tensor) -> Optional[Tensor]:
+    """k_start / k_end as int32 without wrapping: int64 values are clamped to int32. The range
+    of query t is [k_start[t], k_end[t]) clamped to [0, S_kv) (SPEC 5), and S_kv fits int32, so
+    the clamp keeps every range as it is. Other dtypes go on as they are: the library names
+    the argument and its dtype."""
+    if t is None or t.dtype not in _INT_DTYPES:
+        return t
+    if t.dtype == torch.int64:
+        rows = k_I.shape[0] if k_I.dim() >= 1 else 0
+        if isinstance(rows, int) and rows > _INT32_MAX:
+            raise _invalid("k_I: S_kv = %d rows, more than int32 %s values can address; int64 "
+                           "values past 2^31 - 1 cannot be narrowed" % (rows, name))
+        return _distinct(t, lambda x: x.clamp(_INT32_MIN, _INT32_MAX).to(torch.int32))
+    return _distinct(t, lambda x: x.to(torch.int32))
+
+
+def _inputs(q_I, k_I, w, k_start, k_end):
+    """The indexer's common arguments, type-checked and in the library's form."""
+    q_I, k_I, w = _tensor(q_I, "q_I"), _tensor(k_I, "k_I"), _tensor(w, "w")
+    k_start = _tensor(k_start, "k_start", optional=True)
+    k_end = _tensor(k_end, "k_end", optional=True)
+    return (_inner_contiguous(q_I), _inner_contiguous(k_I), _inner_contiguous(_weights(w)),
+            _range_int32(k_start, "k_start", k_I), _range_int32(k_end, "k_end", k_I))
 
 
 def indexer_scores(
@@ -44,17 +67,17 @@ def indexer_scores(
         q_I: ``[S_q, H_I, D_I]`` indexer queries (bf16 on CUDA; CPU also fp16/fp32/fp64).
         k_I: ``[S_kv, D_I]`` indexer keys, one per token, shared by all indexer heads.
         w: ``[S_q, H_I]`` per-token head weights (fp32; converted if needed).
-        scale: ``scale_I`` (default ``1/sqrt(D_I)``).
+        scale: ``scale_I``; None (the default) means ``1/sqrt(D_I)``; other values as in
+            ``block_sparse_attention`` (0 is refused).
         k_start, k_end: ``[S_q]`` integer: query t may choose keys ``k_start[t] <= s <
-            k_end[t]`` (clamped to ``[0, S_kv)``; default every key).
+            k_end[t]`` (clamped to ``[0, S_kv)``; default every key). Any value is allowed
+            (int64 values are clamped to int32, which keeps the range).
 
     Returns:
         ``[S_q, S_kv]`` fp32: ``I[t, s]`` in range, ``-inf`` outside. No gradient.
     """
-    return _indexer_ops.indexer_scores(
-        _inner_contiguous(q_I), _inner_contiguous(k_I), _inner_contiguous(_weights(w)),
-        _int32(k_start), _int32(k_end), _scale(scale),
-    )
+    q_I, k_I, w, k_start, k_end = _inputs(q_I, k_I, w, k_start, k_end)
+    return _indexer_ops.indexer_scores(q_I, k_I, w, k_start, k_end, _scale(scale, "1/sqrt(D_I)"))
 
 
 def indexer_topk(
@@ -77,12 +100,12 @@ def indexer_topk(
         ``topk_idx`` ``[S_q, topk]`` int32 and ``topk_length`` ``[S_q]`` int32
         (``min(topk, keys in range)``); no gradient.
     """
-    if int(topk) < 1:
-        raise ValueError("SA_ERROR_INVALID_ARGUMENT: topk: expected >= 1, got %d" % int(topk))
-    return _indexer_ops.indexer_topk(
-        _inner_contiguous(q_I), _inner_contiguous(k_I), _inner_contiguous(_weights(w)),
-        _int32(k_start), _int32(k_end), int(topk), _scale(scale),
-    )
+    q_I, k_I, w, k_start, k_end = _inputs(q_I, k_I, w, k_start, k_end)
+    topk = _int(topk, "topk")
+    if topk < 1:
+        raise _invalid("topk: expected >= 1, got %d" % topk)
+    scale = _scale(scale, "1/sqrt(D_I)")
+    return _indexer_ops.indexer_topk(q_I, k_I, w, k_start, k_end, topk, scale)
 
 
 def indexer_kl_loss(
@@ -116,10 +139,13 @@ def indexer_kl_loss(
         lse: ``[S_q, H]`` fp32: the attention forward's LSE (``deepseek_sparse_attention``'s
             second output; in dense mode the dense attention's LSE over each range).
         topk_idx, topk_length: sparse mode: ``K_t`` is the active slots of row t (the keys the
-            sparse attention used) within its range. Absent: dense mode, ``K_t`` is the range
-            (the warm-up stage).
-        coeff: loss coefficient. scale: the attention's softmax scale (default
-            ``1/sqrt(D_qk)``). scale_I: the indexer's (default ``1/sqrt(D_I)``).
+            sparse attention used) within its range, as in ``deepseek_sparse_attention``: an
+            index outside ``[0, S_kv)`` (e.g. -1, or an int64 value outside int32) is an
+            inactive slot, and int64 lengths are clamped to int32, which keeps their meaning.
+            Absent: dense mode, ``K_t`` is the range (the warm-up stage).
+        coeff: loss coefficient (finite). scale: the attention's softmax scale; None (the
+            default) means ``1/sqrt(D_qk)``. scale_I: the indexer's; None (the default) means
+            ``1/sqrt(D_I)``. Other scales as in ``block_sparse_attention`` (0 is refused).
         deterministic: bitwise-reproducible ``dk_I`` on GPU paths.
         return_per_token: also return the ``[S_q]`` per-token terms (they sum to the loss and
             carry no gradient).
@@ -128,12 +154,22 @@ def indexer_kl_loss(
         The 0-dim loss (fp32; fp64 for fp64 ``q_I``), or ``(loss, per_token)``. Rows with an
         empty ``K_t`` contribute no loss and no gradient.
     """
-    q_I, k_I, w = _inner_contiguous(q_I), _inner_contiguous(k_I), _inner_contiguous(_weights(w))
+    q_I, k_I, w, k_start, k_end = _inputs(q_I, k_I, w, k_start, k_end)
+    q, kv, lse = _tensor(q, "q"), _tensor(kv, "kv"), _tensor(lse, "lse")
+    topk_idx = _tensor(topk_idx, "topk_idx", optional=True)
+    topk_length = _tensor(topk_length, "topk_length", optional=True)
+    if isinstance(coeff, bool) or not isinstance(coeff, numbers.Real):
+        raise TypeError("coeff: expected a float, got %s" % type(coeff).__name__)
+    scale = _scale(scale, "1/sqrt(D_qk)")
+    scale_I = _scale(scale_I, "1/sqrt(D_I)", "scale_I")
+    if topk_idx is not None:
+        topk_idx = _topk_idx_int32(topk_idx, kv)
+    topk_length = _topk_length_int32(topk_length)
     compute_grad = torch.is_grad_enabled() and (q_I.requires_grad or k_I.requires_grad
                                                 or w.requires_grad)
     loss, per_token, _, _, _ = _indexer_ops.indexer_loss(
         q_I, k_I, w, _inner_contiguous(q.detach()), _inner_contiguous(kv.detach()), lse.detach(),
-        _int32(topk_idx), _int32(topk_length), _int32(k_start), _int32(k_end),
-        float(coeff), _scale(scale), _scale(scale_I), bool(deterministic), bool(compute_grad),
+        topk_idx, topk_length, k_start, k_end,
+        float(coeff), scale, scale_I, bool(deterministic), bool(compute_grad),
     )
     return (loss, per_token) if return_per_token else loss

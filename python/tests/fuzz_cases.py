@@ -586,8 +586,8 @@ def run_dsa(c, device="cpu"):
         kw["d_v"] = [2**32 + 8, -(2**31) - 1][pick % 2]
         expect = (ValueError, r"options\.d_v: expected ")
     elif fault == "dv_type":
-        kw["d_v"] = [8.0, "8", None][pick % 3]
-        expect = (TypeError, r"d_v: expected an int")
+        kw["d_v"] = [8.0, "8"][pick % 2]  # None is valid: the default width 512
+        expect = (TypeError, r"d_v: expected an int or None, got ")
     elif fault == "sink_shape":
         kw["sink"] = torch.zeros(c["H"] + 1)
         expect = (ValueError, r"sink: expected shape \[H\] = \[%d\]" % c["H"])

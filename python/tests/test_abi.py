@@ -82,6 +82,10 @@ def test_library_exports_only_the_c_abi():
     leaked = [n for n in names if not n.startswith("sa_") and n not in markers]
     assert not leaked, "exported outside the C ABI: %s" % leaked[:20]
     assert sum(n.startswith("sa_") for n in names) >= 10
+    # The extensible structs' initializers are header inline functions (they give the caller's
+    # sizeof), never library symbols.
+    initializers = [n for n in names if n.endswith(("_options_default", "_args_default"))]
+    assert not initializers, "initializers exported: %s" % initializers
 
 
 def _dsa_bwd_shape_args(d_v=0, impl=_abi.SA_IMPL_AUTO):
@@ -125,3 +129,25 @@ def test_garbage_sizes_are_refused_by_name():
     args.options.size = 0
     with pytest.raises(ValueError, match=r"args\.options\.size: 0, an uninitialised struct"):
         _abi.validate_shapes("dsa_backward", args)
+
+
+def _indexer_scores_shape_args():
+    from sparse_attention import _indexer_ops
+
+    q_I, k_I, w = torch.zeros(2, 1, 4), torch.zeros(3, 4), torch.zeros(2, 1)
+    return _indexer_ops._scores_args(q_I, k_I, w, None, None, torch.zeros(2, 3),
+                                     _indexer_ops._options(), True)
+
+
+def test_indexer_garbage_sizes_are_refused_by_name():
+    _abi.validate_shapes("indexer_scores", _indexer_scores_shape_args())
+    args = _indexer_scores_shape_args()
+    args.size = 0
+    with pytest.raises(ValueError, match=r"args\.size: 0, an uninitialised struct: start from "
+                                         r"sa_indexer_scores_args_default\(\)"):
+        _abi.validate_shapes("indexer_scores", args)
+    args = _indexer_scores_shape_args()
+    args.options.size = 3
+    with pytest.raises(ValueError, match=r"args\.options\.size: expected at least \d+ \(the "
+                                         r"first version's size\) and at most 65536, got 3"):
+        _abi.validate_shapes("indexer_scores", args)

@@ -335,6 +335,97 @@ def test_errors_name_the_argument():
         indexer_kl_loss(q_I, k_I, w, q, kv, lse, coeff=float("nan"))
 
 
+
+# ---- issue 37's guarantees, as for deepseek_sparse_attention ------------------------------------
+INVALID = r"SA_ERROR_INVALID_ARGUMENT: "
+
+
+def test_wrong_python_types_are_type_errors():
+    q_I, k_I, w, q, kv = make_case(grad=False)
+    lse = torch.zeros(8, 2)
+    with pytest.raises(TypeError, match=r"q_I: expected a torch\.Tensor, got list"):
+        indexer_scores([1.0], k_I, w)
+    with pytest.raises(TypeError, match=r"k_end: expected a torch\.Tensor or None, got list"):
+        indexer_scores(q_I, k_I, w, k_end=[3] * 8)
+    with pytest.raises(TypeError, match=r"topk: expected an int, got float 3\.0"):
+        indexer_topk(q_I, k_I, w, 3.0)
+    with pytest.raises(TypeError, match=r"scale: expected a float or None, got str"):
+        indexer_topk(q_I, k_I, w, 3, scale="0.5")
+    with pytest.raises(TypeError, match=r"lse: expected a torch\.Tensor, got NoneType"):
+        indexer_kl_loss(q_I, k_I, w, q, kv, None)
+    with pytest.raises(TypeError, match=r"scale_I: expected a float or None, got Tensor"):
+        indexer_kl_loss(q_I, k_I, w, q, kv, lse, scale_I=torch.tensor(0.5))
+    with pytest.raises(TypeError, match=r"coeff: expected a float, got str"):
+        indexer_kl_loss(q_I, k_I, w, q, kv, lse, coeff="1")
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.0, 1e-50, 1e39, float("nan"), float("inf")])
+def test_scales_never_silently_replaced(scale):
+    q_I, k_I, w, q, kv = make_case(grad=False)
+    lse = torch.zeros(8, 2)
+    bounds = r"or a finite value with 1\.1754944e-38 <= \|%s\| <= 2\.35865e\+38"
+    with pytest.raises(ValueError, match=INVALID + r"scale: expected None \(the default "
+                       r"1/sqrt\(D_I\)\) " + bounds % "scale"):
+        indexer_scores(q_I, k_I, w, scale=scale)
+    with pytest.raises(ValueError, match=INVALID + r"scale: expected None"):
+        indexer_topk(q_I, k_I, w, 3, scale=scale)
+    with pytest.raises(ValueError, match=INVALID + r"scale: expected None \(the default "
+                       r"1/sqrt\(D_qk\)\)"):
+        indexer_kl_loss(q_I, k_I, w, q, kv, lse, scale=scale)
+    with pytest.raises(ValueError, match=INVALID + r"scale_I: expected None \(the default "
+                       r"1/sqrt\(D_I\)\) " + bounds % "scale_I"):
+        indexer_kl_loss(q_I, k_I, w, q, kv, lse, scale_I=scale)
+
+
+def test_operator_floats_are_checked_before_fp32():
+    q_I, k_I, w, q, kv = make_case(grad=False)
+    with pytest.raises(ValueError, match=INVALID + r"options\.scale_I: expected 0 \(for "
+                       r"1/sqrt\(D_I\)\) or a finite value"):
+        ops.indexer_scores(q_I, k_I, w, None, None, 1e-50)
+    with pytest.raises(ValueError, match=INVALID + r"options\.coeff: expected a finite value "
+                       r"\(\|coeff\| <= 3\.4028235e\+38 in fp32\), got 1e\+39"):
+        indexer_kl_loss(q_I, k_I, w, q, kv, torch.zeros(8, 2), coeff=1e39)
+
+
+def test_int64_ranges_outside_int32_clamp_like_any_range():
+    q_I, k_I, w, q, kv = make_case(grad=False)
+    start64 = torch.tensor([-(2**40), -5, 0, 3, 2**33, 4, 1, -(2**63)])
+    end64 = torch.tensor([2**40, 12, 2**62, -(2**35), 2**33 + 1, 9, 2**31, 2**63 - 1])
+    start32 = start64.clamp(0, 12).int()
+    end32 = end64.clamp(0, 12).int()
+    torch.testing.assert_close(indexer_scores(q_I, k_I, w, k_start=start64, k_end=end64),
+                               indexer_scores(q_I, k_I, w, k_start=start32, k_end=end32),
+                               atol=0, rtol=0)
+    got = indexer_topk(q_I, k_I, w, 4, start64, end64)
+    want = indexer_topk(q_I, k_I, w, 4, start32, end32)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_int64_topk_idx_outside_int32_is_an_inactive_slot():
+    q_I, k_I, w, q, kv = make_case(grad=False)
+    lse = torch.zeros(8, 2, dtype=torch.float32)
+    idx = torch.tensor([[0, 2**32 + 1, 3]] * 8)  # 2^32 + 1 would wrap to key 1
+    length = torch.full((8,), 2**40)  # > topk: every slot, as int32 clamping keeps it
+    want = indexer_kl_loss(q_I, k_I, w, q, kv, lse, torch.tensor([[0, -1, 3]] * 8).int())
+    got = indexer_kl_loss(q_I, k_I, w, q, kv, lse, idx, length)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def test_shapes_are_validated_before_outputs_are_allocated():
+    big = 2**31  # outputs of this size would take terabytes
+    q_I = torch.zeros(1, 1, 8, dtype=F64).expand(big, 3, 8)
+    k_I = torch.zeros(1, 8, dtype=F64).expand(big, 8)
+    with pytest.raises(ValueError, match=INVALID + r"w: expected shape \[S_q, H_I\] = "
+                       r"\[2147483648, 3\], got \[8, 3\]"):
+        indexer_scores(q_I, k_I, torch.zeros(8, 3, dtype=F64))
+    small_q, small_k, w, q, kv = make_case(grad=False)
+    with pytest.raises(ValueError, match=INVALID + r"k_end: expected shape \[S_q\] = \[8\]"):
+        indexer_topk(small_q, small_k, w, 2**40, k_end=torch.ones(7, dtype=torch.int32))
+    q_I = q_I.detach().requires_grad_()  # dq_I would be [2^31, 3, 8] fp64
+    with pytest.raises(ValueError, match=INVALID + r"w: expected shape \[S_q, H_I\]"):
+        indexer_kl_loss(q_I, k_I, torch.zeros(8, 3, dtype=F64), q, kv, torch.zeros(8, 2))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_is_not_served_yet():
     q_I, k_I, w, _, _ = make_case(grad=False, d_i=128, h_i=16, dtype=torch.bfloat16)

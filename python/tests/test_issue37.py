@@ -240,7 +240,7 @@ def test_9_wrong_python_types_are_type_errors():
                        r"bsa_metadata_from_flex_block_mask"):
         block_sparse_attention(q, k, v, block_mask, block_size=64)
     qd, kv = dsa_inputs()
-    with pytest.raises(TypeError, match=r"d_v: expected an int, got float 8\.0"):
+    with pytest.raises(TypeError, match=r"d_v: expected an int or None, got float 8\.0"):
         deepseek_sparse_attention(qd, kv, torch.tensor([[5]]), d_v=8.0)
 
 

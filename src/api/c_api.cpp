@@ -102,12 +102,21 @@ sa_dsa_bwd_args read_args(const sa_dsa_bwd_args* a) {
   return sa::api::read_args<sa_dsa_bwd_args, sa_dsa_options>(
       a, sa_dsa_bwd_args_default(), "sa_dsa_bwd_args_default()", "sa_dsa_options_default()");
 }
-
-// The indexer's structs have no size field yet (issue 38's rule is still to be applied to
-// them): read as they are.
-sa_indexer_scores_args read_args(const sa_indexer_scores_args* a) { return *a; }
-sa_indexer_topk_args read_args(const sa_indexer_topk_args* a) { return *a; }
-sa_indexer_loss_args read_args(const sa_indexer_loss_args* a) { return *a; }
+sa_indexer_scores_args read_args(const sa_indexer_scores_args* a) {
+  return sa::api::read_args<sa_indexer_scores_args, sa_indexer_options>(
+      a, sa_indexer_scores_args_default(), "sa_indexer_scores_args_default()",
+      "sa_indexer_options_default()");
+}
+sa_indexer_topk_args read_args(const sa_indexer_topk_args* a) {
+  return sa::api::read_args<sa_indexer_topk_args, sa_indexer_options>(
+      a, sa_indexer_topk_args_default(), "sa_indexer_topk_args_default()",
+      "sa_indexer_options_default()");
+}
+sa_indexer_loss_args read_args(const sa_indexer_loss_args* a) {
+  return sa::api::read_args<sa_indexer_loss_args, sa_indexer_options>(
+      a, sa_indexer_loss_args_default(), "sa_indexer_loss_args_default()",
+      "sa_indexer_options_default()");
+}
 
 template <class Args, class Problem>
 sa_status run_op(const Args* args, const sa_context* ctx,
@@ -199,16 +208,6 @@ sa_tensor sa_tensor_contiguous(void* data, sa_dtype dtype, int32_t rank, const i
 sa_context sa_context_default(void) {
   sa_context c{};
   return c;
-}
-
-sa_indexer_options sa_indexer_options_default(void) {
-  sa_indexer_options o{};
-  o.scale_I = 0.f;
-  o.scale = 0.f;
-  o.coeff = 1.f;
-  o.deterministic = 0;
-  o.impl = SA_IMPL_AUTO;
-  return o;
 }
 
 sa_status sa_bsa_forward_workspace_size(const sa_bsa_fwd_args* a, size_t* bytes) {

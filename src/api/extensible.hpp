@@ -21,8 +21,10 @@ constexpr size_t kMaxStructBytes = size_t{1} << 16;
 // change: later versions only append fields.
 constexpr size_t kBsaOptionsV1 = offsetof(sa_bsa_options, impl) + sizeof(sa_impl);
 constexpr size_t kDsaOptionsV1 = offsetof(sa_dsa_options, impl) + sizeof(sa_impl);
+constexpr size_t kIndexerOptionsV1 = offsetof(sa_indexer_options, impl) + sizeof(sa_impl);
 constexpr size_t options_v1(const sa_bsa_options*) { return kBsaOptionsV1; }
 constexpr size_t options_v1(const sa_dsa_options*) { return kDsaOptionsV1; }
+constexpr size_t options_v1(const sa_indexer_options*) { return kIndexerOptionsV1; }
 template <class Args>
 constexpr size_t args_v1() {
   return offsetof(Args, options) + options_v1(static_cast<const decltype(Args::options)*>(nullptr));
