@@ -15,6 +15,7 @@ Outputs are contiguous tensors in the shapes of SPEC.md. The LSE outputs are not
 (No `from __future__ import annotations` here: torch.library reads the annotations.)
 """
 
+import re
 from typing import Optional, Tuple
 
 import torch
@@ -83,6 +84,27 @@ def _bsa_fwd_args(q, k, v, q2k_index, q2k_count, kv_block_len, o, lse, options, 
     return a
 
 
+def _block_size_hint(error: ValueError, q, q2k_index, options) -> ValueError:
+    """The library's q2k_index shape error, with the likely cause when N_q fits the other block
+    size: metadata made for 64-token blocks (a FlexAttention BlockMask created with
+    BLOCK_SIZE=64) passed with the default block_size 128, or the other way round."""
+    message = str(error)
+    if ("sparsity.q2k_index: expected shape" not in message or q.dim() != 4
+            or q2k_index.dim() != 4 or options.block_size not in (64, 128)):
+        return error
+    s_q = q.shape[1] if options.layout == _abi.SA_LAYOUT_BSHD else q.shape[2]
+    other = 192 - options.block_size
+    n_other = -(-s_q // other)
+    if q2k_index.shape[2] != n_other or n_other == -(-s_q // options.block_size):
+        return error
+    hint = ("; N_q = %d = ceil(S_q / %d): metadata for %d-token blocks (a FlexAttention "
+            "BlockMask created with BLOCK_SIZE=%d?) needs block_size=%d"
+            % (n_other, other, other, other, other))
+    where = re.search(r" \[[^\[\]]+:\d+\]$", message)  # the library's " [file:line]" stays last
+    at = where.start() if where else len(message)
+    return ValueError(message[:at] + hint + message[at:])
+
+
 def _bsa_fwd_outputs(q, k, v, q2k_index, q2k_count, kv_block_len, options, fake=False):
     """Validates the call's shapes with the library (no data read, nothing allocated), then
     allocates o and lse. Returns (o, lse)."""
@@ -92,9 +114,12 @@ def _bsa_fwd_outputs(q, k, v, q2k_index, q2k_count, kv_block_len, options, fake=
         lse_shape = _lse_shape(q, options.layout)
     inputs = (q, k, v, q2k_index, q2k_count, kv_block_len)
     if not fake or _abi.can_describe(*inputs):  # fake: maybe symbolic
-        _abi.validate_shapes_once("bsa_forward", options, inputs, lambda: _bsa_fwd_args(
-            q, k, v, q2k_index, q2k_count, kv_block_len, _abi.Planned.of(o_shape, q.dtype),
-            _abi.Planned.of(lse_shape, torch.float32), options, True))
+        try:
+            _abi.validate_shapes_once("bsa_forward", options, inputs, lambda: _bsa_fwd_args(
+                q, k, v, q2k_index, q2k_count, kv_block_len, _abi.Planned.of(o_shape, q.dtype),
+                _abi.Planned.of(lse_shape, torch.float32), options, True))
+        except ValueError as e:
+            raise _block_size_hint(e, q, q2k_index, options) from None
     if o_shape is None:  # symbolic shapes of the wrong rank
         raise _abi._invalid("q and v: expected rank 4, got %d and %d" % (q.dim(), v.dim()))
     return q.new_empty(o_shape), q.new_empty(lse_shape, dtype=torch.float32)
@@ -154,9 +179,12 @@ def _bsa_bwd_outputs(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, 
     """Validates the call's shapes (nothing allocated yet), then allocates dq, dk, dv."""
     inputs = (dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len)
     if not fake or _abi.can_describe(*inputs):  # fake: maybe symbolic
-        _abi.validate_shapes_once("bsa_backward", options, inputs, lambda: _bsa_bwd_args(
-            dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len,
-            *(_abi.Planned(t.shape, t.dtype) for t in (q, k, v)), options, True))
+        try:
+            _abi.validate_shapes_once("bsa_backward", options, inputs, lambda: _bsa_bwd_args(
+                dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len,
+                *(_abi.Planned(t.shape, t.dtype) for t in (q, k, v)), options, True))
+        except ValueError as e:
+            raise _block_size_hint(e, q, q2k_index, options) from None
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 

@@ -129,3 +129,39 @@ def test_switch_from_flex_attention_block_granular_mask():
         tok = bsa_token_mask(index.expand(2, 2, -1, -1), count.expand(2, 2, -1), None, block, s, s)
         torch.testing.assert_close(lse, bsa_dense(q.double(), k.double(), v.double(), tok)[1].float(),
                                    atol=1e-5, rtol=1e-5)
+
+
+@needs_flex
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_flex_block_size_64_with_the_default_block_size_names_the_likely_cause(layout):
+    # A BlockMask made with BLOCK_SIZE=64, then block_sparse_attention with the default block
+    # size 128: the q2k_index shape error says which block size the metadata was made for.
+    s = 256
+
+    def causal(b, h, q_idx, kv_idx):
+        return kv_idx <= q_idx
+
+    index, count = bsa_metadata_from_flex_block_mask(_flex_block_mask(causal, None, None, s, s, 64))
+    q = torch.randn(1, 2, s, 8, dtype=torch.float64)
+    if layout == "bshd":
+        q = q.transpose(1, 2).contiguous()
+    with pytest.raises(ValueError, match=r"sparsity\.q2k_index: expected shape .*got \[1, 2, 4, 4\]"
+                       r"; N_q = 4 = ceil\(S_q / 64\): metadata for 64-token blocks \(a "
+                       r"FlexAttention BlockMask created with BLOCK_SIZE=64\?\) needs "
+                       r"block_size=64"):
+        block_sparse_attention(q, q, q, index, count, layout=layout)
+    block_sparse_attention(q, q, q, index, count, layout=layout, block_size=64)  # and it runs
+
+
+def test_block_size_hint_both_ways_and_only_when_it_fits():
+    s = 256
+    q = torch.randn(1, 2, s, 8, dtype=torch.float64)
+    n = lambda block: -(-s // block)  # noqa: E731
+    index, count = bsa_metadata_from_block_mask(torch.ones(1, 2, n(128), n(128), dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"; N_q = 2 = ceil\(S_q / 128\): metadata for 128-token "
+                       r"blocks .*needs block_size=128 \[src/"):
+        block_sparse_attention(q, q, q, index, count, block_size=64)
+    index, count = bsa_metadata_from_block_mask(torch.ones(1, 2, 3, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"sparsity\.q2k_index: expected shape") as err:
+        block_sparse_attention(q, q, q, index, count)  # N_q = 3 fits neither block size: no hint
+    assert "N_q = 3" not in str(err.value) and "BLOCK_SIZE" not in str(err.value)
