@@ -9,7 +9,7 @@ This prints, per command, the mean and lowest SM clock, the mean and highest pow
 of samples with the software power cap active (reason 0x4), over the command's busy samples
 (idle ones, reason 0x1, left out; the window still holds the tool's start-up, input creation and
 the CPU reference check of checked rows). A row timed alone and back to back can run at the cap,
-~10% slower than the same row alternating with a slower variant (bench/NOTES.md, session 30).
+~10% slower than the same row alternating with a slower variant (bench/notes-archive, session 30).
 
     python3 bench/power_by_row.py LOG_DIR [--grep TEXT]
 """

@@ -74,7 +74,7 @@ def plot(records, path):
             lbl = shape_label(op, r["shape"])
             ours = series.setdefault(f"ours ({r['impl']})", {})
             # Each pairing times ours again: plot the best pairing (the rounds beside a heavier
-            # anchor run at lower clocks, see NOTES.md).
+            # anchor run at lower clocks, see docs/performance.md).
             ours[lbl] = max(ours.get(lbl, 0.0), r["tflops"])
             if r.get("anchor_ms"):
                 # The anchor's rate per useful FLOP: our FLOP count over its time.

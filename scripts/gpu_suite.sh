@@ -49,7 +49,7 @@ verdict() { if [ "$2" -eq 0 ]; then SUMMARY+=("$1: ok"); else SUMMARY+=("$1: FAI
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu \
   --format=csv > "$OUT/gpu_tests.log" 2>&1 || true
 # The board's SM clock, power and throttle reasons every 200 ms for the whole run, into
-# power.csv (session 30, bench/NOTES.md: timed back to back, the backward holds the H200 at its
+# power.csv (session 30, bench/notes-archive: timed back to back, the backward holds the H200 at its
 # 700 W cap, reason 0x4, and its clock moves by 10-15%; rows that alternate with a slower
 # variant run cooler). Each bench command's start and end go into bench.log ("## <time> <args>",
 # "##> <time> rc"), in nvidia-smi's time format, so that bench/power_by_row.py can read a
@@ -239,7 +239,7 @@ if has bench; then
   if [ $gated_ok -eq 1 ] && [ "${BENCH_EXPERIMENTS:-0}" = 1 ]; then
     # The Hopper DSA backward's variant bits (tune.dsa_bwd, dsa_backward_kernel.cuh), paired in
     # one process with the default kernel: the K stage released after the pieces (1). The seed's
-    # index loads (bit 2) were measured in session 9 (bench/NOTES.md).
+    # index loads (bit 2) were measured in session 9 (bench/notes-archive).
     T="impl=sm90,tune.dsa_bwd"
     for h in 128 64; do
       run --op dsa_bwd "${DSA[@]}" --dsa-heads "$h" --dsa-dqk 576 --rounds 2 --calls 5 \

@@ -1,5 +1,6 @@
 // What compute-sanitizer's racecheck follows: the hand-off patterns of our Hopper kernels, each
-// alone in a minimal kernel (bench/NOTES.md, session 13, with the results). Not part of the build.
+// alone in a minimal kernel (bench/notes-archive, session 13, with the results). Not part of the
+// build.
 //   nvcc -arch=sm_90a -lineinfo -O2 -o racecheck_model scripts/racecheck_model.cu
 //   for m in 0 1 2 3 4 5; do compute-sanitizer --tool racecheck ./racecheck_model $m; done
 // 384 threads: warps 0-3 a "producer", warps 4-11 two "consumer" warpgroups (WG0, WG1).

@@ -521,7 +521,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, Sm90DsaBackward, ::testing::ValuesIn(sm90_dsa_bw
                            return info.param.name;
                          });
 
-// The Hopper kernel's variants (Tuning::sm90_dsa_bwd_bits, bench/NOTES.md: 1 late K release,
+// The Hopper kernel's variants (Tuning::sm90_dsa_bwd_bits, bench/notes-archive: 1 late K release,
 // 2 per-row index loads), on four cases (one with several work items per persistent CTA): the
 // same results. The cases are picked by name; a renamed case fails the count (on any machine).
 const char* const kTunedCaseNames[] = {"H64_D576_K100_LengthsInvalid", "H128_D512_K2048_Plain",

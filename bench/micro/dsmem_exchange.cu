@@ -1,5 +1,5 @@
 // Microbenchmark: the cost of exchanging dKV piece halves between the two CTAs of a cluster, for
-// the DSA backward's head-group sum at H 128 (bench/NOTES.md, session 18). Not part of the
+// the DSA backward's head-group sum at H 128 (bench/notes-archive, session 18). Not part of the
 // library build:
 //   nvcc -O3 -std=c++17 -arch=sm_90a -o dsmem_exchange bench/micro/dsmem_exchange.cu
 //   ./dsmem_exchange            (one table on stdout)

@@ -1,6 +1,6 @@
-// Microbenchmark: the rate of the DSA kernels' kv row gather (bench/NOTES.md, session 21): is it
-// bound by the bytes in flight per SM (latency) or by a throughput cap? Not part of the library
-// build:
+// Microbenchmark: the rate of the DSA kernels' kv row gather (bench/notes-archive, session 21): is
+// it bound by the bytes in flight per SM (latency) or by a throughput cap? Not part of the
+// library build:
 //   nvcc -O3 -std=c++17 -arch=sm_90a -o gather_rate bench/micro/gather_rate.cu
 //   ./gather_rate            (one table on stdout)
 //

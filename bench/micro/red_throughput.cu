@@ -1,5 +1,5 @@
 // Microbenchmark: fp32 reduction throughput into L2-resident rows, per SM and over the GPU, for the
-// DSA backward's dkv reductions (bench/NOTES.md, session 18). Not part of the library build:
+// DSA backward's dkv reductions (bench/notes-archive, session 18). Not part of the library build:
 //   nvcc -O3 -std=c++17 -arch=sm_90a -o red_throughput bench/micro/red_throughput.cu
 //   ./red_throughput            (one table on stdout)
 //

@@ -2,7 +2,7 @@
 // k-steps of 16: the Hopper BSA backward's [1], [2] and [7]), against how long the GEMM takes,
 // with the tensor pipe idle, busy with the same warpgroup's previous GEMM, or shared with a
 // second warpgroup; then the queue's depth (n k-steps of N 64 / 80 / 128 / 256, SS and RS) on an
-// idle pipe (bench/NOTES.md, session 24). Not part of the library build:
+// idle pipe (bench/notes-archive, session 24). Not part of the library build:
 //   nvcc -O3 -std=c++17 -arch=sm_90a --expt-relaxed-constexpr -I<cutlass>/include \
 //        -I bench/micro -o wgmma_issue bench/micro/wgmma_issue.cu
 //   ./wgmma_issue            (one table on stdout)

@@ -1,5 +1,5 @@
 // Microbenchmark: the wgmma rate per SM for the shapes of the Hopper BSA backward, alone and with
-// other shared-memory traffic beside it (bench/NOTES.md, session 23). Not part of the library
+// other shared-memory traffic beside it (bench/notes-archive, session 23). Not part of the library
 // build:
 //   nvcc -O3 -std=c++17 -arch=sm_90a --expt-relaxed-constexpr -I<cutlass>/include \
 //        -o wgmma_rate bench/micro/wgmma_rate.cu

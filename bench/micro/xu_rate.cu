@@ -1,5 +1,5 @@
 // Microbenchmark: the per-SM rate of the conversions and exponentials of the Hopper BSA
-// backward's [3] and dS steps (bench/NOTES.md, session 24): ex2.approx.ftz.f32 (MUFU.EX2),
+// backward's [3] and dS steps (bench/notes-archive, session 24): ex2.approx.ftz.f32 (MUFU.EX2),
 // cvt.rn.bf16x2.f32 (F2FP.BF16.F32.PACK_AB), and the two mixed as in [3] (two exps per
 // conversion). Not part of the library build:
 //   nvcc -O3 -std=c++17 -arch=sm_90a -I bench/micro -o xu_rate bench/micro/xu_rate.cu

@@ -53,7 +53,7 @@
 // lives in shared memory (the book), so that the compiler does not keep them live across the
 // tile loop (that spilled). Keeping the bookkeeping out of registers used to cost a chain of
 // dependent global loads and integer divisions per tile, run by every warp in lockstep after
-// barrier A (19% of the stall samples, bench/NOTES.md session 11); the book removed it (+7% at
+// barrier A (19% of the stall samples, bench/notes-archive session 11); the book removed it (+7% at
 // block 128, D 128).
 #pragma once
 

@@ -26,7 +26,7 @@
 //   6. order    (tail_items > 0) one CTA: the last min(tail_items, num_items) work items ranked
 //               by length, longest first (ties by index), into item_order. A kernel that takes
 //               items in launch order runs its last waves longest first, so that its SMs run
-//               out of work closer together (bench/NOTES.md, session 29).
+//               out of work closer together (bench/notes-archive, session 29).
 //
 // Metadata is trusted to meet the contract (counts in [0, Kmax], entries of a row distinct and in
 // [0, Nkv)); outside it nothing is read or written out of bounds: counts are clamped to

@@ -7,7 +7,7 @@
 // work items left more and more SMs idle. Launched with programmatic stream serialization, its
 // CTAs take those SMs once every main-kernel CTA has started (the main kernel triggers its
 // dependents at its start), and convert the KV heads that are already complete. Measured in
-// session 26 (bench/NOTES.md): the conversion ends 14-20 us after the main kernel instead of
+// session 26 (bench/notes-archive): the conversion ends 14-20 us after the main kernel instead of
 // ~51 us; +3% at 12.5% density, +1.7% at 50% (B1 H32 S8192 D128, block 128).
 //
 // Protocol (device memory after the accumulator, BsaBwdPlan::dq_ready, zeroed by the preprocess):

@@ -68,7 +68,7 @@ constexpr int kMaxSplits = 16;
 // tiles than CTA slots), into as many slices as keep the split tiles within one wave
 // (floor(slots / tiles): one slice more would start a second, mostly idle wave), and only rows
 // long enough to share (at least 4 KV blocks per slice, by the row capacity K_max: the counts
-// live on the device). Measured (bench/NOTES.md, session 10): B1 H1 S4096 block 128 at 50%
+// live on the device). Measured (bench/notes-archive, session 10): B1 H1 S4096 block 128 at 50%
 // (32 tiles of 16 blocks) runs 1.58x faster with 4 slices, 1.32x with 2.
 int auto_splits(const BsaFwdProblem& p) {
   const BsaDims& d = p.dims;

@@ -25,7 +25,7 @@
 //              xchg_full / xchg_empty), and consumer 0 merges the two (O = O0 2^(m0 - m) +
 //              O1 2^(m1 - m), m the larger maximum) and writes the rows. So block 64 runs the
 //              block-128 mainloop (S of 64 x 128, one softmax and rescale per 128 keys, ping-pong)
-//              instead of a 64 x 64 one (bench/NOTES.md, session 12: +7-14%).
+//              instead of a 64 x 64 one (bench/notes-archive, session 12: +7-14%).
 //
 // Timeline of one tile (block 128; block list n0 n1 n2 ..., two consumers ping-ponging; each
 // consumer overlaps the softmax of stage j with its own P V GEMM of stage j-1):

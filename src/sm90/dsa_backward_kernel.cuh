@@ -35,7 +35,7 @@
 //
 // This is cuDNN's split of the roles (not of the keys): warpgroup 1's reductions run beside
 // warpgroup 0's products of the next chunk instead of in a window where both warpgroups reduce
-// (bench/NOTES.md, sessions 19-20). The K buffer has one stage (Q, dO and K take 213 KB of the
+// (bench/notes-archive, sessions 19-20). The K buffer has one stage (Q, dO and K take 213 KB of the
 // 227): [1], [2] and [4] are the only products that read it, and each warpgroup releases it right
 // after its [4]; the gather of the next chunk then overlaps [5] (the seed's "K-consuming MMAs
 // first" order).
@@ -93,8 +93,8 @@ namespace sa::sm90::dsa_bwd {
 
 using Params = portable::dsa_bwd::DsaBwdParams;
 
-// Params::tune bits, for measuring the seed's techniques one at a time (bench/NOTES.md; the host
-// sets them from the internal Tuning::sm90_dsa_bwd_bits; 0 is the default kernel):
+// Params::tune bits, for measuring the seed's techniques one at a time (bench/notes-archive; the
+// host sets them from the internal Tuning::sm90_dsa_bwd_bits; 0 is the default kernel):
 //   kTuneLateRelease  release the K stage after the chunk's dKV pieces instead of right after
 //                     dQ (the order without the "K-consuming MMAs first" technique)
 //   kTuneRowIndex     each row's index loaded by its own lanes inside the gather loop instead of
@@ -105,7 +105,7 @@ using Params = portable::dsa_bwd::DsaBwdParams;
 // of four dkv rows (4 lines), with half the shuffles and reductions of the natural-order red.v2
 // scatter that it replaced (a 2-stage butterfly, 2 rows x 128 bytes per instruction;
 // bench/NOTES.md, session 32).
-// Removed after measuring (bench/NOTES.md; the bits had these meanings in the session 8-19
+// Removed after measuring (bench/notes-archive; the bits had these meanings in the session 8-19
 // logs): the S/dP split between the warpgroups (then bit 8: +0.3%); the dKV pieces
 // software-pipelined over two accumulators on both warpgroups (then bit 64: +1.5% at D_qk 512, a
 // 392-byte spill at 576, and a racecheck report); the v0 reduction loop, one address register
@@ -132,7 +132,7 @@ __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint
 // its half of dQ (the rest are warpgroup 1's). D_qk 576: two (against none, +2.1-2.6% at topk
 // 2048, and none loses 8% with topk_length: warpgroup 1's longer chain ends every item). D_qk
 // 512: none (+0.6-3.1% over two at topk 2048, equal with topk_length). One piece measured
-// slower than both at both sizes (bench/NOTES.md, session 20).
+// slower than both at both sizes (bench/notes-archive, session 20).
 template <int kDqk_>
 struct DsaBwdTraits : DsaCta<kDqk_> {
   static constexpr int kWg0Pieces = kDqk_ == 576 ? 2 : 0;

@@ -68,7 +68,8 @@ struct DsaCta {
   // producer's plain stores (bias; kidx in the backward) too: with every lane arriving, each
   // thread's own reads precede the producer's next stores through its own arrive, which is the
   // form compute-sanitizer's racecheck follows. A lane-0 arrive after a bar.sync or __syncwarp
-  // orders the same reads, but racecheck does not follow the chain (bench/NOTES.md session 13).
+  // orders the same reads, but racecheck does not follow the chain (bench/notes-archive,
+  // session 13).
   static constexpr int kReleaseLanes = 32;
   static constexpr int kReleaseArrivals = kConsumerWarps * kReleaseLanes;  // per consumer release
   static constexpr int kPanelElems = 64 * 64;  // one 64-row x 64-column panel (8 KB)
@@ -128,7 +129,7 @@ using DsaElement = cutlass::bfloat16_t;
 // Row `row` of the destination: 8 nope panels at `nope` (+ the rope panel at `rope` when kRope)
 // from `src` (512 or 576 columns), 16 bytes per lane; bytes 0 zero-fills and reads nothing. (The
 // backward's chunks come through here; with an opaque lane pointer (opaque_ptr) it ran 1% slower
-// at H64 D512, bench/NOTES.md session 16, so it stays as it was.)
+// at H64 D512, bench/notes-archive session 16, so it stays as it was.)
 // kPanelRows: the rows of each destination panel (64, or the small-H forward's H).
 template <bool kRope, int kPanelRows = 64>
 __device__ __forceinline__ void gather_row(uint32_t nope, uint32_t rope, int row,

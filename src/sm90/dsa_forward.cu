@@ -155,8 +155,8 @@ void dsa_forward(const DsaFwdProblem& p, void* workspace, size_t workspace_bytes
       persistent ? std::min<int64_t>(prm.items, std::max(1, sm_count(p.device_index)))
                  : prm.items;
   // H 16: the transposed kernel (1.15-1.17x the padded one; at H 32 it measured 0.90x, so H 32
-  // stays padded: bench/NOTES.md, session 21). The internal tuning (Tuning::sm90_dsa_fwd_pad_h16,
-  // set by the bench and tests only) runs H 16 padded as well.
+  // stays padded: bench/notes-archive, session 21). The internal tuning
+  // (Tuning::sm90_dsa_fwd_pad_h16, set by the bench and tests only) runs H 16 padded as well.
   if (d.H == 16 && !detail::tuning().sm90_dsa_fwd_pad_h16) {
     if (d.Dqk == 576)
       launch_small_h<576, 16>(prm, grid, stream);

@@ -83,13 +83,14 @@ __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint
 // The running maximum of a row (log2 units) moves only when a chunk exceeds it by more than
 // kLazyRescaleLog2 = 8 (FlashAttention-4's rule: P then stays <= 2^8 = 256, and the result is
 // exact after the final normalisation, which uses the same maximum), and a warp skips the rescale
-// of its O accumulators when none of its rows moved (measured +3-4%, bench/NOTES.md session 10).
+// of its O accumulators when none of its rows moved (measured +3-4%, bench/notes-archive,
+// session 10).
 constexpr float kLazyRescaleLog2 = 8.f;
 
 // kPadHeads_: H < 64 (32; 16 with Tuning::sm90_dsa_fwd_pad_h16): one 64-row item per token
 // whose rows >= H are padding (zero Q rows, never stored). Until session 17 these ran an older
 // "lockstep" schedule (both warpgroups on every block); on the seesaw they run 25-31% faster
-// (bench/NOTES.md session 17).
+// (bench/notes-archive session 17).
 template <int kDqk_, bool kPadHeads_ = false>
 struct DsaFwdTraits : DsaCta<kDqk_> {
   static constexpr bool kPadHeads = kPadHeads_;

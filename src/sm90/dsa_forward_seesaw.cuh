@@ -1,6 +1,6 @@
 // The Hopper DSA forward's "seesaw" schedule (designed in session 12; +9-10% over the older
 // lockstep schedule at H 64 / 128 in session 13, +25-31% at H 16 / 32 in session 17, when the
-// lockstep one was retired; bench/NOTES.md). Included by dsa_forward_kernel.cuh, whose traits,
+// lockstep one was retired; bench/notes-archive). Included by dsa_forward_kernel.cuh, whose traits,
 // shared storage, parameters and epilogue it uses.
 //
 // The lockstep schedule split every 64-key block between the consumer warpgroups and ran both in
@@ -36,7 +36,7 @@
 // comes with the first half filled, on its own barrier. A missing odd block (odd chunk count) is
 // an all-inactive chunk: zero rows, bias -inf, P = 0. Each thread computes its 8 rows' sources
 // of the iteration before its first wait (seesaw_row_sources), so a fill is its copies alone
-// (+5-8% over a per-row walk, bench/NOTES.md session 17).
+// (+5-8% over a per-row walk, bench/notes-archive session 17).
 //
 // The running maximum moves lazily (kLazyRescaleLog2: P <= 2^8), and O is rescaled only by warps
 // whose rows' maximum moved.
@@ -63,7 +63,7 @@ __device__ __forceinline__ void cp_async_arrive_noinc(uint64_t* bar) {
 // wait: each fill is then its copies and nothing else. (The warp-row walk with shuffled indices,
 // the backward's gather_chunk, recomputed each row's source in every half: ~32 instructions per
 // row and half with a shuffle, compare and 64-bit multiply on the chain to the copies, and the
-// consumers waited on the fills a third of their time; ncu, bench/NOTES.md session 17.)
+// consumers waited on the fills a third of their time; ncu, bench/notes-archive session 17.)
 struct SeesawRowSources {
   // Block b, row r: this lane's chunk of the kv row (row 0's when inactive: never read).
   const DsaElement* src[2][4];

@@ -22,9 +22,9 @@
 // reading thread arrives on), and warpgroup 0 merges, normalises (lse and sink as the 64-row
 // kernel's epilogue) and stores.
 //
-// Measured (H200, S 4096, topk 2048, bench/NOTES.md session 21): H 16 198-200 TFLOPS at D_qk 576
-// and 512, 1.15x the padded 64-row kernel (1.17x with topk_length), and +1.9% more with the lazy
-// running maximum (~204 TFLOPS). At H 32 this kernel (before the lazy maximum) ran 0.90x
+// Measured (H200, S 4096, topk 2048, bench/notes-archive session 21): H 16 198-200 TFLOPS at
+// D_qk 576 and 512, 1.15x the padded 64-row kernel (1.17x with topk_length), and +1.9% more with
+// the lazy running maximum (~204 TFLOPS). At H 32 this kernel (before the lazy maximum) ran 0.90x
 // the padded one (there the padding wastes half, not three quarters, and a warpgroup's chain of
 // m64n32 products and softmax barriers is longer), so H 32 stays on the 64-row kernel; the
 // traits still take kH = 32.

@@ -10,12 +10,12 @@
 // during item k (full[k % 2]: one arrival, lane 0 after its store), read at its end (empty[k % 2]:
 // every thread of the CTA arrives after its read).
 //
-// Code generation (bench/NOTES.md, session 16): the claim is a warp-uniform branch (warp 0) with
-// lane 0's atomic, store and arrive predicated, not a branch on the lane: a lane branch made the
-// compiler treat the producer's whole path as possibly divergent (a BRA.DIV before every shuffle
-// of the gather; -7% on every shape). The item read back is made warp-uniform by a warp reduction
-// (an index the compiler cannot prove uniform made the consumers' wgmma look divergent: ptxas
-// serialized them, C7520). Only the producer's copy of the loop contains the claim (kClaims).
+// Code generation (bench/notes-archive, session 16): the claim is a warp-uniform branch (warp 0)
+// with lane 0's atomic, store and arrive predicated, not a branch on the lane: a lane branch made
+// the compiler treat the producer's whole path as possibly divergent (a BRA.DIV before every
+// shuffle of the gather; -7% on every shape). The item read back is made warp-uniform by a warp
+// reduction (an index the compiler cannot prove uniform made the consumers' wgmma look divergent:
+// ptxas serialized them, C7520). Only the producer's copy of the loop contains the claim (kClaims).
 #pragma once
 
 #include <cstdint>

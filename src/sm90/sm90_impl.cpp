@@ -1,6 +1,6 @@
 // The Hopper (sm_90a) fast path as the dispatcher sees it. Every kernel here has passed its GPU
 // tests on an H200; AUTO takes each one where it measured faster than the portable path
-// (bench/NOTES.md), i.e. everywhere except the DSA backward's deterministic mode.
+// (bench/notes-archive), i.e. everywhere except the DSA backward's deterministic mode.
 // Compiled only with the Hopper objects (SA_HAVE_SM90): this file calls into src/sm90/*.cu.
 #if SA_HAVE_SM90
 #include <cuda_runtime_api.h>
