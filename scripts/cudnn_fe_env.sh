@@ -13,9 +13,11 @@ if [ -f "$_cfe/site/.complete" ]; then
 elif [ -f "$_cfe/stage/MANIFEST" ] && (cd "$_cfe/stage" && sha256sum --quiet -c MANIFEST 2>/dev/null); then
   echo "[cudnn_fe] installing into $_cfe/site"
   rm -rf "$_cfe/site"; mkdir -p "$_cfe/site"
-  if cat "$_cfe"/stage/cu13.tar.xz.part* | xz -dc | tar -C "$_cfe/site" -xf - &&
-     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-       --target "$_cfe/site" "$_cfe"/stage/*.whl; then
+  # The wheels first: pip --target replaces a top-level folder that a wheel brings
+  # (nvidia_cutlass_dsl/), so the cu13 files, which live in that folder, are untarred after.
+  if python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+       --target "$_cfe/site" "$_cfe"/stage/*.whl &&
+     cat "$_cfe"/stage/cu13.tar.xz.part* | xz -dc | tar -C "$_cfe/site" -xf -; then
     touch "$_cfe/site/.complete"; CUDNN_FE_READY=1
   else
     echo "[cudnn_fe] install failed" >&2
