@@ -1,4 +1,4 @@
-// The portable BSA backward (src/portable/bsa_backward.cu) against the fp64 reference (SPEC 1).
+// The portable BSA backward (src/sm80/bsa_backward.cu) against the fp64 reference (SPEC 1).
 //
 // Each case builds random inputs and a random sparsity pattern on the host
 // (bsa_problem_builder.hpp), runs the forward through the CPU reference (public API) for o and

@@ -1,4 +1,4 @@
-// The portable BSA forward (src/portable/bsa_forward.cu) against the fp64 reference (SPEC 1).
+// The portable BSA forward (src/sm80/bsa_forward.cu) against the fp64 reference (SPEC 1).
 //
 // Each case builds random inputs and a random sparsity pattern on the host
 // (bsa_problem_builder.hpp), copies them to the device with o and lse poisoned with NaN, and runs

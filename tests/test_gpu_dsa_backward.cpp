@@ -1,4 +1,4 @@
-// The portable DSA backward (src/portable/dsa_backward.cu) against the fp64 reference (SPEC 2).
+// The portable DSA backward (src/sm80/dsa_backward.cu) against the fp64 reference (SPEC 2).
 //
 // Each case is built on the host (dsa_problem_builder.hpp, with the sparse edge cases planted);
 // kv rows that no active slot selects are overwritten with NaN. The CPU reference forward (public
@@ -29,7 +29,7 @@
 #include "common/tuning.hpp"
 #include "dsa_problem_builder.hpp"
 #include "gpu_test_util.hpp"
-#include "portable/dsa_backward.hpp"
+#include "sm80/dsa_backward.hpp"
 #if SA_HAVE_SM90
 #include "sm90/dsa_backward.hpp"
 #endif

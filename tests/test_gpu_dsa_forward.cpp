@@ -1,4 +1,4 @@
-// The portable DSA forward (src/portable/dsa_forward.cu) against the fp64 reference (SPEC 2).
+// The portable DSA forward (src/sm80/dsa_forward.cu) against the fp64 reference (SPEC 2).
 //
 // Each case is built on the host (dsa_problem_builder.hpp, with the sparse edge cases planted),
 // kv rows that no active slot selects are overwritten with NaN, and the tensors are copied to the
@@ -17,7 +17,7 @@
 
 #include "dsa_problem_builder.hpp"
 #include "gpu_test_util.hpp"
-#include "portable/dsa_forward.hpp"
+#include "sm80/dsa_forward.hpp"
 #include "test_util.hpp"
 
 namespace sa_test {

@@ -1,4 +1,4 @@
-// The portable indexer's score and fused top-k kernels (src/portable/indexer_*.cuh) against the
+// The portable indexer's score and fused top-k kernels (src/sm80/indexer_*.cuh) against the
 // fp64 reference (SPEC 5). Gated kernels: every call forces options.impl = SA_IMPL_PORTABLE, and
 // every suite's name contains "IndexerGpu" (scripts/gpu_suite.sh's gated filter *IndexerGpu*).
 //

@@ -1,5 +1,5 @@
 // The portable indexer KL loss and its gradients, sparse and dense mode
-// (src/portable/indexer_loss.cu), against the fp64 reference (SPEC 5). Gated kernels: every call forces options.impl = SA_IMPL_PORTABLE;
+// (src/sm80/indexer_loss.cu), against the fp64 reference (SPEC 5). Gated kernels: every call forces options.impl = SA_IMPL_PORTABLE;
 // suite names contain "IndexerGpu" (the gated filter *IndexerGpu*).
 //
 // Each case: bf16 q_I, k_I, q, kv, fp32 w and lse (a few heads at +inf, row 2 entirely: no target

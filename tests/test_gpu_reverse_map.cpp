@@ -1,4 +1,4 @@
-// The GPU reverse-map builder (portable/reverse_map_gpu.hpp) against the CPU builder that defines
+// The GPU reverse-map builder (cuda/reverse_map_gpu.hpp) against the CPU builder that defines
 // the map (common/reverse_map.hpp), field by field:
 //  * random patterns: per-row counts with empty rows, KV blocks nobody attends, fixed counts,
 //    full rows, MHA / GQA (G = 2, 3, 4) / MQA, blocks 64 and 128, buckets 1, 2, 3, auto (0) and
@@ -25,8 +25,8 @@
 #include "bsa_problem_builder.hpp"
 #include "common/error.hpp"
 #include "common/reverse_map.hpp"
+#include "cuda/reverse_map_gpu.hpp"
 #include "gpu_test_util.hpp"
-#include "portable/reverse_map_gpu.hpp"
 #include "test_util.hpp"
 
 namespace {

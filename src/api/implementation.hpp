@@ -2,8 +2,9 @@
 // loudly"): for each operation, whether it serves a validated problem (and if not, the missing
 // feature, in words), how much device workspace it needs, and how to run it.
 //
-// Implementations live in their own folders (src/reference, src/portable, src/sm90) and each
-// defines one `Implementation` object; src/api/dispatch.cpp lists them in priority order.
+// Implementations live in their own folders (src/reference; src/sm80, the portable path; src/sm90;
+// src/cuda holds the CUDA layer both GPU paths share) and each defines one `Implementation`
+// object; src/api/dispatch.cpp lists them in priority order.
 #pragma once
 
 #include <cstddef>

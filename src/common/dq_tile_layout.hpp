@@ -1,6 +1,6 @@
 // The "fragment-tile" order of the fp32 dQ accumulator that the Hopper BSA backward reduces with
 // bulk copies (src/sm90/bsa_backward_kernel.cuh) and the dQ conversions read (src/sm90/
-// bsa_dq_convert.cu beside the main kernel; src/portable/bsa_backward_aux.cu after it, the
+// bsa_dq_convert.cu beside the main kernel; src/cuda/bsa_backward_aux.cu after it, the
 // fallback). One place for the permutation both sides rely on.
 //
 // dq_accum stays [B, H_q, Sq_pad, D] fp32, so the 64 query rows of a tile starting at a multiple

@@ -1,5 +1,5 @@
 // The work item a CTA takes in a kernel launched with one CTA per reverse-map work item
-// (portable/reverse_map_gpu.hpp): the CTAs start in index order, and the map's step 6 reorders
+// (cuda/reverse_map_gpu.hpp): the CTAs start in index order, and the map's step 6 reorders
 // the last tail_items launch slots so that the last waves run their longest items first.
 // Device code only.
 #pragma once

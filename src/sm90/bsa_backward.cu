@@ -1,7 +1,7 @@
 // Hopper BSA backward, host side: problem checks, the plan (bucket, workspace carve-up), TMA
 // descriptors, the launches, and the instantiations of bsa_backward_kernel.cuh:
 // {block 64, 128} x {D 64, 128}, bf16. Steps 1, 2, 5 are the portable backward's own kernels
-// (src/portable/bsa_backward.hpp lists them); step 3, the main kernel, and step 4, the dQ
+// (src/sm80/bsa_backward.hpp lists them); step 3, the main kernel, and step 4, the dQ
 // conversion launched beside it (bsa_dq_convert.hpp), are Hopper-specific.
 #include "sm90/bsa_backward.hpp"
 
@@ -18,11 +18,11 @@
 #include "common/cuda_device.hpp"
 #include "common/host_numeric.hpp"
 #include "common/tuning.hpp"
-#include "portable/bsa_backward.hpp"
-#include "portable/bsa_backward_aux.hpp"
-#include "portable/bsa_backward_plan.hpp"
-#include "portable/launch_checks.hpp"
-#include "portable/reverse_map_gpu.hpp"
+#include "cuda/bsa_backward_aux.hpp"
+#include "cuda/bsa_backward_plan.hpp"
+#include "cuda/launch_checks.hpp"
+#include "cuda/reverse_map_gpu.hpp"
+#include "sm80/bsa_backward.hpp"  // bsa_backward_around, bsa_backward_unsupported
 #include "sm90/bsa_backward_kernel.cuh"
 #include "sm90/bsa_dq_convert.hpp"
 #include "sm90/tma_descriptor.hpp"
@@ -66,7 +66,7 @@ size_t main_kernel_smem(int block, int64_t D) {
   return D == 128 ? Kernel<64, 128>::kSmem : Kernel<64, 64>::kSmem;
 }
 
-// ---- the plan (portable/bsa_backward_plan.hpp) --------------------------------------------------
+// ---- the plan (cuda/bsa_backward_plan.hpp) ------------------------------------------------------
 // Main-kernel CTAs resident on the whole GPU: 1 per SM at block 128, 2 at block 64.
 int64_t cta_slots(const BsaBwdProblem& p) {
   return static_cast<int64_t>(sm_count(p.device_index)) * (p.dims.block == 128 ? 1 : 2);

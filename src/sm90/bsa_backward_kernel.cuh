@@ -1,6 +1,6 @@
 // The Hopper (sm_90a) BSA backward main kernel: TMA + wgmma + mbarrier pipeline, warp-specialized.
 // Device code only; bsa_backward.cu builds the TMA descriptors, runs the shared steps (preprocess,
-// reverse map, dK/dV conversion: src/portable/bsa_backward_aux.hpp, reverse_map_gpu.hpp),
+// reverse map, dK/dV conversion: src/cuda/bsa_backward_aux.hpp, reverse_map_gpu.hpp),
 // instantiates it and launches the dQ conversion beside it (bsa_dq_convert.hpp).
 //
 // A CTA owns one work item of the key-to-query reverse map, like the portable kernel: KV block n of
@@ -111,7 +111,7 @@ struct BsaBwdSm90Params {
   uint32_t* dq_ready;
   float* dk_accum;     // [B, Hkv, Skv_pad, D] fp32, zeroed; null when every row has one owner
   float* dv_accum;
-  // Reverse map (portable/reverse_map_gpu.hpp).
+  // Reverse map (cuda/reverse_map_gpu.hpp).
   const int32_t* entries;
   const int32_t* row_groups;
   const int32_t* item_row;

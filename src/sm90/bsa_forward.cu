@@ -19,8 +19,8 @@
 #include "common/host_numeric.hpp"
 #include "common/narrow.hpp"
 #include "common/tuning.hpp"
-#include "portable/bsa_forward_combine.hpp"
-#include "portable/launch_checks.hpp"
+#include "cuda/bsa_forward_combine.hpp"
+#include "cuda/launch_checks.hpp"
 #include "sm90/bsa_forward_kernel.cuh"
 #include "sm90/tma_descriptor.hpp"
 

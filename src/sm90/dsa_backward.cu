@@ -20,9 +20,9 @@
 #include "common/host_numeric.hpp"
 #include "common/narrow.hpp"
 #include "common/tuning.hpp"
-#include "portable/dsa_backward.hpp"
-#include "portable/launch_checks.hpp"
-#include "portable/dsa_backward_params.cuh"
+#include "cuda/dsa_backward_params.cuh"
+#include "cuda/launch_checks.hpp"
+#include "sm80/dsa_backward.hpp"  // dsa_backward_around and its support checks
 #include "sm90/dsa_backward_kernel.cuh"
 
 namespace sa::sm90 {

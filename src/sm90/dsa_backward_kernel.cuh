@@ -1,7 +1,7 @@
 // The Hopper (sm_90a) DSA backward kernel (sparse MLA, SPEC 2): a producer warpgroup gathers the
 // selected kv rows with cp.async, two consumer warpgroups run every product on wgmma. Device code
 // only; dsa_backward.cu checks the problem, runs the fp32 dkv conversion and the d_sink reduction
-// (the portable passes, portable/dsa_backward_aux.hpp) and instantiates it.
+// (the portable passes, cuda/dsa_backward_aux.hpp) and instantiates it.
 //
 // The passes around it are the portable backward's (portable::dsa_backward_around), and so is
 // deterministic mode: there each piece is stored to its slot's own partial row instead of being
@@ -70,7 +70,7 @@
 // halves 2 x 64 (512), mbarriers; 1024-aligned: 231,424, + 1,024 to align the dynamic base =
 // 232,448 (sm_90's opt-in limit).
 //
-// Numerics and edge cases follow the portable kernel (src/portable/dsa_backward_kernel.cuh):
+// Numerics and edge cases follow the portable kernel (src/sm80/dsa_backward_kernel.cuh):
 // L2 = logaddexp(lse, sink) log2(e), +inf for rows that take no part (P = 0 exactly); delta =
 // rowsum(out * dO) in fp32 from the stored tensors; the d_sink term of (t, h) is
 // -exp(sink - L) delta when the token has an active slot and lse is finite, else 0.
@@ -84,7 +84,7 @@
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
-#include "portable/dsa_backward_params.cuh"
+#include "cuda/dsa_backward_params.cuh"
 #include "sm90/dsa_common.cuh"
 #include "sm90/hopper_primitives.cuh"
 #include "sm90/persistent_items.cuh"
@@ -464,7 +464,7 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
       }
     } else {
       // The accumulator rows are in quad-16 column order (AccColumns::kQuad16,
-      // portable/dsa_backward_aux.hpp): lane (g, q)'s columns 16 m + {2q, 2q + 1, 2q + 8, 2q + 9}
+      // cuda/dsa_backward_aux.hpp): lane (g, q)'s columns 16 m + {2q, 2q + 1, 2q + 8, 2q + 9}
       // of row frag_row + 8 r are the four floats a[m] at positions 16 m + 4 q. One exchange
       // with lane ^ 4 (the row's neighbour R ^ 1) leaves each lane, for both rows of its pair
       // (E = even, O = odd), the groups of its parity o = g & 1 (o and o + 2). Each red.v4 warp

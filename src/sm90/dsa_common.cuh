@@ -12,7 +12,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "common/dsa_device.cuh"
-#include "portable/dsa_mma.hpp"  // cp.async wrappers
+#include "cuda/dsa_mma.hpp"  // cp.async wrappers
 #include "sm90/hopper_primitives.cuh"
 
 namespace sa::sm90 {

@@ -20,7 +20,7 @@
 #include "common/host_numeric.hpp"
 #include "common/narrow.hpp"
 #include "common/tuning.hpp"
-#include "portable/launch_checks.hpp"
+#include "cuda/launch_checks.hpp"
 #include "sm90/dsa_forward_kernel.cuh"
 #include "sm90/dsa_forward_small_h.cuh"
 

@@ -30,7 +30,7 @@
 // Registers (ptxas 13.0, -v, all four instantiations): 168 per thread at launch (384 threads, 1
 // CTA per SM), producer setmaxnreg 40, consumers 232; no stack frame, no spill.
 //
-// Numerics and edge cases follow the portable kernel (src/portable/dsa_forward_kernel.cuh): the
+// Numerics and edge cases follow the portable kernel (src/sm80/dsa_forward_kernel.cuh): the
 // running max is over x (log2 units, scale folded in, so any sign of scale works; lazily updated,
 // so P <= 2^8); a block with no active key gives P = 0 (max guarded: 2^(-inf - 0)); empty rows
 // give out = 0, lse = +inf.

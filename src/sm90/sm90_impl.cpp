@@ -11,7 +11,7 @@
 #include "api/implementation.hpp"
 #include "common/cuda_check.hpp"
 #include "common/cuda_device.hpp"
-#include "portable/bsa_metadata_check.hpp"
+#include "cuda/bsa_metadata_check.hpp"
 #include "sm90/bsa_backward.hpp"
 #include "sm90/bsa_forward.hpp"
 #include "sm90/dsa_backward.hpp"

@@ -9,7 +9,7 @@
 #include <sstream>
 
 #include "common/error.hpp"
-#include "portable/launch_checks.hpp"
+#include "cuda/launch_checks.hpp"
 
 namespace sa::sm90 {
 namespace {

@@ -1,0 +1,258 @@
+// Preprocess and conversion kernels of the portable BSA backward (see bsa_backward_aux.hpp).
+// Memory-bound helpers: 16-byte accesses, a thread per 8 elements, dtype a runtime argument.
+#include "cuda/bsa_backward_aux.hpp"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+
+#include "common/cuda_check.hpp"
+#include "common/dq_tile_layout.hpp"
+
+namespace sa::portable {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kRowThreads = 8;  // preprocess: threads sharing one query row
+
+// 8 consecutive 16-bit elements -> float.
+__device__ __forceinline__ void load8(const void* src, bool bf16, float (&out)[8]) {
+  const uint4 raw = *static_cast<const uint4*>(src);
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const unsigned short lo = static_cast<unsigned short>(w[i] & 0xffffu);
+    const unsigned short hi = static_cast<unsigned short>(w[i] >> 16);
+    if (bf16) {
+      out[2 * i] = __bfloat162float(__ushort_as_bfloat16(lo));
+      out[2 * i + 1] = __bfloat162float(__ushort_as_bfloat16(hi));
+    } else {
+      out[2 * i] = __half2float(__ushort_as_half(lo));
+      out[2 * i + 1] = __half2float(__ushort_as_half(hi));
+    }
+  }
+}
+
+// scale * 8 floats -> 8 consecutive 16-bit elements.
+__device__ __forceinline__ void store8(void* dst, bool bf16, const float4& a, const float4& b,
+                                       float scale) {
+  const float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  uint32_t w[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    unsigned short lo, hi;
+    if (bf16) {
+      lo = __bfloat16_as_ushort(__float2bfloat16_rn(f[2 * i] * scale));
+      hi = __bfloat16_as_ushort(__float2bfloat16_rn(f[2 * i + 1] * scale));
+    } else {
+      lo = __half_as_ushort(__float2half_rn(f[2 * i] * scale));
+      hi = __half_as_ushort(__float2half_rn(f[2 * i + 1] * scale));
+    }
+    w[i] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+  }
+  *static_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+struct PreprocessArgs {
+  Bhsd o, dout;
+  const float* lse;
+  int64_t lse_stride[3];
+  float* lse2;
+  float* delta;
+  float* dq_zero;     // [rows, Dq] fp32 to zero, or null
+  uint32_t* u32_zero;  // [u32_count] to zero, or null
+  int64_t rows;  // B * Hq * Sq_pad
+  int32_t Hq, Sq, Sq_pad, D, Dq, u32_count;
+  bool bf16;
+};
+
+// kRowThreads threads per query row, each taking every kRowThreads-th 8-element chunk. The same
+// threads zero the row of the dQ accumulator (one DRAM pass instead of a memset and this one).
+__global__ void __launch_bounds__(kThreads) bwd_preprocess_kernel(const PreprocessArgs a) {
+  const int64_t gtid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t row = gtid / kRowThreads;
+  const int sub = threadIdx.x % kRowThreads;
+  if (gtid < a.u32_count) a.u32_zero[gtid] = 0u;
+  if (row >= a.rows) return;  // the row's threads leave together
+  // After the row's loads are issued (the stores could alias them as far as the compiler knows).
+  const auto zero_dq_row = [&]() {
+    if (a.dq_zero == nullptr) return;
+    float4* z = reinterpret_cast<float4*>(a.dq_zero + row * a.Dq);
+    for (int c = sub; c < a.Dq / 4; c += kRowThreads) z[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  };
+  const int s = static_cast<int>(row % a.Sq_pad);
+  const int64_t bh = row / a.Sq_pad;
+  const int h = static_cast<int>(bh % a.Hq);
+  const int64_t b = bh / a.Hq;
+  if (s >= a.Sq) {
+    if (sub == 0) {
+      a.lse2[row] = INFINITY;
+      a.delta[row] = 0.f;
+    }
+    zero_dq_row();
+    return;
+  }
+  // The row's lse first, beside its O / dO loads (issued after the reduction, it cost every row
+  // a second DRAM round trip).
+  const float l =
+      sub == 0 ? a.lse[b * a.lse_stride[0] + h * a.lse_stride[1] + s * a.lse_stride[2]] : 0.f;
+  const uint8_t* o = static_cast<const uint8_t*>(a.o.data) + 2 * a.o.offset(b, h, s, 0);
+  const uint8_t* d = static_cast<const uint8_t*>(a.dout.data) + 2 * a.dout.offset(b, h, s, 0);
+  float sum = 0.f;
+#pragma unroll 2
+  for (int c = sub; c < a.D / 8; c += kRowThreads) {
+    float x[8], y[8];
+    load8(o + 16 * c, a.bf16, x);
+    load8(d + 16 * c, a.bf16, y);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sum = fmaf(x[i], y[i], sum);
+  }
+  zero_dq_row();
+  const unsigned group_mask = 0xffu << (threadIdx.x % 32 / kRowThreads * kRowThreads);
+#pragma unroll
+  for (int step = 1; step < kRowThreads; step *= 2)
+    sum += __shfl_xor_sync(group_mask, sum, step);
+  if (sub == 0) {
+    a.lse2[row] = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
+    a.delta[row] = sum;
+  }
+}
+
+struct ConvertDqArgs {
+  Bhsd dq;
+  const float* acc;
+  int64_t chunks;  // B * Hq * Sq * D / 8
+  int32_t Hq, Sq, Sq_pad, D;
+  float scale;
+  bool bf16;
+  bool tiled;  // acc in the fragment-tile order of common/dq_tile_layout.hpp
+};
+
+__global__ void __launch_bounds__(kThreads) bwd_convert_dq_kernel(const ConvertDqArgs a) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (i >= a.chunks) return;
+  const int per_row = a.D / 8;
+  const int c = static_cast<int>(i % per_row);
+  const int64_t row = i / per_row;  // (b * Hq + h) * Sq + s
+  const int s = static_cast<int>(row % a.Sq);
+  const int64_t bh = row / a.Sq;
+  const int h = static_cast<int>(bh % a.Hq);
+  const int64_t b = bh / a.Hq;
+  const int64_t at = a.tiled ? dq_tiled_index(bh, a.Sq_pad, s, a.D, 8 * c)
+                            : (bh * a.Sq_pad + s) * a.D + 8 * c;
+  const float4* src = reinterpret_cast<const float4*>(a.acc + at);
+  void* dst = static_cast<uint8_t*>(a.dq.data) + 2 * a.dq.offset(b, h, s, 8 * c);
+  store8(dst, a.bf16, src[0], src[1], a.scale);
+}
+
+struct ConvertDkvArgs {
+  Bhsd dk, dv;
+  const float* dk_acc;
+  const float* dv_acc;
+  const int32_t* row_groups;
+  int32_t Hkv, Nkv, Skv, Skv_pad, D, block;
+  float scale;
+  bool bf16;
+};
+
+// A CTA per reverse row; rows with a single group leave at once.
+__global__ void __launch_bounds__(kThreads) bwd_convert_dkv_kernel(const ConvertDkvArgs a) {
+  const int64_t r = blockIdx.x;
+  if (a.row_groups[r] <= 1) return;
+  const int n = static_cast<int>(r % a.Nkv);
+  const int hk = static_cast<int>((r / a.Nkv) % a.Hkv);
+  const int64_t b = r / (static_cast<int64_t>(a.Nkv) * a.Hkv);
+  const int key0 = n * a.block;
+  const int keys = min(a.block, a.Skv - key0);
+  const int per_row = a.D / 8;
+  for (int i = threadIdx.x; i < keys * per_row; i += kThreads) {
+    const int j = key0 + i / per_row;
+    const int c = i % per_row;
+    const int64_t at = ((b * a.Hkv + hk) * a.Skv_pad + j) * a.D + 8 * c;
+    const float4* k = reinterpret_cast<const float4*>(a.dk_acc + at);
+    const float4* v = reinterpret_cast<const float4*>(a.dv_acc + at);
+    store8(static_cast<uint8_t*>(a.dk.data) + 2 * a.dk.offset(b, hk, j, 8 * c), a.bf16, k[0],
+           k[1], a.scale);
+    store8(static_cast<uint8_t*>(a.dv.data) + 2 * a.dv.offset(b, hk, j, 8 * c), a.bf16, v[0],
+           v[1], 1.f);
+  }
+}
+
+unsigned blocks_for(int64_t threads) {
+  const int64_t blocks = (threads + kThreads - 1) / kThreads;
+  SA_CHECK(blocks <= 0x7fffffff, SA_ERROR_UNSUPPORTED,
+           "bsa backward: grid of " << blocks << " blocks is too large");
+  return static_cast<unsigned>(blocks);
+}
+
+}  // namespace
+
+void launch_bwd_preprocess(const BsaBwdProblem& p, int64_t Sq_pad, float* lse2, float* delta,
+                           float* dq_zero, uint32_t* u32_zero, int64_t u32_count,
+                           cudaStream_t stream) {
+  PreprocessArgs a{};
+  a.dq_zero = dq_zero;
+  a.u32_zero = u32_zero;
+  a.u32_count = static_cast<int32_t>(u32_zero != nullptr ? u32_count : 0);
+  a.Dq = static_cast<int32_t>(p.dims.D);
+  a.o = p.o;
+  a.dout = p.dout;
+  a.lse = p.lse;
+  for (int i = 0; i < 3; ++i) a.lse_stride[i] = p.lse_stride[i];
+  a.lse2 = lse2;
+  a.delta = delta;
+  a.rows = p.dims.B * p.dims.Hq * Sq_pad;
+  a.Hq = static_cast<int32_t>(p.dims.Hq);
+  a.Sq = static_cast<int32_t>(p.dims.Sq);
+  a.Sq_pad = static_cast<int32_t>(Sq_pad);
+  a.D = static_cast<int32_t>(p.dims.Dv);
+  a.bf16 = p.dtype == SA_DTYPE_BF16;
+  SA_CHECK(a.u32_count <= a.rows * kRowThreads, SA_ERROR_INTERNAL,
+           "bsa backward preprocess: " << a.u32_count << " counters to zero, more than threads");
+  bwd_preprocess_kernel<<<blocks_for(a.rows * kRowThreads), kThreads, 0, stream>>>(a);
+  SA_CUDA_CHECK_LAUNCH();
+}
+
+void launch_bwd_convert_dq(const BsaBwdProblem& p, int64_t Sq_pad, const float* dq_accum,
+                           bool tiled, cudaStream_t stream) {
+  ConvertDqArgs a{};
+  a.dq = p.dq;
+  a.acc = dq_accum;
+  a.chunks = p.dims.B * p.dims.Hq * p.dims.Sq * (p.dims.D / 8);
+  a.Hq = static_cast<int32_t>(p.dims.Hq);
+  a.Sq = static_cast<int32_t>(p.dims.Sq);
+  a.Sq_pad = static_cast<int32_t>(Sq_pad);
+  a.D = static_cast<int32_t>(p.dims.D);
+  a.scale = p.scale;
+  a.bf16 = p.dtype == SA_DTYPE_BF16;
+  a.tiled = tiled;
+  bwd_convert_dq_kernel<<<blocks_for(a.chunks), kThreads, 0, stream>>>(a);
+  SA_CUDA_CHECK_LAUNCH();
+}
+
+void launch_bwd_convert_dkv(const BsaBwdProblem& p, int64_t Skv_pad, const float* dk_accum,
+                            const float* dv_accum, const int32_t* row_groups,
+                            cudaStream_t stream) {
+  ConvertDkvArgs a{};
+  a.dk = p.dk;
+  a.dv = p.dv;
+  a.dk_acc = dk_accum;
+  a.dv_acc = dv_accum;
+  a.row_groups = row_groups;
+  a.Hkv = static_cast<int32_t>(p.dims.Hkv);
+  a.Nkv = static_cast<int32_t>(p.dims.Nkv);
+  a.Skv = static_cast<int32_t>(p.dims.Skv);
+  a.Skv_pad = static_cast<int32_t>(Skv_pad);
+  a.D = static_cast<int32_t>(p.dims.D);
+  a.block = p.dims.block;
+  a.scale = p.scale;
+  a.bf16 = p.dtype == SA_DTYPE_BF16;
+  const int64_t rows = p.dims.B * p.dims.Hkv * p.dims.Nkv;
+  SA_CHECK(rows <= 0x7fffffff, SA_ERROR_UNSUPPORTED,
+           "bsa backward: " << rows << " reverse rows is too many");
+  bwd_convert_dkv_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(a);
+  SA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace sa::portable

@@ -1,0 +1,223 @@
+// The small kernels of the portable DSA backward: see dsa_backward_aux.hpp.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cub/device/device_radix_sort.cuh>
+
+#include "common/cuda_check.hpp"
+#include "common/device_math.cuh"
+#include "common/error.hpp"
+#include "cuda/dsa_backward_aux.hpp"
+
+namespace sa::portable::dsa_bwd {
+namespace {
+
+constexpr int kThreads = 256;
+
+// Grid of a grid-stride loop over `items`: enough blocks to fill any GPU, never more than needed.
+unsigned grid_for(int64_t items, int threads) {
+  const int64_t blocks = (items + threads - 1) / threads;
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(blocks, int64_t{1} << 16)));
+}
+
+// Four columns per thread: one 16-byte load, one 8-byte store.
+template <class Element>
+__global__ void __launch_bounds__(kThreads)
+    convert_dkv_kernel(const float* __restrict__ acc, Element* __restrict__ dkv, int64_t skv,
+                       int dqk, int64_t dkv_ss) {
+  const int quads = dqk / 4;
+  const int64_t items = skv * quads;
+  for (int64_t q = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; q < items;
+       q += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t j = q / quads;
+    const int c = 4 * static_cast<int>(q - j * quads);
+    const float4 v = *reinterpret_cast<const float4*>(acc + j * dqk + c);
+    *reinterpret_cast<uint2*>(dkv + j * dkv_ss + c) =
+        make_uint2(pack2<Element>(v.x, v.y), pack2<Element>(v.z, v.w));
+  }
+}
+
+// The quad-16 column order (AccColumns::kQuad16): one 16-column group per thread, four 16-byte
+// loads (position 4q holds columns 2q, 2q + 1, 2q + 8, 2q + 9), four 8-byte stores.
+template <class Element>
+__global__ void __launch_bounds__(kThreads)
+    convert_dkv_quad16_kernel(const float* __restrict__ acc, Element* __restrict__ dkv,
+                              int64_t skv, int dqk, int64_t dkv_ss) {
+  const int groups = dqk / 16;
+  const int64_t items = skv * groups;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < items;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t j = e / groups;
+    const int c = 16 * static_cast<int>(e - j * groups);
+    const float4* src = reinterpret_cast<const float4*>(acc + j * dqk + c);
+    float4 v[4];
+    for (int q = 0; q < 4; ++q) v[q] = src[q];
+    uint2* dst = reinterpret_cast<uint2*>(dkv + j * dkv_ss + c);
+    dst[0] = make_uint2(pack2<Element>(v[0].x, v[0].y), pack2<Element>(v[1].x, v[1].y));
+    dst[1] = make_uint2(pack2<Element>(v[2].x, v[2].y), pack2<Element>(v[3].x, v[3].y));
+    dst[2] = make_uint2(pack2<Element>(v[0].z, v[0].w), pack2<Element>(v[1].z, v[1].w));
+    dst[3] = make_uint2(pack2<Element>(v[2].z, v[2].w), pack2<Element>(v[3].z, v[3].w));
+  }
+}
+
+// One block per head: each thread sums a fixed stride of tokens, then a fixed tree. No atomics,
+// so the result is the same on every run.
+__global__ void __launch_bounds__(kThreads)
+    d_sink_kernel(const float* __restrict__ terms, int64_t sq, float* __restrict__ d_sink,
+                  int64_t stride, int has_sink) {
+  __shared__ float part[kThreads];
+  const int h = blockIdx.x;
+  float sum = 0.f;
+  if (has_sink) {
+    for (int64_t t = threadIdx.x; t < sq; t += kThreads) sum += terms[h * sq + t];
+  }
+  part[threadIdx.x] = sum;
+  __syncthreads();
+  for (int off = kThreads / 2; off > 0; off /= 2) {
+    if (static_cast<int>(threadIdx.x) < off) part[threadIdx.x] += part[threadIdx.x + off];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) d_sink[h * stride] = has_sink ? part[0] : 0.f;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    slot_keys_kernel(const SlotKeyArgs a, int64_t tok_begin, int64_t tokens,
+                     uint32_t* __restrict__ keys, uint32_t* __restrict__ vals) {
+  const int64_t items = tokens * a.topk;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < items;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t tl = e / a.topk;
+    const int i = static_cast<int>(e - tl * a.topk);
+    const int64_t t = tok_begin + tl;
+    int n = a.topk;
+    if (a.len != nullptr) {
+      const int32_t len = a.len[t * a.len_s];
+      n = len <= 0 ? 0 : min(len, a.topk);
+    }
+    int64_t key = a.skv;  // inactive: after every real key
+    if (i < n) {
+      const int32_t j = a.idx[t * a.idx_ss + i * a.idx_si];
+      if (j >= 0 && j < a.skv) key = j;
+    }
+    keys[e] = static_cast<uint32_t>(key);
+    vals[e] = static_cast<uint32_t>(e);
+  }
+}
+
+// First position in keys[0, n) whose key is >= k.
+__device__ __forceinline__ int lower_bound(const uint32_t* __restrict__ keys, int n, uint32_t k) {
+  int lo = 0, hi = n;
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (keys[mid] < k) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+// One block per key, four columns per thread; partial rows are added in sorted item order, and
+// per item in group order: a fixed order, so the sums are the same on every run.
+__global__ void reduce_partials_kernel(const uint32_t* __restrict__ keys,
+                                       const uint32_t* __restrict__ vals, int n,
+                                       const float* __restrict__ part, float* __restrict__ acc,
+                                       int dqk, int topk, int groups) {
+  const uint32_t j = blockIdx.x;
+  const int lo = lower_bound(keys, n, j), hi = lower_bound(keys, n, j + 1);
+  if (lo == hi) return;
+  const int c = 4 * threadIdx.x;
+  float4* dst = reinterpret_cast<float4*>(acc + int64_t{j} * dqk + c);
+  float4 sum = *dst;
+#pragma unroll 4
+  for (int e = lo; e < hi; ++e) {
+    const uint32_t item = vals[e];
+    const int64_t tl = item / static_cast<uint32_t>(topk);
+    const int64_t slot = item - tl * topk;
+    for (int grp = 0; grp < groups; ++grp) {
+      const float4 v =
+          *reinterpret_cast<const float4*>(part + ((tl * groups + grp) * topk + slot) * dqk + c);
+      sum.x += v.x;
+      sum.y += v.y;
+      sum.z += v.z;
+      sum.w += v.w;
+    }
+  }
+  *dst = sum;
+}
+
+}  // namespace
+
+void convert_dkv(const float* acc, void* dkv, sa_dtype dtype, int64_t skv, int dqk, int64_t dkv_ss,
+                 AccColumns columns, cudaStream_t stream) {
+  if (columns == AccColumns::kQuad16) {
+    SA_CHECK(dqk % 16 == 0, SA_ERROR_INTERNAL, "convert_dkv: quad-16 order needs dqk % 16 == 0");
+    const unsigned grid = grid_for(skv * (dqk / 16), kThreads);
+    if (dtype == SA_DTYPE_BF16) {
+      convert_dkv_quad16_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(
+          acc, static_cast<__nv_bfloat16*>(dkv), skv, dqk, dkv_ss);
+    } else {
+      SA_CHECK(dtype == SA_DTYPE_FP16, SA_ERROR_INTERNAL, "convert_dkv: 16-bit dtype expected");
+      convert_dkv_quad16_kernel<__half>
+          <<<grid, kThreads, 0, stream>>>(acc, static_cast<__half*>(dkv), skv, dqk, dkv_ss);
+    }
+    SA_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  const unsigned grid = grid_for(skv * (dqk / 4), kThreads);
+  if (dtype == SA_DTYPE_BF16) {
+    convert_dkv_kernel<__nv_bfloat16>
+        <<<grid, kThreads, 0, stream>>>(acc, static_cast<__nv_bfloat16*>(dkv), skv, dqk, dkv_ss);
+  } else {
+    SA_CHECK(dtype == SA_DTYPE_FP16, SA_ERROR_INTERNAL, "convert_dkv: 16-bit dtype expected");
+    convert_dkv_kernel<__half>
+        <<<grid, kThreads, 0, stream>>>(acc, static_cast<__half*>(dkv), skv, dqk, dkv_ss);
+  }
+  SA_CUDA_CHECK_LAUNCH();
+}
+
+void reduce_d_sink(const float* terms, int64_t sq, int64_t heads, float* d_sink, int64_t stride,
+                   bool has_sink, cudaStream_t stream) {
+  d_sink_kernel<<<static_cast<unsigned>(heads), kThreads, 0, stream>>>(terms, sq, d_sink, stride,
+                                                                       has_sink ? 1 : 0);
+  SA_CUDA_CHECK_LAUNCH();
+}
+
+void slot_keys(const SlotKeyArgs& a, int64_t tok_begin, int64_t tokens, uint32_t* keys,
+               uint32_t* vals, cudaStream_t stream) {
+  slot_keys_kernel<<<grid_for(tokens * a.topk, kThreads), kThreads, 0, stream>>>(
+      a, tok_begin, tokens, keys, vals);
+  SA_CUDA_CHECK_LAUNCH();
+}
+
+int key_bits(int64_t skv) {
+  int bits = 1;
+  while (bits < 32 && (int64_t{1} << bits) <= skv) ++bits;
+  return bits;
+}
+
+size_t sort_temp_bytes(int n, int end_bit) {
+  size_t bytes = 0;
+  SA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, bytes, static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr),
+      static_cast<const uint32_t*>(nullptr), static_cast<uint32_t*>(nullptr), n, 0, end_bit));
+  return bytes;
+}
+
+void sort_slots(void* temp, size_t temp_bytes, const uint32_t* keys_in, uint32_t* keys_out,
+                const uint32_t* vals_in, uint32_t* vals_out, int n, int end_bit,
+                cudaStream_t stream) {
+  SA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys_out, vals_in,
+                                                vals_out, n, 0, end_bit, stream));
+}
+
+void reduce_partials(const uint32_t* keys, const uint32_t* vals, int n, const float* part,
+                     float* acc, int64_t skv, int dqk, int topk, int groups, cudaStream_t stream) {
+  reduce_partials_kernel<<<static_cast<unsigned>(skv), dqk / 4, 0, stream>>>(
+      keys, vals, n, part, acc, dqk, topk, groups);
+  SA_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace sa::portable::dsa_bwd

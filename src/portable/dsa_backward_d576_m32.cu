@@ -1,6 +1,0 @@
-// The portable DSA backward kernel for D_qk = 576, 32 heads per CTA (dsa_backward_launch.cuh).
-#include "portable/dsa_backward_launch.cuh"
-
-namespace sa::portable::dsa_bwd {
-template void launch_main<576, 32>(const DsaBwdParams&, int64_t, int, cudaStream_t);
-}  // namespace sa::portable::dsa_bwd
