@@ -40,6 +40,20 @@ struct CheckedCommon {
   DevicePlace place;
 };
 
+// The flat token-major view (DSA and indexer tensors: [S, H, D] or [S, D]) of a checked tensor.
+inline Shd to_shd(const sa_tensor& t) {
+  Shd v;
+  v.data = t.data;
+  v.ss = t.strides[0];
+  if (t.rank == 3) {
+    v.sh = t.strides[1];
+    v.sd = t.strides[2];
+  } else {
+    v.sd = t.strides[1];
+  }
+  return v;
+}
+
 // A problem's shared fields (ProblemHeader) from the checked inputs.
 template <class Dims, class Options, class Meta>
 void fill_header(ProblemHeader<Dims, Options, Meta>& h, const CheckedCommon<Dims, Meta>& c,

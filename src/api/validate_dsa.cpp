@@ -11,19 +11,6 @@ namespace {
 constexpr std::initializer_list<sa_dtype> kInt32 = {SA_DTYPE_INT32};
 constexpr std::initializer_list<sa_dtype> kFp32 = {SA_DTYPE_FP32};
 
-Shd to_shd(const sa_tensor& t) {
-  Shd v;
-  v.data = t.data;
-  v.ss = t.strides[0];
-  if (t.rank == 3) {
-    v.sh = t.strides[1];
-    v.sd = t.strides[2];
-  } else {
-    v.sd = t.strides[1];
-  }
-  return v;
-}
-
 using Common = CheckedCommon<DsaDims, DsaMeta>;
 
 Common check_inputs(const sa_tensor& q, const sa_tensor& kv, const sa_tensor& topk_idx,

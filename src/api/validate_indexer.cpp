@@ -15,19 +15,6 @@ constexpr std::initializer_list<sa_dtype> kInt32 = {SA_DTYPE_INT32};
 constexpr std::initializer_list<sa_dtype> kFp32 = {SA_DTYPE_FP32};
 constexpr std::initializer_list<sa_dtype> kFp32Or64 = {SA_DTYPE_FP32, SA_DTYPE_FP64};
 
-Shd to_shd(const sa_tensor& t) {
-  Shd v;
-  v.data = t.data;
-  v.ss = t.strides[0];
-  if (t.rank == 3) {
-    v.sh = t.strides[1];
-    v.sd = t.strides[2];
-  } else {
-    v.sd = t.strides[1];
-  }
-  return v;
-}
-
 using Common = CheckedCommon<IndexerDims, IndexerMeta>;
 
 struct Checked {
