@@ -51,11 +51,26 @@ def _fail(case, what):
 
 
 # ---- comparisons --------------------------------------------------------------------------------
-def _backward_conditioned(lse_mag) -> bool:
-    """Whether a backward's values can be compared: probabilities come from the stored fp32 LSE,
-    exact to about |lse| * 6e-8, and the scores' own rounding (about 1e-16 |s|) moves them too;
-    past |s| ~ 1e6 (huge scales) only NaN-freedom is checked."""
-    return float(lse_mag.max()) < 1e6 if lse_mag.numel() else True
+def _conditioned(lse_mag) -> bool:
+    """Whether a GPU result's values can be compared with the fp64 oracle's. The GPU paths form
+    scores in fp32: a score is exact to about 1e-6 of its terms' magnitude |scale| sum |q_i k_i|
+    (lse_mag), and the backward's probabilities come from the stored fp32 LSE. Past a magnitude
+    of 1e5 a score moves by 0.1 or more and the softmax among near-tied keys follows the rounded
+    scores (docs/conventions.md, "Precision"): then only NaN and inf placement and the bound
+    |out| <= max |v| (the probability cap) are checked, and the LSE relative to that
+    magnitude."""
+    return float(lse_mag.max()) < 1e5 if lse_mag.numel() else True
+
+
+def _check_bounded(case, name, got, v):
+    """got's finite values within the largest |v| (a convex combination of rows of v), with one
+    unit of bf16 of room."""
+    got = got.detach().to("cpu", torch.float64)
+    v = v[torch.isfinite(v)]  # unread rows may hold NaN (nan_unread)
+    vmax = float(v.abs().max()) if v.numel() else 0.0
+    fin = torch.isfinite(got)
+    if fin.any() and float(got[fin].abs().max()) > vmax * (1 + 2.0 ** -7) + 1e-30:
+        _fail(case, "%s: |value| %.4g above max |v| %.4g" % (name, float(got[fin].abs().max()), vmax))
 
 
 def _compare(case, name, got, want, mag, dtype, device, lse=False, values=True):
@@ -89,13 +104,19 @@ def _compare(case, name, got, want, mag, dtype, device, lse=False, values=True):
               % (name, i, float(got[i]), float(want[i])))
     fin = both & ~gi & ~wi
     if device == "cuda" and not lse:
+        # A value that cancels to (near) zero, such as dK of a row whose only key takes all the
+        # probability (dS = P (dP - delta) = 0), keeps the fp32 rounding of its terms: 1e-5 of
+        # their magnitude (the terms' absolute sum) bounds it, ~20x fp32's rounding of a
+        # 512-term dot product.
         err = (got[fin] - want[fin]).norm()
         ref = want[fin].norm()
-        if err > 2e-2 * ref + 1e-6 * math.sqrt(max(1, int(fin.sum()))):
+        floor = 1e-5 * mag[fin].norm() if torch.is_tensor(mag) and mag.shape == want.shape else 0.0
+        if err > 2e-2 * ref + floor + 1e-6 * math.sqrt(max(1, int(fin.sum()))):
             _fail(case, "%s: relative L2 error %.3g (cuda bound 2e-2)" % (name, float(err / ref)))
         return
-    if device == "cuda":  # lse on the GPU: SPEC's "about 1e-4 absolute", with room for bf16 inputs
-        tol = 2e-3 + 1e-5 * want.abs()
+    if device == "cuda":  # lse on the GPU: SPEC's "about 1e-4 absolute", with room for bf16
+        # inputs, and the fp32 rounding of the scores (1e-5 of their terms' magnitude, mag)
+        tol = 2e-3 + 1e-5 * torch.maximum(want.abs(), mag)
     else:
         tol = ULP[dtype] * want_r.abs() + 1e-9 * mag + TINY[dtype]
     diff = (got - want_r).abs()
@@ -446,7 +467,10 @@ def run_bsa(c, device="cpu"):
     o_want, o_mag, lse_want, lse_mag = oracle.bsa_forward(q64, k64, v64, idx, cnt_read,
                                                           c["block"], scale, blv)
     o_log = _physical(o, c["layout"])
-    _compare(c, "o", o_log, o_want, o_mag, dtype, device)
+    values = device != "cuda" or _conditioned(lse_mag)
+    _compare(c, "o", o_log, o_want, o_mag, dtype, device, values=values)
+    if not values:
+        _check_bounded(c, "o", o_log, v64)
     _compare(c, "lse", lse, lse_want, lse_mag, torch.float32, device, lse=True)
     if not c["backward"]:
         return "ok"
@@ -455,7 +479,7 @@ def run_bsa(c, device="cpu"):
     want, mags = oracle.bsa_backward(q64, k64, v64, o_log.detach().double().cpu(),
                                      lse.double().cpu(), dout.double(), idx, cnt_read,
                                      c["block"], scale, blv)
-    values = _backward_conditioned(lse_mag)
+    values = _conditioned(lse_mag)
     for name, g, w, m in zip(("dq", "dk", "dv"), grads, want, mags):
         _compare(c, name, _physical(g, c["layout"]), w, m, dtype, device, values=values)
     return "ok"
@@ -631,7 +655,10 @@ def run_dsa(c, device="cpu"):
     sink64 = None if sink is None else sink.detach().float().double()
     o_want, o_mag, lse_want, lse_mag = oracle.dsa_forward(q64, kv64, idx, length, sink64,
                                                           c["d_v"], scale)
-    _compare(c, "out", out, o_want, o_mag, dtype, device)
+    values = device != "cuda" or _conditioned(lse_mag)
+    _compare(c, "out", out, o_want, o_mag, dtype, device, values=values)
+    if not values:
+        _check_bounded(c, "out", out, kv64[:, :c["d_v"]])
     _compare(c, "lse", lse, lse_want, lse_mag, torch.float32, device, lse=True)
     if not c["backward"]:
         return "ok"
@@ -640,7 +667,7 @@ def run_dsa(c, device="cpu"):
     grads = torch.autograd.grad(out, inputs, dout.to(device))
     want, mags = oracle.dsa_backward(q64, kv64, out.detach().double().cpu(), lse.double().cpu(),
                                      dout.double(), idx, length, sink64, c["d_v"], scale)
-    values = _backward_conditioned(lse_mag)
+    values = _conditioned(lse_mag)
     _compare(c, "dq", grads[0], want[0], mags[0], dtype, device, values=values)
     _compare(c, "dkv", grads[1], want[1], mags[1], dtype, device, values=values)
     if sink is not None:

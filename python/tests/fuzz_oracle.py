@@ -46,7 +46,8 @@ def _block_len_fn(kv_block_len, block, s_kv):
 
 
 def bsa_forward(q, k, v, idx, cnt, block, scale, kv_block_len=None):
-    """(o, o_mag, lse, lse_mag; lse_mag: the row's largest |score|) with q [B, Hq, Sq, D],
+    """(o, o_mag, lse, lse_mag; lse_mag: the row's largest score-term magnitude
+    |scale| * sum_i |q_i k_i|, which bounds a score's fp32 rounding) with q [B, Hq, Sq, D],
     k [B, Hkv, Skv, D], v [B, Hkv, Skv, Dv] float64; idx[b][h][m][slot] and cnt[b][h][m] Python
     ints (cnt: the entries each row reads)."""
     B, Hq, Sq, _ = q.shape
@@ -71,7 +72,7 @@ def bsa_forward(q, k, v, idx, cnt, block, scale, kv_block_len=None):
                 o[b, h, rows] = p @ vv
                 mag[b, h, rows] = p @ vv.abs()
                 lse[b, h, rows] = lrow
-                lse_mag[b, h, rows] = s.abs().max(dim=-1).values
+                lse_mag[b, h, rows] = (abs(scale) * (q[b, h, rows].abs() @ kk.abs().T)).max(dim=-1).values
     return o, mag, lse, lse_mag
 
 
@@ -129,7 +130,7 @@ def _big_l(lse_row, sink):
 
 
 def dsa_forward(q, kv, idx, length, sink, d_v, scale):
-    """(out, out_mag, lse, lse_mag): q [Sq, H, Dqk], kv [Skv, Dqk] float64; idx[t] a list of
+    """(out, out_mag, lse, lse_mag; lse_mag as in bsa_forward): q [Sq, H, Dqk], kv [Skv, Dqk] float64; idx[t] a list of
     ints (any value), length a list of ints or None, sink [H] float64 or None."""
     Sq, H, _ = q.shape
     Skv = kv.shape[0]
@@ -144,7 +145,7 @@ def dsa_forward(q, kv, idx, length, sink, d_v, scale):
             continue
         keys = kv[rows]
         s = scale * (q[t] @ keys.T)  # [H, n]
-        lse_mag[t] = s.abs().max(dim=-1).values
+        lse_mag[t] = (abs(scale) * (q[t].abs() @ keys.abs().T)).max(dim=-1).values
         lrow = torch.logsumexp(s, dim=-1)
         big = _big_l(lrow, sink)
         p = torch.exp(s - big[:, None])

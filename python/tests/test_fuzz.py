@@ -57,7 +57,11 @@ def _worker(kind, seed, cases, log, replay=None):
 
 
 def _tail(text, n=60):
-    return "\n".join(text.splitlines()[-n:])
+    """The last n lines, after the lines that name the failure (a long shrunk case would push
+    them out of the tail)."""
+    lines = text.splitlines()
+    named = [l for l in lines[:-n] if "CaseFailure" in l or l.lstrip().startswith("case: ")]
+    return "\n".join(named + lines[-n:])
 
 
 def run_batches(kind, total):
