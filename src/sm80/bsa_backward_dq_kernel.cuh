@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
           const int half = c / 2;
-          float x = exp2_approx(fmaf(s[j][c], p.scale_log2, -lse2[half]));
+          float x = exp2_prob(fmaf(s[j][c], p.scale_log2, -lse2[half]));
           if (8 * j + 2 * t4 + (c & 1) >= valid) x = 0.f;
           s[j][c] = x * (dp[j][c] - delta[half]);
         }
