@@ -20,7 +20,7 @@
 #   SAN_FILTER      gtest filter for compute-sanitizer (default: one small case per GPU kernel)
 #   BENCH_FULL=1    the "full" step (last, after the anchors; unchecked timings, the tests cover
 #                   these shapes): block 64, density 12.5%, S 32768 and the other DSA target
-#                   shapes
+#                   shapes; the indexer at S 32768 and 131072 and its dense loss at S 32768
 #   BENCH_EXPERIMENTS=1  also the internal tuning variants (tune.*: tools/bench.hpp) against the
 #                   portable path, when the gated tests passed
 #   ANCHORS_ARGS    extra arguments of bench/anchors.py (default: --budget-s 60)
@@ -231,6 +231,13 @@ if has bench; then
     run --op dsa_fwd --dsa-seq 4096 --topk 2048 --topk-length on --sink on --dsa-heads 128 \
       --dsa-dqk 576 --rounds 3 --calls 10 --variants "$FM"
   fi
+  # The lightning indexer (portable kernels under AUTO; issue 34's shapes: H_I 64, topk 2048,
+  # causal ranges; the loss's attention H 128, D_qk 576). Deterministic dk_I beside the default.
+  IDX=(--indexer-heads 64 --topk 2048 --dsa-heads 128 --dsa-dqk 576 --rounds 3 --calls 5)
+  run --op indexer_scores --seq 8192 "${IDX[@]}"
+  run --op indexer_topk --seq 8192 "${IDX[@]}"
+  run --op indexer_loss --seq 4096 "${IDX[@]}" --variants "deterministic=0/deterministic=1"
+  run --op indexer_loss --loss-mode dense --seq 8192 "${IDX[@]}" --calls 2
   if [ $gated_ok -eq 1 ]; then
     # The gated Hopper DSA backward (forced) against the portable one.
     run --op dsa_bwd "${DSA[@]}" --dsa-heads 128 --dsa-dqk 576 --rounds 2 --calls 5 --variants "$PS"
@@ -257,7 +264,7 @@ if has anchors && [ -f bench/anchors.py ]; then
   note "anchors (python, same process as our library)"
   PYTHONUNBUFFERED=1 timeout 400 python3 bench/anchors.py --lib "$BIN/libsparse_attention.so" \
     ${ANCHORS_ARGS:---budget-s 60} --out "$OUT" > "$OUT/anchors.log" 2>&1; verdict anchors $?
-  grep -E "^\[|^  (bsa|dsa)|wrote|budget" "$OUT/anchors.log" | tail -40
+  grep -E "^\[|^  (bsa|dsa|indexer)|wrote|budget" "$OUT/anchors.log" | tail -40
 fi
 if has cudnn && [ -f scripts/cudnn_fe_env.sh ]; then
   # cuDNN-frontend beside ours on issue 33's table (bench/anchors.py --plan cudnn), when its
@@ -270,7 +277,7 @@ if has cudnn && [ -f scripts/cudnn_fe_env.sh ]; then
     PYTHONUNBUFFERED=1 timeout 480 python3 bench/anchors.py --lib "$BIN/libsparse_attention.so" \
       --plan cudnn --anchors cudnn_fe --impls auto ${CUDNN_ARGS:-} --out "$OUT/cudnn" \
       > "$OUT/cudnn/anchors.log" 2>&1; verdict cudnn_fe $?
-    grep -E "^\[|^  (bsa|dsa)|wrote|unavailable|cuDNN" "$OUT/cudnn/anchors.log" | tail -40
+    grep -E "^\[|^  (bsa|dsa|indexer)|wrote|unavailable|cuDNN" "$OUT/cudnn/anchors.log" | tail -40
   else
     echo "cudnn step: the cuDNN-frontend set is not (yet) complete on this machine"
   fi
@@ -318,6 +325,17 @@ if has full && [ "${BENCH_FULL:-0}" = 1 ]; then
   DSA_8K=(--dsa-seq 8192 --topk 2048 --topk-length off --sink on --dsa-heads 128 --dsa-dqk 576)
   run --op dsa_fwd "${DSA_8K[@]}" --rounds 2 --calls 5
   run --op dsa_bwd "${DSA_8K[@]}" --rounds 2 --calls 2 --warmup 2
+  # The indexer's large rows (issue 34): S 32768 scores and top-k, S 131072 top-k beside the
+  # scores at the same S (the 1.3x floor; the scores' [S, S] fp32 output is 64 GiB), the dense
+  # loss at S 32768, and GLM-5's H_I 32 sparse loss.
+  IDX=(--indexer-heads 64 --topk 2048 --dsa-heads 128 --dsa-dqk 576 --warmup 2)
+  run --op indexer_scores --seq 32768 "${IDX[@]}" --rounds 2 --calls 3
+  run --op indexer_topk --seq 32768 "${IDX[@]}" --rounds 2 --calls 3
+  run --op indexer_topk --seq 131072 "${IDX[@]}" --rounds 2 --calls 1
+  run --op indexer_scores --seq 131072 "${IDX[@]}" --rounds 2 --calls 1
+  run --op indexer_loss --loss-mode dense --seq 32768 "${IDX[@]}" --rounds 1 --calls 1
+  run --op indexer_loss --seq 4096 --indexer-heads 32 --topk 2048 --dsa-heads 128 --dsa-dqk 576 \
+    --rounds 3 --calls 5
   grep -E "^\[|^  [a-z]" "$OUT/bench.log" | tail -50
 fi
 note "done, status $status"
