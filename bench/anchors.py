@@ -24,6 +24,28 @@ forward's O and LSE) and its DSA backward on our forward's O and LSE (the same c
 log, sink excluded). With --check-fp64 (default on) both outputs are also compared with an fp64
 reference computed on the GPU (records' "fp64_rel_l2": {"ours", "anchor"}).
 
+The lightning indexer (SPEC 5; ops indexer_scores, indexer_topk, indexer_loss_sparse,
+indexer_loss_dense) has one anchor, cuDNN-frontend's cudnn.DSA (sm_90 kernels), in the cudnn plan:
+bf16 q_I [S, H_I, 128], k_I [S, 128], bf16-representable fp32 w, causal ranges (k_end = t + 1:
+cuDNN's ratio-causal mask with ratio 1), scale_I = 1/sqrt(128). Rows (see bench_indexer()):
+  scores  ours indexer_scores against IndexerForward (indexer_forward_wrapper, sm_scale = scale_I:
+          its sm_scale * sum_h relu(q.k) w_h equals SPEC 5's sum_h w_h relu(scale_I q.k));
+  topk    ours (fused, no score buffer) against IndexerForward + IndexerTopK (deterministic: ties
+          to the smaller key, keys ascending, -1 padding: SPEC 5's rule);
+  loss    ours indexer_loss (loss and dq_I, dk_I, dw in one call) against cuDNN's pipeline:
+          SparseAttnScoreRecompute + SparseIndexerScoreRecompute + the KL in torch +
+          IndexerBackward (sparse; on our top-k and our DSA forward's lse), or
+          DenseAttnScoreRecompute + DenseIndexerScoreRecompute + the KL + DenseIndexerBackward
+          (dense; [S, S] buffers, the dense attention's lse). Conventions: cuDNN's gradient scale
+          is loss_coeff / S_q (a mean over tokens), so loss_coeff = coeff * S_q gives SPEC 5's sum;
+          its backward takes bf16 w with sm_scale = scale_I (exact), its sparse predict takes the
+          weights pre-scaled, (w * scale_I) in bf16 (one rounding, in its fp64 error); its dw is
+          bf16.
+cuDNN's sm_90 indexer backward needs H_I >= 64 (and topk % 128 == 0): other shapes print the
+reason and record ours alone (anchor_ms null). Every row also checks both against an fp64
+reference on the GPU (scores: 64 sampled rows; top-k: mismatching slots against each other and
+the regret against fp64 scores on sampled rows; loss: everything).
+
 Writes OUT/anchors.json (records as BENCHMARKING.md "Results files" says) and prints a table.
 """
 from __future__ import annotations
@@ -44,7 +66,9 @@ def parse():
     ap.add_argument("--lib", required=True, help="libsparse_attention.so to load")
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="one shape per op")
-    ap.add_argument("--ops", default="bsa_fwd,bsa_bwd,dsa_fwd,dsa_bwd")
+    ap.add_argument("--ops", default="bsa_fwd,bsa_bwd,dsa_fwd,dsa_bwd,indexer_scores,indexer_topk,"
+                                      "indexer_loss_sparse,indexer_loss_dense",
+                    help="the indexer ops run in the cudnn plan only (their one anchor)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=10)
@@ -548,6 +572,301 @@ def bench_dsa(S, H, Dqk, topk, ops, seed=0, use_length=False):
     paired_record("dsa_bwd", shape, bwd_flops, ours, "cudnn_fe", cfe_bwd, errs, fp64s)
 
 
+# ---- the lightning indexer (SPEC 5) -------------------------------------------------------------
+IDX_D = 128
+IDX_SCALE = 1.0 / math.sqrt(IDX_D)
+
+
+def indexer_inputs(S, H_I, seed):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    q_I = torch.randn(S, H_I, IDX_D, device=DEV, generator=g).to(torch.bfloat16)
+    k_I = torch.randn(S, IDX_D, device=DEV, generator=g).to(torch.bfloat16)
+    # fp32 weights whose values bf16 holds exactly: cuDNN's backward reads bf16 weights.
+    w = (torch.rand(S, H_I, device=DEV, generator=g) * 2 - 0.5).to(torch.bfloat16).float()
+    k_start = torch.zeros(S, dtype=torch.int32, device=DEV)
+    k_end = torch.arange(1, S + 1, dtype=torch.int32, device=DEV)
+    return q_I, k_I, w, k_start, k_end
+
+
+def indexer_scores_fp64(q_I, k_I, w, rows):
+    """I[t, :] of `rows` in fp64 (causal: -inf past t)."""
+    a = torch.einsum("thd,sd->ths", q_I[rows].double(), k_I.double())
+    out = (w[rows].double()[:, :, None] * (IDX_SCALE * a).clamp_min(0)).sum(1)
+    keys = torch.arange(k_I.shape[0], device=DEV)
+    return out.masked_fill(keys[None, :] > rows[:, None], float("-inf"))
+
+
+def sampled_rows(S, n=64):
+    return torch.unique(torch.cat([torch.linspace(0, S - 1, n - 1, device=DEV).long(),
+                                   torch.tensor([S - 1], device=DEV)]))
+
+
+def scores_rel_l2(got, ref):
+    """rel L2 over the finite reference entries; inf if -inf positions differ."""
+    fin = torch.isfinite(ref)
+    if not torch.equal(torch.isfinite(got), fin):
+        return float("inf")
+    return rel_l2(got[fin], ref[fin])
+
+
+def topk_regret(idx, ref, rows):
+    """Largest shortfall of a chosen key's fp64 score below the row's k-th best, over the largest
+    |score| (0: the selection is optimal up to ties)."""
+    worst = 0.0
+    for i, t in enumerate(rows.tolist()):
+        chosen = idx[t][idx[t] >= 0].long()
+        if chosen.numel() == 0:
+            continue
+        r = ref[i]
+        fin = r[torch.isfinite(r)]
+        kth = fin.topk(chosen.numel()).values[-1]
+        worst = max(worst, float((kth - r[chosen]).max().clamp_min(0) / fin.abs().max()))
+    return worst
+
+
+def indexer_loss_fp64(q_I, k_I, w, q, kv, lse, idx, k_end, coeff, scale, chunk=8):
+    """SPEC 5's loss and its gradients in fp64 on the GPU, chunked over queries: sparse mode
+    over `idx` ([S, K], -1 inactive), dense mode (idx None) over each causal range."""
+    S, H_I, D = q_I.shape
+    k64, kv64 = k_I.double(), kv.double()
+    dq = torch.zeros(S, H_I, D, dtype=torch.float64, device=DEV)
+    dk = torch.zeros_like(k64)
+    dw = torch.zeros(S, H_I, dtype=torch.float64, device=DEV)
+    loss = torch.zeros((), dtype=torch.float64, device=DEV)
+    for s0 in range(0, S, chunk):
+        rows = torch.arange(s0, min(S, s0 + chunk), device=DEV)
+        if idx is None:
+            keys = torch.arange(S, device=DEV).expand(rows.numel(), S)
+        else:
+            keys = idx[rows].long()
+        valid = (keys >= 0) & (keys < k_end[rows, None].long())
+        kc = keys.clamp(0, S - 1)
+        kk = k64[kc]                                                      # [c, K, D]
+        a = torch.einsum("chd,ckd->chk", q_I[rows].double(), kk)          # [c, H_I, K]
+        relu = (IDX_SCALE * a).clamp_min(0)
+        logits = (w[rows].double()[:, :, None] * relu).sum(1)            # [c, K]
+        sa = torch.einsum("chd,ckd->chk", q[rows].double(), kv64[kc]) * scale
+        A = torch.exp(sa - lse[rows].double()[:, :, None]).sum(1)
+        A = torch.where(valid, A, torch.zeros_like(A))
+        mass = A.sum(-1, keepdim=True)
+        p = A / mass.clamp_min(1e-300)
+        log_r = logits - torch.logsumexp(logits.masked_fill(~valid, float("-inf")), -1,
+                                         keepdim=True)
+        pos = p > 0
+        loss += coeff * torch.where(pos, p * (torch.log(torch.where(pos, p, 1.0)) - log_r),
+                                    torch.zeros_like(p)).sum()
+        dI = torch.where(valid & (mass > 0), coeff * (torch.exp(log_r) - p), torch.zeros_like(p))
+        g = dI[:, None, :] * w[rows].double()[:, :, None] * (a > 0) * IDX_SCALE
+        dq[rows] = torch.einsum("chk,ckd->chd", g, kk)
+        dw[rows] = (dI[:, None, :] * relu).sum(-1)
+        dkk = torch.einsum("chk,chd->ckd", g, q_I[rows].double())
+        m = valid.reshape(-1)
+        dk.index_add_(0, kc.reshape(-1)[m], dkk.reshape(-1, D)[m])
+    return loss, dq, dk, dw
+
+
+def dense_attention_lse(q, kv, scale, chunk=64):
+    """The dense causal attention's LSE (natural log, fp32) over each range [0, t]."""
+    S = q.shape[0]
+    out = torch.empty(S, q.shape[1], device=DEV)
+    keys = torch.arange(S, device=DEV)
+    for s0 in range(0, S, chunk):
+        rows = torch.arange(s0, min(S, s0 + chunk), device=DEV)
+        s = torch.einsum("chd,sd->chs", q[rows].float(), kv.float()) * scale
+        out[rows] = torch.logsumexp(s.masked_fill(keys[None, None, :] > rows[:, None, None],
+                                                  float("-inf")), -1)
+    return out
+
+
+def record_alone(op, shape, flops, ours, why):
+    """Ours without an anchor (cuDNN-FE does not serve the shape): timed, recorded, the reason
+    printed."""
+    print(f"  cudnn_fe {op}: {why}; ours timed alone")
+    meds, spreads = paired([f for _, f in ours])
+    for (impl, _), ms, sp in zip(ours, meds, spreads):
+        record(op, shape, ms, flops, "cudnn_fe", None, None, impl, sp)
+
+
+def bench_indexer_fwd(S, H_I, topk, ops, seed=0):
+    """Scores and top-k beside cuDNN-FE's IndexerForward (+ IndexerTopK)."""
+    q_I, k_I, w, k_start, k_end = indexer_inputs(S, H_I, seed)
+    pairs = S * (S + 1) / 2  # causal: the triangle s <= t
+    flops = 2.0 * H_I * IDX_D * pairs
+    print(f"[indexer] S {S} H_I {H_I} D_I {IDX_D} topk {topk} causal", flush=True)
+    cfe = cudnn_fe()
+    rows = sampled_rows(S)
+    ref = indexer_scores_fp64(q_I, k_I, w, rows) if ARGS.check_fp64 else None
+    cfe_scores = None
+    if cfe is not None:
+        def cfe_scores():
+            return cfe.DSA.indexer_forward_wrapper(
+                q_I[None], k_I.view(1, S, 1, IDX_D), w[None], ratio=1,
+                sm_scale=IDX_SCALE)["scores"][0]
+        try:
+            a_scores = cfe_scores()
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001
+            print(f"  cudnn_fe indexer forward unavailable: {type(e).__name__}: {str(e)[:300]}")
+            cfe_scores = None
+    if "indexer_scores" in ops:
+        shape = {"S": S, "H_I": H_I, "D_I": IDX_D, "causal": True}
+
+        def ours_scores():
+            return OPS.indexer_scores(q_I, k_I, w, k_start, k_end, IDX_SCALE)
+        ours = ours_variants(ours_scores)
+        if cfe_scores is None:
+            record_alone("indexer_scores", shape, flops, ours, "no sm_90 IndexerForward here")
+        else:
+            errs, fp64s = [], []
+            a64 = None if ref is None else scores_rel_l2(a_scores[rows].double(), ref)
+            for _, f in ours:
+                got = f()
+                errs.append(scores_rel_l2(got[rows], a_scores[rows]))  # the sampled rows
+                fp64s.append(None if ref is None else
+                             {"ours": scores_rel_l2(got[rows].double(), ref), "anchor": a64})
+            paired_record("indexer_scores", shape, flops, ours, "cudnn_fe", cfe_scores, errs,
+                          fp64s)
+        torch.cuda.empty_cache()
+    if "indexer_topk" not in ops:
+        return
+    shape = {"S": S, "H_I": H_I, "D_I": IDX_D, "topk": topk, "causal": True}
+
+    def ours_topk():
+        return OPS.indexer_topk(q_I, k_I, w, k_start, k_end, topk, IDX_SCALE)
+    ours = ours_variants(ours_topk)
+    why = None
+    if cfe_scores is None:
+        why = "no sm_90 IndexerForward here"
+    elif topk > 2048:
+        why = f"IndexerTopK takes top_k <= 2048, not {topk}"
+    if why is None:
+        def cfe_topk():
+            scores = cfe_scores()
+            return cfe.DSA.indexer_top_k_wrapper(scores, k_end, topk, return_val=False,
+                                                 deterministic=True)["indices"]
+        try:
+            a_idx = cfe_topk()
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001
+            why = f"IndexerTopK unavailable: {type(e).__name__}: {str(e)[:300]}"
+    if why is not None:
+        record_alone("indexer_topk", shape, flops, ours, why)
+        return
+    valid = float((a_idx >= 0).sum().clamp_min(1))
+    a64 = None if ref is None else topk_regret(a_idx, ref, rows)
+    errs, fp64s = [], []
+    for _, f in ours:
+        idx, _ = f()
+        # The share of slots whose key differs (near-ties may swap; both sort ascending).
+        errs.append(float((idx != a_idx).sum()) / valid)
+        fp64s.append(None if ref is None else {"ours": topk_regret(idx, ref, rows), "anchor": a64})
+    paired_record("indexer_topk", shape, flops, ours, "cudnn_fe", cfe_topk, errs, fp64s)
+    torch.cuda.empty_cache()
+
+
+def bench_indexer_loss(S, H_I, topk, H, Dqk, dense, ops, seed=0, coeff=1.0):
+    """The KL loss with its gradients beside cuDNN-FE's recompute + backward pipeline."""
+    op = "indexer_loss_dense" if dense else "indexer_loss_sparse"
+    if op not in ops:
+        return
+    q_I, k_I, w, k_start, k_end = indexer_inputs(S, H_I, seed)
+    g = torch.Generator(device=DEV).manual_seed(seed + 1)
+    q = torch.randn(S, H, Dqk, device=DEV, generator=g).to(torch.bfloat16)
+    kv = torch.randn(S, Dqk, device=DEV, generator=g).to(torch.bfloat16)
+    scale = 1.0 / math.sqrt(Dqk)
+    if dense:
+        idx = length = None
+        lse = dense_attention_lse(q, kv, scale)
+        pairs = S * (S + 1) / 2
+        shape = {"S": S, "H_I": H_I, "D_I": IDX_D, "H": H, "D_qk": Dqk, "causal": True}
+    else:
+        idx, length = OPS.indexer_topk(q_I, k_I, w, k_start, k_end, topk, IDX_SCALE)
+        _, lse = OPS.dsa_fwd(q, kv, idx, length, None, 512, scale, False)
+        pairs = float((idx >= 0).sum())
+        shape = {"S": S, "H_I": H_I, "D_I": IDX_D, "topk": topk, "H": H, "D_qk": Dqk,
+                 "causal": True}
+    flops = pairs * (2.0 * H * Dqk + 6.0 * H_I * IDX_D)
+    print(f"[indexer] {op} {shape}", flush=True)
+
+    def ours_loss():
+        loss, _, dq, dk, dw = OPS.indexer_loss(q_I, k_I, w, q, kv, lse, idx, length, k_start,
+                                               k_end, coeff, scale, IDX_SCALE, False, True)
+        return loss, dq, dk, dw
+    ours = ours_variants(ours_loss)
+    why = None
+    cfe = cudnn_fe()
+    if cfe is None:
+        why = "cuDNN-frontend not importable"
+    elif H_I < 64:
+        why = f"its sm_90 indexer backward needs H_I >= 64 (got {H_I})"
+    elif not dense and topk % 128:
+        why = f"its sparse indexer backward needs topk % 128 == 0 (got {topk})"
+    w_bf = w.to(torch.bfloat16)
+    one = torch.ones(1, device=DEV)
+
+    causal = None
+    if dense and why is None:
+        keys = torch.arange(S, device=DEV)
+        causal = (keys[None, :] <= keys[:, None])[None]  # [1, S, S]: cuDNN's ratio-1 mask
+
+    def kl(p, log_r):
+        if causal is not None:
+            p = torch.where(causal, p, torch.zeros_like(p))
+        pos = p > 0
+        return coeff * torch.where(pos, p * (torch.log(torch.where(pos, p, 1.0)) - log_r),
+                                   torch.zeros_like(p)).sum()
+
+    def cfe_loss():
+        D = cfe.DSA
+        if dense:
+            a = D.dense_attn_score_recompute_wrapper(q[None], kv[None], lse[None], scale, ratio=1)
+            i = D.dense_indexer_score_recompute_wrapper(q_I[None], k_I[None], w_bf[None],
+                                                        sm_scale=IDX_SCALE, ratio=1)
+            p = a["out"] / a["denom"][..., None]
+            loss = kl(p, i["out"] - i["denom"][..., None])
+            r = D.dense_indexer_backward_wrapper(
+                q_I[None], w_bf[None], k_I[None], a["out"], a["denom"], i["out"], i["denom"],
+                one, sm_scale=IDX_SCALE, loss_coeff=coeff * S, ratio=1)
+        else:
+            tgt = D.sparse_attn_score_recompute_wrapper(q[None], kv[None], lse[None], idx[None],
+                                                        scale)["target"]
+            prd = D.sparse_indexer_score_recompute_wrapper(
+                q_I[None], k_I[None], (w * IDX_SCALE).to(torch.bfloat16)[None],
+                idx[None])["predict"]
+            loss = kl(tgt, torch.log(prd))  # before the backward overwrites tgt
+            r = D.indexer_backward_wrapper(q_I[None], w_bf[None], k_I[None], tgt, prd, idx[None],
+                                           one, sm_scale=IDX_SCALE, loss_coeff=coeff * S)
+        return loss, r["d_index_q"][0], r["d_index_k"][0], r["d_weights"][0]
+
+    if why is None:
+        try:
+            t0 = time.time()
+            a = tuple(t.clone() for t in cfe_loss())
+            torch.cuda.synchronize()
+            print(f"  cudnn_fe {op} ready in {time.time() - t0:.1f} s (first call compiles)")
+        except Exception as e:  # noqa: BLE001
+            why = f"unavailable: {type(e).__name__}: {str(e)[:300]}"
+    if why is not None:
+        record_alone(op, shape, flops, ours, why)
+        return
+    ref64 = (indexer_loss_fp64(q_I, k_I, w, q, kv, lse, idx, k_end, coeff, scale)
+             if ARGS.check_fp64 else None)
+
+    def vs(x, r):
+        # loss: relative error; gradients: rel L2.
+        return max(rel_l2(x[0].reshape(1), r[0].reshape(1)),
+                   *(rel_l2(u, v) for u, v in zip(x[1:], r[1:])))
+    a64 = None if ref64 is None else vs(a, ref64)
+    errs, fp64s = [], []
+    for _, f in ours:
+        got = f()
+        errs.append(vs(got, a))
+        fp64s.append(None if ref64 is None else {"ours": vs(got, ref64), "anchor": a64})
+    del ref64
+    torch.cuda.empty_cache()
+    paired_record(op, shape, flops, ours, "cudnn_fe", cfe_loss, errs, fp64s)
+
+
 def main():
     ops = set(ARGS.ops.split(","))
     out = Path(ARGS.out)
@@ -584,16 +903,31 @@ def main():
                      for blk in (128, 64)]
         if "dsa_bwd" in ops:
             plan += [("dsa", (S, H, d, 2048, True)) for S, H, d in dsa_rest]
+        # Issue 34's indexer rows: scores and top-k at S 8192 and 32768 (H_I 64, topk 2048,
+        # causal), the sparse loss at S 4096 (attention H 128, D_qk 576), the dense loss at
+        # S 8192; H_I 32 (GLM-5), which cuDNN's sm_90 backward does not serve, ours alone.
+        if ops & {"indexer_scores", "indexer_topk"}:
+            plan += [("indexer", (S, 64, 2048)) for S in (8192, 32768)]
+        if "indexer_loss_sparse" in ops:
+            plan += [("indexer_loss", (4096, 64, 2048, 128, 576, False)),
+                     ("indexer_loss", (4096, 32, 2048, 128, 576, False))]
+        if "indexer_loss_dense" in ops:
+            plan += [("indexer_loss", (8192, 64, 0, 128, 576, True))]
     if ARGS.only:
         plan = [p for p in plan if any(tok in f"{p[0]}{p[1]}" for tok in ARGS.only.split(";"))]
     if ARGS.quick:
-        plan = plan[:1] + [p for p in plan if p[0] == "dsa"][:1]
+        plan = (plan[:1] + [p for p in plan if p[0] == "dsa"][:1]
+                + [p for p in plan if p[0].startswith("indexer")][:1])
     for kind, shape in plan:
         if time.time() - t0 > ARGS.budget_s:
             print(f"budget of {ARGS.budget_s} s spent: skipping {kind} {shape}")
             continue
         if kind == "bsa":
             bench_bsa(*shape, bsa_ops)
+        elif kind == "indexer":
+            bench_indexer_fwd(*shape, ops)
+        elif kind == "indexer_loss":
+            bench_indexer_loss(*shape, ops)
         else:
             bench_dsa(*shape[:4], dsa_ops, use_length=len(shape) > 4 and shape[4])
         torch.cuda.empty_cache()

@@ -14,12 +14,13 @@
 # Logs and results go to $OUT (the device tool's output folder; /tmp/sa_gpu_out elsewhere).
 # Environment:
 #   GATED           gtest filter of the gated kernels' tests (default: the experiment variants'
-#                   tests, split-KV's and the portable indexer's, *Tuned*:*SplitKv*:*IndexerGpu*;
-#                   empty: none)
+#                   tests and split-KV's, *Tuned*:*SplitKv*; empty: none). The portable indexer
+#                   left the gate on 2026-12-06 (H100: 46 GPU tests, memcheck and racecheck clean):
+#                   its tests (*IndexerGpu*) run in the main step.
 #   SAN_FILTER      gtest filter for compute-sanitizer (default: one small case per GPU kernel)
 #   BENCH_FULL=1    the "full" step (last, after the anchors; unchecked timings, the tests cover
 #                   these shapes): block 64, density 12.5%, S 32768 and the other DSA target
-#                   shapes
+#                   shapes; the indexer at S 32768 and 131072 and its dense loss at S 32768
 #   BENCH_EXPERIMENTS=1  also the internal tuning variants (tune.*: tools/bench.hpp) against the
 #                   portable path, when the gated tests passed
 #   ANCHORS_ARGS    extra arguments of bench/anchors.py (default: --budget-s 60)
@@ -62,13 +63,11 @@ trap 'kill "$SMI_PID" 2>/dev/null; wait "$SMI_PID" 2>/dev/null' EXIT
 # One bench command, time-stamped: stamp "## " or "##> " and the rest of the line.
 stamp() { echo "$1 $(date '+%Y/%m/%d %H:%M:%S.%3N') $2" >> "$OUT/bench.log"; }
 
-GATED="${GATED-*Tuned*:*SplitKv*:*IndexerGpu*}"
+GATED="${GATED-*Tuned*:*SplitKv*}"
 gated_ok=0
 if has gated && [ -n "$GATED" ]; then
   note "gated kernels' tests first: $GATED"
   rc=0
-  # 300 s: the indexer's gated tests include S 131072 top-k and S 32768 dense-loss runs, whose
-  # host-side inputs and sampled fp64 rows take most of a minute.
   timeout 300 "$BIN/sa_tests" --gtest_brief=1 --gtest_filter="$GATED" \
     >> "$OUT/gpu_tests.log" 2>&1 || rc=$?
   verdict gated $rc
@@ -79,7 +78,9 @@ fi
 
 if has tests; then
   # Four gtest shards in parallel: most of a GPU test's time is its fp64 CPU reference, and the
-  # device has 16 cores (the GPU work of the shards is small and interleaves).
+  # device has 16 cores (the GPU work of the shards is small and interleaves). The indexer's
+  # S 131072 top-k and S 32768 dense-loss tests take most of a minute each (host-side inputs and
+  # sampled fp64 rows), inside the shards' 300 s.
   note "GoogleTest suite (CPU and GPU tests, $TEST_SHARDS shards)"
   pids=()
   for ((i = 0; i < TEST_SHARDS; ++i)); do
@@ -132,15 +133,13 @@ if has sanitize; then
   DEFAULT_SAN+="SmallH/Sm90DsaForward.MatchesReference/H32_D512_K7_Lengths:"
   DEFAULT_SAN+="Cases/Sm90DsaForward.MatchesReference/H16_D576_K130_PersistentItems:"
   DEFAULT_SAN+="GpuReverseMapGraph.*"
-  if [ $gated_ok -eq 1 ]; then
-    # The portable indexer (gated until its tests pass): odd ranges (empty, clamped, one-key),
-    # compactions, the loss with planted metadata in both dk modes.
-    DEFAULT_SAN+=":Cases/IndexerGpuScores.MatchesReference/H16_Odd_Sq37_Skv150"
-    DEFAULT_SAN+=":Cases/IndexerGpuTopk.MatchesItsScoresAndTheReference/H16_OddRanges_K7"
-    DEFAULT_SAN+=":Cases/IndexerGpuTopk.MatchesItsScoresAndTheReference/H64_Causal_K100_Compactions"
-    DEFAULT_SAN+=":Cases/IndexerGpuLoss.MatchesReference/HI16_H16_D576_K7_OddRanges"
-    DEFAULT_SAN+=":Cases/IndexerGpuLoss.MatchesReference/HI16_H32_D576_K9_OddDeterministic"
-  fi
+  # The portable indexer: odd ranges (empty, clamped, one-key), compactions, the loss with
+  # planted metadata in both dk modes.
+  DEFAULT_SAN+=":Cases/IndexerGpuScores.MatchesReference/H16_Odd_Sq37_Skv150"
+  DEFAULT_SAN+=":Cases/IndexerGpuTopk.MatchesItsScoresAndTheReference/H16_OddRanges_K7"
+  DEFAULT_SAN+=":Cases/IndexerGpuTopk.MatchesItsScoresAndTheReference/H64_Causal_K100_Compactions"
+  DEFAULT_SAN+=":Cases/IndexerGpuLoss.MatchesReference/HI16_H16_D576_K7_OddRanges"
+  DEFAULT_SAN+=":Cases/IndexerGpuLoss.MatchesReference/HI16_H32_D576_K9_OddDeterministic"
   SAN_FILTER="${SAN_FILTER:-$DEFAULT_SAN}"
   : > "$OUT/sanitizer.log"
   # Both tools at once (two processes on the GPU; each case is small).
@@ -232,6 +231,13 @@ if has bench; then
     run --op dsa_fwd --dsa-seq 4096 --topk 2048 --topk-length on --sink on --dsa-heads 128 \
       --dsa-dqk 576 --rounds 3 --calls 10 --variants "$FM"
   fi
+  # The lightning indexer (portable kernels under AUTO; issue 34's shapes: H_I 64, topk 2048,
+  # causal ranges; the loss's attention H 128, D_qk 576). Deterministic dk_I beside the default.
+  IDX=(--indexer-heads 64 --topk 2048 --dsa-heads 128 --dsa-dqk 576 --rounds 3 --calls 5)
+  run --op indexer_scores --seq 8192 "${IDX[@]}"
+  run --op indexer_topk --seq 8192 "${IDX[@]}"
+  run --op indexer_loss --seq 4096 "${IDX[@]}" --variants "deterministic=0/deterministic=1"
+  run --op indexer_loss --loss-mode dense --seq 8192 "${IDX[@]}" --calls 2
   if [ $gated_ok -eq 1 ]; then
     # The gated Hopper DSA backward (forced) against the portable one.
     run --op dsa_bwd "${DSA[@]}" --dsa-heads 128 --dsa-dqk 576 --rounds 2 --calls 5 --variants "$PS"
@@ -258,7 +264,7 @@ if has anchors && [ -f bench/anchors.py ]; then
   note "anchors (python, same process as our library)"
   PYTHONUNBUFFERED=1 timeout 400 python3 bench/anchors.py --lib "$BIN/libsparse_attention.so" \
     ${ANCHORS_ARGS:---budget-s 60} --out "$OUT" > "$OUT/anchors.log" 2>&1; verdict anchors $?
-  grep -E "^\[|^  (bsa|dsa)|wrote|budget" "$OUT/anchors.log" | tail -40
+  grep -E "^\[|^  (bsa|dsa|indexer)|wrote|budget" "$OUT/anchors.log" | tail -40
 fi
 if has cudnn && [ -f scripts/cudnn_fe_env.sh ]; then
   # cuDNN-frontend beside ours on issue 33's table (bench/anchors.py --plan cudnn), when its
@@ -271,7 +277,7 @@ if has cudnn && [ -f scripts/cudnn_fe_env.sh ]; then
     PYTHONUNBUFFERED=1 timeout 480 python3 bench/anchors.py --lib "$BIN/libsparse_attention.so" \
       --plan cudnn --anchors cudnn_fe --impls auto ${CUDNN_ARGS:-} --out "$OUT/cudnn" \
       > "$OUT/cudnn/anchors.log" 2>&1; verdict cudnn_fe $?
-    grep -E "^\[|^  (bsa|dsa)|wrote|unavailable|cuDNN" "$OUT/cudnn/anchors.log" | tail -40
+    grep -E "^\[|^  (bsa|dsa|indexer)|wrote|unavailable|cuDNN" "$OUT/cudnn/anchors.log" | tail -40
   else
     echo "cudnn step: the cuDNN-frontend set is not (yet) complete on this machine"
   fi
@@ -319,6 +325,17 @@ if has full && [ "${BENCH_FULL:-0}" = 1 ]; then
   DSA_8K=(--dsa-seq 8192 --topk 2048 --topk-length off --sink on --dsa-heads 128 --dsa-dqk 576)
   run --op dsa_fwd "${DSA_8K[@]}" --rounds 2 --calls 5
   run --op dsa_bwd "${DSA_8K[@]}" --rounds 2 --calls 2 --warmup 2
+  # The indexer's large rows (issue 34): S 32768 scores and top-k, S 131072 top-k beside the
+  # scores at the same S (the 1.3x floor; the scores' [S, S] fp32 output is 64 GiB), the dense
+  # loss at S 32768, and GLM-5's H_I 32 sparse loss.
+  IDX=(--indexer-heads 64 --topk 2048 --dsa-heads 128 --dsa-dqk 576 --warmup 2)
+  run --op indexer_scores --seq 32768 "${IDX[@]}" --rounds 2 --calls 3
+  run --op indexer_topk --seq 32768 "${IDX[@]}" --rounds 2 --calls 3
+  run --op indexer_topk --seq 131072 "${IDX[@]}" --rounds 2 --calls 1
+  run --op indexer_scores --seq 131072 "${IDX[@]}" --rounds 2 --calls 1
+  run --op indexer_loss --loss-mode dense --seq 32768 "${IDX[@]}" --rounds 1 --calls 1
+  run --op indexer_loss --seq 4096 --indexer-heads 32 --topk 2048 --dsa-heads 128 --dsa-dqk 576 \
+    --rounds 3 --calls 5
   grep -E "^\[|^  [a-z]" "$OUT/bench.log" | tail -50
 fi
 note "done, status $status"

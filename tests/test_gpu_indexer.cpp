@@ -1,6 +1,7 @@
 // The portable indexer's score and fused top-k kernels (src/sm80/indexer_*.cuh) against the
-// fp64 reference (SPEC 5). Gated kernels: every call forces options.impl = SA_IMPL_PORTABLE, and
-// every suite's name contains "IndexerGpu" (scripts/gpu_suite.sh's gated filter *IndexerGpu*).
+// fp64 reference (SPEC 5). Every call forces options.impl = SA_IMPL_PORTABLE (and checks that it
+// ran) except IndexerGpuAuto's, which check that AUTO picks the same kernels; every suite's name
+// contains "IndexerGpu" (the filter of these tests in scripts/gpu_suite.sh's sanitizer step).
 //
 // Scores: device copies with rows 8 elements wider than the tensor and NaN guards; the output
 // starts as NaN. Pass: no NaN; -inf exactly outside each range; every finite value within
@@ -377,21 +378,29 @@ TEST(IndexerGpuTopkLarge, S131072K2048Causal) {
   }
 }
 
-// ---- refusals --------------------------------------------------------------------------------
-// Gated: AUTO does not pick the portable indexer kernels (nothing else serves CUDA tensors yet,
-// so the call is refused, naming the gate).
-TEST(IndexerGpuGate, AutoDoesNotRunGatedKernels) {
+// ---- AUTO -------------------------------------------------------------------------------------
+// AUTO serves CUDA indexer calls with the portable kernels (there is no Hopper indexer): it runs
+// them (gpu_scores and gpu_topk fail unless sa_context.impl_used says portable) and gets the same
+// bits as a forced call.
+TEST(IndexerGpuAuto, ScoresAndTopkRunThePortableKernels) {
   SA_SKIP_WITHOUT_GPU();
-  IndexerCase c = make_gpu_indexer_case(indexer_shape(4, 64, 16), IndexerRanges::kNone,
+  IndexerCase c = make_gpu_indexer_case(indexer_shape(40, 300, 64), IndexerRanges::kCausal,
                                         IndexerKeys::kRandom, false, 7);
-  GpuIndexerInputs d(c, 0);
-  HostTensor out(SA_DTYPE_FP32, {4, 64});
-  DeviceTensor scores(out, 0, 0);
-  ASSERT_TRUE(d.ok() && scores.ok());
-  sa_indexer_options options = sa_indexer_options_default();
-  sa_impl used = SA_IMPL_AUTO;
-  EXPECT_EQ(run_indexer_scores(d, scores, options, &used), SA_ERROR_UNSUPPORTED);
-  EXPECT_NE(std::string(sa_last_error()).find("gated"), std::string::npos) << sa_last_error();
+  const sa_indexer_options automatic = sa_indexer_options_default();
+  ASSERT_EQ(automatic.impl, SA_IMPL_AUTO);
+  std::vector<float> got, forced;
+  ASSERT_TRUE(gpu_scores(c, automatic, &got));
+  ASSERT_TRUE(gpu_scores(c, portable_options(0.f), &forced));
+  ASSERT_EQ(got.size(), forced.size());
+  EXPECT_EQ(std::memcmp(got.data(), forced.data(), got.size() * sizeof(float)), 0)
+      << "AUTO's scores differ from the forced portable call's";
+  GpuIndexerInputs d(c, 8);
+  ASSERT_TRUE(d.ok());
+  TopkResult a, b;
+  ASSERT_TRUE(gpu_topk(d, c, 16, true, automatic, &a));
+  ASSERT_TRUE(gpu_topk(d, c, 16, true, portable_options(0.f), &b));
+  EXPECT_EQ(a.idx, b.idx);
+  EXPECT_EQ(a.len, b.len);
 }
 
 }  // namespace

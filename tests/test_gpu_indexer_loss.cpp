@@ -1,6 +1,7 @@
 // The portable indexer KL loss and its gradients, sparse and dense mode
-// (src/sm80/indexer_loss.cu), against the fp64 reference (SPEC 5). Gated kernels: every call forces options.impl = SA_IMPL_PORTABLE;
-// suite names contain "IndexerGpu" (the gated filter *IndexerGpu*).
+// (src/sm80/indexer_loss.cu), against the fp64 reference (SPEC 5). Every call forces
+// options.impl = SA_IMPL_PORTABLE except IndexerGpuAuto's (AUTO must pick the portable kernels);
+// every call checks which implementation ran. Suite names contain "IndexerGpu".
 //
 // Each case: bf16 q_I, k_I, q, kv, fp32 w and lse (a few heads at +inf, row 2 entirely: no target
 // mass); sparse mode with top-k metadata drawn from each row's range with SPEC 2's edge cases
@@ -43,6 +44,7 @@ struct LossCase {
   float coeff = 1.f;
   float scale_I = 0.f;
   bool dense = false;  // no topk_idx: K_t is the range
+  sa_impl impl = SA_IMPL_PORTABLE;  // the options' impl; the portable kernels must run either way
 };
 
 void PrintTo(const LossCase& c, std::ostream* os) { *os << c.name; }
@@ -171,7 +173,7 @@ sa_indexer_options loss_options(const LossCase& lc, sa_impl impl) {
     a.dk_I = dev.dk_I.view();
     a.dw = dev.dw.view();
   }
-  a.options = loss_options(lc, SA_IMPL_PORTABLE);
+  a.options = loss_options(lc, lc.impl);
   size_t bytes = 0;
   if (sa_indexer_loss_workspace_size(&a, &bytes) != SA_OK)
     return ::testing::AssertionFailure() << "workspace size: " << sa_last_error();
@@ -337,6 +339,31 @@ std::vector<LossCase> loss_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Cases, IndexerGpuLoss, ::testing::ValuesIn(loss_cases()),
                          [](const auto& info) { return info.param.name; });
+
+// AUTO serves the loss with the portable kernels (run_gpu_loss fails unless they ran): a sparse
+// deterministic case and a dense one, against the reference as above.
+TEST(IndexerGpuAuto, LossRunsThePortableKernels) {
+  SA_SKIP_WITHOUT_GPU();
+  for (const char* name : {"HI64_H64_D576_K160_Deterministic", "Dense_HI64_H128_D576_Causal"}) {
+    SCOPED_TRACE(name);
+    const std::vector<LossCase> cases = loss_cases();
+    auto it = std::find_if(cases.begin(), cases.end(),
+                           [&](const LossCase& x) { return x.name == name; });
+    ASSERT_NE(it, cases.end());
+    LossCase lc = *it;
+    lc.impl = SA_IMPL_AUTO;
+    IndexerCase c = make_indexer_case(lc.shape, lc.ranges, SA_DTYPE_BF16, loss_seed(lc.name));
+    HostTensor idx, len;
+    make_meta(c, std::max<int64_t>(lc.topk, 1), loss_seed(lc.name) + 1, &idx, &len);
+    LossOutputs want;
+    ASSERT_NO_FATAL_FAILURE(run_reference_loss(lc, c, idx, len, &want));
+    LossDevice dev(c, idx, len, output_shapes(c, SA_DTYPE_FP32, SA_DTYPE_BF16));
+    ASSERT_TRUE(dev.ok());
+    LossOutputs got;
+    ASSERT_TRUE(run_gpu_loss(lc, c, dev, &got));
+    expect_matches(lc, c, idx, len, got, want);
+  }
+}
 
 // What the portable loss does not serve yet is refused by name (portable forced): deterministic
 // dk_I in dense mode.

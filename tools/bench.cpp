@@ -15,6 +15,7 @@
 #include <memory>
 #include <sstream>
 
+#include "bench_ops.hpp"
 #include "flashmla_anchor.hpp"
 #include "reference_sample.hpp"
 #include "tool_error.hpp"
@@ -22,24 +23,36 @@
 namespace sa_tool {
 namespace api = sparse_attention;
 
-namespace {
+// ---- shared with the per-operation set-ups (bench_ops.hpp) --------------------------------------
+sa_context context_of(Subject& s) {
+  sa_context c = api::context();
+  c.workspace = s.workspace;
+  c.workspace_bytes = s.workspace_bytes;
+  c.impl_used = &s.impl;
+  return c;
+}
 
-// One benchmarked call: a variant's run function on device views, its outputs, and how to
-// compare them with the reference after a checked call.
-struct Subject {
-  BenchVariant variant;
-  std::function<api::Status(const sa_context&)> run;
-  std::function<api::Status(size_t*)> workspace_size;
-  void* workspace = nullptr;
-  size_t workspace_bytes = 0;
-  sa_impl impl = SA_IMPL_AUTO;
-  const char* impl_label = nullptr;  // an anchor's name instead of sa_impl_name(impl)
-  bool ok = true;
-  bool checked = false;  // compared with the reference (not with --no-check)
-  double max_rel_l2 = 0;
-  std::vector<double> rounds_ms;
-  double median_ms = 0;
-};
+void apply(const BenchVariant& v, sa_impl* impl, int32_t* bucket, int32_t* deterministic) {
+  *impl = v.impl;
+  if (bucket && v.bucket >= 0) *bucket = v.bucket;
+  if (deterministic && v.deterministic >= 0) *deterministic = v.deterministic;
+}
+
+double worst(const std::vector<Check>& checks, bool* ok) {
+  double w = 0;
+  for (const Check& c : checks) {
+    *ok = *ok && c.pass();
+    if (c.metric == Check::Metric::kRelL2) w = std::max(w, c.error);
+  }
+  return w;
+}
+
+void report_failures(const Subject& s, const std::vector<Check>& checks) {
+  for (const Check& k : checks)
+    if (!k.pass()) std::cout << "  " << s.variant.label << ": " << k.line() << "\n";
+}
+
+namespace {
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -56,13 +69,6 @@ const char* impl_name(const Subject& s) {
   return s.impl_label != nullptr ? s.impl_label : sa_impl_name(s.impl);
 }
 
-sa_context context_of(Subject& s) {
-  sa_context c = api::context();
-  c.workspace = s.workspace;
-  c.workspace_bytes = s.workspace_bytes;
-  c.impl_used = &s.impl;
-  return c;
-}
 
 // BENCHMARKING.md: warm-up, then rounds of `calls` calls timed with events; variants alternate
 // round by round, and a second pass runs them in reverse order.
@@ -95,11 +101,6 @@ void time_subjects(std::vector<Subject*>& subjects, const BenchOptions& o) {
   cudaEventDestroy(stop);
 }
 
-void apply(const BenchVariant& v, sa_impl* impl, int32_t* bucket, int32_t* deterministic) {
-  *impl = v.impl;
-  if (bucket && v.bucket >= 0) *bucket = v.bucket;
-  if (v.deterministic >= 0) *deterministic = v.deterministic;
-}
 
 // ---- FLOPs (BENCHMARKING.md: attended pairs only) ---------------------------------------------
 double bsa_forward_flops(const BsaProblem& p) {
@@ -208,25 +209,8 @@ void print_table(const std::string& op, const std::vector<Subject>& subjects, do
   }
 }
 
-double worst(const std::vector<Check>& checks, bool* ok) {
-  double w = 0;
-  for (const Check& c : checks) {
-    *ok = *ok && c.pass();
-    if (c.metric == Check::Metric::kRelL2) w = std::max(w, c.error);
-  }
-  return w;
-}
 
 // ---- per operation -----------------------------------------------------------------------------
-struct OpSetup {
-  std::string op;
-  std::string shape_json;
-  double flops = 0;
-  // Runs one checked call of the variant (outputs poisoned first) and compares.
-  std::function<void(Subject&)> check;
-  std::function<Subject(const BenchVariant&)> make;
-};
-
 int bench_op(const OpSetup& setup, const BenchOptions& o, const CudaDevice& dev,
              std::vector<std::string>* records) {
   std::vector<Subject> subjects;
@@ -498,10 +482,9 @@ int run_bench(const DemoOptions& demo, const BenchOptions& o) {
         SampledComparison c = fwd ? bsa_forward_vs_reference(*p, demo.seed)
                                   : bsa_backward_vs_reference(*p, demo.seed);
         s.max_rel_l2 = worst(c.checks, &s.ok);
-        for (const Check& k : c.checks)
-          if (!k.pass()) std::cout << "  " << s.variant.label << ": " << k.line() << "\n";
+        report_failures(s, c.checks);
       };
-    } else {
+    } else if (op == "dsa_fwd" || op == "dsa_bwd") {
       auto p = std::make_shared<DsaProblem>(make_dsa_problem(dsa_shape(demo, Target::kGpu), demo.seed));
       auto dv = std::make_shared<DsaViews>(dsa_views(*p, [&](HostTensor& t) { return arena.upload(t); }));
       std::cout << "[" << op << "] " << p->shape.describe() << "\n";
@@ -545,9 +528,10 @@ int run_bench(const DemoOptions& demo, const BenchOptions& o) {
         SampledComparison c = fwd ? dsa_forward_vs_reference(*p, demo.seed)
                                   : dsa_backward_vs_reference(*p, demo.seed);
         s.max_rel_l2 = worst(c.checks, &s.ok);
-        for (const Check& k : c.checks)
-          if (!k.pass()) std::cout << "  " << s.variant.label << ": " << k.line() << "\n";
+        report_failures(s, c.checks);
       };
+    } else {
+      setup = indexer_setup(op, demo, arena);
     }
     status = std::max(status, bench_op(setup, o, dev, &records));
   }

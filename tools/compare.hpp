@@ -14,9 +14,15 @@ constexpr double kRelL2Tolerance = 1e-2;
 constexpr double kLseTolerance = 1e-4;
 // The oracle's own backward against central differences of its forward, all in double.
 constexpr double kFiniteDifferenceTolerance = 1e-5;
+// The indexer's fp32 scores: within 1e-4 of the largest |score| of the fp64 reference on the same
+// bf16 values (tests/test_gpu_indexer.cpp); a top-k key's reference score within 2e-4 of it below
+// the k-th best (near-ties may swap); the loss against the sum of its per-token terms.
+constexpr double kScoreTolerance = 1e-4;
+constexpr double kTopkRegretTolerance = 2e-4;
 
 struct Check {
-  enum class Metric { kRelL2, kMaxAbs, kFiniteDifferences };
+  // kMaxRel: max |got - want| over the largest |want|; kCount: violations of a rule (pass: 0).
+  enum class Metric { kRelL2, kMaxAbs, kFiniteDifferences, kMaxRel, kCount };
   std::string name;
   Metric metric = Metric::kRelL2;
   double error = 0;
@@ -36,5 +42,13 @@ Check rel_l2_check(std::string name, const std::vector<double>& got,
 Check lse_check(std::string name, const std::vector<double>& got, const std::vector<double>& want,
                 int64_t nan_in_output);
 Check finite_difference_check(double rel_error, int64_t elements);
+// max |got - want| over the entries finite in both, divided by the largest finite |want|;
+// infinities must sit at the same positions.
+Check max_rel_check(std::string name, const std::vector<double>& got,
+                    const std::vector<double>& want, int64_t nan_in_output, double tolerance);
+// `error` already relative (e.g. a top-k regret over the largest score).
+Check relative_error_check(std::string name, double error, int64_t elements, double tolerance);
+// A rule checked element by element: passes when no element broke it.
+Check count_check(std::string name, int64_t violations, int64_t elements);
 
 }  // namespace sa_tool

@@ -85,6 +85,14 @@ void* DeviceArena::allocate(size_t bytes) {
   return p;
 }
 
+sa_tensor DeviceArena::tensor(sa_dtype dtype, const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return sa_tensor_contiguous(allocate(static_cast<size_t>(n * sa::dtype_size(dtype))), dtype,
+                              static_cast<int32_t>(shape.size()), shape.data(), SA_DEVICE_CUDA,
+                              device_);
+}
+
 sa_tensor DeviceArena::upload(HostTensor& t) {
   sa_tensor v = t.view();
   v.data = allocate(t.bytes());

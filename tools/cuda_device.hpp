@@ -29,6 +29,9 @@ class DeviceArena {
 
   sa_tensor upload(HostTensor& t);  // a device copy of t, same shape and dtype
   void* allocate(size_t bytes);     // nullptr for 0 bytes
+  // A new contiguous device tensor (contents undefined).
+  sa_tensor tensor(sa_dtype dtype, const std::vector<int64_t>& shape);
+  int device() const { return device_; }
 
  private:
   int device_;

@@ -27,6 +27,12 @@ inline const std::vector<std::string>& all_ops() {
   return ops;
 }
 
+// The lightning indexer's operations: bench only (bench_indexer.cpp), not in "all".
+inline const std::vector<std::string>& indexer_ops() {
+  static const std::vector<std::string> ops = {"indexer_scores", "indexer_topk", "indexer_loss"};
+  return ops;
+}
+
 struct DemoOptions {
   std::vector<std::string> ops = all_ops();
   DeviceChoice device = DeviceChoice::kAuto;
@@ -40,6 +46,12 @@ struct DemoOptions {
   sa_layout layout = SA_LAYOUT_BHSD;
   std::optional<int64_t> dsa_heads, dsa_dqk, dsa_seq, dsa_queries, topk;
   bool topk_length = true, sink = true;
+
+  // The bench's indexer operations: S = --seq, k = --topk, the loss's attention H and D_qk =
+  // --dsa-heads and --dsa-dqk; these three flags are theirs (bench only).
+  std::optional<int64_t> indexer_heads;  // H_I (64)
+  bool causal = true;                    // k_start = 0, k_end = t + 1 (DeepSeek-V3.2 prefill)
+  bool dense_loss = false;               // indexer_loss in dense mode (the warm-up stage)
 };
 
 // Defaults: small on the CPU (the whole CPU demo takes seconds), larger on the GPU.

@@ -1,7 +1,8 @@
 // sparse-attention: the command-line tool. Parses the arguments and dispatches to a subcommand:
 //   demo   BSA and DSA forward/backward on a random problem, timed and checked (demo.hpp)
-//   bench  the benchmark mode (bench.hpp; not written yet)
+//   bench  the benchmark mode (bench.hpp)
 // Exit status: 0 all checks passed, 1 a check failed, 2 a bad argument (ours or the library's).
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -51,6 +52,8 @@ std::string usage() {
      << "           anchor=flashmla: FlashMLA's Hopper sparse prefill on the same tensors\n"
      << "           (dsa_fwd; built in: " << (sa_tool::flashmla_anchor_built() ? "yes" : "no")
      << ", -DSA_FLASHMLA_DIR)\n"
+     << "           bench also times the lightning indexer: --op indexer_scores |\n"
+     << "           indexer_topk | indexer_loss (flags below)\n"
      << "  help     this text (also --help, -h)\n\n"
      << "demo flags (--flag VALUE or --flag=VALUE):\n";
   flag("--op OPS", "bsa_fwd | bsa_bwd | dsa_fwd | dsa_bwd | all, or a comma list (all)");
@@ -79,6 +82,16 @@ std::string usage() {
   flag("--topk N", "slots per query, distinct random keys" + both(dc.topk, dg.topk));
   flag("--topk-length on|off", "random topk_length in [1, topk] per query (on)");
   flag("--sink on|off", "per-head attention sink, random in [-1, 4] (on)");
+  os << " the indexer (bench only; D_I = 128, bf16 q_I and k_I, fp32 w; tools/bench_indexer.cpp):\n";
+  flag("--seq N", "S = S_q = S_kv (8192; indexer_loss 4096)");
+  flag("--indexer-heads N", "H_I: 16, 32 or 64 (64)");
+  flag("--topk N", "k of indexer_topk and of the sparse loss's top-k (2048)");
+  flag("--causal on|off", "ranges k_start = 0, k_end = t + 1, as in DeepSeek-V3.2's prefill (on);");
+  more("off: every key in range");
+  flag("--loss-mode M", "sparse | dense: indexer_loss on our top-k (with the DSA forward's lse)");
+  more("or over each whole range (the warm-up stage) (sparse)");
+  flag("--dsa-heads N", "H of the loss's attention (128)");
+  flag("--dsa-dqk N", "D_qk of the loss's attention, 512 or 576 (576)");
   os << "\nexit status: 0 every check passed; 1 a check failed (or a run-time failure);\n"
      << "2 a bad argument: an unknown flag or value, or a call the library refused\n"
      << "(invalid argument, unsupported), with its message on stderr.\n";
@@ -137,25 +150,34 @@ bool parse_on_off(const std::string& flag, const std::string& v) {
   return parse_choice<bool>(flag, v, {{"on", true}, {"off", false}});
 }
 
-std::vector<std::string> parse_ops(const std::string& flag, const std::string& v) {
+// The demo's operations; with `bench`, also the indexer's.
+std::vector<std::string> parse_ops(const std::string& flag, const std::string& v, bool bench) {
   if (v == "all") return all_ops();
+  const std::string expected = bench ? "bsa_fwd, bsa_bwd, dsa_fwd, dsa_bwd, indexer_scores, "
+                                       "indexer_topk, indexer_loss or all"
+                                     : "bsa_fwd, bsa_bwd, dsa_fwd, dsa_bwd or all";
+  std::vector<std::string> known = all_ops();
+  if (bench) known.insert(known.end(), indexer_ops().begin(), indexer_ops().end());
   std::vector<std::string> ops;
   std::stringstream ss(v);
   for (std::string op; std::getline(ss, op, ',');) {
-    bool known = false;
-    for (const std::string& k : all_ops()) known = known || op == k;
-    if (!known) bad(flag, "bsa_fwd, bsa_bwd, dsa_fwd, dsa_bwd or all", v);
+    if (std::find(known.begin(), known.end(), op) == known.end()) {
+      if (!bench && std::find(indexer_ops().begin(), indexer_ops().end(), op) != indexer_ops().end())
+        bad(flag, expected + " (the indexer's operations are bench's)", v);
+      bad(flag, expected, v);
+    }
     ops.push_back(op);
   }
-  if (ops.empty()) bad(flag, "bsa_fwd, bsa_bwd, dsa_fwd, dsa_bwd or all", v);
+  if (ops.empty()) bad(flag, expected, v);
   return ops;
 }
 
-// Parses the demo's flags into *o; returns false when --help was asked for.
-bool parse_demo(const std::vector<std::string>& args, DemoOptions* o) {
+// Parses the demo's flags into *o (with `bench`, also the indexer's); returns false when --help
+// was asked for.
+bool parse_demo(const std::vector<std::string>& args, DemoOptions* o, bool bench = false) {
   using Setter = std::function<void(const std::string& flag, const std::string& value)>;
   const std::vector<std::pair<std::string, Setter>> flags = {
-      {"--op", [&](auto& f, auto& v) { o->ops = parse_ops(f, v); }},
+      {"--op", [&](auto& f, auto& v) { o->ops = parse_ops(f, v, bench); }},
       {"--device",
        [&](auto& f, auto& v) {
          o->device = parse_choice<DeviceChoice>(f, v,
@@ -190,6 +212,14 @@ bool parse_demo(const std::vector<std::string>& args, DemoOptions* o) {
       {"--topk-length", [&](auto& f, auto& v) { o->topk_length = parse_on_off(f, v); }},
       {"--sink", [&](auto& f, auto& v) { o->sink = parse_on_off(f, v); }},
   };
+  const std::vector<std::pair<std::string, Setter>> bench_flags = {
+      {"--indexer-heads", [&](auto& f, auto& v) { o->indexer_heads = parse_positive(f, v); }},
+      {"--causal", [&](auto& f, auto& v) { o->causal = parse_on_off(f, v); }},
+      {"--loss-mode",
+       [&](auto& f, auto& v) {
+         o->dense_loss = parse_choice<bool>(f, v, {{"sparse", false}, {"dense", true}});
+       }},
+  };
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     if (arg == "--help" || arg == "-h") return false;
@@ -198,6 +228,9 @@ bool parse_demo(const std::vector<std::string>& args, DemoOptions* o) {
     const Setter* set = nullptr;
     for (const auto& f : flags)
       if (f.first == name) set = &f.second;
+    if (bench)
+      for (const auto& f : bench_flags)
+        if (f.first == name) set = &f.second;
     if (set == nullptr || name.rfind("--", 0) != 0)
       throw ToolError(kExitBadArgument, "unknown flag '" + arg + "' (see --help)");
     std::string value;
@@ -261,7 +294,7 @@ int run(int argc, char** argv) {
       else bench.json = value;
     }
     DemoOptions options;
-    if (!parse_demo(problem_args, &options)) {
+    if (!parse_demo(problem_args, &options, /*bench=*/true)) {
       std::fputs(usage().c_str(), stdout);
       return kExitPass;
     }

@@ -424,10 +424,3 @@ def test_shapes_are_validated_before_outputs_are_allocated():
     q_I = q_I.detach().requires_grad_()  # dq_I would be [2^31, 3, 8] fp64
     with pytest.raises(ValueError, match=INVALID + r"w: expected shape \[S_q, H_I\]"):
         indexer_kl_loss(q_I, k_I, torch.zeros(8, 3, dtype=F64), q, kv, torch.zeros(8, 2))
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_is_not_served_yet():
-    q_I, k_I, w, _, _ = make_case(grad=False, d_i=128, h_i=16, dtype=torch.bfloat16)
-    with pytest.raises(NotImplementedError, match=r"SA_ERROR_UNSUPPORTED: indexer_topk"):
-        indexer_topk(q_I.cuda(), k_I.cuda(), w.float().cuda(), 4)
