@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "bsa_mask_oracle.hpp"
 #include "bsa_problem_builder.hpp"
 #include "dsa_problem_builder.hpp"
 #include "test_util.hpp"
@@ -312,6 +313,7 @@ struct GpuBsaBwdCase {
   float scale = 0.f;   // 0: 1/sqrt(D)
   int64_t pad = 8;     // extra elements per innermost row of the device tensors
   bool nan_padded_keys = false;  // K, V of padded keys inside the tensor := NaN
+  MaskSpec mask;       // the token mask (options.mask and its parameters); none by default
 };
 
 inline void PrintTo(const GpuBsaBwdCase& c, std::ostream* os) { *os << c.name; }
@@ -445,6 +447,7 @@ struct GpuBsaBwdProblem {
     o.bucket_size = c.bucket;
     o.deterministic = c.deterministic ? 1 : 0;
     o.impl = impl;
+    c.mask.apply(o);
     return o;
   }
 
@@ -492,7 +495,8 @@ struct GpuBsaBwdProblem {
     return ::testing::AssertionSuccess();
   }
 
-  // attended[(b * Hkv + hk) * Skv + j]: some query of the KV head's group attends key j.
+  // attended[(b * Hkv + hk) * Skv + j]: some query of the KV head's group attends key j (the
+  // block lists and the token mask).
   std::vector<uint8_t> attended_keys() const {
     const BsaShape& s = c.shape;
     std::vector<uint8_t> out(static_cast<size_t>(s.B * s.Hkv * s.Skv), 0);
@@ -502,10 +506,26 @@ struct GpuBsaBwdProblem {
           for (int32_t slot = 0; slot < pat.count(b, h, m); ++slot) {
             const int64_t n = pat.index(b, h, m, slot);
             for (int64_t j = n * s.block; j < n * s.block + pat.block_len(s, b, n) && j < s.Skv;
-                 ++j)
-              out[static_cast<size_t>((b * s.Hkv + h / s.group()) * s.Skv + j)] = 1;
+                 ++j) {
+              bool seen = c.mask.kind == SA_MASK_NONE;
+              for (int64_t i = m * s.block; !seen && i < std::min((m + 1) * s.block, s.Sq); ++i)
+                seen = c.mask.visible(i, j, s.Sq, s.Skv);
+              if (seen) out[static_cast<size_t>((b * s.Hkv + h / s.group()) * s.Skv + j)] = 1;
+            }
           }
     return out;
+  }
+
+  // Does query row i of (b, h) see some key (the block lists and the token mask)?
+  bool row_sees_a_key(int64_t b, int64_t h, int64_t i) const {
+    const BsaShape& s = c.shape;
+    const int64_t m = i / s.block;
+    for (int32_t slot = 0; slot < pat.count(b, h, m); ++slot) {
+      const int64_t n = pat.index(b, h, m, slot);
+      for (int64_t j = n * s.block; j < n * s.block + pat.block_len(s, b, n) && j < s.Skv; ++j)
+        if (c.mask.visible(i, j, s.Sq, s.Skv)) return true;
+    }
+    return false;
   }
 };
 
@@ -643,11 +663,11 @@ inline void expect_bsa_backward_matches_reference(GpuBsaBwdProblem& p,
                                 << " j=" << j;
         }
       }
-  // Query rows of blocks that list nothing: dq exactly 0.
+  // Query rows that see no key (blocks that list nothing, or the token mask): dq exactly 0.
   for (int64_t b = 0; b < s.B; ++b)
     for (int64_t h = 0; h < s.Hq; ++h)
       for (int64_t i = 0; i < s.Sq; ++i) {
-        if (p.pat.count(b, h, i / s.block) != 0) continue;
+        if (p.row_sees_a_key(b, h, i)) continue;
         for (int64_t x = 0; x < s.D; ++x)
           ASSERT_EQ(dq[static_cast<size_t>(((b * s.Hq + h) * s.Sq + i) * s.D + x)], 0.0)
               << "dq of an empty row, b=" << b << " h=" << h << " i=" << i;

@@ -162,6 +162,19 @@ typedef enum sa_layout {
   SA_LAYOUT_BSHD = 1  /* [B, S, H, D] */
 } sa_layout;
 
+/* Token mask inside the listed blocks (docs/bsa.md, "Token masks"). With causal_offset `c`
+ * (default S_kv - S_q, bottom-right aligned), query token i sees key token s iff
+ *   causal:        s <= i + c
+ *   window:        i + c - window_left <= s <= i + c + window_right
+ *   causal_window: i + c - window_left <= s <= i + c
+ * on top of the block lists: a key must also lie in a listed block, within its valid length. */
+typedef enum sa_mask {
+  SA_MASK_NONE = 0,         /* every valid key of a listed block (the first version's behaviour) */
+  SA_MASK_CAUSAL = 1,
+  SA_MASK_WINDOW = 2,
+  SA_MASK_CAUSAL_WINDOW = 3
+} sa_mask;
+
 typedef struct sa_bsa_options {
   size_t size;           /* sizeof(sa_bsa_options): set by SA_BSA_OPTIONS_INIT */
   float scale;           /* softmax scale; 0 means 1/sqrt(D); else finite, with
@@ -174,12 +187,23 @@ typedef struct sa_bsa_options {
   int32_t validate;      /* nonzero: check metadata values first, report the first bad entry */
   int32_t deterministic; /* nonzero: bitwise-reproducible gradients */
   sa_impl impl;          /* SA_IMPL_AUTO or a forced implementation */
+  /* Version 2 (token masks). The first version ends after `impl`; these start at the next
+   * 8-byte boundary, so that no byte of them lies in a version-1 caller's struct (its padding). */
+  int64_t causal_offset; /* the diagonal's offset `c` when causal_offset_given is nonzero; any
+                          * value (rows may see no key) */
+  int64_t window_left;   /* window masks: keys before the diagonal that a query sees, >= 0;
+                          * must be 0 for none and causal */
+  int64_t window_right;  /* SA_MASK_WINDOW: keys after the diagonal, >= 0; must be 0 otherwise */
+  sa_mask mask;          /* SA_MASK_NONE (default), _CAUSAL, _WINDOW or _CAUSAL_WINDOW */
+  int32_t causal_offset_given; /* nonzero: use causal_offset; 0 (default): c = S_kv - S_q. Must
+                                * be 0 with SA_MASK_NONE */
 } sa_bsa_options;
 
 /* Defaults: scale 1/sqrt(D), BHSD, block 128, count K_max, automatic buckets, no validation,
- * not deterministic, AUTO. */
+ * not deterministic, AUTO, no token mask. */
 #define SA_BSA_OPTIONS_INIT \
-  {sizeof(sa_bsa_options), 0.0f, SA_LAYOUT_BHSD, 128, -1, 0, 0, 0, SA_IMPL_AUTO}
+  {sizeof(sa_bsa_options), 0.0f, SA_LAYOUT_BHSD, 128, -1, 0, 0, 0, SA_IMPL_AUTO, 0, 0, 0, \
+   SA_MASK_NONE, 0}
 SA_INLINE sa_bsa_options sa_bsa_options_default(void) {
   sa_bsa_options o = SA_BSA_OPTIONS_INIT;
   return o;

@@ -12,7 +12,11 @@ from . import _indexer_ops, _ops  # noqa: F401  (register torch.ops.sparse_atten
 from ._abi import LIBRARY_PATH as library_path
 from .functional import block_sparse_attention, deepseek_sparse_attention
 from .indexer import indexer_kl_loss, indexer_scores, indexer_topk
-from .metadata import bsa_metadata_from_block_mask, bsa_metadata_from_flex_block_mask
+from .metadata import (
+    bsa_causal_block_metadata,
+    bsa_metadata_from_block_mask,
+    bsa_metadata_from_flex_block_mask,
+)
 
 try:
     from importlib.metadata import version as _version
@@ -29,5 +33,6 @@ __all__ = [
     "indexer_kl_loss",
     "bsa_metadata_from_block_mask",
     "bsa_metadata_from_flex_block_mask",
+    "bsa_causal_block_metadata",
     "library_path",
 ]

@@ -42,6 +42,10 @@ SA_DEVICE_CUDA = 1
 SA_LAYOUT_BHSD = 0
 SA_LAYOUT_BSHD = 1
 SA_IMPL_AUTO = 0
+SA_MASK_NONE = 0
+SA_MASK_CAUSAL = 1
+SA_MASK_WINDOW = 2
+SA_MASK_CAUSAL_WINDOW = 3
 SA_MAX_RANK = 4
 
 
@@ -94,6 +98,12 @@ class sa_bsa_options(_Extensible):
         ("validate", ctypes.c_int32),
         ("deterministic", ctypes.c_int32),
         ("impl", ctypes.c_int),
+        # version 2: token masks
+        ("causal_offset", ctypes.c_int64),
+        ("window_left", ctypes.c_int64),
+        ("window_right", ctypes.c_int64),
+        ("mask", ctypes.c_int),
+        ("causal_offset_given", ctypes.c_int32),
     ]
 
 
@@ -421,6 +431,17 @@ def int32_option(value: int, name: str, expected: str) -> int:
         raise TypeError("%s: expected an int, got %s" % (name, type(value).__name__))
     if not INT32_MIN <= value <= INT32_MAX:
         raise _invalid("%s: expected %s, got %d (outside int32)" % (name, expected, value))
+    return value
+
+
+def int64_option(value: int, name: str, expected: str) -> int:
+    """A Python int headed for an int64 field of the C structs, range-checked."""
+    if isinstance(value, bool):
+        value = int(value)
+    if not isinstance(value, int):
+        raise TypeError("%s: expected an int, got %s" % (name, type(value).__name__))
+    if not -(1 << 63) <= value < (1 << 63):
+        raise _invalid("%s: expected %s, got %d (outside int64)" % (name, expected, value))
     return value
 
 

@@ -27,9 +27,16 @@ _NS = "sparse_attention"
 
 
 # ---- BSA ----------------------------------------------------------------------------------------
-def _bsa_options(block_size, layout, count, scale, bucket_size, deterministic, validate):
+def _bsa_options(block_size, layout, count, scale, bucket_size, deterministic, validate,
+                 mask=0, causal_offset=None, window_left=0, window_right=0):
     # Every value is range-checked before ctypes narrows it (it would keep the low 32 bits).
     o = _abi.sa_bsa_options()
+    o.mask = _abi.int32_option(mask, "options.mask", "SA_MASK_NONE .. SA_MASK_CAUSAL_WINDOW")
+    o.causal_offset_given = int(causal_offset is not None)
+    o.causal_offset = 0 if causal_offset is None else _abi.int64_option(
+        causal_offset, "options.causal_offset", "an int64")
+    o.window_left = _abi.int64_option(window_left, "options.window_left", ">= 0")
+    o.window_right = _abi.int64_option(window_right, "options.window_right", ">= 0")
     o.scale = _abi.scale_option(scale, "1/sqrt(D)")
     o.layout = _abi.int32_option(layout, "options.layout", "SA_LAYOUT_BHSD or SA_LAYOUT_BSHD")
     o.block_size = _abi.int32_option(block_size, "options.block_size", "64 or 128")
@@ -140,8 +147,13 @@ def bsa_fwd(
     bucket_size: int,
     deterministic: bool,
     validate: bool,
+    mask: int = 0,
+    causal_offset: Optional[int] = None,
+    window_left: int = 0,
+    window_right: int = 0,
 ) -> Tuple[Tensor, Tensor]:
-    opts = _bsa_options(block_size, layout, count, scale, bucket_size, deterministic, validate)
+    opts = _bsa_options(block_size, layout, count, scale, bucket_size, deterministic, validate,
+                        mask, causal_offset, window_left, window_right)
     o, lse = _bsa_fwd_outputs(q, k, v, q2k_index, q2k_count, kv_block_len, opts)
     args = _bsa_fwd_args(q, k, v, q2k_index, q2k_count, kv_block_len, o, lse, opts, False)
     _abi.run("bsa_forward", args, q.device)
@@ -150,10 +162,12 @@ def bsa_fwd(
 
 @bsa_fwd.register_fake
 def _bsa_fwd_fake(q, k, v, q2k_index, q2k_count, kv_block_len, block_size, layout, count, scale,
-                  bucket_size, deterministic, validate):
+                  bucket_size, deterministic, validate, mask=0, causal_offset=None,
+                  window_left=0, window_right=0):
     _same_device(q=q, k=k, v=v, q2k_index=q2k_index, q2k_count=q2k_count,
                  kv_block_len=kv_block_len)
-    opts = _bsa_options(block_size, layout, count, scale, bucket_size, deterministic, validate)
+    opts = _bsa_options(block_size, layout, count, scale, bucket_size, deterministic, validate,
+                        mask, causal_offset, window_left, window_right)
     return _bsa_fwd_outputs(q, k, v, q2k_index, q2k_count, kv_block_len, opts, fake=True)
 
 
@@ -206,8 +220,13 @@ def bsa_bwd(
     bucket_size: int,
     deterministic: bool,
     validate: bool,
+    mask: int = 0,
+    causal_offset: Optional[int] = None,
+    window_left: int = 0,
+    window_right: int = 0,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    opts = _bsa_options(block_size, layout, count, scale, bucket_size, deterministic, validate)
+    opts = _bsa_options(block_size, layout, count, scale, bucket_size, deterministic, validate,
+                        mask, causal_offset, window_left, window_right)
     dq, dk, dv = _bsa_bwd_outputs(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, opts)
     args = _bsa_bwd_args(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, dq, dk, dv,
                          opts, False)
@@ -217,20 +236,23 @@ def bsa_bwd(
 
 @bsa_bwd.register_fake
 def _bsa_bwd_fake(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, block_size, layout,
-                  count, scale, bucket_size, deterministic, validate):
+                  count, scale, bucket_size, deterministic, validate, mask=0, causal_offset=None,
+                  window_left=0, window_right=0):
     _same_device(dout=dout, q=q, k=k, v=v, o=o, lse=lse, q2k_index=q2k_index,
                  q2k_count=q2k_count, kv_block_len=kv_block_len)
-    opts = _bsa_options(block_size, layout, count, scale, bucket_size, deterministic, validate)
+    opts = _bsa_options(block_size, layout, count, scale, bucket_size, deterministic, validate,
+                        mask, causal_offset, window_left, window_right)
     return _bsa_bwd_outputs(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, opts,
                             fake=True)
 
 
 def _bsa_setup_context(ctx, inputs, output):
     (q, k, v, q2k_index, q2k_count, kv_block_len, block_size, layout, count, scale, bucket_size,
-     deterministic, validate) = inputs
+     deterministic, validate, mask, causal_offset, window_left, window_right) = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse, q2k_index, q2k_count, kv_block_len)
-    ctx.options = (block_size, layout, count, scale, bucket_size, deterministic, validate)
+    ctx.options = (block_size, layout, count, scale, bucket_size, deterministic, validate, mask,
+                   causal_offset, window_left, window_right)
     ctx.mark_non_differentiable(lse)
 
 
@@ -241,7 +263,7 @@ def _bsa_backward(ctx, do, dlse):
     # The library needs a contiguous last dimension; autograd may hand over expanded gradients.
     dq, dk, dv = bsa_bwd(do.contiguous(), q, k, v, o, lse, q2k_index, q2k_count, kv_block_len,
                          *ctx.options)
-    return (dq, dk, dv) + (None,) * 10
+    return (dq, dk, dv) + (None,) * 14
 
 
 bsa_fwd.register_autograd(_bsa_backward, setup_context=_bsa_setup_context)

@@ -53,6 +53,25 @@ def _int(value, name: str, optional: bool = False) -> Optional[int]:
                     % (name, " or None" if optional else "", type(value).__name__, value))
 
 
+_MASKS = {
+    None: _abi.SA_MASK_NONE,
+    "none": _abi.SA_MASK_NONE,
+    "causal": _abi.SA_MASK_CAUSAL,
+    "window": _abi.SA_MASK_WINDOW,
+    "causal_window": _abi.SA_MASK_CAUSAL_WINDOW,
+}
+
+
+def _mask_id(mask) -> int:
+    """The C ABI's sa_mask of a `mask` argument (None or a name)."""
+    if mask is not None and not isinstance(mask, str):
+        raise TypeError("mask: expected a str or None, got %s" % type(mask).__name__)
+    if mask not in _MASKS:
+        raise _invalid("mask: expected None, 'none', 'causal', 'window' or 'causal_window', "
+                       "got %r" % mask)
+    return _MASKS[mask]
+
+
 def _scale(scale, default_doc: str, name: str = "scale") -> float:
     """The user's scale (argument `name`): None is the default; any other value is the scale
     itself, so 0 (which the C ABI reads as "default") is refused rather than silently
@@ -213,8 +232,12 @@ def block_sparse_attention(
     bucket_size: int = 0,
     deterministic: bool = False,
     validate: bool = False,
+    mask: Optional[str] = None,
+    causal_offset: Optional[int] = None,
+    window_left: Optional[int] = None,
+    window_right: Optional[int] = None,
 ) -> Tuple[Tensor, Tensor]:
-    """Block-sparse attention (SPEC section 1). Returns ``(o, lse)``.
+    """Block-sparse attention (SPEC sections 1 and 4). Returns ``(o, lse)``.
 
     Args:
         q: ``[B, H_q, S_q, D]`` (layout ``"bhsd"``) or ``[B, S_q, H_q, D]`` (``"bshd"``).
@@ -236,12 +259,31 @@ def block_sparse_attention(
         deterministic: bitwise-reproducible gradients.
         validate: check the metadata values on the GPU first (synchronises; a debugging aid).
             The CPU reference always checks them.
+        mask: a token mask inside the listed blocks: None or ``"none"``, ``"causal"``,
+            ``"window"`` or ``"causal_window"``. With ``c = causal_offset`` (default
+            ``S_kv - S_q``, bottom-right aligned), query ``i`` sees key ``s`` iff
+            causal: ``s <= i + c``; window: ``i + c - window_left <= s <= i + c +
+            window_right``; causal_window: ``i + c - window_left <= s <= i + c``. The library
+            skips blocks the mask hides and masks only the blocks it cuts.
+        causal_offset: the diagonal's offset (any int64); only with a mask.
+        window_left, window_right: window sizes (``>= 0``); ``window_left`` is required by the
+            window masks, ``window_right`` is for ``"window"`` only (default 0).
 
     Returns:
         ``o`` (layout and dtype of ``q``, last dim ``D_v``) with autograd for q, k and v, and
-        ``lse`` ``[B, H_q, S_q]`` fp32 (natural log; ``-inf`` for a row with no blocks), which
-        carries no gradient.
+        ``lse`` ``[B, H_q, S_q]`` fp32 (natural log; ``-inf`` for a row that sees no key),
+        which carries no gradient.
     """
+    mask_id = _mask_id(mask)
+    causal_offset = _int(causal_offset, "causal_offset", optional=True)
+    window_left = _int(window_left, "window_left", optional=True)
+    window_right = _int(window_right, "window_right", optional=True)
+    if mask_id in (_abi.SA_MASK_WINDOW, _abi.SA_MASK_CAUSAL_WINDOW) and window_left is None:
+        raise _invalid("window_left: required by mask=%r (the keys before the diagonal that a "
+                       "query sees, >= 0)" % mask)
+    if mask_id == _abi.SA_MASK_NONE and causal_offset is not None:
+        raise _invalid("causal_offset: given without a mask (mask=%r); pass mask=\"causal\", "
+                       "\"window\" or \"causal_window\"" % mask)
     q, k, v = _tensor(q, "q"), _tensor(k, "k"), _tensor(v, "v")
     q2k_index = _tensor(q2k_index, "q2k_index")
     q2k_count = _tensor(q2k_count, "q2k_count", optional=True)
@@ -275,6 +317,8 @@ def block_sparse_attention(
         q, k, v, q2k_index, q2k_count, kv_block_len,
         block_size, layout_id, -1 if count is None else count, scale,
         bucket_size, bool(deterministic), validate,
+        mask_id, causal_offset, 0 if window_left is None else window_left,
+        0 if window_right is None else window_right,
     )
 
 

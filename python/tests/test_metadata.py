@@ -76,7 +76,8 @@ def _flex_block_mask(mask_mod, b, h, s_q, s_kv, block):
 @needs_flex
 @pytest.mark.parametrize("block", [64, 128])
 def test_flex_helper_matches_brute_force(block):
-    # A token-level mask with partial blocks: BSA's metadata is the union of partial and full
+    # A token-level mask with partial blocks (a per-head window no token mask expresses),
+    # taken as the block superset explicitly (mask="none"): the union of partial and full
     # blocks, i.e. every block with at least one attended pair.
     s_q, s_kv = 3 * block + 5, 4 * block
 
@@ -84,7 +85,9 @@ def test_flex_helper_matches_brute_force(block):
         return (kv_idx <= q_idx) & (q_idx - kv_idx < block + 17 * (h + 1))
 
     bm = _flex_block_mask(sliding_causal, 2, 2, s_q, s_kv, block)
-    index, count = bsa_metadata_from_flex_block_mask(bm)
+    with pytest.raises(ValueError, match="partial block"):
+        bsa_metadata_from_flex_block_mask(bm)  # no mask: refused, not the superset
+    index, count = bsa_metadata_from_flex_block_mask(bm, "none")
     n_q, n_kv = -(-s_q // block), -(-s_kv // block)
     assert index.dtype == torch.int32 and count.shape == (2, 2, n_q) and index.shape[:3] == (2, 2, n_q)
     qi = torch.arange(s_q)[:, None]
@@ -141,7 +144,8 @@ def test_flex_block_size_64_with_the_default_block_size_names_the_likely_cause(l
     def causal(b, h, q_idx, kv_idx):
         return kv_idx <= q_idx
 
-    index, count = bsa_metadata_from_flex_block_mask(_flex_block_mask(causal, None, None, s, s, 64))
+    index, count = bsa_metadata_from_flex_block_mask(_flex_block_mask(causal, None, None, s, s, 64),
+                                                     "causal")
     q = torch.randn(1, 2, s, 8, dtype=torch.float64)
     if layout == "bshd":
         q = q.transpose(1, 2).contiguous()

@@ -22,6 +22,12 @@ constexpr size_t kMaxStructBytes = size_t{1} << 16;
 constexpr size_t kBsaOptionsV1 = offsetof(sa_bsa_options, impl) + sizeof(sa_impl);
 constexpr size_t kDsaOptionsV1 = offsetof(sa_dsa_options, impl) + sizeof(sa_impl);
 constexpr size_t kIndexerOptionsV1 = offsetof(sa_indexer_options, impl) + sizeof(sa_impl);
+// sa_bsa_options version 2 (token masks) starts past the first version's sizeof, padding
+// included: a version-1 caller's padding bytes (any value) are never read as a new field.
+static_assert(offsetof(sa_bsa_options, causal_offset) >=
+                  (kBsaOptionsV1 + alignof(sa_bsa_options) - 1) / alignof(sa_bsa_options) *
+                      alignof(sa_bsa_options),
+              "sa_bsa_options: version-2 fields must start past the version-1 struct");
 constexpr size_t options_v1(const sa_bsa_options*) { return kBsaOptionsV1; }
 constexpr size_t options_v1(const sa_dsa_options*) { return kDsaOptionsV1; }
 constexpr size_t options_v1(const sa_indexer_options*) { return kIndexerOptionsV1; }

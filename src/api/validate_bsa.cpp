@@ -1,5 +1,7 @@
 // Validation of BSA forward and backward arguments (SPEC 1 and 3).
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "api/tensor_checks.hpp"
 #include "api/validate.hpp"
@@ -75,6 +77,65 @@ void check_options(const sa_bsa_options& o) {
                "options.bucket_size: expected >= 0 (0 = automatic), got " << o.bucket_size);
   SA_CHECK_ARG(enum_bits(o.impl) >= SA_IMPL_AUTO && enum_bits(o.impl) <= SA_IMPL_SM90,
                "options.impl: unknown implementation " << enum_bits(o.impl));
+}
+
+const char* mask_name(int32_t m) {
+  switch (m) {
+    case SA_MASK_NONE: return "SA_MASK_NONE";
+    case SA_MASK_CAUSAL: return "SA_MASK_CAUSAL";
+    case SA_MASK_WINDOW: return "SA_MASK_WINDOW";
+    case SA_MASK_CAUSAL_WINDOW: return "SA_MASK_CAUSAL_WINDOW";
+  }
+  return "an unknown mask";
+}
+
+// a + b saturated to int64 (b >= 0 or b <= 0 arbitrary; the results are clamped anyway).
+int64_t saturating_add(int64_t a, int64_t b) {
+  int64_t r = 0;
+  if (!__builtin_add_overflow(a, b, &r)) return r;
+  return b > 0 ? INT64_MAX : INT64_MIN;
+}
+
+// options.mask and its parameters (SPEC 4) -> the band lo <= s - i <= hi, clamped to [-Sq, Skv].
+TokenMask resolve_mask(const sa_bsa_options& o, const BsaDims& d) {
+  const int32_t kind = enum_bits(o.mask);
+  SA_CHECK_ARG(kind >= SA_MASK_NONE && kind <= SA_MASK_CAUSAL_WINDOW,
+               "options.mask: expected SA_MASK_NONE, SA_MASK_CAUSAL, SA_MASK_WINDOW or "
+               "SA_MASK_CAUSAL_WINDOW, got " << kind);
+  const bool window = kind == SA_MASK_WINDOW || kind == SA_MASK_CAUSAL_WINDOW;
+  SA_CHECK_ARG(o.window_left >= 0 && o.window_right >= 0,
+               "options.window_left, options.window_right: expected >= 0, got "
+                   << o.window_left << ", " << o.window_right);
+  SA_CHECK_ARG(window || o.window_left == 0,
+               "options.window_left: " << o.window_left << " is set but options.mask = "
+                                       << mask_name(kind) << " has no window (use "
+                                       << "SA_MASK_WINDOW or SA_MASK_CAUSAL_WINDOW)");
+  SA_CHECK_ARG(kind == SA_MASK_WINDOW || o.window_right == 0,
+               "options.window_right: " << o.window_right << " is set but options.mask = "
+                   << mask_name(kind)
+                   << (kind == SA_MASK_CAUSAL_WINDOW
+                           ? " already hides every key after the diagonal (expected 0)"
+                           : " has no window (use SA_MASK_WINDOW)"));
+  SA_CHECK_ARG(kind != SA_MASK_NONE || (o.causal_offset_given == 0 && o.causal_offset == 0),
+               "options.causal_offset: set (causal_offset_given = " << o.causal_offset_given
+                   << ", causal_offset = " << o.causal_offset
+                   << ") but options.mask = SA_MASK_NONE uses no offset");
+  SA_CHECK_ARG(o.causal_offset_given != 0 || o.causal_offset == 0,
+               "options.causal_offset: " << o.causal_offset
+                   << " is ignored unless options.causal_offset_given is nonzero (0 means the "
+                   << "default S_kv - S_q): set causal_offset_given = 1");
+  TokenMask m;
+  if (kind == SA_MASK_NONE) return m;
+  const int64_t c = o.causal_offset_given != 0 ? o.causal_offset : d.Skv - d.Sq;
+  int64_t lo = INT64_MIN, hi = INT64_MAX;
+  if (kind == SA_MASK_CAUSAL || kind == SA_MASK_CAUSAL_WINDOW) hi = c;
+  if (kind == SA_MASK_WINDOW) hi = saturating_add(c, o.window_right);
+  if (window) lo = saturating_add(c, -o.window_left);
+  auto clamp = [&](int64_t x) { return std::min(std::max(x, -d.Sq), d.Skv); };
+  m.on = true;
+  m.lo = clamp(lo);
+  m.hi = clamp(hi);
+  return m;
 }
 
 // q, k, v and the sparsity metadata: what forward and backward share.
@@ -164,6 +225,8 @@ Common check_inputs(const sa_tensor& q, const sa_tensor& k, const sa_tensor& v,
       c.meta.kv_block_len = int_view(bl);
     }
   }
+
+  c.meta.mask = resolve_mask(opt, d);
 
   c.scale = opt.scale == 0.f ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.D)))
                              : opt.scale;

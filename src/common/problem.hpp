@@ -48,15 +48,50 @@ struct BsaDims {
   SA_HD int64_t group() const { return Hq / Hkv; }  // query heads per KV head
 };
 
+// The token mask inside listed blocks (SPEC 4), resolved by validation from options.mask,
+// causal_offset and the windows: key s is visible to query i iff  lo <= s - i <= hi.
+// lo and hi are clamped to [-Sq, Skv], which changes no answer (s - i lies in [1 - Sq, Skv - 1])
+// and keeps them, s - i and the classification's differences inside int32 wherever Sq and Skv
+// fit int32 (the GPU paths' limit).
+struct TokenMask {
+  bool on = false;  // false: every valid key of a listed block is visible (mask "none")
+  int64_t lo = 0, hi = 0;
+
+  SA_HD bool visible(int64_t i, int64_t s) const {
+    return !on || (s - i >= lo && s - i <= hi);
+  }
+};
+
+// How rows [r0, r1] x keys [k0, k1] (inclusive, non-empty) meet the band lo <= s - i <= hi: the
+// differences s - i of the rectangle are exactly the integers [k0 - r1, k1 - r0].
+enum class MaskClass : int { kInside = 0, kPartial = 1, kOutside = 2 };
+template <class I>
+SA_HD MaskClass classify_tile(I r0, I r1, I k0, I k1, I lo, I hi) {
+  const I dmin = k0 - r1, dmax = k1 - r0;
+  if (dmax < lo || dmin > hi) return MaskClass::kOutside;
+  if (dmin >= lo && dmax <= hi) return MaskClass::kInside;
+  return MaskClass::kPartial;
+}
+
 struct BsaMeta {
   IntView q2k_index;     // [B, Hq, Nq, Kmax]
   IntView q2k_count;     // [B, Hq, Nq], or absent: fixed_count for every row
   int32_t fixed_count = 0;
   IntView kv_block_len;  // [B, Nkv] (stride[0] == 0 when given as [Nkv]), or absent: full blocks,
                          // the last one cut at Skv
+  TokenMask mask;        // the token mask (off: mask "none")
   // Number of entries of row (b, h, m) that are read.
   SA_HD int32_t count(int64_t b, int64_t h, int64_t m) const {
     return q2k_count.data ? q2k_count.at(b, h, m) : fixed_count;
+  }
+  // Is the pair (query block m, KV block n) entirely hidden by the mask? Judged on the block's
+  // nominal keys (not block_len), so an answer of true holds for any valid length.
+  SA_HD bool pair_outside(int64_t m, int64_t n, const BsaDims& d) const {
+    if (!mask.on) return false;
+    const int64_t r0 = m * d.block, r1 = (m + 1) * d.block < d.Sq ? (m + 1) * d.block : d.Sq;
+    const int64_t k0 = n * d.block, k1 = (n + 1) * d.block < d.Skv ? (n + 1) * d.block : d.Skv;
+    return classify_tile<int64_t>(r0, r1 - 1, k0, k1 - 1, mask.lo, mask.hi) ==
+           MaskClass::kOutside;
   }
   // Valid keys in KV block n of batch b.
   SA_HD int32_t block_len(int64_t b, int64_t n, const BsaDims& d) const {

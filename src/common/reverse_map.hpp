@@ -1,7 +1,8 @@
 // The BSA backward's key-to-query reverse map (SPEC 1, "Backward").
 //
 // Row r = (b * Hkv + hk) * Nkv + n lists every (query head, query block) pair whose forward row
-// selects KV block n, where the query head h belongs to KV head hk (h / (Hq / Hkv) == hk). An
+// selects KV block n, where the query head h belongs to KV head hk (h / (Hq / Hkv) == hk), except
+// pairs that the token mask hides entirely (BsaMeta::pair_outside: they add no gradient). An
 // entry is encoded as  e = hl * Nq + m  with hl = h % (Hq / Hkv) the head's place in its group;
 // entries of a row are sorted ascending (by head in the group, then by query block), so the order
 // is deterministic.

@@ -130,7 +130,8 @@ __global__ void __launch_bounds__(kThreads)
   uint32_t* word = bitmap + (b * d.Hkv + hk) * d.Nkv * words_per_row + (e >> 5);
   for (int64_t slot = lane; slot < count; slot += kWarp) {
     const int32_t n = meta.q2k_index.at(b, h, m, slot);
-    if (n >= 0 && n < d.Nkv) atomicOr(word + static_cast<int64_t>(n) * words_per_row, bit);
+    if (n >= 0 && n < d.Nkv && !meta.pair_outside(m, n, d))
+      atomicOr(word + static_cast<int64_t>(n) * words_per_row, bit);
   }
 }
 

@@ -16,7 +16,8 @@
 // Steps (all on `stream`):
 //   1. memset   bitmap[num_rows][words_per_row] = 0; bit e = hl * Nq + m of row
 //               r = (b * Hkv + hk) * Nkv + n is "query head hk*G+hl, block m lists KV block n".
-//   2. scatter  a warp per forward row (b, h, m): atomicOr the row's bit into every listed block.
+//   2. scatter  a warp per forward row (b, h, m): atomicOr the row's bit into every listed block
+//               that the token mask does not hide entirely from block m (BsaMeta::pair_outside).
 //   3. count    a warp per reverse row: len = popcount, groups = max(1, ceil(len / bucket)),
 //               stored packed as (groups << 32 | len).
 //   4. scan     cub::DeviceScan::ExclusiveSum over num_rows + 1 packed values: entry offsets in

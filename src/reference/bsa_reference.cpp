@@ -2,7 +2,8 @@
 //
 // Straight from the formulas, one query token at a time:
 //   keys(b, h, i)  = the valid keys of the blocks listed for query block m = i / block, in list
-//                    order; key j of block n is valid iff j - n*block < block_len(b, n) and j < Skv
+//                    order, that the token mask shows to i (SPEC 4; every one with mask none);
+//                    key j of block n is valid iff j - n*block < block_len(b, n) and j < Skv
 //   s_j            = scale * <q_i, k_j>                         (in double)
 //   lse            = log sum_j exp(s_j)       (natural log; -inf for a row with no keys)
 //   o_i            = sum_j exp(s_j - lse) v_j (0 for a row with no keys)
@@ -38,6 +39,16 @@ std::vector<int64_t> row_keys(const BsaDims& d, const BsaMeta& meta, int64_t b, 
     const int64_t len = meta.block_len(b, n, d);
     for (int64_t j = first; j < first + len && j < d.Skv; ++j) keys.push_back(j);
   }
+  return keys;
+}
+
+// The keys of `block_keys` (a query block's row) that the token mask shows to query token i.
+std::vector<int64_t> visible_keys(const std::vector<int64_t>& block_keys, const TokenMask& mask,
+                                  int64_t i) {
+  if (!mask.on) return block_keys;
+  std::vector<int64_t> keys;
+  for (int64_t j : block_keys)
+    if (mask.visible(i, j)) keys.push_back(j);
   return keys;
 }
 
@@ -126,8 +137,9 @@ void bsa_forward(const BsaFwdProblem& p) {
     for (int64_t h = 0; h < d.Hq; ++h) {
       const int64_t hk = h / d.group();
       for (int64_t m = 0; m < d.Nq; ++m) {
-        const std::vector<int64_t> keys = row_keys(d, p.meta, b, h, m);
+        const std::vector<int64_t> block_keys = row_keys(d, p.meta, b, h, m);
         for (int64_t i = m * d.block; i < (m + 1) * d.block && i < d.Sq; ++i) {
+          const std::vector<int64_t> keys = visible_keys(block_keys, p.meta.mask, i);
           std::vector<double> out(static_cast<size_t>(d.Dv), 0.0);
           double lse = neg_inf;
           if (!keys.empty()) {
@@ -166,9 +178,11 @@ void bsa_backward(const BsaBwdProblem& p) {
     for (int64_t h = 0; h < d.Hq; ++h) {
       const int64_t hk = h / d.group();
       for (int64_t m = 0; m < d.Nq; ++m) {
-        const std::vector<int64_t> keys = row_keys(d, p.meta, b, h, m);
-        if (keys.empty()) continue;  // empty row: dq = 0, no contribution
+        const std::vector<int64_t> block_keys = row_keys(d, p.meta, b, h, m);
+        if (block_keys.empty()) continue;  // empty row: dq = 0, no contribution
         for (int64_t i = m * d.block; i < (m + 1) * d.block && i < d.Sq; ++i) {
+          const std::vector<int64_t> keys = visible_keys(block_keys, p.meta.mask, i);
+          if (keys.empty()) continue;  // the mask hides every key: dq = 0, no contribution
           const double lse = p.lse[lse_offset(p.lse_stride, b, h, i)];
           if (std::isinf(lse) && lse < 0) continue;  // empty row by its LSE
           double delta = 0.0;

@@ -29,6 +29,7 @@ ReverseMap build_reverse_map_cpu(const BsaDims& d, const BsaMeta& meta, int32_t 
                    "sparsity.q2k_index[b=" << b << ", h=" << h << ", m=" << m << ", slot=" << slot
                                   << "] = " << n << ": expected a KV block in [0, " << d.Nkv
                                   << ")");
+          if (meta.pair_outside(m, n, d)) continue;  // the token mask hides the whole pair
           const int64_t r = (b * d.Hkv + hk) * d.Nkv + n;
           rows[static_cast<size_t>(r)].push_back(narrow_i32(hl * d.Nq + m, "reverse map entry"));
         }

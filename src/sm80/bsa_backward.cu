@@ -125,6 +125,10 @@ BsaBwdParams problem_params(const BsaBwdProblem& p, const BsaBwdPlan& plan,
   params.dv = p.dv;
   params.block = p.dims.block;
   fill_bsa_bwd_common_params(params, p, plan, buf);
+  // The band fits int32: validation clamps it to [-S_q, S_kv], and S fits (checked).
+  params.mask_on = p.meta.mask.on ? 1 : 0;
+  params.mask_lo = static_cast<int32_t>(p.meta.mask.lo);
+  params.mask_hi = static_cast<int32_t>(p.meta.mask.hi);
   return params;
 }
 

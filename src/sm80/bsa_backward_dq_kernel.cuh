@@ -12,7 +12,9 @@
 //   tile t    [1] wait for tile t; barrier (stage t%2 full, stage (t+1)%2 free)
 //             [2] issue tile t+1's K, V -> stage (t+1)%2
 //             [3] S = Q K^T, dP = dO V^T          (16 x 64 per warp)
-//             [4] P = 2^(S scale log2e - lse2), 0 for padded keys; dS = P (dP - delta)
+//             [4] P = 2^(S scale log2e - lse2), 0 for padded keys (and for the pairs the
+//                 token mask hides, on a tile it cuts); dS = P (dP - delta)
+//             (a tile the token mask hides from all 64 rows skips [3]-[5])
 //             [5] dQ += dS K                      (dS straight from the accumulators)
 //   epilogue  [6] dQ * scale -> 16-bit -> smem (Q's tile) -> 16-byte stores of rows < S_q
 //                 (zeros for a query block that lists no KV block)
@@ -176,66 +178,79 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
       const uint32_t k_tile = s_k + stage * kTileBytes;
       const uint32_t v_tile = s_v + stage * kTileBytes;
 
-      // [3] S = Q K^T, dP = dO V^T.
-      float s[kSTiles][4], dp[kSTiles][4];
-#pragma unroll
-      for (int j = 0; j < kSTiles; ++j)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) s[j][c] = dp[j][c] = 0.f;
-#pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        uint32_t a[4];
-        sm80::ldmatrix_x4(s_q + off_qa[kk % 4] + (kk / 4) * 128, a);
-#pragma unroll
-        for (int np = 0; np < kSTiles / 2; ++np) {
-          uint32_t kb[4];
-          sm80::ldmatrix_x4(k_tile + off_kb[kk % 4] + (np * 16 * kRowBytes + (kk / 4) * 128), kb);
-          sm80::mma_16816<Element>(s[2 * np], a, kb[0], kb[1]);
-          sm80::mma_16816<Element>(s[2 * np + 1], a, kb[2], kb[3]);
+      // The token mask against the CTA's rows (CTA-uniform).
+      const int tile_key0 = cur_block * p.block + sub * kBlockN;
+      const MaskClass cls = p.mask_on ? bwd_mask_class(p, r0, kBlockM, tile_key0, valid)
+                                      : MaskClass::kInside;
+      if (cls != MaskClass::kOutside) {
+        // [3] S = Q K^T, dP = dO V^T.
+        float s[kSTiles][4], dp[kSTiles][4];
+  #pragma unroll
+        for (int j = 0; j < kSTiles; ++j)
+  #pragma unroll
+          for (int c = 0; c < 4; ++c) s[j][c] = dp[j][c] = 0.f;
+  #pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+          uint32_t a[4];
+          sm80::ldmatrix_x4(s_q + off_qa[kk % 4] + (kk / 4) * 128, a);
+  #pragma unroll
+          for (int np = 0; np < kSTiles / 2; ++np) {
+            uint32_t kb[4];
+            sm80::ldmatrix_x4(k_tile + off_kb[kk % 4] + (np * 16 * kRowBytes + (kk / 4) * 128), kb);
+            sm80::mma_16816<Element>(s[2 * np], a, kb[0], kb[1]);
+            sm80::mma_16816<Element>(s[2 * np + 1], a, kb[2], kb[3]);
+          }
         }
-      }
-#pragma unroll
-      for (int kk = 0; kk < kHeadDim / 16; ++kk) {
-        uint32_t a[4];
-        sm80::ldmatrix_x4(s_do + off_qa[kk % 4] + (kk / 4) * 128, a);
-#pragma unroll
-        for (int np = 0; np < kSTiles / 2; ++np) {
-          uint32_t vb[4];
-          sm80::ldmatrix_x4(v_tile + off_kb[kk % 4] + (np * 16 * kRowBytes + (kk / 4) * 128), vb);
-          sm80::mma_16816<Element>(dp[2 * np], a, vb[0], vb[1]);
-          sm80::mma_16816<Element>(dp[2 * np + 1], a, vb[2], vb[3]);
+  #pragma unroll
+        for (int kk = 0; kk < kHeadDim / 16; ++kk) {
+          uint32_t a[4];
+          sm80::ldmatrix_x4(s_do + off_qa[kk % 4] + (kk / 4) * 128, a);
+  #pragma unroll
+          for (int np = 0; np < kSTiles / 2; ++np) {
+            uint32_t vb[4];
+            sm80::ldmatrix_x4(v_tile + off_kb[kk % 4] + (np * 16 * kRowBytes + (kk / 4) * 128), vb);
+            sm80::mma_16816<Element>(dp[2 * np], a, vb[0], vb[1]);
+            sm80::mma_16816<Element>(dp[2 * np + 1], a, vb[2], vb[3]);
+          }
         }
-      }
 
-      // [4] dS (in s).
-#pragma unroll
-      for (int j = 0; j < kSTiles; ++j) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int half = c / 2;
-          float x = exp2_prob(fmaf(s[j][c], p.scale_log2, -lse2[half]));
-          if (8 * j + 2 * t4 + (c & 1) >= valid) x = 0.f;
-          s[j][c] = x * (dp[j][c] - delta[half]);
+        // [4] dS (in s). On a tile the token mask cuts, key - query of (row wrow + g + 8 half,
+        // column 8 j + 2 t4 + (c & 1)) is dbase - 8 half + 8 j + (c & 1).
+        const bool band = cls == MaskClass::kPartial;
+        const int dbase = tile_key0 - (r0 + wrow + g) + 2 * t4;
+  #pragma unroll
+        for (int j = 0; j < kSTiles; ++j) {
+  #pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            const int half = c / 2;
+            float x = exp2_prob(fmaf(s[j][c], p.scale_log2, -lse2[half]));
+            if (8 * j + 2 * t4 + (c & 1) >= valid) x = 0.f;
+            if (band) {
+              const int d = dbase - 8 * half + 8 * j + (c & 1);
+              if (d < p.mask_lo || d > p.mask_hi) x = 0.f;
+            }
+            s[j][c] = x * (dp[j][c] - delta[half]);
+          }
         }
-      }
 
-      // [5] dQ += dS K: A fragments from the dS accumulators, K by ldmatrix.trans.
-#pragma unroll
-      for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        uint32_t a[4];
-        a[0] = pack2<Element>(s[2 * kk][0], s[2 * kk][1]);
-        a[1] = pack2<Element>(s[2 * kk][2], s[2 * kk][3]);
-        a[2] = pack2<Element>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        a[3] = pack2<Element>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-#pragma unroll
-        for (int dp2 = 0; dp2 < kDTiles / 2; ++dp2) {
-          uint32_t kb[4];
-          sm80::ldmatrix_x4_trans(
-              k_tile + off_kt[dp2 % 4] + (kk * 16 * kRowBytes + (dp2 / 4) * 128), kb);
-          sm80::mma_16816<Element>(acc[2 * dp2], a, kb[0], kb[1]);
-          sm80::mma_16816<Element>(acc[2 * dp2 + 1], a, kb[2], kb[3]);
+        // [5] dQ += dS K: A fragments from the dS accumulators, K by ldmatrix.trans.
+  #pragma unroll
+        for (int kk = 0; kk < kBlockN / 16; ++kk) {
+          uint32_t a[4];
+          a[0] = pack2<Element>(s[2 * kk][0], s[2 * kk][1]);
+          a[1] = pack2<Element>(s[2 * kk][2], s[2 * kk][3]);
+          a[2] = pack2<Element>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+          a[3] = pack2<Element>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  #pragma unroll
+          for (int dp2 = 0; dp2 < kDTiles / 2; ++dp2) {
+            uint32_t kb[4];
+            sm80::ldmatrix_x4_trans(
+                k_tile + off_kt[dp2 % 4] + (kk * 16 * kRowBytes + (dp2 / 4) * 128), kb);
+            sm80::mma_16816<Element>(acc[2 * dp2], a, kb[0], kb[1]);
+            sm80::mma_16816<Element>(acc[2 * dp2 + 1], a, kb[2], kb[3]);
+          }
         }
-      }
+      }  // cls != kOutside
 
       if (next_in_block) {
         ++sub;

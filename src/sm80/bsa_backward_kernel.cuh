@@ -24,7 +24,8 @@
 //                 -> the book; the stats row of tile t+1 (its dQ rows) -> the book
 //             [3] S  = Q K^T                      (Q, K by ldmatrix; fp32 accumulators)
 //             [4] dP = dO V^T
-//             [5] P  = 2^(S scale log2e - lse2), 0 for padded keys; dS = P (dP - delta)
+//             [5] P  = 2^(S scale log2e - lse2), 0 for padded keys (and, on a tile the token
+//                 mask cuts, for the pairs it hides); dS = P (dP - delta)
 //                 P -> sP, dS -> sdS (bf16/fp16)
 //             [6] barrier B: sP, sdS complete
 //             [7] dV += P^T dO                    (P^T, dO by ldmatrix.trans)
@@ -41,6 +42,10 @@
 //   Per SM: one 8-warp CTA (block 128, ~161 KB of shared memory at D = 128) or two 4-warp CTAs
 //   (block 64). Between barriers every warp runs the same phase; the next tile's copies are the
 //   only work in flight across a barrier.
+//
+// Token masks (SPEC 4): the reverse map holds no pair the mask hides entirely; a Q tile (64 rows)
+// that the mask hides from the whole KV block is skipped after its copies are issued ([2]), and
+// a tile the mask cuts applies the band per element at [5]; other tiles do no mask math.
 //
 // Memory safety: Q/dO rows >= S_q and K/V rows >= valid are never read (cp.async zero fill).
 // Rows >= S_q have lse2 = +inf and delta = 0 (preprocess), so their P and dS are exactly 0;
@@ -59,6 +64,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "common/fast_divisor.hpp"
 #include "common/problem.hpp"
@@ -91,7 +97,18 @@ struct BsaBwdParams {
   FastDivisor nq_div;        // entry / N_q = the entry's query head in the group
   float scale;               // softmax scale (dK, dQ factor)
   float scale_log2;          // scale * log2(e)
+  int32_t mask_on;           // nonzero: a token mask; key s visible to query i iff
+  int32_t mask_lo, mask_hi;  //   mask_lo <= s - i <= mask_hi (meta.mask, clamped to [-Sq, Skv])
 };
+
+// How a tile of query rows [r0, r0 + rows) (cut at S_q) and keys [k0, k0 + keys) meets the token
+// mask; rows entirely past S_q count as outside (they add nothing).
+__device__ __forceinline__ MaskClass bwd_mask_class(const BsaBwdParams& p, int r0, int rows,
+                                                    int k0, int keys) {
+  const int r1 = min(r0 + rows, p.Sq) - 1;
+  if (r1 < r0) return MaskClass::kOutside;
+  return classify_tile<int>(r0, r1, k0, k0 + keys - 1, p.mask_lo, p.mask_hi);
+}
 
 // Where a work item's query-head group starts: the Q and dO element offsets of (batch, first
 // query head of the group, row 0) and the group's first row of the stats (lse2, delta) and of the
@@ -117,6 +134,7 @@ struct BwdTileBook {
   int32_t entry[2];      // the entry of tile t, in slot t % 2
   int32_t first_entry;   // the item's first entry index
   int32_t pad;
+  int32_t row0[2];       // per stage: the tile's first query row (the token mask's classification)
 };
 
 template <int kBlockN_, int kHeadDim_, class Element_>
@@ -324,8 +342,31 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
         sm80::cp_async_4(
             s_base + Traits::kOffBook + offsetof(BwdTileBook, entry) + 4 * ((t + 1) & 1),
             p.entries + book.first_entry + (t + 1) / kTilesPerEntry);
-      if (ctid == 0) book.stats_row[stage] = stats_row;
+      if (ctid == 0) {
+        book.stats_row[stage] = stats_row;
+        book.row0[stage] = r0;
+      }
     }
+  };
+  // Tile t's first query row (valid after barrier [1] of tile t; with the book, from its stage).
+  auto tile_row0 = [&](int t, int stage) {
+    if constexpr (Traits::kBook) return book.row0[stage];
+    int hl, r0;
+    tile_stats_row(t, group_base(), hl, r0);
+    return r0;
+  };
+  // The token mask's class of tile t against the item's KV block (re-derived where used, not
+  // kept across the tile's math).
+  auto item_key0 = [&]() {
+    return p.item_row[sm80::opaque(static_cast<int>(blockIdx.x))] % p.Nkv * kBlockN;
+  };
+  auto tile_mask_class = [&](int t, int stage) {
+    const int r = p.item_row[sm80::opaque(static_cast<int>(blockIdx.x))];
+    const int nb = r % p.Nkv;
+    const int bb = r / (p.Nkv * p.Hkv);
+    const int k0 = nb * kBlockN;
+    const int keys = min(p.meta.block_len(bb, nb, p.dims), p.Skv - k0);
+    return bwd_mask_class(p, tile_row0(t, stage), kBlockM, k0, keys);
   };
 
   // The book's per-item fields and tile 0's entry (later entries arrive by load_tile).
@@ -385,6 +426,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     // [2]
     if (t + 1 < num_tiles) load_tile(t + 1, stage ^ 1);
     sm80::cp_async_commit();
+    // A tile the token mask hides from the whole block adds nothing: skip it (CTA-uniform).
+    if (p.mask_on && tile_mask_class(t, stage) == MaskClass::kOutside) continue;
 
     const uint32_t q_tile = s_q + stage * kQTileBytes;
     const uint32_t do_tile = s_do + stage * kQTileBytes;
@@ -430,7 +473,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     }
 
     // [5] P and dS, stored to sP / sdS as 16-bit pairs (row r, keys 32 wn + 8 j + 2 t4 ..+1).
-    {
+    // Two copies of the step: with the token mask's band (kBand, a tile the mask cuts) and
+    // without (every other tile: no mask math).
+    auto p_and_ds = [&](auto band_tag) {
+      constexpr bool kBand = decltype(band_tag)::value;
       // Lane roles re-derived from an opaque tid (cheaper than keeping them across the loop).
       const int ptid = sm80::opaque(static_cast<int>(threadIdx.x));
       const int wm = ptid / 32 / kWarpsN, wn = ptid / 32 % kWarpsN;
@@ -441,6 +487,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       // copy so that the compiler does not hoist the 16 comparisons out of the loop as
       // predicates kept in registers.
       const int lim = sm80::opaque(valid) - (32 * wn + 2 * t4);
+      // kBand: key - query of (row 0, column 32 wn + 2 t4); key - query of (r, + 8 j + c) is
+      // dbase - r + 8 j + c (within int32: S_q, S_kv fit int32).
+      int dbase = 0;
+      if constexpr (kBand)
+        dbase = item_key0() - tile_row0(t, stage) + 32 * wn + 2 * t4;
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi) {
 #pragma unroll
@@ -455,6 +506,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
             for (int c = 0; c < 2; ++c) {
               float x = exp2_prob(fmaf(s[mi][j][2 * half + c], p.scale_log2, -l2));
               if (8 * j + c >= lim) x = 0.f;
+              if constexpr (kBand) {
+                const int d = dbase - r + 8 * j + c;
+                if (d < p.mask_lo || d > p.mask_hi) x = 0.f;
+              }
               pr[c] = x;
               ds[c] = x * (dp[mi][j][2 * half + c] - dl);
             }
@@ -467,7 +522,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
           }
         }
       }
-    }
+    };
+    if (p.mask_on && tile_mask_class(t, stage) == MaskClass::kPartial)
+      p_and_ds(std::true_type{});
+    else
+      p_and_ds(std::false_type{});
     // [6]
     __syncthreads();
 

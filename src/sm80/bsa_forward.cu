@@ -117,6 +117,10 @@ void bsa_forward(const BsaFwdProblem& p, cudaStream_t stream) {
   params.group = static_cast<int32_t>(d.group());
   params.scale_log2 = scale_times_log2e(p.scale);
   params.masked_score = mask_value(params.scale_log2);
+  // The band fits int32: validation clamps it to [-S_q, S_kv], and S fits (checked above).
+  params.mask_on = p.meta.mask.on ? 1 : 0;
+  params.mask_lo = static_cast<int32_t>(p.meta.mask.lo);
+  params.mask_hi = static_cast<int32_t>(p.meta.mask.hi);
 
   // One CTA per query block (kBlockM = block): its K/V tiles are loaded once for all its rows.
   if (d.block == 128)

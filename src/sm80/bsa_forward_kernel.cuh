@@ -6,13 +6,21 @@
 // 128-key block is two tiles, a tile with no valid key is skipped, a tile with some padded keys
 // (block_len or S_kv) has them masked; full tiles are never masked.
 //
-//   prologue   [0] Q -> smem (zero-filled past S_q); the block list (block index and valid keys
-//                  of up to kListChunk slots) -> smem; tile 0's K and V -> stage 0
+// Token masks (SPEC 4; key s visible to query i iff mask_lo <= s - i <= mask_hi): the list
+// stager trims each listed block to the keys that some row of the CTA sees (one contiguous
+// range: consecutive rows' bands overlap) and drops a block with none, so blocks entirely
+// outside are never loaded. Each warp then classifies each sub-tile against its own rows: inside
+// (no mask math), partial (the band applied per element, [4]) or outside (skipped).
+//
+//   prologue   [0] Q -> smem (zero-filled past S_q); the block list (first key and key count of
+//                  up to kListChunk slots, compacted past hidden blocks) -> smem; tile 0's K and
+//                  V -> stage 0
 //   tile t     [1] wait for tile t's K/V; barrier (stage t%2 is full, stage (t+1)%2 is free)
 //              [2] issue tile t+1's K/V loads into stage (t+1)%2 (a whole tile of math to land)
 //              per sub-tile of kSubN keys (64, or 32 for 32-row warps with D = 128):
 //              [3] S = Q K^T                  Q, K fragments by ldmatrix, fp32 accumulators
-//              [4] mask keys >= valid          only on partial (sub-)tiles
+//              [4] mask keys >= valid          only on partial (sub-)tiles; the token mask's
+//                                              band only on sub-tiles it cuts
 //              [5] online softmax              row max, P = 2^(x - max), row sums; O *= alpha
 //                                              (skipped when no row max of the warp moved)
 //              [6] O += P V                    P from registers, V by ldmatrix.trans
@@ -43,26 +51,63 @@ struct BsaFwdParams {
   int32_t group;            // query heads per KV head
   float scale_log2;         // scale * log2(e)
   float masked_score;       // raw score of a padded key: mask_value(scale_log2)
+  int32_t mask_on;          // nonzero: a token mask; key s visible to query i iff
+  int32_t mask_lo, mask_hi; //   mask_lo <= s - i <= mask_hi (meta.mask, clamped to [-Sq, Skv])
 };
 
-// The block list of a CTA's query block, staged in shared memory kChunk slots at a time: thread i
-// holds slot first + i's KV block and that block's valid keys (block_len, never past S_kv), or
-// (-1, 0) past the row's count. Only the first count entries of a row are read (SPEC 1).
-template <int kChunk>
+// The block list of a CTA's query block, staged in shared memory kChunk slots at a time, thread i
+// reading slot first + i: the keys the CTA walks for that slot, as (first key, key count). That is
+// the block's valid keys (block_len, never past S_kv), trimmed under a token mask to the range
+// that some row of the CTA sees; slots with no key (past the row's count, or hidden) are dropped
+// and the rest compacted in slot order. The number staged goes to s_warp_count[kWarps] and the
+// slot after the chunk to s_warp_count[kWarps + 1] (kept in shared memory rather than in
+// registers across the tile loop). Only the first count entries of a row are read (SPEC 1).
+// Contains two barriers: every thread calls it, after a barrier that ends all reads of the
+// previous chunk.
+template <int kChunk, int kWarps, int kBlockM>
 __device__ __forceinline__ void stage_block_list(const BsaFwdParams& p, int b, int h, int m,
-                                                 int count, int first, int* s_block,
-                                                 int* s_len) {
+                                                int count, int first, int* s_key0, int* s_len,
+                                                int* s_warp_count) {
+  static_assert(kChunk == kWarps * 32, "a thread per slot");
   const int i = threadIdx.x;
   const int slot = first + i;
-  int n = -1, len = 0;
+  int key0 = 0, len = 0;
   if (slot < count) {
-    n = p.meta.q2k_index.at(b, h, m, slot);
-    len = min(p.meta.block_len(b, n, p.dims), p.Skv - n * p.block);
+    const int n = p.meta.q2k_index.at(b, h, m, slot);
+    key0 = n * p.block;
+    len = min(p.meta.block_len(b, n, p.dims), p.Skv - key0);
+    if (p.mask_on) {
+      // Rows [r0, r1] see keys [r0 + lo, r1 + hi] between them (int64: the sums may pass int32).
+      const int64_t r0 = static_cast<int64_t>(m) * kBlockM;
+      const int64_t r1 = min(r0 + kBlockM, static_cast<int64_t>(p.Sq)) - 1;
+      const int64_t first_key = max(static_cast<int64_t>(key0), r0 + p.mask_lo);
+      const int64_t end_key = min(static_cast<int64_t>(key0) + len, r1 + p.mask_hi + 1);
+      key0 = static_cast<int>(first_key);
+      len = first_key < end_key ? static_cast<int>(end_key - first_key) : 0;
+    }
   }
-  if (i < kChunk) {
-    s_block[i] = n;
-    s_len[i] = len;
+  const bool keep = len > 0;
+  const unsigned ballot = __ballot_sync(0xffffffffu, keep);
+  const int lane = i % 32, warp = i / 32;
+  if (lane == 0) s_warp_count[warp] = __popc(ballot);
+  __syncthreads();
+  int before = 0, total = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    const int c = s_warp_count[w];
+    before += w < warp ? c : 0;
+    total += c;
   }
+  if (keep) {
+    const int at = before + __popc(ballot & ((1u << lane) - 1u));
+    s_key0[at] = key0;
+    s_len[at] = len;
+  }
+  if (i == 0) {
+    s_warp_count[kWarps] = total;
+    s_warp_count[kWarps + 1] = first + kChunk;
+  }
+  __syncthreads();
 }
 
 template <class Traits>
@@ -86,8 +131,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
   const uint32_t s_q = sm80::smem_address(smem);  // also the output staging tile
   const uint32_t s_k = s_q + Traits::kQBytes;     // kStages K tiles
   const uint32_t s_v = s_k + Traits::kStages * kKvTileBytes;
-  int* s_list_block = reinterpret_cast<int*>(smem + Traits::kListOffset);
-  int* s_list_len = s_list_block + kListChunk;
+  int* s_list_key0 = reinterpret_cast<int*>(smem + Traits::kListOffset);
+  int* s_list_len = s_list_key0 + kListChunk;
+  int* s_warp_count = s_list_len + kListChunk;
+  const int* s_staged = s_warp_count + Traits::kNWarps;         // entries in the staged chunk
+  const int* s_chunk_end = s_warp_count + Traits::kNWarps + 1;  // slots read so far
 
   const int tid = threadIdx.x;
   const int lane = tid % 32;
@@ -128,13 +176,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
         k_base, v_base, copy_row, valid);
   };
 
-  // The block list's first chunk; then the first tile (slot 0, keys 0..63 of its block).
+  // The block list's first chunk that stages an entry (under a mask, whole chunks can be
+  // hidden); then the first tile (entry 0, its first 64 keys).
   const int count = p.meta.count(b, h, m);
-  stage_block_list<kListChunk>(p, b, h, m, count, 0, s_list_block, s_list_len);
-  __syncthreads();
-  int cur_block = s_list_block[0];  // KV block of the current slot
-  int cur_len = s_list_len[0];      // its valid keys (>= 1 when count > 0)
-  if (count > 0) load_kv_tile(cur_block * p.block, min(cur_len, kBlockN), 0);
+  int first_slot = 0;
+  do {
+    stage_block_list<kListChunk, Traits::kNWarps, kBlockM>(p, b, h, m, count, first_slot,
+                                                           s_list_key0, s_list_len, s_warp_count);
+    first_slot += kListChunk;
+  } while (*s_staged == 0 && first_slot < count);
+  int cur_key0 = s_list_key0[0];  // first key of the current entry
+  int cur_len = s_list_len[0];    // its keys (>= 1 when an entry is staged)
+  const bool any_entry = *s_staged > 0;
+  if (any_entry) load_kv_tile(cur_key0, min(cur_len, kBlockN), 0);
   sm80::cp_async_commit();
 
   // ldmatrix roles (see sm80_primitives.hpp): lane l addresses row l % 8 of matrix l / 8.
@@ -178,27 +232,36 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
   OnlineSoftmax<kMTiles> softmax;
   softmax.init();
 
-  if (count > 0) {
-    int slot = 0;   // of the current block in the row
-    int tile = 0;   // 64-key tile of the current block
+  if (any_entry) {
+    int pos = 0;    // of the current entry in the staged chunk
+    int tile = 0;   // 64-key tile of the current entry
     int stage = 0;  // K/V buffer holding the current tile
     while (true) {
       const int valid = min(cur_len - tile * kBlockN, kBlockN);  // >= 1
       const bool next_in_block = (tile + 1) * kBlockN < cur_len;
-      const bool next_slot = !next_in_block && slot + 1 < count;
-      if (next_slot && (slot + 1) % kListChunk == 0) {
-        // The walk leaves the staged chunk (rows of more than kListChunk blocks): stage the next
-        // one, between barriers (the previous iteration's last step read the old chunk).
+      bool restaged = false;
+      if (!next_in_block && pos + 1 == *s_staged) {
         const uint3 cta = sm80::cta_index();
-        __syncthreads();
-        stage_block_list<kListChunk>(p, cta.z, cta.y, cta.x, count, slot + 1, s_list_block,
-                                     s_list_len);
-        __syncthreads();
+        const int row_count = p.meta.count(cta.z, cta.y, cta.x);
+        if (*s_chunk_end < row_count) {
+          // The walk leaves the staged chunk (rows of more than kListChunk blocks): stage the
+          // next one that has an entry, between barriers (the previous iteration's last step
+          // read the old chunk). Uniform: the shared counts are the same in every thread.
+          do {
+            const int first = *s_chunk_end;
+            __syncthreads();
+            stage_block_list<kListChunk, Traits::kNWarps, kBlockM>(
+                p, cta.z, cta.y, cta.x, row_count, first, s_list_key0, s_list_len, s_warp_count);
+          } while (*s_staged == 0 && *s_chunk_end < row_count);
+          restaged = true;
+        }
       }
-      int next_block = 0, next_len = 0;
+      const int next_pos = restaged ? 0 : pos + 1;
+      const bool next_slot = !next_in_block && next_pos < *s_staged;
+      int next_key0 = 0, next_len = 0;
       if (next_slot) {
-        next_block = s_list_block[(slot + 1) % kListChunk];
-        next_len = s_list_len[(slot + 1) % kListChunk];
+        next_key0 = s_list_key0[next_pos];
+        next_len = s_list_len[next_pos];
       }
 
       // [1] tile t landed (and is visible to all threads); everyone is done with stage t-1.
@@ -206,8 +269,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
       __syncthreads();
       // [2] prefetch tile t+1: the current block's next tile, or the next block's first.
       if (next_in_block || next_slot) {
-        const int key0 = next_in_block ? cur_block * p.block + (tile + 1) * kBlockN
-                                       : next_block * p.block;
+        const int key0 = next_in_block ? cur_key0 + (tile + 1) * kBlockN : next_key0;
         const int keys = next_in_block ? cur_len - (tile + 1) * kBlockN : next_len;
         load_kv_tile(key0, min(keys, kBlockN), stage ^ 1);
       }
@@ -220,6 +282,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
       for (int sub = 0; sub < kBlockN / kSubN; ++sub) {
         const int sub_valid = valid - sub * kSubN;
         if (sub_valid <= 0) break;
+        // The token mask against this warp's rows (warp-uniform; no barrier in this loop, so a
+        // warp may skip a sub-tile alone).
+        // Recomputed at [4] rather than kept across the GEMM.
+        auto mask_class = [&]() {
+          const int wr0 = static_cast<int>(blockIdx.x) * kBlockM + warp * kWarpRows;
+          const int wr1 = min(wr0 + kWarpRows, p.Sq) - 1;
+          const int ka = cur_key0 + tile * kBlockN + sub * kSubN;
+          const int kz = ka + min(sub_valid, kSubN) - 1;
+          return wr1 < wr0 ? MaskClass::kOutside
+                           : classify_tile<int>(wr0, wr1, ka, kz, p.mask_lo, p.mask_hi);
+        };
+        if (p.mask_on && mask_class() == MaskClass::kOutside) continue;
         const uint32_t k_tile = s_k + stage * kKvTileBytes + sub * kSubN * kRowBytes;
         const uint32_t v_tile = s_v + stage * kKvTileBytes + sub * kSubN * kRowBytes;
 
@@ -251,8 +325,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
           }
         }
 
-        // [4] padded keys of a partial (sub-)tile.
-        if (sub_valid < kSubN) mask_key_columns(s, sub_valid, p.masked_score);
+        // [4] the token mask's band on a sub-tile it cuts (padded keys included), else padded
+        // keys of a partial (sub-)tile.
+        if (p.mask_on && mask_class() == MaskClass::kPartial) {
+          const int wr0 = static_cast<int>(blockIdx.x) * kBlockM + warp * kWarpRows;
+          const int ka = cur_key0 + tile * kBlockN + sub * kSubN;
+          mask_band(s, ka - wr0, p.mask_lo, p.mask_hi, sub_valid, p.masked_score);
+        } else if (sub_valid < kSubN) {
+          mask_key_columns(s, sub_valid, p.masked_score);
+        }
 
         // [5] online softmax; rescale what O holds so far, unless no row of the warp got a new
         // maximum (then every alpha is exactly 1).
@@ -287,11 +368,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
       if (next_in_block) {
         ++tile;
       } else if (next_slot) {
-        ++slot;
+        pos = next_pos;
         tile = 0;
         // Re-read rather than kept in registers across the tile's math.
-        cur_block = s_list_block[slot % kListChunk];
-        cur_len = s_list_len[slot % kListChunk];
+        cur_key0 = s_list_key0[pos];
+        cur_len = s_list_len[pos];
       } else {
         break;
       }

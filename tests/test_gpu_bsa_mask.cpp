@@ -1,0 +1,270 @@
+// BSA token masks (SPEC 4) on the portable path (src/sm80), against the fp64 reference through
+// the public API (itself checked against a brute-force dense masked attention on the CPU,
+// test_bsa_mask.cpp). Skipped without a GPU.
+//
+//  * GpuBsaMaskForward: masks x layouts x block sizes x head dims, GQA/MQA, partial blocks,
+//    rows that see no key, blocks entirely outside the mask (dense lists under causal), rows of
+//    more than 128 listed blocks (the stager's chunks, some entirely hidden); NaN-poisoned
+//    outputs and guard regions (expect_bsa_forward_matches_reference).
+//  * GpuBsaMaskBackward: the same masks with automatic buckets, single owners, split rows
+//    (bucket 2: the fp32 workspace path) and deterministic mode; exact zeros for keys no query
+//    sees and rows that see no key.
+//  * GpuBsaMaskDeterministic: three runs, the same bytes.
+//  * GpuBsaMaskRouting: on an sm_90 device with the Hopper path built, AUTO runs a masked call on
+//    the portable path, and forcing sm90 with a mask is SA_ERROR_UNSUPPORTED naming options.mask.
+#include <cstdint>
+#include <functional>
+#include <ostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bsa_mask_oracle.hpp"
+#include "bsa_problem_builder.hpp"
+#include "gpu_test_util.hpp"
+#include "test_util.hpp"
+
+#ifndef SA_HAVE_SM90  // set by CMake like the library's
+#define SA_HAVE_SM90 0
+#endif
+
+namespace sa_test {
+namespace {
+
+MaskSpec mask_spec(sa_mask kind, bool given = false, int64_t offset = 0, int64_t left = 0,
+                   int64_t right = 0) {
+  MaskSpec m;
+  m.kind = kind;
+  m.offset_given = given;
+  m.offset = offset;
+  m.window_left = left;
+  m.window_right = right;
+  return m;
+}
+
+// Every row lists every KV block, in a random order; under causal the blocks above the diagonal
+// are entirely outside.
+void list_all_blocks(const BsaShape& s, BsaPattern& p, std::mt19937_64& rng) {
+  p = BsaPattern{};
+  p.q2k_index = HostTensor(SA_DTYPE_INT32, {s.B, s.Hq, s.Nq(), s.Nkv()});
+  p.fixed_count = static_cast<int32_t>(s.Nkv());
+  std::vector<int32_t> blocks(static_cast<size_t>(s.Nkv()));
+  for (int32_t n = 0; n < s.Nkv(); ++n) blocks[static_cast<size_t>(n)] = n;
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t h = 0; h < s.Hq; ++h)
+      for (int64_t m = 0; m < s.Nq(); ++m) {
+        std::shuffle(blocks.begin(), blocks.end(), rng);
+        for (int64_t slot = 0; slot < s.Nkv(); ++slot)
+          p.index(b, h, m, slot) = blocks[static_cast<size_t>(slot)];
+      }
+}
+
+struct GpuMaskCase {
+  std::string name;
+  BsaShape shape;
+  MaskSpec mask;
+  bool all_blocks = false;  // every row lists every block (K_max must be N_kv)
+  BsaPatternSpec spec{};    // else a random pattern
+  sa_dtype dtype = SA_DTYPE_BF16;
+};
+
+void PrintTo(const GpuMaskCase& c, std::ostream* os) { *os << c.name; }
+
+constexpr sa_layout kBhsd = SA_LAYOUT_BHSD;
+constexpr sa_layout kBshd = SA_LAYOUT_BSHD;
+
+const GpuMaskCase kCases[] = {
+    // Causal, S_q = S_kv, dense lists: hidden blocks, diagonal blocks partial.
+    {"CausalBlock128D128MhaBhsdDense", shape_of(1, 2, 2, 512, 512, 128, 128, 4, kBhsd),
+     mask_spec(SA_MASK_CAUSAL), true},
+    {"CausalBlock64D64GqaBshdDense", shape_of(2, 4, 2, 300, 300, 64, 64, 5, kBshd),
+     mask_spec(SA_MASK_CAUSAL), true},
+    {"CausalBlock64D128MqaBhsdDenseFp16", shape_of(1, 4, 1, 256, 256, 128, 64, 4, kBhsd),
+     mask_spec(SA_MASK_CAUSAL), true, {}, SA_DTYPE_FP16},
+    {"CausalBlock128D64GqaBshdDense", shape_of(1, 4, 2, 384, 384, 64, 128, 3, kBshd),
+     mask_spec(SA_MASK_CAUSAL), true},
+    // Bottom-right: S_q < S_kv (default offset S_kv - S_q) and S_q > S_kv (rows with no key).
+    {"CausalSqBelowSkvBlock128D128", shape_of(1, 2, 1, 200, 700, 128, 128, 6, kBhsd),
+     mask_spec(SA_MASK_CAUSAL), true},
+    {"CausalSqAboveSkvEmptyRowsBlock64D64", shape_of(1, 2, 2, 400, 150, 64, 64, 3, kBshd),
+     mask_spec(SA_MASK_CAUSAL), true},
+    // An explicit negative offset, random lists with partial blocks and empty rows.
+    {"CausalNegativeOffsetRandomPartialBlock64D128",
+     shape_of(2, 4, 2, 330, 330, 128, 64, 3, kBshd), mask_spec(SA_MASK_CAUSAL, true, -100),
+     false, spec_of(true, -1, true, true, true)},
+    // Windows: 0 (the diagonal key only), asymmetric, and an offset that empties rows.
+    {"WindowZeroBlock64D64", shape_of(1, 2, 2, 256, 256, 64, 64, 4, kBhsd),
+     mask_spec(SA_MASK_WINDOW), true},
+    {"WindowAsymmetricBlock128D128GqaBshd", shape_of(1, 4, 2, 520, 600, 128, 128, 5, kBshd),
+     mask_spec(SA_MASK_WINDOW, false, 0, 100, 20), true},
+    {"WindowOffsetEmptiesRowsBlock128D64", shape_of(1, 2, 2, 300, 400, 64, 128, 4, kBhsd),
+     mask_spec(SA_MASK_WINDOW, true, 250, 90, 10), true},
+    // Sliding window plus causal (window smaller and larger than a block), random lists.
+    {"CausalWindow70Block128D128MqaRandomPartial",
+     shape_of(1, 4, 1, 640, 640, 128, 128, 3, kBhsd),
+     mask_spec(SA_MASK_CAUSAL_WINDOW, false, 0, 70), false, spec_of(true, -1, true, true)},
+    {"CausalWindow300Block64D64GqaBshdDense", shape_of(1, 4, 2, 640, 640, 64, 64, 10, kBshd),
+     mask_spec(SA_MASK_CAUSAL_WINDOW, false, 0, 300), true},
+    // More than 128 listed blocks, most hidden by a window: the stager walks hidden chunks.
+    {"CausalWindowRowOf150BlocksBlock64D64", shape_of(1, 1, 1, 64 * 150, 64 * 150, 64, 64, 150),
+     mask_spec(SA_MASK_CAUSAL_WINDOW, false, 0, 100), true},
+};
+
+class GpuBsaMaskForward : public ::testing::TestWithParam<GpuMaskCase> {};
+
+TEST_P(GpuBsaMaskForward, MatchesReference) {
+  SA_SKIP_WITHOUT_GPU();
+  const GpuMaskCase& c = GetParam();
+  const BsaShape& s = c.shape;
+  std::mt19937_64 rng(std::hash<std::string>{}(c.name));
+  BsaPattern pat;
+  if (c.all_blocks)
+    list_all_blocks(s, pat, rng);
+  else
+    pat = random_bsa_pattern(s, c.spec, rng);
+  BsaTensors t = make_bsa_tensors(s, c.dtype, rng);
+  sa_bsa_options options = sa_bsa_options_default();
+  options.layout = s.layout;
+  options.block_size = s.block;
+  options.count = pat.has_count ? -1 : pat.fixed_count;
+  options.impl = SA_IMPL_PORTABLE;
+  c.mask.apply(options);
+  expect_bsa_forward_matches_reference(s, pat, t, options, 8,
+                                       c.dtype == SA_DTYPE_FP16 ? 2e-3 : 1e-2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GpuBsaMaskForward, ::testing::ValuesIn(kCases),
+                         [](const ::testing::TestParamInfo<GpuMaskCase>& i) {
+                           return i.param.name;
+                         });
+
+// ---- backward ----------------------------------------------------------------------------------
+struct GpuMaskBwdCase {
+  GpuMaskCase base;
+  int32_t bucket;  // 0 automatic, kBsaBwdSingleOwner, or a split size
+  bool deterministic;
+  std::string name;
+};
+
+void PrintTo(const GpuMaskBwdCase& c, std::ostream* os) { *os << c.name; }
+
+std::vector<GpuMaskBwdCase> backward_cases() {
+  std::vector<GpuMaskBwdCase> out;
+  for (const GpuMaskCase& c : kCases) {
+    if (c.dtype != SA_DTYPE_BF16) continue;  // the portable backward is bf16
+    out.push_back({c, 0, false, c.name + "BucketAuto"});
+    out.push_back({c, kBsaBwdSingleOwner, false, c.name + "SingleOwner"});
+    out.push_back({c, 2, false, c.name + "Bucket2"});
+    out.push_back({c, 0, true, c.name + "Deterministic"});
+  }
+  return out;
+}
+
+// The problem of a case: GpuBsaBwdProblem (gpu_test_util.hpp) with the case's pattern and mask.
+GpuBsaBwdProblem make_problem(const GpuMaskBwdCase& c, sa_impl impl) {
+  GpuBsaBwdCase bc = gpu_bsa_bwd_case(c.name, c.base.shape, c.base.spec, c.bucket,
+                                      c.deterministic);
+  bc.mask = c.base.mask;
+  GpuBsaBwdProblem p(bc, impl);
+  if (c.base.all_blocks) {
+    std::mt19937_64 rng(std::hash<std::string>{}(c.name) + 1);
+    list_all_blocks(c.base.shape, p.pat, rng);
+  }
+  return p;
+}
+
+class GpuBsaMaskBackward : public ::testing::TestWithParam<GpuMaskBwdCase> {};
+
+TEST_P(GpuBsaMaskBackward, MatchesReference) {
+  SA_SKIP_WITHOUT_GPU();
+  GpuBsaBwdProblem p = make_problem(GetParam(), SA_IMPL_PORTABLE);
+  ASSERT_TRUE(p.forward());
+  GpuBsaBwdDevice d(p);
+  ASSERT_TRUE(d.ok());
+  GpuBsaBwdGradients g;
+  ASSERT_TRUE(run_bsa_backward(d, p, SA_IMPL_PORTABLE, &g));
+  expect_bsa_backward_matches_reference(p, g);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GpuBsaMaskBackward, ::testing::ValuesIn(backward_cases()),
+                         [](const ::testing::TestParamInfo<GpuMaskBwdCase>& i) {
+                           return i.param.name;
+                         });
+
+TEST(GpuBsaMaskDeterministic, BitwiseIdenticalOverThreeRuns) {
+  SA_SKIP_WITHOUT_GPU();
+  for (const GpuMaskCase& c : {kCases[1], kCases[10]}) {
+    SCOPED_TRACE(c.name);
+    GpuBsaBwdProblem p = make_problem({c, 0, true, c.name}, SA_IMPL_PORTABLE);
+    ASSERT_TRUE(p.forward());
+    GpuBsaBwdDevice d(p);
+    ASSERT_TRUE(d.ok());
+    GpuBsaBwdGradients first;
+    ASSERT_TRUE(run_bsa_backward(d, p, SA_IMPL_PORTABLE, &first));
+    expect_bsa_backward_matches_reference(p, first);
+    for (int run = 1; run < 3; ++run) {
+      GpuBsaBwdGradients again;
+      ASSERT_TRUE(run_bsa_backward(d, p, SA_IMPL_PORTABLE, &again));
+      EXPECT_TRUE(bitwise_equal(again.dq, first.dq)) << "dq differs on run " << run;
+      EXPECT_TRUE(bitwise_equal(again.dk, first.dk)) << "dk differs on run " << run;
+      EXPECT_TRUE(bitwise_equal(again.dv, first.dv)) << "dv differs on run " << run;
+    }
+  }
+}
+
+// ---- routing on Hopper -------------------------------------------------------------------------
+TEST(GpuBsaMaskRouting, AutoRunsPortableAndForcedSm90IsRefused) {
+  SA_SKIP_WITHOUT_GPU();
+  if (!SA_HAVE_SM90 || !device_is_sm90()) GTEST_SKIP() << "needs an sm_90 device and the sm90 path";
+  const GpuMaskCase& c = kCases[0];
+  // Forward: AUTO runs (and must be the portable path); forced sm90 is refused by name.
+  {
+    const BsaShape& s = c.shape;
+    std::mt19937_64 rng(5);
+    BsaPattern pat;
+    list_all_blocks(s, pat, rng);
+    BsaTensors t = make_bsa_tensors(s, SA_DTYPE_BF16, rng);
+    sa_bsa_options options = sa_bsa_options_default();
+    options.block_size = s.block;
+    options.count = pat.fixed_count;
+    options.impl = SA_IMPL_PORTABLE;  // what AUTO must pick (checked below through impl_used)
+    c.mask.apply(options);
+    expect_bsa_forward_matches_reference(s, pat, t, options, 0, 1e-2);
+
+    DeviceTensor q(t.q, 0, 0), k(t.k, 0, 0), v(t.v, 0, 0), o(t.o, 0, 0), lse(t.lse, 0, 0),
+        index(pat.q2k_index, 0, 0);
+    ASSERT_TRUE(q.ok() && k.ok() && v.ok() && o.ok() && lse.ok() && index.ok());
+    sa_bsa_fwd_args a = bsa_fwd_args(q, k, v, o, lse, index);
+    a.options = options;
+    a.options.impl = SA_IMPL_AUTO;
+    sa_impl used = SA_IMPL_AUTO;
+    sa_context ctx = sa_context_default();
+    ctx.impl_used = &used;
+    ASSERT_EQ(sa_bsa_forward(&a, &ctx), SA_OK) << sa_last_error();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(used, SA_IMPL_PORTABLE);
+    a.options.impl = SA_IMPL_SM90;
+    EXPECT_EQ(sa_bsa_forward(&a, &ctx), SA_ERROR_UNSUPPORTED);
+    EXPECT_NE(std::string(sa_last_error()).find("options.mask"), std::string::npos)
+        << sa_last_error();
+  }
+  // Backward: the same.
+  {
+    GpuBsaBwdProblem p = make_problem({c, 0, false, c.name}, SA_IMPL_AUTO);
+    ASSERT_TRUE(p.forward());
+    GpuBsaBwdDevice d(p);
+    ASSERT_TRUE(d.ok());
+    GpuBsaBwdGradients g;
+    ASSERT_TRUE(run_bsa_backward(d, p, SA_IMPL_PORTABLE, &g));
+    expect_bsa_backward_matches_reference(p, g);
+    sa_bsa_bwd_args a = d.args(p);
+    a.options.impl = SA_IMPL_SM90;
+    size_t bytes = 0;
+    EXPECT_EQ(sa_bsa_backward_workspace_size(&a, &bytes), SA_ERROR_UNSUPPORTED);
+    EXPECT_NE(std::string(sa_last_error()).find("options.mask"), std::string::npos)
+        << sa_last_error();
+  }
+}
+
+}  // namespace
+}  // namespace sa_test
