@@ -646,8 +646,13 @@ inline void expect_bsa_backward_matches_reference(GpuBsaBwdProblem& p,
   EXPECT_FALSE(any_nan(dq)) << "NaN in dq";
   EXPECT_FALSE(any_nan(dk)) << "NaN in dk";
   EXPECT_FALSE(any_nan(dv)) << "NaN in dv";
-  EXPECT_LT(rel_l2(dq, want_dq), 1e-2) << "rel L2 of dq";
-  EXPECT_LT(rel_l2(dk, want_dk), 1e-2) << "rel L2 of dk";
+  // dQ and dK are sums of dS = P (dP - delta), which cancels to exactly 0 where a row's one
+  // visible key takes all the probability (a window of 0): there the GPU keeps the fp32 rounding
+  // of dP - delta, so their error is measured against at least 1e-3 of dV's norm (a floor far
+  // below the norm of any dQ or dK that does not cancel).
+  const double floor = 1e-3 * l2_norm(want_dv);
+  EXPECT_LT(rel_l2_floor(dq, want_dq, floor), 1e-2) << "rel L2 of dq";
+  EXPECT_LT(rel_l2_floor(dk, want_dk, floor), 1e-2) << "rel L2 of dk";
   EXPECT_LT(rel_l2(dv, want_dv), 1e-2) << "rel L2 of dv";
   // Keys nobody attends: exactly 0.
   const std::vector<uint8_t> attended = p.attended_keys();

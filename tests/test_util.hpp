@@ -77,6 +77,19 @@ inline double rel_l2(const std::vector<double>& a, const std::vector<double>& b)
   return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
 }
 
+inline double l2_norm(const std::vector<double>& a) {
+  double n = 0;
+  for (double x : a) n += x * x;
+  return std::sqrt(n);
+}
+
+// ||a - b|| / max(||b||, floor): rel_l2 for a quantity that may cancel to (near) 0, whose error is
+// then bounded by its terms' rounding rather than by its own norm.
+inline double rel_l2_floor(const std::vector<double>& a, const std::vector<double>& b,
+                           double floor) {
+  return rel_l2(a, b) * std::max(l2_norm(b), 1e-30) / std::max({l2_norm(b), floor, 1e-30});
+}
+
 inline bool any_nan(const std::vector<double>& a) {
   for (double x : a)
     if (std::isnan(x)) return true;

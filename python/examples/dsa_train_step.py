@@ -98,10 +98,13 @@ def step_losses(layer, x, y, pos, k_start, k_end, topk, sparse, eager=False, low
     q, kv = layer.attention_inputs(x, pos)
     q_i, k_i, w = layer.indexer_inputs(x)
     if low is not None:
-        cast = (lambda t: t.to(low).float()) if eager else (lambda t: t.to(low))
-        q, kv, q_i, k_i = cast(q), cast(kv), cast(q_i), cast(k_i)
+        q, kv, q_i, k_i = (t.to(low) for t in (q, kv, q_i, k_i))
+    # The selection is the library's in both paths, on the activations in the library's dtype.
+    select = (q_i.detach(), k_i.detach(), w.detach())
+    if low is not None and eager:
+        q, kv, q_i, k_i = (t.float() for t in (q, kv, q_i, k_i))
     if sparse:
-        idx, length = indexer_topk(q_i.detach(), k_i.detach(), w.detach(), topk, k_start, k_end)
+        idx, length = indexer_topk(*select, topk, k_start, k_end)
     else:
         idx, length = dense_topk(k_start, k_end, x.shape[0])
     attend = eager_dsa if eager else deepseek_sparse_attention

@@ -23,19 +23,8 @@ __device__ __forceinline__ float exp2_approx(float x) {
 // L is the fp32 LSE, with a relative error of ~6e-8, so at huge |scale| (|L| ~ 1e30)
 // s log2(e) scale can exceed L by far more than 1; uncapped, 2^x overflows to inf and the
 // backward's products turn it into NaN (SPEC 3: the forward stays finite, so must its
-// gradients). In the forward L is the running maximum rounded down (scaled_row_max): x exceeds
-// 0 only by that rounding, so the cap moves a probability by less than one ulp of L.
+// gradients).
 __device__ __forceinline__ float exp2_prob(float x) { return exp2_approx(fminf(x, 0.f)); }
-
-// A forward's row maximum in the log2 domain, m = e * scale_log2 for the row's extreme raw score
-// e, rounded toward -inf: then the extreme key's exponent fma(e, scale_log2, -m) is >= 0 (the
-// product's exact value minus its rounded-down value), so with exp2_prob its probability is
-// exactly 1 and the row sum is >= 1 at any magnitude. Rounded to nearest, that exponent is off by
-// up to half an ulp of m: past |m| ~ 2^31 it reaches +-128, the maximum's probability becomes 0
-// or inf, and O = 0 / 0 or inf / inf is NaN (huge scales, issue 37).
-__device__ __forceinline__ float scaled_row_max(float e, float scale_log2) {
-  return __fmul_rd(e, scale_log2);
-}
 
 // Max / min / sum over the 4 lanes of a quad (the lanes that share an mma accumulator row).
 __device__ __forceinline__ float quad_max(float x) {

@@ -125,7 +125,7 @@ struct OnlineSoftmax {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const int mi = r / 2, c0 = 2 * (r % 2);
-      const float m_new = fmaxf(row_max[r], scaled_row_max(e[r], scale_log2));
+      const float m_new = fmaxf(row_max[r], e[r] * scale_log2);
       // While a row has seen no key its max is -inf; subtract 0 then, so that masked scores
       // (x = -inf) give 2^-inf = 0 rather than 2^(-inf + inf) = NaN.
       const float m_use = m_new == -INFINITY ? 0.f : m_new;
@@ -138,8 +138,7 @@ struct OnlineSoftmax {
       for (int j = 0; j < kNTiles; ++j) {
 #pragma unroll
         for (int c = c0; c < c0 + 2; ++c) {
-          // The row's extreme key gets exactly 1 (scaled_row_max), every key at most 1.
-          const float p = exp2_prob(fmaf(s[mi][j][c], scale_log2, -m_use));
+          const float p = exp2_approx(fmaf(s[mi][j][c], scale_log2, -m_use));
           s[mi][j][c] = p;
           sum += p;
         }

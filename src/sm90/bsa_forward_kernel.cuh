@@ -64,9 +64,8 @@
 // query blocks cannot fill the GPU (bsa_forward.cu, forward_splits).
 //
 // Numerics: scores s = <q, k> in fp32; x = s * scale * log2(e) folded into one FFMA with the row
-// maximum: p = 2^min(s * scale_log2 - m, 0). The running maximum m is taken over the raw scores
-// (their minimum when the scale is negative), scaled rounded toward -inf (scaled_row_max), so
-// that the maximum's p is exactly 1 at any scale. Padded keys (past block_len or S_kv) get the raw score that
+// maximum: p = 2^(s * scale_log2 - m). The running maximum m is taken over the raw scores (their
+// minimum when the scale is negative). Padded keys (past block_len or S_kv) get the raw score that
 // loses (+-inf), hence p = 0; their V rows are zero in shared memory (TMA zero-fills rows past
 // S_kv, the producer zeroes rows past block_len), so a NaN there never reaches O. O is normalised
 // once, in the epilogue. A tile whose row has no block writes O = 0 and LSE = -inf without
@@ -538,7 +537,7 @@ __device__ __forceinline__ void online_softmax(Frag& s, RowStats& st, float scal
   float neg_m[2];
   CUTE_UNROLL
   for (int r = 0; r < 2; ++r) {
-    const float m_new = fmaxf(st.row_max[r], scaled_row_max(e[r][0], scale_log2));
+    const float m_new = fmaxf(st.row_max[r], e[r][0] * scale_log2);
     // A row that has seen no key yet keeps max -inf: subtract 0 so that masked scores give
     // 2^-inf = 0 rather than NaN.
     const float m_use = m_new == -INFINITY ? 0.f : m_new;
@@ -550,7 +549,7 @@ __device__ __forceinline__ void online_softmax(Frag& s, RowStats& st, float scal
   CUTE_UNROLL
   for (int i = 0; i < kN; ++i) {
     const int r = (i / 2) % 2;
-    const float pr = exp2_prob(fmaf(s(i), scale_log2, neg_m[r]));
+    const float pr = exp2_approx(fmaf(s(i), scale_log2, neg_m[r]));
     s(i) = pr;
     sum[r][i % 2] += pr;
   }
