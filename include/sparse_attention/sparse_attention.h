@@ -92,6 +92,9 @@ typedef struct sa_tensor {
 
 /* An absent optional tensor (also as an initializer: sa_tensor t = SA_TENSOR_NONE_INIT;). */
 #define SA_TENSOR_NONE_INIT {NULL, SA_DTYPE_FP32, 0, {0, 0, 0, 0}, {0, 0, 0, 0}, SA_DEVICE_CPU, 0}
+/* Also absent, with every byte 0: the form used inside extensible structs (whose later
+ * fields default to 0 bytes). */
+#define SA_TENSOR_ZERO_INIT {NULL, SA_DTYPE_BF16, 0, {0, 0, 0, 0}, {0, 0, 0, 0}, SA_DEVICE_CPU, 0}
 SA_API sa_tensor sa_tensor_none(void);
 /* A contiguous (row-major) view. rank <= SA_MAX_RANK. */
 SA_API sa_tensor sa_tensor_contiguous(void* data, sa_dtype dtype, int32_t rank,
@@ -197,13 +200,22 @@ typedef struct sa_bsa_options {
   sa_mask mask;          /* SA_MASK_NONE (default), _CAUSAL, _WINDOW or _CAUSAL_WINDOW */
   int32_t causal_offset_given; /* nonzero: use causal_offset; 0 (default): c = S_kv - S_q. Must
                                 * be 0 with SA_MASK_NONE */
+  /* Version 3 (packed batches, docs/bsa.md "Packed batches"). They start past the version-2
+   * struct, padding included. Both present (a THD call) or both absent (a dense [B, ...] call).
+   * An absent tensor here is all-zero bytes (SA_TENSOR_ZERO_INIT: data NULL), so that the
+   * default of every version-3 byte is 0. With them, q is [T_q, H_q, D], k [T_kv, H_kv, D],
+   * v [T_kv, H_kv, D_v], o [T_q, H_q, D_v], lse [H_q, T_q]; sequence b holds query tokens
+   * [cu_seqlens_q[b], cu_seqlens_q[b+1]) and keys [cu_seqlens_k[b], cu_seqlens_k[b+1]); the
+   * metadata is [B, H_q, N_q_max, K_max] with KV block ids local to the sequence. */
+  sa_tensor cu_seqlens_q; /* [B + 1] int32, on the device of q: 0 = c[0] <= c[1] <= ... = T_q */
+  sa_tensor cu_seqlens_k; /* [B + 1] int32, on the device of q: 0 = c[0] <= c[1] <= ... = T_kv */
 } sa_bsa_options;
 
 /* Defaults: scale 1/sqrt(D), BHSD, block 128, count K_max, automatic buckets, no validation,
- * not deterministic, AUTO, no token mask. */
+ * not deterministic, AUTO, no token mask, a dense batch (no cu_seqlens). */
 #define SA_BSA_OPTIONS_INIT \
   {sizeof(sa_bsa_options), 0.0f, SA_LAYOUT_BHSD, 128, -1, 0, 0, 0, SA_IMPL_AUTO, 0, 0, 0, \
-   SA_MASK_NONE, 0}
+   SA_MASK_NONE, 0, SA_TENSOR_ZERO_INIT, SA_TENSOR_ZERO_INIT}
 SA_INLINE sa_bsa_options sa_bsa_options_default(void) {
   sa_bsa_options o = SA_BSA_OPTIONS_INIT;
   return o;

@@ -104,6 +104,9 @@ class sa_bsa_options(_Extensible):
         ("window_right", ctypes.c_int64),
         ("mask", ctypes.c_int),
         ("causal_offset_given", ctypes.c_int32),
+        # version 3: packed batches (all-zero: absent, a dense batch)
+        ("cu_seqlens_q", sa_tensor),
+        ("cu_seqlens_k", sa_tensor),
     ]
 
 

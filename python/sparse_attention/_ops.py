@@ -79,7 +79,17 @@ def _lse_shape(x: Tensor, layout: int):
     return (x.shape[0], x.shape[1], x.shape[2])
 
 
-def _bsa_fwd_args(q, k, v, q2k_index, q2k_count, kv_block_len, o, lse, options, shape_only):
+def _with_cu_seqlens(options, cu_seqlens_q, cu_seqlens_k, shape_only):
+    """A copy of `options` with the packed batch's offsets (absent: a dense batch). They are set
+    per call, after the options' bytes keyed the shape cache (their shapes key it instead)."""
+    o = _abi.sa_bsa_options.from_buffer_copy(options)
+    o.cu_seqlens_q = _abi.view(cu_seqlens_q, shape_only, "options.cu_seqlens_q")
+    o.cu_seqlens_k = _abi.view(cu_seqlens_k, shape_only, "options.cu_seqlens_k")
+    return o
+
+
+def _bsa_fwd_args(q, k, v, q2k_index, q2k_count, kv_block_len, o, lse, options, shape_only,
+                  cu_seqlens_q=None, cu_seqlens_k=None):
     a = _abi.sa_bsa_fwd_args()
     a.q = _abi.view(q, shape_only, "q")
     a.k = _abi.view(k, shape_only, "k")
@@ -87,7 +97,7 @@ def _bsa_fwd_args(q, k, v, q2k_index, q2k_count, kv_block_len, o, lse, options, 
     a.sparsity = _bsa_sparsity(q2k_index, q2k_count, kv_block_len, shape_only)
     a.o = _abi.view(o, shape_only, "o")
     a.lse = _abi.view(lse, shape_only, "lse")
-    a.options = options
+    a.options = _with_cu_seqlens(options, cu_seqlens_q, cu_seqlens_k, shape_only)
     return a
 
 
@@ -112,23 +122,30 @@ def _block_size_hint(error: ValueError, q, q2k_index, options) -> ValueError:
     return ValueError(message[:at] + hint + message[at:])
 
 
-def _bsa_fwd_outputs(q, k, v, q2k_index, q2k_count, kv_block_len, options, fake=False):
+def _bsa_fwd_outputs(q, k, v, q2k_index, q2k_count, kv_block_len, options, fake=False,
+                     cu_seqlens_q=None, cu_seqlens_k=None):
     """Validates the call's shapes with the library (no data read, nothing allocated), then
     allocates o and lse. Returns (o, lse)."""
     o_shape = lse_shape = None
-    if q.dim() == 4 and v.dim() == 4:
+    packed = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if packed and q.dim() == 3 and v.dim() == 3:  # THD: o [T_q, H_q, D_v], lse [H_q, T_q]
+        o_shape = (q.shape[0], q.shape[1], v.shape[2])
+        lse_shape = (q.shape[1], q.shape[0])
+    elif not packed and q.dim() == 4 and v.dim() == 4:
         o_shape = (q.shape[0], q.shape[1], q.shape[2], v.shape[3])
         lse_shape = _lse_shape(q, options.layout)
-    inputs = (q, k, v, q2k_index, q2k_count, kv_block_len)
+    inputs = (q, k, v, q2k_index, q2k_count, kv_block_len, cu_seqlens_q, cu_seqlens_k)
     if not fake or _abi.can_describe(*inputs):  # fake: maybe symbolic
         try:
             _abi.validate_shapes_once("bsa_forward", options, inputs, lambda: _bsa_fwd_args(
                 q, k, v, q2k_index, q2k_count, kv_block_len, _abi.Planned.of(o_shape, q.dtype),
-                _abi.Planned.of(lse_shape, torch.float32), options, True))
+                _abi.Planned.of(lse_shape, torch.float32), options, True, cu_seqlens_q,
+                cu_seqlens_k))
         except ValueError as e:
             raise _block_size_hint(e, q, q2k_index, options) from None
     if o_shape is None:  # symbolic shapes of the wrong rank
-        raise _abi._invalid("q and v: expected rank 4, got %d and %d" % (q.dim(), v.dim()))
+        raise _abi._invalid("q and v: expected rank %d, got %d and %d"
+                            % (3 if packed else 4, q.dim(), v.dim()))
     return q.new_empty(o_shape), q.new_empty(lse_shape, dtype=torch.float32)
 
 
@@ -151,11 +168,15 @@ def bsa_fwd(
     causal_offset: Optional[int] = None,
     window_left: int = 0,
     window_right: int = 0,
+    cu_seqlens_q: Optional[Tensor] = None,
+    cu_seqlens_k: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     opts = _bsa_options(block_size, layout, count, scale, bucket_size, deterministic, validate,
                         mask, causal_offset, window_left, window_right)
-    o, lse = _bsa_fwd_outputs(q, k, v, q2k_index, q2k_count, kv_block_len, opts)
-    args = _bsa_fwd_args(q, k, v, q2k_index, q2k_count, kv_block_len, o, lse, opts, False)
+    o, lse = _bsa_fwd_outputs(q, k, v, q2k_index, q2k_count, kv_block_len, opts,
+                              cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
+    args = _bsa_fwd_args(q, k, v, q2k_index, q2k_count, kv_block_len, o, lse, opts, False,
+                         cu_seqlens_q, cu_seqlens_k)
     _abi.run("bsa_forward", args, q.device)
     return o, lse
 
@@ -163,16 +184,17 @@ def bsa_fwd(
 @bsa_fwd.register_fake
 def _bsa_fwd_fake(q, k, v, q2k_index, q2k_count, kv_block_len, block_size, layout, count, scale,
                   bucket_size, deterministic, validate, mask=0, causal_offset=None,
-                  window_left=0, window_right=0):
+                  window_left=0, window_right=0, cu_seqlens_q=None, cu_seqlens_k=None):
     _same_device(q=q, k=k, v=v, q2k_index=q2k_index, q2k_count=q2k_count,
-                 kv_block_len=kv_block_len)
+                 kv_block_len=kv_block_len, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     opts = _bsa_options(block_size, layout, count, scale, bucket_size, deterministic, validate,
                         mask, causal_offset, window_left, window_right)
-    return _bsa_fwd_outputs(q, k, v, q2k_index, q2k_count, kv_block_len, opts, fake=True)
+    return _bsa_fwd_outputs(q, k, v, q2k_index, q2k_count, kv_block_len, opts, fake=True,
+                            cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
 
 
 def _bsa_bwd_args(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, dq, dk, dv, options,
-                  shape_only):
+                  shape_only, cu_seqlens_q=None, cu_seqlens_k=None):
     a = _abi.sa_bsa_bwd_args()
     a.q = _abi.view(q, shape_only, "q")
     a.k = _abi.view(k, shape_only, "k")
@@ -184,19 +206,21 @@ def _bsa_bwd_args(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, dq,
     a.dq = _abi.view(dq, shape_only, "dq")
     a.dk = _abi.view(dk, shape_only, "dk")
     a.dv = _abi.view(dv, shape_only, "dv")
-    a.options = options
+    a.options = _with_cu_seqlens(options, cu_seqlens_q, cu_seqlens_k, shape_only)
     return a
 
 
 def _bsa_bwd_outputs(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, options,
-                     fake=False):
+                     fake=False, cu_seqlens_q=None, cu_seqlens_k=None):
     """Validates the call's shapes (nothing allocated yet), then allocates dq, dk, dv."""
-    inputs = (dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len)
+    inputs = (dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, cu_seqlens_q,
+              cu_seqlens_k)
     if not fake or _abi.can_describe(*inputs):  # fake: maybe symbolic
         try:
             _abi.validate_shapes_once("bsa_backward", options, inputs, lambda: _bsa_bwd_args(
                 dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len,
-                *(_abi.Planned(t.shape, t.dtype) for t in (q, k, v)), options, True))
+                *(_abi.Planned(t.shape, t.dtype) for t in (q, k, v)), options, True,
+                cu_seqlens_q, cu_seqlens_k))
         except ValueError as e:
             raise _block_size_hint(e, q, q2k_index, options) from None
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
@@ -224,12 +248,15 @@ def bsa_bwd(
     causal_offset: Optional[int] = None,
     window_left: int = 0,
     window_right: int = 0,
+    cu_seqlens_q: Optional[Tensor] = None,
+    cu_seqlens_k: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     opts = _bsa_options(block_size, layout, count, scale, bucket_size, deterministic, validate,
                         mask, causal_offset, window_left, window_right)
-    dq, dk, dv = _bsa_bwd_outputs(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, opts)
+    dq, dk, dv = _bsa_bwd_outputs(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, opts,
+                                  cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
     args = _bsa_bwd_args(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, dq, dk, dv,
-                         opts, False)
+                         opts, False, cu_seqlens_q, cu_seqlens_k)
     _abi.run("bsa_backward", args, q.device)
     return dq, dk, dv
 
@@ -237,33 +264,36 @@ def bsa_bwd(
 @bsa_bwd.register_fake
 def _bsa_bwd_fake(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, block_size, layout,
                   count, scale, bucket_size, deterministic, validate, mask=0, causal_offset=None,
-                  window_left=0, window_right=0):
+                  window_left=0, window_right=0, cu_seqlens_q=None, cu_seqlens_k=None):
     _same_device(dout=dout, q=q, k=k, v=v, o=o, lse=lse, q2k_index=q2k_index,
-                 q2k_count=q2k_count, kv_block_len=kv_block_len)
+                 q2k_count=q2k_count, kv_block_len=kv_block_len, cu_seqlens_q=cu_seqlens_q,
+                 cu_seqlens_k=cu_seqlens_k)
     opts = _bsa_options(block_size, layout, count, scale, bucket_size, deterministic, validate,
                         mask, causal_offset, window_left, window_right)
     return _bsa_bwd_outputs(dout, q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, opts,
-                            fake=True)
+                            fake=True, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k)
 
 
 def _bsa_setup_context(ctx, inputs, output):
     (q, k, v, q2k_index, q2k_count, kv_block_len, block_size, layout, count, scale, bucket_size,
-     deterministic, validate, mask, causal_offset, window_left, window_right) = inputs
+     deterministic, validate, mask, causal_offset, window_left, window_right, cu_seqlens_q,
+     cu_seqlens_k) = inputs
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, q2k_index, q2k_count, kv_block_len)
+    ctx.save_for_backward(q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, cu_seqlens_q,
+                          cu_seqlens_k)
     ctx.options = (block_size, layout, count, scale, bucket_size, deterministic, validate, mask,
                    causal_offset, window_left, window_right)
     ctx.mark_non_differentiable(lse)
 
 
 def _bsa_backward(ctx, do, dlse):
-    q, k, v, o, lse, q2k_index, q2k_count, kv_block_len = ctx.saved_tensors
+    q, k, v, o, lse, q2k_index, q2k_count, kv_block_len, cu_q, cu_k = ctx.saved_tensors
     if do is None:
         do = torch.zeros_like(o)
     # The library needs a contiguous last dimension; autograd may hand over expanded gradients.
     dq, dk, dv = bsa_bwd(do.contiguous(), q, k, v, o, lse, q2k_index, q2k_count, kv_block_len,
-                         *ctx.options)
-    return (dq, dk, dv) + (None,) * 14
+                         *ctx.options, cu_q, cu_k)
+    return (dq, dk, dv) + (None,) * 16
 
 
 bsa_fwd.register_autograd(_bsa_backward, setup_context=_bsa_setup_context)

@@ -125,6 +125,8 @@ _META_INDEX = {
     "sparsity.q2k_index": ("b", "h", "m", "slot"),
     "sparsity.q2k_count": ("b", "h", "m"),
     "sparsity.kv_block_len": ("n",),
+    "options.cu_seqlens_q": ("b",),
+    "options.cu_seqlens_k": ("b",),
 }
 
 
@@ -236,6 +238,8 @@ def block_sparse_attention(
     causal_offset: Optional[int] = None,
     window_left: Optional[int] = None,
     window_right: Optional[int] = None,
+    cu_seqlens_q: Optional[Tensor] = None,
+    cu_seqlens_k: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Block-sparse attention (SPEC sections 1 and 4). Returns ``(o, lse)``.
 
@@ -268,6 +272,13 @@ def block_sparse_attention(
         causal_offset: the diagonal's offset (any int64); only with a mask.
         window_left, window_right: window sizes (``>= 0``); ``window_left`` is required by the
             window masks, ``window_right`` is for ``"window"`` only (default 0).
+        cu_seqlens_q, cu_seqlens_k: a packed (variable-length) batch: ``[B + 1]`` integer
+            offsets (both or neither), as in FlashAttention's varlen API. ``q`` is then
+            ``[T_q, H_q, D]``, ``k`` ``[T_kv, H_kv, D]``, ``v`` ``[T_kv, H_kv, D_v]`` (``layout``
+            does not apply), ``q2k_index`` ``[B, H_q, N_q_max, K_max]`` with KV block ids local
+            to each sequence, ``o`` ``[T_q, H_q, D_v]`` and ``lse`` ``[H_q, T_q]``. Masks apply
+            per sequence (the default offset is each sequence's ``S_kv - S_q``). No host
+            synchronisation: N_q_max comes from ``q2k_index``'s shape.
 
     Returns:
         ``o`` (layout and dtype of ``q``, last dim ``D_v``) with autograd for q, k and v, and
@@ -308,7 +319,15 @@ def block_sparse_attention(
     q2k_count = _bsa_meta_int32(q2k_count, "sparsity.q2k_count", validate)
     q2k_index = _bsa_meta_int32(q2k_index, "sparsity.q2k_index", validate, read)
     kv_block_len = _bsa_meta_int32(kv_block_len, "sparsity.kv_block_len", validate)
-    if q.dim() == 4:
+    cu_seqlens_q = _bsa_meta_int32(_tensor(cu_seqlens_q, "cu_seqlens_q", optional=True),
+                                   "options.cu_seqlens_q", validate)
+    cu_seqlens_k = _bsa_meta_int32(_tensor(cu_seqlens_k, "cu_seqlens_k", optional=True),
+                                   "options.cu_seqlens_k", validate)
+    if cu_seqlens_q is not None and q.dim() == 3:
+        heads = q.shape[1]
+        q2k_index = _broadcast_meta(q2k_index, cu_seqlens_q.shape[0] - 1, heads)
+        q2k_count = _broadcast_meta(q2k_count, cu_seqlens_q.shape[0] - 1, heads)
+    elif q.dim() == 4:
         batch = q.shape[0]
         heads = q.shape[1] if layout_id == _abi.SA_LAYOUT_BHSD else q.shape[2]
         q2k_index = _broadcast_meta(q2k_index, batch, heads)
@@ -318,7 +337,7 @@ def block_sparse_attention(
         block_size, layout_id, -1 if count is None else count, scale,
         bucket_size, bool(deterministic), validate,
         mask_id, causal_offset, 0 if window_left is None else window_left,
-        0 if window_right is None else window_right,
+        0 if window_right is None else window_right, cu_seqlens_q, cu_seqlens_k,
     )
 
 

@@ -28,6 +28,13 @@ static_assert(offsetof(sa_bsa_options, causal_offset) >=
                   (kBsaOptionsV1 + alignof(sa_bsa_options) - 1) / alignof(sa_bsa_options) *
                       alignof(sa_bsa_options),
               "sa_bsa_options: version-2 fields must start past the version-1 struct");
+// Version 3 (packed batches) likewise starts past the version-2 struct, padding included.
+constexpr size_t kBsaOptionsV2 =
+    offsetof(sa_bsa_options, causal_offset_given) + sizeof(int32_t);
+static_assert(offsetof(sa_bsa_options, cu_seqlens_q) >=
+                  (kBsaOptionsV2 + alignof(sa_bsa_options) - 1) / alignof(sa_bsa_options) *
+                      alignof(sa_bsa_options),
+              "sa_bsa_options: version-3 fields must start past the version-2 struct");
 constexpr size_t options_v1(const sa_bsa_options*) { return kBsaOptionsV1; }
 constexpr size_t options_v1(const sa_dsa_options*) { return kDsaOptionsV1; }
 constexpr size_t options_v1(const sa_indexer_options*) { return kIndexerOptionsV1; }

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 
 #include "api/tensor_checks.hpp"
 #include "api/validate.hpp"
@@ -32,6 +33,18 @@ Bhsd to_bhsd(const sa_tensor& t, sa_layout layout) {
 struct Bhsd4 {
   int64_t b, h, s, d;
 };
+// Packed (THD) tensors: [T, H, D] reads as a batch of one (b = 1) whose S axis is T.
+Bhsd4 dims_of_thd(const sa_tensor& t) { return {1, t.shape[1], t.shape[0], t.shape[2]}; }
+Bhsd to_bhsd_thd(const sa_tensor& t) {
+  Bhsd v;
+  v.data = t.data;
+  v.sb = 0;  // every sequence indexes its tokens globally (SeqSpan::q0, k0)
+  v.ss = t.strides[0];
+  v.sh = t.strides[1];
+  v.sd = t.strides[2];
+  return v;
+}
+
 Bhsd4 dims_of(const sa_tensor& t, sa_layout layout) {
   if (layout == SA_LAYOUT_BHSD) return {t.shape[0], t.shape[1], t.shape[2], t.shape[3]};
   return {t.shape[0], t.shape[2], t.shape[1], t.shape[3]};
@@ -97,7 +110,8 @@ int64_t saturating_add(int64_t a, int64_t b) {
 }
 
 // options.mask and its parameters (SPEC 4) -> the band lo <= s - i <= hi, clamped to [-Sq, Skv].
-TokenMask resolve_mask(const sa_bsa_options& o, const BsaDims& d) {
+TokenMask resolve_mask(const sa_bsa_options& o, const BsaDims& d, bool varlen,
+                       bool* offset_per_seq) {
   const int32_t kind = enum_bits(o.mask);
   SA_CHECK_ARG(kind >= SA_MASK_NONE && kind <= SA_MASK_CAUSAL_WINDOW,
                "options.mask: expected SA_MASK_NONE, SA_MASK_CAUSAL, SA_MASK_WINDOW or "
@@ -126,6 +140,22 @@ TokenMask resolve_mask(const sa_bsa_options& o, const BsaDims& d) {
                    << "default S_kv - S_q): set causal_offset_given = 1");
   TokenMask m;
   if (kind == SA_MASK_NONE) return m;
+  if (varlen) {
+    // Per sequence (BsaMeta::mask_of): the band relative to the sequence's own offset (its
+    // skv - sq by default, else the given one), clamped to +-(T_q + T_kv). That clamp changes
+    // no answer: a sequence's offset and its own clamp range lie within [-T_q, T_kv].
+    const int64_t c = o.causal_offset_given != 0 ? o.causal_offset : 0;
+    int64_t lo = INT64_MIN, hi = INT64_MAX;
+    if (kind == SA_MASK_CAUSAL || kind == SA_MASK_CAUSAL_WINDOW) hi = c;
+    if (kind == SA_MASK_WINDOW) hi = saturating_add(c, o.window_right);
+    if (window) lo = saturating_add(c, -o.window_left);
+    const int64_t bound = d.Sq + d.Skv;
+    m.on = true;
+    m.lo = std::min(std::max(lo, -bound), bound);
+    m.hi = std::min(std::max(hi, -bound), bound);
+    *offset_per_seq = o.causal_offset_given == 0;
+    return m;
+  }
   const int64_t c = o.causal_offset_given != 0 ? o.causal_offset : d.Skv - d.Sq;
   int64_t lo = INT64_MIN, hi = INT64_MAX;
   if (kind == SA_MASK_CAUSAL || kind == SA_MASK_CAUSAL_WINDOW) hi = c;
@@ -138,18 +168,65 @@ TokenMask resolve_mask(const sa_bsa_options& o, const BsaDims& d) {
   return m;
 }
 
+bool is_varlen(const sa_bsa_options& o) {
+  return o.cu_seqlens_q.data != nullptr || o.cu_seqlens_k.data != nullptr;
+}
+
+const char* const kThdHint =
+    " (packed batches: options.cu_seqlens_q/k are given, so attention tensors are [T, H, D])";
+
+// Packed batches (SPEC 4): the shapes of cu_seqlens_q/k and the metadata's first dims. Their
+// values live on the tensors' device and are not read here: the reference checks them on every
+// call, the GPU paths with options.validate (docs/bsa.md, "Packed batches").
+void check_cu_seqlens(const sa_bsa_options& opt, const sa_tensor& qi, BsaDims& d, Common& c) {
+  SA_CHECK_ARG(opt.cu_seqlens_q.data != nullptr && opt.cu_seqlens_k.data != nullptr,
+               "options.cu_seqlens_" << (opt.cu_seqlens_q.data ? "k" : "q")
+                   << ": absent while options.cu_seqlens_" << (opt.cu_seqlens_q.data ? "q" : "k")
+                   << " is given: a packed batch needs both");
+  check_tensor(opt.cu_seqlens_q, "options.cu_seqlens_q", {1, kInt32, false, false}, c.place);
+  check_tensor(opt.cu_seqlens_k, "options.cu_seqlens_k", {1, kInt32, false, false}, c.place);
+  const int64_t n = opt.cu_seqlens_q.shape[0];
+  SA_CHECK_ARG(n >= 2, "options.cu_seqlens_q: expected shape [B + 1] with B >= 1 sequences, got "
+                           << shape_str(opt.cu_seqlens_q));
+  SA_CHECK_ARG(opt.cu_seqlens_k.shape[0] == n,
+               "options.cu_seqlens_k: expected shape [B + 1] = [" << n
+                   << "] (that of options.cu_seqlens_q), got " << shape_str(opt.cu_seqlens_k));
+  SA_CHECK_ARG(fits_i32(d.Sq) && fits_i32(d.Skv),
+               "q, k: T_q = " << d.Sq << ", T_kv = " << d.Skv
+                              << " tokens: cu_seqlens are int32, so at most 2147483647");
+  d.B = n - 1;
+  SA_CHECK_ARG(qi.shape[0] == d.B && qi.shape[1] == d.Hq && qi.shape[2] >= 1,
+               "sparsity.q2k_index: expected shape [B, H_q, N_q_max, K_max] = ["
+                   << d.B << ", " << d.Hq << ", N_q_max >= 1, K_max] (B from cu_seqlens_q; "
+                   << "N_q_max >= ceil(S_q / block_size) of every sequence), got "
+                   << shape_str(qi));
+  d.Nq = qi.shape[2];  // N_q_max: bounds each sequence's query blocks (checked with its values)
+  // Nkv stays ceil(T_kv / block): no sequence has more KV blocks.
+  c.meta.cu_seqlens_q = static_cast<const int32_t*>(opt.cu_seqlens_q.data);
+  c.meta.cu_seqlens_k = static_cast<const int32_t*>(opt.cu_seqlens_k.data);
+  c.meta.cu_stride_q = opt.cu_seqlens_q.strides[0];
+  c.meta.cu_stride_k = opt.cu_seqlens_k.strides[0];
+}
+
 // q, k, v and the sparsity metadata: what forward and backward share.
 Common check_inputs(const sa_tensor& q, const sa_tensor& k, const sa_tensor& v,
                     const sa_bsa_sparsity& sp, const sa_bsa_options& opt) {
   check_options(opt);
   Common c;
   const sa_layout L = opt.layout;
-  check_tensor(q, "q", {4, {}, true, false}, c.place);
-  check_tensor(k, "k", {4, {}, true, false}, c.place);
-  check_tensor(v, "v", {4, {}, true, false}, c.place);
+  const bool varlen = is_varlen(opt);
+  const int rank = varlen ? 3 : 4;
+  for (auto [t, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}}) {
+    SA_CHECK_ARG(!varlen || t->data == nullptr || t->rank == 3,
+                 name << ": expected rank 3 [T, H, D], got rank " << t->rank << " "
+                      << shape_str(*t) << kThdHint);
+    check_tensor(*t, name, {rank, {}, true, false}, c.place);
+  }
   check_same_dtype(k, "k", q, "q");
   check_same_dtype(v, "v", q, "q");
-  Bhsd4 dq = dims_of(q, L), dk = dims_of(k, L), dv = dims_of(v, L);
+  Bhsd4 dq = varlen ? dims_of_thd(q) : dims_of(q, L);
+  Bhsd4 dk = varlen ? dims_of_thd(k) : dims_of(k, L);
+  Bhsd4 dv = varlen ? dims_of_thd(v) : dims_of(v, L);
   SA_CHECK_ARG(dq.b >= 1 && dq.h >= 1 && dq.s >= 1 && dq.d >= 1,
                "q: every dimension must be >= 1, got " << shape_str(q));
   SA_CHECK_ARG(dk.b == dq.b, "k: batch must equal q's batch " << dq.b << ", got " << dk.b
@@ -177,7 +254,8 @@ Common check_inputs(const sa_tensor& q, const sa_tensor& k, const sa_tensor& v,
 
   check_tensor(sp.q2k_index, "sparsity.q2k_index", {4, kInt32, false, false}, c.place);
   const sa_tensor& qi = sp.q2k_index;
-  SA_CHECK_ARG(qi.shape[0] == d.B && qi.shape[1] == d.Hq && qi.shape[2] == d.Nq,
+  if (varlen) check_cu_seqlens(opt, qi, d, c);
+  SA_CHECK_ARG(varlen || (qi.shape[0] == d.B && qi.shape[1] == d.Hq && qi.shape[2] == d.Nq),
                "sparsity.q2k_index: expected shape [B, H_q, N_q, K_max] = ["
                    << d.B << ", " << d.Hq << ", " << d.Nq
                    << ", K_max] (N_q = ceil(S_q / block_size)), got " << shape_str(qi)
@@ -206,6 +284,9 @@ Common check_inputs(const sa_tensor& q, const sa_tensor& k, const sa_tensor& v,
       opt.count == -1 ? (fits_i32(d.Kmax) ? static_cast<int32_t>(d.Kmax) : 0) : opt.count;
 
   const sa_tensor& bl = sp.kv_block_len;
+  SA_CHECK_ARG(!varlen || bl.data == nullptr,
+               "sparsity.kv_block_len: not taken with packed batches (options.cu_seqlens_q/k): "
+               "each sequence's length already cuts its last KV block; leave it absent");
   if (bl.data != nullptr) {
     SA_CHECK_ARG(bl.rank == 1 || bl.rank == 2,
                  "sparsity.kv_block_len: expected rank 1 [N_kv] or rank 2 [B, N_kv], got rank "
@@ -226,28 +307,62 @@ Common check_inputs(const sa_tensor& q, const sa_tensor& k, const sa_tensor& v,
     }
   }
 
-  c.meta.mask = resolve_mask(opt, d);
+  c.meta.mask = resolve_mask(opt, d, varlen, &c.meta.mask_offset_per_seq);
 
   c.scale = opt.scale == 0.f ? static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.D)))
                              : opt.scale;
   return c;
 }
 
-void check_lse(const sa_tensor& lse, const char* name, const BsaDims& d, bool output,
+// lse: [B, H_q, S_q], or [H_q, T_q] for packed batches (FlashAttention's varlen layout).
+void check_lse(const sa_tensor& lse, const char* name, const BsaDims& d, bool varlen, bool output,
                DevicePlace& place) {
+  if (varlen) {
+    check_tensor(lse, name, {2, kFp32, false, output}, place);
+    SA_CHECK_ARG(lse.shape[0] == d.Hq && lse.shape[1] == d.Sq,
+                 name << ": expected shape [H_q, T_q] = [" << d.Hq << ", " << d.Sq
+                      << "] (packed batches), got " << shape_str(lse));
+    return;
+  }
   check_tensor(lse, name, {3, kFp32, false, output}, place);
   SA_CHECK_ARG(lse.shape[0] == d.B && lse.shape[1] == d.Hq && lse.shape[2] == d.Sq,
                name << ": expected shape [B, H_q, S_q] = [" << d.B << ", " << d.Hq << ", " << d.Sq
                     << "], got " << shape_str(lse));
 }
+void set_lse(const sa_tensor& lse, bool varlen, int64_t* stride) {
+  if (varlen) {
+    stride[0] = 0;
+    stride[1] = lse.strides[0];
+    stride[2] = lse.strides[1];
+  } else {
+    for (int i = 0; i < 3; ++i) stride[i] = lse.strides[i];
+  }
+}
 
-// An attention-shaped tensor with the dtype of `like` and sizes (b, h, s, last).
+// An attention-shaped tensor with the dtype of `like` and sizes (b, h, s, last); packed batches:
+// [T, H, last] (want.b and shape_doc's batch ignored).
 void check_like(const sa_tensor& t, const char* name, const sa_tensor& like,
-                const char* like_name, sa_layout L, Bhsd4 want, bool output, DevicePlace& place,
-                const char* shape_doc) {
+                const char* like_name, sa_layout L, bool varlen, Bhsd4 want, bool output,
+                DevicePlace& place, const char* shape_doc) {
+  if (varlen) {
+    SA_CHECK_ARG(t.data == nullptr || t.rank == 3, name << ": expected rank 3 [T, H, D], got rank "
+                                                        << t.rank << " " << shape_str(t)
+                                                        << kThdHint);
+    check_tensor(t, name, {3, {}, true, output}, place);
+    check_same_dtype(t, name, like, like_name);
+    const Bhsd4 got = dims_of_thd(t);
+    SA_CHECK_ARG(got.h == want.h && got.s == want.s && got.d == want.d,
+                 name << ": expected shape [" << want.s << ", " << want.h << ", " << want.d
+                      << "] (packed batches: [T, H, D]), got " << shape_str(t));
+    return;
+  }
   check_tensor(t, name, {4, {}, true, output}, place);
   check_same_dtype(t, name, like, like_name);
   check_attn_shape(t, name, L, want, shape_doc);
+}
+
+Bhsd view(const sa_tensor& t, sa_layout L, bool varlen) {
+  return varlen ? to_bhsd_thd(t) : to_bhsd(t, L);
 }
 
 }  // namespace
@@ -256,18 +371,19 @@ BsaFwdProblem make_problem(const sa_bsa_fwd_args& a) {
   Common c = check_inputs(a.q, a.k, a.v, a.sparsity, a.options);
   const BsaDims& d = c.dims;
   const sa_layout L = a.options.layout;
-  check_like(a.o, "o", a.q, "q", L, {d.B, d.Hq, d.Sq, d.Dv}, true, c.place,
+  const bool vl = c.meta.varlen();
+  check_like(a.o, "o", a.q, "q", L, vl, {d.B, d.Hq, d.Sq, d.Dv}, true, c.place,
              "[B, H_q, S_q, D_v]");
-  check_lse(a.lse, "lse", d, true, c.place);
+  check_lse(a.lse, "lse", d, vl, true, c.place);
 
   BsaFwdProblem p;
   fill_header(p, c, a.q.dtype, a.options);
-  p.q = to_bhsd(a.q, L);
-  p.k = to_bhsd(a.k, L);
-  p.v = to_bhsd(a.v, L);
-  p.o = to_bhsd(a.o, L);
+  p.q = view(a.q, L, vl);
+  p.k = view(a.k, L, vl);
+  p.v = view(a.v, L, vl);
+  p.o = view(a.o, L, vl);
   p.lse = static_cast<float*>(a.lse.data);
-  for (int i = 0; i < 3; ++i) p.lse_stride[i] = a.lse.strides[i];
+  set_lse(a.lse, vl, p.lse_stride);
   return p;
 }
 
@@ -275,30 +391,31 @@ BsaBwdProblem make_problem(const sa_bsa_bwd_args& a) {
   Common c = check_inputs(a.q, a.k, a.v, a.sparsity, a.options);
   const BsaDims& d = c.dims;
   const sa_layout L = a.options.layout;
-  check_like(a.o, "o", a.q, "q", L, {d.B, d.Hq, d.Sq, d.Dv}, false, c.place,
+  const bool vl = c.meta.varlen();
+  check_like(a.o, "o", a.q, "q", L, vl, {d.B, d.Hq, d.Sq, d.Dv}, false, c.place,
              "[B, H_q, S_q, D_v]");
-  check_lse(a.lse, "lse", d, false, c.place);
-  check_like(a.dout, "dout", a.q, "q", L, {d.B, d.Hq, d.Sq, d.Dv}, false, c.place,
+  check_lse(a.lse, "lse", d, vl, false, c.place);
+  check_like(a.dout, "dout", a.q, "q", L, vl, {d.B, d.Hq, d.Sq, d.Dv}, false, c.place,
              "[B, H_q, S_q, D_v]");
-  check_like(a.dq, "dq", a.q, "q", L, {d.B, d.Hq, d.Sq, d.D}, true, c.place,
+  check_like(a.dq, "dq", a.q, "q", L, vl, {d.B, d.Hq, d.Sq, d.D}, true, c.place,
              "[B, H_q, S_q, D]");
-  check_like(a.dk, "dk", a.k, "k", L, {d.B, d.Hkv, d.Skv, d.D}, true, c.place,
+  check_like(a.dk, "dk", a.k, "k", L, vl, {d.B, d.Hkv, d.Skv, d.D}, true, c.place,
              "[B, H_kv, S_kv, D]");
-  check_like(a.dv, "dv", a.v, "v", L, {d.B, d.Hkv, d.Skv, d.Dv}, true, c.place,
+  check_like(a.dv, "dv", a.v, "v", L, vl, {d.B, d.Hkv, d.Skv, d.Dv}, true, c.place,
              "[B, H_kv, S_kv, D_v]");
 
   BsaBwdProblem p;
   fill_header(p, c, a.q.dtype, a.options);
-  p.q = to_bhsd(a.q, L);
-  p.k = to_bhsd(a.k, L);
-  p.v = to_bhsd(a.v, L);
-  p.o = to_bhsd(a.o, L);
-  p.dout = to_bhsd(a.dout, L);
-  p.dq = to_bhsd(a.dq, L);
-  p.dk = to_bhsd(a.dk, L);
-  p.dv = to_bhsd(a.dv, L);
+  p.q = view(a.q, L, vl);
+  p.k = view(a.k, L, vl);
+  p.v = view(a.v, L, vl);
+  p.o = view(a.o, L, vl);
+  p.dout = view(a.dout, L, vl);
+  p.dq = view(a.dq, L, vl);
+  p.dk = view(a.dk, L, vl);
+  p.dv = view(a.dv, L, vl);
   p.lse = static_cast<const float*>(a.lse.data);
-  for (int i = 0; i < 3; ++i) p.lse_stride[i] = a.lse.strides[i];
+  set_lse(a.lse, vl, p.lse_stride);
   return p;
 }
 

@@ -73,32 +73,97 @@ SA_HD MaskClass classify_tile(I r0, I r1, I k0, I k1, I lo, I hi) {
   return MaskClass::kPartial;
 }
 
+SA_HD int64_t clamp_to(int64_t x, int64_t lo, int64_t hi) { return x < lo ? lo : (x > hi ? hi : x); }
+
+// One sequence of a call: its query tokens [q0, q0 + sq) and keys [k0, k0 + skv) along the
+// tensors' S axis. A dense batch has one span per batch entry, {0, Sq, 0, Skv}; a packed (THD)
+// batch takes them from cu_seqlens.
+struct SeqSpan {
+  int64_t q0 = 0, sq = 0, k0 = 0, skv = 0;
+};
+
 struct BsaMeta {
   IntView q2k_index;     // [B, Hq, Nq, Kmax]
   IntView q2k_count;     // [B, Hq, Nq], or absent: fixed_count for every row
   int32_t fixed_count = 0;
   IntView kv_block_len;  // [B, Nkv] (stride[0] == 0 when given as [Nkv]), or absent: full blocks,
                          // the last one cut at Skv
-  TokenMask mask;        // the token mask (off: mask "none")
+  TokenMask mask;        // the token mask (off: mask "none"); packed batches: see mask_of
+  // Packed (THD) batches, SPEC 4: null for a dense batch. Dims then read B = sequences,
+  // Sq = T_q and Skv = T_kv (total tokens), Nq = N_q_max (the metadata's third dim) and
+  // Nkv = ceil(T_kv / block), a bound on every sequence's KV blocks; attention tensors have
+  // sb = 0 and index tokens globally, lse is [Hq, T_q].
+  const int32_t* cu_seqlens_q = nullptr;  // [B + 1]
+  const int32_t* cu_seqlens_k = nullptr;  // [B + 1]
+  int64_t cu_stride_q = 1, cu_stride_k = 1;
+  // Packed batches with the default causal offset: the offset is each sequence's
+  // skv - sq, and mask.lo / mask.hi hold the band relative to it (clamped to +-(T_q + T_kv)).
+  bool mask_offset_per_seq = false;
+
+  SA_HD bool varlen() const { return cu_seqlens_q != nullptr; }
+  // Sequence b. Packed: offsets clamped into [0, T] and lengths to >= 0, so that no cu_seqlens
+  // value at all can move an access out of bounds (values outside the contract give unspecified
+  // results; the reference and options.validate report them).
+  SA_HD SeqSpan seq(int64_t b, const BsaDims& d) const {
+    SeqSpan s;
+    if (!cu_seqlens_q) {
+      s.sq = d.Sq;
+      s.skv = d.Skv;
+      return s;
+    }
+    s.q0 = clamp_to(cu_seqlens_q[b * cu_stride_q], 0, d.Sq);
+    s.sq = clamp_to(cu_seqlens_q[(b + 1) * cu_stride_q], s.q0, d.Sq) - s.q0;
+    s.k0 = clamp_to(cu_seqlens_k[b * cu_stride_k], 0, d.Skv);
+    s.skv = clamp_to(cu_seqlens_k[(b + 1) * cu_stride_k], s.k0, d.Skv) - s.k0;
+    return s;
+  }
+  // The token mask of a sequence, in its local coordinates (query i, key s from its start),
+  // clamped to [-sq, skv] like a dense call's.
+  SA_HD TokenMask mask_of(const SeqSpan& s) const {
+    if (!cu_seqlens_q || !mask.on) return mask;
+    const int64_t c = mask_offset_per_seq ? s.skv - s.sq : 0;
+    TokenMask m;
+    m.on = true;
+    m.lo = clamp_to(mask.lo + c, -s.sq, s.skv);
+    m.hi = clamp_to(mask.hi + c, -s.sq, s.skv);
+    return m;
+  }
   // Number of entries of row (b, h, m) that are read.
   SA_HD int32_t count(int64_t b, int64_t h, int64_t m) const {
     return q2k_count.data ? q2k_count.at(b, h, m) : fixed_count;
   }
   // Is the pair (query block m, KV block n) entirely hidden by the mask? Judged on the block's
   // nominal keys (not block_len), so an answer of true holds for any valid length.
+  // Packed batches: of sequence `s` with its mask `sm` (mask_of(s)); a block past the
+  // sequence's end counts as hidden (it holds no query or no key).
   SA_HD bool pair_outside(int64_t m, int64_t n, const BsaDims& d) const {
-    if (!mask.on) return false;
-    const int64_t r0 = m * d.block, r1 = (m + 1) * d.block < d.Sq ? (m + 1) * d.block : d.Sq;
-    const int64_t k0 = n * d.block, k1 = (n + 1) * d.block < d.Skv ? (n + 1) * d.block : d.Skv;
-    return classify_tile<int64_t>(r0, r1 - 1, k0, k1 - 1, mask.lo, mask.hi) ==
-           MaskClass::kOutside;
+    SeqSpan s;
+    s.sq = d.Sq;
+    s.skv = d.Skv;
+    return pair_outside(m, n, d.block, s, mask);
   }
-  // Valid keys in KV block n of batch b.
+  SA_HD static bool pair_outside(int64_t m, int64_t n, int32_t block, const SeqSpan& s,
+                                 const TokenMask& sm) {
+    if (!sm.on) return false;
+    const int64_t r0 = m * block, r1 = (m + 1) * block < s.sq ? (m + 1) * block : s.sq;
+    const int64_t k0 = n * block, k1 = (n + 1) * block < s.skv ? (n + 1) * block : s.skv;
+    if (r1 <= r0 || k1 <= k0) return true;
+    return classify_tile<int64_t>(r0, r1 - 1, k0, k1 - 1, sm.lo, sm.hi) == MaskClass::kOutside;
+  }
+  // Valid keys in KV block n of batch b (dense batches).
   SA_HD int32_t block_len(int64_t b, int64_t n, const BsaDims& d) const {
     if (kv_block_len.data) return kv_block_len.at(b, n);
     int64_t rest = d.Skv - n * d.block;
     return static_cast<int32_t>(rest < d.block ? rest : d.block);
   }
+  // Valid keys in KV block n of sequence s (packed batches have no kv_block_len: the
+  // sequence's length cuts its last block). 0 past the sequence's end.
+  SA_HD int32_t block_len(int64_t b, int64_t n, const BsaDims& d, const SeqSpan& s) const {
+    if (!cu_seqlens_q) return block_len(b, n, d);
+    int64_t rest = s.skv - n * d.block;
+    return static_cast<int32_t>(rest < 0 ? 0 : (rest < d.block ? rest : d.block));
+  }
+
 };
 
 // The fields every problem shares: shapes, element type, device, the resolved scale, the

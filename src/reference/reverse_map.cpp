@@ -18,18 +18,24 @@ ReverseMap build_reverse_map_cpu(const BsaDims& d, const BsaMeta& meta, int32_t 
   // 1. Scatter every (head in group, query block) pair into the row of each KV block it lists.
   std::vector<std::vector<int32_t>> rows(static_cast<size_t>(map.num_rows));
   for (int64_t b = 0; b < d.B; ++b) {
+    // Packed batches: the sequence's own query blocks, KV blocks and mask (SPEC 4).
+    const SeqSpan s = meta.seq(b, d);
+    const TokenMask mask = meta.mask_of(s);
+    const int64_t nq = meta.varlen() ? ceil_div_i64(s.sq, d.block) : d.Nq;
+    const int64_t nkv = meta.varlen() ? ceil_div_i64(s.skv, d.block) : d.Nkv;
     for (int64_t h = 0; h < d.Hq; ++h) {
       const int64_t hk = h / group;
       const int64_t hl = h % group;
-      for (int64_t m = 0; m < d.Nq; ++m) {
+      for (int64_t m = 0; m < nq; ++m) {
         const int32_t count = meta.count(b, h, m);
         for (int32_t slot = 0; slot < count; ++slot) {
           const int32_t n = meta.q2k_index.at(b, h, m, slot);
-          SA_CHECK(n >= 0 && n < d.Nkv, SA_ERROR_INVALID_METADATA,
+          SA_CHECK(n >= 0 && n < nkv, SA_ERROR_INVALID_METADATA,
                    "sparsity.q2k_index[b=" << b << ", h=" << h << ", m=" << m << ", slot=" << slot
-                                  << "] = " << n << ": expected a KV block in [0, " << d.Nkv
+                                  << "] = " << n << ": expected a KV block in [0, " << nkv
                                   << ")");
-          if (meta.pair_outside(m, n, d)) continue;  // the token mask hides the whole pair
+          // the token mask hides the whole pair
+          if (BsaMeta::pair_outside(m, n, d.block, s, mask)) continue;
           const int64_t r = (b * d.Hkv + hk) * d.Nkv + n;
           rows[static_cast<size_t>(r)].push_back(narrow_i32(hl * d.Nq + m, "reverse map entry"));
         }

@@ -44,8 +44,18 @@ std::string unsupported(const Problem& p, std::string (*path_unsupported)(const 
 }
 
 // ---- BSA forward ------------------------------------------------------------------------------
+// Packed (varlen) batches are not implemented by the portable kernels yet (docs/bsa.md, "Packed
+// batches"): the reference serves them on CPU tensors.
+template <class Problem>
+std::string bsa_unsupported(const Problem& p, std::string (*path_unsupported)(const Problem&)) {
+  if (p.meta.varlen())
+    return "packed batches (options.cu_seqlens_q/k) are not implemented by the portable kernels "
+           "yet (the CPU reference serves them)";
+  return unsupported(p, path_unsupported);
+}
+
 std::string bsa_fwd_unsupported(const BsaFwdProblem& p) {
-  return unsupported(p, &portable::bsa_forward_unsupported);
+  return bsa_unsupported(p, &portable::bsa_forward_unsupported);
 }
 
 void bsa_fwd_run(const BsaFwdProblem& p, const ExecContext& ctx) {
@@ -57,7 +67,7 @@ void bsa_fwd_run(const BsaFwdProblem& p, const ExecContext& ctx) {
 
 // ---- BSA backward -----------------------------------------------------------------------------
 std::string bsa_bwd_unsupported(const BsaBwdProblem& p) {
-  return unsupported(p, &portable::bsa_backward_unsupported);
+  return bsa_unsupported(p, &portable::bsa_backward_unsupported);
 }
 
 size_t bsa_bwd_workspace_bytes(const BsaBwdProblem& p) {

@@ -44,8 +44,17 @@ std::string unsupported(const Problem& p, std::string (*path_unsupported)(const 
 }
 
 // ---- BSA forward ------------------------------------------------------------------------------
+// Packed (varlen) batches: not in the Hopper kernels (docs/bsa.md, "Packed batches"). Checked
+// before the device, so that the reason reads the same on every machine.
+template <class Problem>
+std::string bsa_unsupported(const Problem& p, std::string (*path_unsupported)(const Problem&)) {
+  if (p.meta.varlen())
+    return "packed batches (options.cu_seqlens_q/k) are not implemented by the sm90 kernels";
+  return unsupported(p, path_unsupported);
+}
+
 std::string bsa_fwd_unsupported(const BsaFwdProblem& p) {
-  return unsupported(p, &sm90::bsa_forward_unsupported);
+  return bsa_unsupported(p, &sm90::bsa_forward_unsupported);
 }
 
 size_t bsa_fwd_workspace_bytes(const BsaFwdProblem& p) {
@@ -62,7 +71,7 @@ void bsa_fwd_run(const BsaFwdProblem& p, const ExecContext& ctx) {
 
 // ---- BSA backward ------------------------------------------------------------------------------
 std::string bsa_bwd_unsupported(const BsaBwdProblem& p) {
-  return unsupported(p, &sm90::bsa_backward_unsupported);
+  return bsa_unsupported(p, &sm90::bsa_backward_unsupported);
 }
 
 size_t bsa_bwd_workspace_bytes(const BsaBwdProblem& p) {
