@@ -16,7 +16,16 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+OPS = ("bsa_fwd", "bsa_bwd", "dsa_fwd", "dsa_bwd", "indexer_scores", "indexer_topk",
+       "indexer_loss_sparse", "indexer_loss_dense")
+
+
 def shape_label(op, s):
+    if op.startswith("indexer"):
+        causal = " causal" if s.get("causal") else ""
+        k = f" k{s['topk']}" if s.get("topk") and op != "indexer_scores" else ""
+        attn = f" H{s['H']} Dqk{s['D_qk']}" if "H" in s else ""
+        return f"S{s['S']} H_I{s['H_I']}{k}{attn}{causal}"
     if op.startswith("bsa"):
         return f"S{s['S']} H{s['H']} D{s['D']} b{s['block']} {round(100 * s['density'], 1)}%"
     tl = " len" if s.get("topk_length") else ""
@@ -25,7 +34,7 @@ def shape_label(op, s):
 
 def table(records):
     lines = []
-    for op in ("bsa_fwd", "bsa_bwd", "dsa_fwd", "dsa_bwd"):
+    for op in OPS:
         rows = [r for r in records if r["op"] == op]
         if not rows:
             continue
@@ -57,8 +66,7 @@ def plot(records, path):
     except ImportError:
         print("matplotlib missing: no plot")
         return
-    ops = [op for op in ("bsa_fwd", "bsa_bwd", "dsa_fwd", "dsa_bwd")
-           if any(r["op"] == op for r in records)]
+    ops = [op for op in OPS if any(r["op"] == op for r in records)]
     fig, axes = plt.subplots(len(ops), 1, figsize=(11, 3.2 * len(ops)), squeeze=False)
     for ax, op in zip(axes[:, 0], ops):
         rows = [r for r in records if r["op"] == op and r.get("source") == "bench/anchors.py"]
