@@ -25,6 +25,9 @@ constexpr size_t smem_bytes() {
   // +1024: the kernel aligns its shared storage to 1024 bytes (128-byte swizzle atoms).
   return sizeof(indexer::ScoresSmem<indexer::ScoresTraits<kHeads>>) + 1024;
 }
+static_assert(smem_bytes<16>() <= 227 * 1024 && smem_bytes<32>() <= 227 * 1024 &&
+                  smem_bytes<64>() <= 227 * 1024,
+              "one CTA per SM: within the sm_90 opt-in shared memory");
 
 size_t smem_bytes_for(int64_t heads) {
   return heads == 16 ? smem_bytes<16>() : heads == 32 ? smem_bytes<32>() : smem_bytes<64>();

@@ -123,6 +123,38 @@ struct ScoresTraits {
       cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<KT, DT>{}));
   using SmemLayoutQ = decltype(cute::tile_to_shape(
       cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<NT, DT>{}));
+
+  // Invariants the producer and the epilogue hard-code, checked against CuTe's layouts (swizzle
+  // aside: TMA's 128-byte swizzle and the atom's are the same function of the 1024-aligned
+  // address).
+  // (a) Shared tiles: (row, col) at panel (col / 64) x rows x 64 + row x 64 + col % 64 elements,
+  //     where the producer's boxes land (row = key, or token x H_I + head).
+  static_assert(SmemLayoutK{}.layout_b()(1, 0) == 64 && SmemLayoutK{}.layout_b()(0, 1) == 1 &&
+                    SmemLayoutK{}.layout_b()(0, 64) == kTileKeys * 64,
+                "key tile: 64-column panels of kTileKeys 128-byte rows");
+  static_assert(SmemLayoutQ{}.layout_b()(1, 0) == 64 && SmemLayoutQ{}.layout_b()(0, 1) == 1 &&
+                    SmemLayoutQ{}.layout_b()(0, 64) == kCols * 64,
+                "q_I tile: 64-column panels of kCols 128-byte rows");
+  // (b) Accumulator: thread 4 g + t4 + 32 w, value v0 + 2 v1 + 4 j holds S^T[16 w + g + 8 v1,
+  //     8 j + 2 t4 + v0] (offsets row + 64 col), which consumer_main's acc(4 j + 2 r + c) reads.
+  using LayoutCTV = decltype(TiledMma{}.get_layoutC_TV());
+  static_assert(LayoutCTV{}(1, 0) == 2 * 64 && LayoutCTV{}(4, 0) == 1 && LayoutCTV{}(32, 0) == 16,
+                "accumulator threads: t4 -> column 2 t4, g -> row g, warp -> row 16 w");
+  static_assert(LayoutCTV{}(0, 1) == 64 && LayoutCTV{}(0, 2) == 8 && LayoutCTV{}(0, 4) == 8 * 64,
+                "accumulator values: v0 -> column + 1, v1 -> row + 8, j -> column + 8 j");
+  using LayoutAcc =
+      decltype(cute::partition_fragment_C(TiledMma{}, cute::Shape<KT, NT>{}).layout());
+  static_assert(LayoutAcc{}(1) == 1 && LayoutAcc{}(2) == 2 && LayoutAcc{}(4) == 4 &&
+                    LayoutAcc{}(127) == 127,
+                "acc(i) is value i of the thread (v0 fastest, then v1, then j)");
+  // (c) Transaction bytes: each mbarrier phase expects exactly the bytes of the boxes issued on
+  //     it (a box counts whole, zero-filled past S_q / S_kv), within the tx-count range (2^20).
+  static_assert(kKBytes == 2 * 64 * kTileKeys * sizeof(Element), "a key stage: two boxes");
+  static_assert(kQBytes == kTokensPerCta * 2 * 64 * kHeads * sizeof(Element),
+                "q_I: two boxes per token");
+  static_assert(kQBytes < (1u << 20), "mbarrier tx-count limit");
+  // (d) k_empty completes a phase when every consumer warp has waited for its wgmma of the stage.
+  static_assert(kConsumerWarps == kConsumers * 4, "one k_empty arrival per consumer warp");
 };
 
 template <class T>
@@ -191,7 +223,11 @@ __device__ __forceinline__ void producer_main(const ScoresParams& p, ScoresSmem<
       tma_load_4d(&p.tma_q, &s.q[wg][pnl * T::kCols * 64 + row * 64], &s.q_full, pnl * 64, 0, t,
                   0);
   }
-  // [2] key tiles into the ring.
+  // [2] key tiles into the ring. Invariant: the CTA's n-th loaded tile (producer and consumers
+  // count the same tiles [i_lo, i_hi) from n = 0) is the (n / kStages)-th use of stage
+  // n % kStages: k_full completes phase n / kStages when its bytes land; the refill waits for
+  // k_empty's phase n / kStages - 1 (parity ^ 1; on a fresh barrier that parity passes at once),
+  // i.e. for all 8 consumer warps to finish reading tile n - kStages.
   for (int i = c.i_lo, n = 0; i < c.i_hi; ++i, ++n) {
     const int stage = n % T::kStages;
     mbarrier_wait(&s.k_empty[stage], ((n / T::kStages) & 1) ^ 1);
