@@ -16,6 +16,7 @@
 #include "sm90/bsa_forward.hpp"
 #include "sm90/dsa_backward.hpp"
 #include "sm90/dsa_forward.hpp"
+#include "sm90/indexer.hpp"
 
 namespace sa {
 namespace {
@@ -125,6 +126,22 @@ void dsa_bwd_run(const DsaBwdProblem& p, const ExecContext& ctx) {
   sm90::dsa_backward(p, ctx.workspace, ctx.workspace_bytes, ctx.stream);
 }
 
+// ---- DSA indexer (SPEC 5) ----------------------------------------------------------------------
+// Gated: the sm90 score kernel was written without a GPU. Until the GPU suite has run it (gtest
+// filter *IndexerSm90*), only a caller that forces this path gets it; AUTO takes the portable
+// kernels (verified on an H100), never unverified code.
+std::string indexer_scores_unsupported(const IndexerScoresProblem& p) {
+  if (p.options.impl != SA_IMPL_SM90)
+    return "gated: the sm90 indexer kernels are not yet verified on a GPU (set options.impl = "
+           "SA_IMPL_SM90 to run them)";
+  return unsupported(p, &sm90::indexer_scores_unsupported);
+}
+
+void indexer_scores_run(const IndexerScoresProblem& p, const ExecContext& ctx) {
+  DeviceScope scope(p.device_index);
+  sm90::indexer_scores(p, ctx.stream);
+}
+
 }  // namespace
 
 extern const Implementation kSm90Implementation = {
@@ -135,8 +152,9 @@ extern const Implementation kSm90Implementation = {
     // The forward's workspace (an item counter, with topk_length) is optional.
     /*dsa_fwd=*/{&dsa_fwd_unsupported, &dsa_fwd_workspace_bytes, &dsa_fwd_run, true},
     /*dsa_bwd=*/{&dsa_bwd_unsupported, &dsa_bwd_workspace_bytes, &dsa_bwd_run},
-    // The DSA indexer (SPEC 5) has no kernels on this path yet.
-    /*indexer_scores=*/{}, /*indexer_topk=*/{}, /*indexer_loss=*/{},
+    // The DSA indexer (SPEC 5): scores only (gated); top-k and the loss are not written here yet.
+    /*indexer_scores=*/{&indexer_scores_unsupported, nullptr, &indexer_scores_run},
+    /*indexer_topk=*/{}, /*indexer_loss=*/{},
 };
 
 }  // namespace sa

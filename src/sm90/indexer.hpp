@@ -1,0 +1,21 @@
+// Hopper (sm_90a) kernels of the DSA lightning indexer (SPEC 5), host side: for each operation,
+// the support check ("" or the missing feature) and the run. Every run launches on `stream`
+// (device p.device_index current), with no host synchronisation, and throws sa::Error
+// (SA_ERROR_UNSUPPORTED) when the problem is unsupported. Design: indexer_scores_kernel.cuh,
+// docs/indexer_decisions.md ("The sm90 score kernel").
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "common/indexer_problem.hpp"
+
+namespace sa::sm90 {
+
+// Dense scores: writes every element of p.scores. No workspace. The caller checks the device
+// (sm_90).
+std::string indexer_scores_unsupported(const IndexerScoresProblem& p);
+void indexer_scores(const IndexerScoresProblem& p, cudaStream_t stream);
+
+}  // namespace sa::sm90
