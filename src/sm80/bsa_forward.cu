@@ -111,18 +111,17 @@ void bsa_forward(const BsaFwdProblem& p, cudaStream_t stream) {
   for (int i = 0; i < 3; ++i) params.lse_stride[i] = p.lse_stride[i];
   params.dims = d;
   params.meta = p.meta;
-  params.Sq = static_cast<int32_t>(d.Sq);
-  params.Skv = static_cast<int32_t>(d.Skv);
   params.block = d.block;
   params.group = static_cast<int32_t>(d.group());
   params.scale_log2 = scale_times_log2e(p.scale);
   params.masked_score = mask_value(params.scale_log2);
-  // The band fits int32: validation clamps it to [-S_q, S_kv], and S fits (checked above).
+  // The band itself is the CTA's sequence's (CtaSeq): it fits int32, being clamped to the
+  // sequence's [-sq, skv], and S (T for packed batches) fits (checked above).
   params.mask_on = p.meta.mask.on ? 1 : 0;
-  params.mask_lo = static_cast<int32_t>(p.meta.mask.lo);
-  params.mask_hi = static_cast<int32_t>(p.meta.mask.hi);
 
   // One CTA per query block (kBlockM = block): its K/V tiles are loaded once for all its rows.
+  // Packed batches: N_q_max query blocks per sequence (the metadata's shape, never the values of
+  // cu_seqlens, so that a captured graph replays with new offsets).
   if (d.block == 128)
     launch_head_dim<128>(params, p.dtype, stream);
   else

@@ -27,13 +27,21 @@
 //   epilogue   [7] O / rowsum -> bf16/fp16 -> smem (Q's tile) -> 16-byte stores of rows < S_q;
 //                  LSE = ln(rowsum) + max for rows < S_q (-inf and O = 0 for an empty row)
 //
-// Memory safety: Q rows >= S_q and K/V rows >= the tile's valid keys are never read (cp.async
+// Packed batches (SPEC 4): the CTA works on sequence b (CtaSeq, bsa_cta_seq.cuh) in its local
+// coordinates: rows, keys and the band are the sequence's own, and its first tokens q0 / k0 are
+// added only where Q, K, V, O and lse are addressed (lse by the global token q0 + row). A CTA
+// whose query block starts at or past the sequence's end exits before anything else (the grid has
+// N_q_max blocks per sequence). The sequence lives in shared memory, not registers, across the
+// tile loop. A dense batch runs the same code with q0 = k0 = 0.
+//
+// Memory safety: Q rows >= sq and K/V rows >= the tile's valid keys are never read (cp.async
 // zero fill), so padded keys contribute exactly 0 even when their memory holds NaN.
 #pragma once
 
 #include <cstdint>
 
 #include "common/problem.hpp"
+#include "sm80/bsa_cta_seq.cuh"
 #include "sm80/kernel_traits.hpp"
 #include "sm80/kv_tile_copy.cuh"
 #include "sm80/sm80_primitives.hpp"
@@ -47,12 +55,12 @@ struct BsaFwdParams {
   int64_t lse_stride[3];
   BsaDims dims;
   BsaMeta meta;
-  int32_t Sq, Skv, block;
+  int32_t block;
   int32_t group;            // query heads per KV head
   float scale_log2;         // scale * log2(e)
   float masked_score;       // raw score of a padded key: mask_value(scale_log2)
   int32_t mask_on;          // nonzero: a token mask; key s visible to query i iff
-  int32_t mask_lo, mask_hi; //   mask_lo <= s - i <= mask_hi (meta.mask, clamped to [-Sq, Skv])
+                            //   lo <= s - i <= hi, the band of the CTA's sequence (CtaSeq)
 };
 
 // The block list of a CTA's query block, staged in shared memory kChunk slots at a time, thread i
@@ -65,9 +73,9 @@ struct BsaFwdParams {
 // Contains two barriers: every thread calls it, after a barrier that ends all reads of the
 // previous chunk.
 template <int kChunk, int kWarps, int kBlockM>
-__device__ __forceinline__ void stage_block_list(const BsaFwdParams& p, int b, int h, int m,
-                                                int count, int first, int* s_key0, int* s_len,
-                                                int* s_warp_count) {
+__device__ __forceinline__ void stage_block_list(const BsaFwdParams& p, const CtaSeq& seq, int b,
+                                                int h, int m, int count, int first, int* s_key0,
+                                                int* s_len, int* s_warp_count) {
   static_assert(kChunk == kWarps * 32, "a thread per slot");
   const int i = threadIdx.x;
   const int slot = first + i;
@@ -75,13 +83,13 @@ __device__ __forceinline__ void stage_block_list(const BsaFwdParams& p, int b, i
   if (slot < count) {
     const int n = p.meta.q2k_index.at(b, h, m, slot);
     key0 = n * p.block;
-    len = min(p.meta.block_len(b, n, p.dims), p.Skv - key0);
+    len = cta_block_len(p.meta, p.dims, b, n, seq);
     if (p.mask_on) {
       // Rows [r0, r1] see keys [r0 + lo, r1 + hi] between them (int64: the sums may pass int32).
       const int64_t r0 = static_cast<int64_t>(m) * kBlockM;
-      const int64_t r1 = min(r0 + kBlockM, static_cast<int64_t>(p.Sq)) - 1;
-      const int64_t first_key = max(static_cast<int64_t>(key0), r0 + p.mask_lo);
-      const int64_t end_key = min(static_cast<int64_t>(key0) + len, r1 + p.mask_hi + 1);
+      const int64_t r1 = min(r0 + kBlockM, static_cast<int64_t>(seq.sq)) - 1;
+      const int64_t first_key = max(static_cast<int64_t>(key0), r0 + seq.mask_lo);
+      const int64_t end_key = min(static_cast<int64_t>(key0) + len, r1 + seq.mask_hi + 1);
       key0 = static_cast<int>(first_key);
       len = first_key < end_key ? static_cast<int>(end_key - first_key) : 0;
     }
@@ -136,6 +144,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
   int* s_warp_count = s_list_len + kListChunk;
   const int* s_staged = s_warp_count + Traits::kNWarps;         // entries in the staged chunk
   const int* s_chunk_end = s_warp_count + Traits::kNWarps + 1;  // slots read so far
+  CtaSeq* s_seq = reinterpret_cast<CtaSeq*>(smem + Traits::kSeqOffset);
 
   const int tid = threadIdx.x;
   const int lane = tid % 32;
@@ -146,7 +155,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
   const int b = blockIdx.z;
   const int hk = h / p.group;
 
-  const Element* q_head = static_cast<const Element*>(p.q.data) + b * p.q.sb + h * p.q.sh;
+  // The CTA's sequence; a query block past its end has nothing to do (uniform exit, before any
+  // barrier). Thread 0 keeps it in shared memory for the tile loop and the epilogue; the first
+  // barrier (in stage_block_list) orders that write before any read.
+  const CtaSeq seq = cta_seq(p.meta, p.dims, b);
+  if (row0 >= seq.sq) return;
+  if (tid == 0) *s_seq = seq;
+
+  const Element* q_head = static_cast<const Element*>(p.q.data) + b * p.q.sb + h * p.q.sh +
+                          static_cast<int64_t>(seq.q0) * p.q.ss;
   const Element* k_base = static_cast<const Element*>(p.k.data);
   const Element* v_base = static_cast<const Element*>(p.v.data);
 
@@ -155,14 +172,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
   const int copy_chunk = tid % kRowChunks;
   const uint32_t copy_smem = swizzled_offset<kRowBytes>(copy_row, copy_chunk);
   // Element offsets of this thread's first copy row of K and V at key 0 of the KV head.
-  const int64_t k_thread = b * p.k.sb + hk * p.k.sh + copy_row * p.k.ss + copy_chunk * 8;
-  const int64_t v_thread = b * p.v.sb + hk * p.v.sh + copy_row * p.v.ss + copy_chunk * 8;
+  const int64_t k_thread = b * p.k.sb + hk * p.k.sh +
+                           (static_cast<int64_t>(seq.k0) + copy_row) * p.k.ss + copy_chunk * 8;
+  const int64_t v_thread = b * p.v.sb + hk * p.v.sh +
+                           (static_cast<int64_t>(seq.k0) + copy_row) * p.v.ss + copy_chunk * 8;
 
-  // [0] Q tile (rows past S_q zero-filled, never read from global memory).
+  // [0] Q tile (rows past the sequence's sq zero-filled, never read from global memory).
 #pragma unroll
   for (int i = 0; i < kBlockM / kCopyRows; ++i) {
     const int row = row0 + copy_row + i * kCopyRows;
-    const bool ok = row < p.Sq;
+    const bool ok = row < seq.sq;
     const Element* src = ok ? q_head + row * p.q.ss + copy_chunk * 8 : q_head;
     sm80::cp_async_16(s_q + copy_smem + i * kCopyRows * kRowBytes, src, ok);
   }
@@ -181,8 +200,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
   const int count = p.meta.count(b, h, m);
   int first_slot = 0;
   do {
-    stage_block_list<kListChunk, Traits::kNWarps, kBlockM>(p, b, h, m, count, first_slot,
-                                                           s_list_key0, s_list_len, s_warp_count);
+    stage_block_list<kListChunk, Traits::kNWarps, kBlockM>(
+        p, seq, b, h, m, count, first_slot, s_list_key0, s_list_len, s_warp_count);
     first_slot += kListChunk;
   } while (*s_staged == 0 && first_slot < count);
   int cur_key0 = s_list_key0[0];  // first key of the current entry
@@ -251,7 +270,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
             const int first = *s_chunk_end;
             __syncthreads();
             stage_block_list<kListChunk, Traits::kNWarps, kBlockM>(
-                p, cta.z, cta.y, cta.x, row_count, first, s_list_key0, s_list_len, s_warp_count);
+                p, *s_seq, cta.z, cta.y, cta.x, row_count, first, s_list_key0, s_list_len,
+                s_warp_count);
           } while (*s_staged == 0 && *s_chunk_end < row_count);
           restaged = true;
         }
@@ -287,11 +307,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
         // Recomputed at [4] rather than kept across the GEMM.
         auto mask_class = [&]() {
           const int wr0 = static_cast<int>(blockIdx.x) * kBlockM + warp * kWarpRows;
-          const int wr1 = min(wr0 + kWarpRows, p.Sq) - 1;
+          const int wr1 = min(wr0 + kWarpRows, s_seq->sq) - 1;
           const int ka = cur_key0 + tile * kBlockN + sub * kSubN;
           const int kz = ka + min(sub_valid, kSubN) - 1;
           return wr1 < wr0 ? MaskClass::kOutside
-                           : classify_tile<int>(wr0, wr1, ka, kz, p.mask_lo, p.mask_hi);
+                           : classify_tile<int>(wr0, wr1, ka, kz, s_seq->mask_lo, s_seq->mask_hi);
         };
         if (p.mask_on && mask_class() == MaskClass::kOutside) continue;
         const uint32_t k_tile = s_k + stage * kKvTileBytes + sub * kSubN * kRowBytes;
@@ -330,7 +350,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
         if (p.mask_on && mask_class() == MaskClass::kPartial) {
           const int wr0 = static_cast<int>(blockIdx.x) * kBlockM + warp * kWarpRows;
           const int ka = cur_key0 + tile * kBlockN + sub * kSubN;
-          mask_band(s, ka - wr0, p.mask_lo, p.mask_hi, sub_valid, p.masked_score);
+          mask_band(s, ka - wr0, s_seq->mask_lo, s_seq->mask_hi, sub_valid, p.masked_score);
         } else if (sub_valid < kSubN) {
           mask_key_columns(s, sub_valid, p.masked_score);
         }
@@ -394,6 +414,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
   const int out_copy_row = out_tid / kRowChunks;
   const int out_copy_chunk = out_tid % kRowChunks;
   const uint32_t out_copy_smem = swizzled_offset<kRowBytes>(out_copy_row, out_copy_chunk);
+  const int out_sq = s_seq->sq;
+  const int64_t out_q0 = s_seq->q0;
 
   float inv_sum[2 * kMTiles], lse[2 * kMTiles];
   softmax.finalize(inv_sum, lse);
@@ -410,19 +432,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
             pack2<Element>(acc_o[mi][j][2 * half] * inv, acc_o[mi][j][2 * half + 1] * inv);
         *reinterpret_cast<uint32_t*>(smem + swizzled_offset<kRowBytes>(row, j) + 4 * t) = packed;
       }
-      if (t == 0 && out_row0 + row < p.Sq) {
+      if (t == 0 && out_row0 + row < out_sq) {
         p.lse[out_b * p.lse_stride[0] + out_h * p.lse_stride[1] +
-              (out_row0 + row) * p.lse_stride[2]] = lse[2 * mi + half];
+              (out_q0 + out_row0 + row) * p.lse_stride[2]] = lse[2 * mi + half];
       }
     }
   }
   __syncthreads();
 
-  Element* o_head = static_cast<Element*>(p.o.data) + out_b * p.o.sb + out_h * p.o.sh;
+  Element* o_head =
+      static_cast<Element*>(p.o.data) + out_b * p.o.sb + out_h * p.o.sh + out_q0 * p.o.ss;
 #pragma unroll
   for (int i = 0; i < kBlockM / kCopyRows; ++i) {
     const int row = out_row0 + out_copy_row + i * kCopyRows;
-    if (row < p.Sq) {
+    if (row < out_sq) {
       const uint4 chunk =
           *reinterpret_cast<const uint4*>(smem + out_copy_smem + i * kCopyRows * kRowBytes);
       *reinterpret_cast<uint4*>(o_head + row * p.o.ss + out_copy_chunk * 8) = chunk;

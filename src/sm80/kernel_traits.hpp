@@ -50,12 +50,14 @@ struct FwdKernelTraits {
 
   // Shared memory: Q tile (reused to stage O), kStages K tiles, kStages V tiles, then the block
   // list chunk (kListChunk first keys, then their key counts, int32), the per-warp counts of its
-  // compaction (kNWarps int32), the number staged and the next slot to stage (int32 each).
+  // compaction (kNWarps int32), the number staged and the next slot to stage (int32 each), then
+  // the CTA's sequence (CtaSeq, six int32).
   static constexpr int kQBytes = kBlockM * kRowBytes;
   static constexpr int kKvTileBytes = kBlockN * kRowBytes;
   static constexpr int kListChunk = kNThreads;
   static constexpr int kListOffset = kQBytes + 2 * kStages * kKvTileBytes;
-  static constexpr int kSmemBytes = kListOffset + 2 * kListChunk * 4 + (kNWarps + 2) * 4;
+  static constexpr int kSeqOffset = kListOffset + 2 * kListChunk * 4 + (kNWarps + 2) * 4;
+  static constexpr int kSmemBytes = kSeqOffset + 6 * 4;
 
   static_assert(sizeof(Element) == 2, "16-bit elements");
   static_assert(kHeadDim == 64 || kHeadDim == 128, "head dim 64 or 128");

@@ -44,18 +44,19 @@ std::string unsupported(const Problem& p, std::string (*path_unsupported)(const 
 }
 
 // ---- BSA forward ------------------------------------------------------------------------------
-// Packed (varlen) batches are not implemented by the portable kernels yet (docs/bsa.md, "Packed
-// batches"): the reference serves them on CPU tensors.
-template <class Problem>
-std::string bsa_unsupported(const Problem& p, std::string (*path_unsupported)(const Problem&)) {
-  if (p.meta.varlen())
-    return "packed batches (options.cu_seqlens_q/k) are not implemented by the portable kernels "
-           "yet (the CPU reference serves them)";
-  return unsupported(p, path_unsupported);
-}
+// Packed (varlen) batches (docs/bsa.md, "Packed batches"): the forward kernel takes them, but it
+// has not run on a GPU yet, so only a caller that forces this path gets it (AUTO refuses, and the
+// CPU reference serves CPU tensors). The backward does not take them yet.
+constexpr const char* kVarlenGated =
+    "packed batches (options.cu_seqlens_q/k) on the portable kernels are gated: not yet verified "
+    "on a GPU (set options.impl = SA_IMPL_PORTABLE)";
 
 std::string bsa_fwd_unsupported(const BsaFwdProblem& p) {
-  return bsa_unsupported(p, &portable::bsa_forward_unsupported);
+  if (p.meta.varlen() && p.options.impl != SA_IMPL_PORTABLE) return kVarlenGated;
+  if (p.meta.varlen() && p.options.validate)
+    return "options.validate with packed batches (options.cu_seqlens_q/k): the GPU metadata "
+           "check does not read cu_seqlens yet (the CPU reference checks them)";
+  return unsupported(p, &portable::bsa_forward_unsupported);
 }
 
 void bsa_fwd_run(const BsaFwdProblem& p, const ExecContext& ctx) {
@@ -67,7 +68,10 @@ void bsa_fwd_run(const BsaFwdProblem& p, const ExecContext& ctx) {
 
 // ---- BSA backward -----------------------------------------------------------------------------
 std::string bsa_bwd_unsupported(const BsaBwdProblem& p) {
-  return bsa_unsupported(p, &portable::bsa_backward_unsupported);
+  if (p.meta.varlen())
+    return "packed batches (options.cu_seqlens_q/k) are not implemented by the portable backward "
+           "yet (the CPU reference serves them)";
+  return unsupported(p, &portable::bsa_backward_unsupported);
 }
 
 size_t bsa_bwd_workspace_bytes(const BsaBwdProblem& p) {
