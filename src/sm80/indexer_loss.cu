@@ -36,7 +36,7 @@
 #include "common/host_numeric.hpp"
 #include "cuda/dsa_backward_aux.hpp"
 #include "sm80/indexer.hpp"
-#include "sm80/indexer_checks.hpp"
+#include "cuda/indexer_checks.hpp"
 #include "sm80/indexer_loss_kernel.cuh"
 #include "sm80/indexer_target_kernel.cuh"
 

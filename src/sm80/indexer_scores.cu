@@ -8,7 +8,7 @@
 #include "common/cuda_check.hpp"
 #include "common/cuda_device.hpp"
 #include "sm80/indexer.hpp"
-#include "sm80/indexer_checks.hpp"
+#include "cuda/indexer_checks.hpp"
 #include "sm80/indexer_scores_kernel.cuh"
 
 namespace sa::portable {

@@ -10,7 +10,7 @@
 #include "common/cuda_check.hpp"
 #include "common/cuda_device.hpp"
 #include "sm80/indexer.hpp"
-#include "sm80/indexer_checks.hpp"
+#include "cuda/indexer_checks.hpp"
 #include "sm80/indexer_topk_kernel.cuh"
 
 namespace sa::portable {

@@ -10,7 +10,7 @@
 #include "common/cuda_check.hpp"
 #include "common/cuda_device.hpp"
 #include "cuda/launch_checks.hpp"
-#include "sm80/indexer_checks.hpp"
+#include "cuda/indexer_checks.hpp"
 #include "sm90/indexer.hpp"
 #include "sm90/indexer_scores_kernel.cuh"
 #include "sm90/tma_descriptor.hpp"

@@ -1,6 +1,6 @@
-// Host-side checks that the portable indexer launchers share: SPEC 5's GPU contract again (the
-// kernels rely on it), the addressing of q_I and k_I rows, the sizes the kernels index with, and
-// the shared memory a kernel needs. No device code.
+// Host-side checks that the indexer launchers of every path share (the shared CUDA layer): SPEC
+// 5's GPU contract again (the kernels rely on it), the addressing of q_I and k_I rows, the sizes
+// the kernels index with, and the shared memory a kernel needs. No device code.
 #pragma once
 
 #include <cstdint>
