@@ -182,4 +182,46 @@ inline std::vector<float> reference_scores(IndexerCase& c, const sa_indexer_opti
   return v;
 }
 
+// Options with `impl` forced and `scale_I` (0: 1/sqrt(D_I)).
+inline sa_indexer_options indexer_options(sa_impl impl, float scale_I) {
+  sa_indexer_options o = sa_indexer_options_default();
+  o.scale_I = scale_I;
+  o.impl = impl;
+  return o;
+}
+
+// The largest finite |value| of `v` (at least 1e-30).
+inline double max_finite(const std::vector<float>& v) {
+  double m = 1e-30;
+  for (float x : v)
+    if (std::isfinite(x)) m = std::max(m, std::fabs(double(x)));
+  return m;
+}
+
+// The dense scores of case `c` through the public API with `options` (device copies with rows 8
+// elements wider and NaN guards, NaN-poisoned output), as fp32; `want_impl`: the implementation
+// that must have run.
+inline ::testing::AssertionResult gpu_scores(IndexerCase& c, const sa_indexer_options& options,
+                                             sa_impl want_impl, std::vector<float>* result) {
+  GpuIndexerInputs d(c, 8);
+  HostTensor out(SA_DTYPE_FP32, {c.shape.Sq, c.shape.Skv});
+  out.poison();
+  DeviceTensor scores(out, 8, 64);
+  if (!d.ok() || !scores.ok()) return ::testing::AssertionFailure() << "device copies failed";
+  sa_impl used = SA_IMPL_AUTO;
+  if (run_indexer_scores(d, scores, options, &used) != SA_OK)
+    return ::testing::AssertionFailure() << "sa_indexer_scores: " << sa_last_error();
+  const cudaError_t err = cudaDeviceSynchronize();
+  if (err != cudaSuccess)
+    return ::testing::AssertionFailure() << "kernel failed: " << cudaGetErrorString(err);
+  if (used != want_impl)
+    return ::testing::AssertionFailure() << "ran " << sa_impl_name(used) << ", not "
+                                         << sa_impl_name(want_impl);
+  ::testing::AssertionResult r = scores.download(out);
+  if (!r) return r << " (scores)";
+  result->resize(static_cast<size_t>(out.numel()));
+  std::memcpy(result->data(), out.data(), result->size() * 4);
+  return ::testing::AssertionSuccess();
+}
+
 }  // namespace sa_test

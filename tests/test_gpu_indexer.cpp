@@ -52,60 +52,18 @@ struct GpuIndexerCase {
 
 void PrintTo(const GpuIndexerCase& c, std::ostream* os) { *os << c.name; }
 
-uint64_t seed_of(const std::string& name) {
-  uint64_t seed = 0x5eed;
-  for (char ch : name) seed = seed * 131 + static_cast<uint64_t>(ch);
-  return seed;
-}
-
-sa_indexer_options portable_options(float scale_I) {
-  sa_indexer_options o = sa_indexer_options_default();
-  o.scale_I = scale_I;
-  o.impl = SA_IMPL_PORTABLE;
-  return o;
-}
-
-// The largest finite |value| of `v` (at least 1e-30).
-double max_finite(const std::vector<float>& v) {
-  double m = 1e-30;
-  for (float x : v)
-    if (std::isfinite(x)) m = std::max(m, std::fabs(double(x)));
-  return m;
-}
-
 // ---- scores ----------------------------------------------------------------------------------
-// The GPU's dense scores of case `c` (through the public API, portable forced), as fp32.
-::testing::AssertionResult gpu_scores(IndexerCase& c, const sa_indexer_options& options,
-                                      std::vector<float>* result) {
-  GpuIndexerInputs d(c, 8);
-  HostTensor out(SA_DTYPE_FP32, {c.shape.Sq, c.shape.Skv});
-  out.poison();
-  DeviceTensor scores(out, 8, 64);
-  if (!d.ok() || !scores.ok()) return ::testing::AssertionFailure() << "device copies failed";
-  sa_impl used = SA_IMPL_AUTO;
-  if (run_indexer_scores(d, scores, options, &used) != SA_OK)
-    return ::testing::AssertionFailure() << "sa_indexer_scores: " << sa_last_error();
-  const cudaError_t err = cudaDeviceSynchronize();
-  if (err != cudaSuccess)
-    return ::testing::AssertionFailure() << "kernel failed: " << cudaGetErrorString(err);
-  if (used != SA_IMPL_PORTABLE)
-    return ::testing::AssertionFailure() << "ran " << sa_impl_name(used);
-  ::testing::AssertionResult r = scores.download(out);
-  if (!r) return r << " (scores)";
-  result->resize(static_cast<size_t>(out.numel()));
-  std::memcpy(result->data(), out.data(), result->size() * 4);
-  return ::testing::AssertionSuccess();
-}
 
 class IndexerGpuScores : public ::testing::TestWithParam<GpuIndexerCase> {};
 
 TEST_P(IndexerGpuScores, MatchesReference) {
   SA_SKIP_WITHOUT_GPU();
   const GpuIndexerCase& k = GetParam();
-  IndexerCase c = make_gpu_indexer_case(k.shape, k.ranges, k.keys, false, seed_of(k.name));
-  const sa_indexer_options options = portable_options(k.scale_I);
+  IndexerCase c =
+      make_gpu_indexer_case(k.shape, k.ranges, k.keys, false, seed_of(0x5eed, k.name));
+  const sa_indexer_options options = indexer_options(SA_IMPL_PORTABLE, k.scale_I);
   std::vector<float> got;
-  ASSERT_TRUE(gpu_scores(c, options, &got));
+  ASSERT_TRUE(gpu_scores(c, options, SA_IMPL_PORTABLE, &got));
   const std::vector<float> want = reference_scores(c, options);
   const double scale = max_finite(want);
   std::vector<double> g(got.begin(), got.end()), w(want.begin(), want.end());
@@ -217,11 +175,12 @@ TEST_P(IndexerGpuTopk, MatchesItsScoresAndTheReference) {
   SA_SKIP_WITHOUT_GPU();
   const GpuIndexerCase& kc = GetParam();
   IndexerCase c =
-      make_gpu_indexer_case(kc.shape, kc.ranges, kc.keys, kc.nan_w_rows, seed_of(kc.name));
-  const sa_indexer_options options = portable_options(kc.scale_I);
+      make_gpu_indexer_case(kc.shape, kc.ranges, kc.keys, kc.nan_w_rows,
+                            seed_of(0x5eed, kc.name));
+  const sa_indexer_options options = indexer_options(SA_IMPL_PORTABLE, kc.scale_I);
   const int64_t k = kc.k;
   std::vector<float> scores;
-  ASSERT_TRUE(gpu_scores(c, options, &scores));
+  ASSERT_TRUE(gpu_scores(c, options, SA_IMPL_PORTABLE, &scores));
   GpuIndexerInputs d(c, 8);
   ASSERT_TRUE(d.ok());
   TopkResult first;
@@ -323,7 +282,7 @@ TEST(IndexerGpuTopkLarge, S131072K2048Causal) {
   a.k_end = view_of(dend.get(), SA_DTYPE_INT32, {S}, SA_DEVICE_CUDA);
   a.topk_idx = view_of(didx.get(), SA_DTYPE_INT32, {S, k}, SA_DEVICE_CUDA);
   a.topk_length = view_of(dlen.get(), SA_DTYPE_INT32, {S}, SA_DEVICE_CUDA);
-  a.options = portable_options(0.f);
+  a.options = indexer_options(SA_IMPL_PORTABLE, 0.f);
   size_t bytes = 0;
   ASSERT_EQ(sa_indexer_topk_workspace_size(&a, &bytes), SA_OK) << sa_last_error();
   EXPECT_LE(bytes, static_cast<size_t>(S * k) * 4) << "workspace beyond O(S_q k)";
@@ -389,8 +348,9 @@ TEST(IndexerGpuAuto, ScoresAndTopkRunThePortableKernels) {
   const sa_indexer_options automatic = sa_indexer_options_default();
   ASSERT_EQ(automatic.impl, SA_IMPL_AUTO);
   std::vector<float> got, forced;
-  ASSERT_TRUE(gpu_scores(c, automatic, &got));
-  ASSERT_TRUE(gpu_scores(c, portable_options(0.f), &forced));
+  ASSERT_TRUE(gpu_scores(c, automatic, SA_IMPL_PORTABLE, &got));
+  ASSERT_TRUE(
+      gpu_scores(c, indexer_options(SA_IMPL_PORTABLE, 0.f), SA_IMPL_PORTABLE, &forced));
   ASSERT_EQ(got.size(), forced.size());
   EXPECT_EQ(std::memcmp(got.data(), forced.data(), got.size() * sizeof(float)), 0)
       << "AUTO's scores differ from the forced portable call's";
@@ -398,7 +358,7 @@ TEST(IndexerGpuAuto, ScoresAndTopkRunThePortableKernels) {
   ASSERT_TRUE(d.ok());
   TopkResult a, b;
   ASSERT_TRUE(gpu_topk(d, c, 16, true, automatic, &a));
-  ASSERT_TRUE(gpu_topk(d, c, 16, true, portable_options(0.f), &b));
+  ASSERT_TRUE(gpu_topk(d, c, 16, true, indexer_options(SA_IMPL_PORTABLE, 0.f), &b));
   EXPECT_EQ(a.idx, b.idx);
   EXPECT_EQ(a.len, b.len);
 }

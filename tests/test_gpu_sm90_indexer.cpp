@@ -40,62 +40,19 @@ struct Sm90IndexerCase {
 
 void PrintTo(const Sm90IndexerCase& c, std::ostream* os) { *os << c.name; }
 
-uint64_t seed_of(const std::string& name) {
-  uint64_t seed = 0x5eed90;
-  for (char ch : name) seed = seed * 131 + static_cast<uint64_t>(ch);
-  return seed;
-}
-
-sa_indexer_options options_for(sa_impl impl, float scale_I) {
-  sa_indexer_options o = sa_indexer_options_default();
-  o.scale_I = scale_I;
-  o.impl = impl;
-  return o;
-}
-
-double max_finite(const std::vector<float>& v) {
-  double m = 1e-30;
-  for (float x : v)
-    if (std::isfinite(x)) m = std::max(m, std::fabs(double(x)));
-  return m;
-}
-
-// The dense scores of case `c` through the public API with `options` (NaN-poisoned output with
-// guards); `want_impl`: the implementation that must have run.
-::testing::AssertionResult gpu_scores(IndexerCase& c, const sa_indexer_options& options,
-                                      sa_impl want_impl, std::vector<float>* result) {
-  GpuIndexerInputs d(c, 8);
-  HostTensor out(SA_DTYPE_FP32, {c.shape.Sq, c.shape.Skv});
-  out.poison();
-  DeviceTensor scores(out, 8, 64);
-  if (!d.ok() || !scores.ok()) return ::testing::AssertionFailure() << "device copies failed";
-  sa_impl used = SA_IMPL_AUTO;
-  if (run_indexer_scores(d, scores, options, &used) != SA_OK)
-    return ::testing::AssertionFailure() << "sa_indexer_scores: " << sa_last_error();
-  const cudaError_t err = cudaDeviceSynchronize();
-  if (err != cudaSuccess)
-    return ::testing::AssertionFailure() << "kernel failed: " << cudaGetErrorString(err);
-  if (used != want_impl)
-    return ::testing::AssertionFailure() << "ran " << sa_impl_name(used) << ", not "
-                                         << sa_impl_name(want_impl);
-  ::testing::AssertionResult r = scores.download(out);
-  if (!r) return r << " (scores)";
-  result->resize(static_cast<size_t>(out.numel()));
-  std::memcpy(result->data(), out.data(), result->size() * 4);
-  return ::testing::AssertionSuccess();
-}
-
 class IndexerSm90Scores : public ::testing::TestWithParam<Sm90IndexerCase> {};
 
 TEST_P(IndexerSm90Scores, MatchesReferenceAndPortable) {
   SA_SKIP_UNLESS_SM90();
   const Sm90IndexerCase& k = GetParam();
-  IndexerCase c = make_gpu_indexer_case(k.shape, k.ranges, k.keys, false, seed_of(k.name));
+  IndexerCase c =
+      make_gpu_indexer_case(k.shape, k.ranges, k.keys, false, seed_of(0x5eed90, k.name));
   std::vector<float> got, again, port;
-  ASSERT_TRUE(gpu_scores(c, options_for(SA_IMPL_SM90, k.scale_I), SA_IMPL_SM90, &got));
-  ASSERT_TRUE(gpu_scores(c, options_for(SA_IMPL_SM90, k.scale_I), SA_IMPL_SM90, &again));
-  ASSERT_TRUE(gpu_scores(c, options_for(SA_IMPL_PORTABLE, k.scale_I), SA_IMPL_PORTABLE, &port));
-  const std::vector<float> want = reference_scores(c, options_for(SA_IMPL_SM90, k.scale_I));
+  ASSERT_TRUE(gpu_scores(c, indexer_options(SA_IMPL_SM90, k.scale_I), SA_IMPL_SM90, &got));
+  ASSERT_TRUE(gpu_scores(c, indexer_options(SA_IMPL_SM90, k.scale_I), SA_IMPL_SM90, &again));
+  ASSERT_TRUE(
+      gpu_scores(c, indexer_options(SA_IMPL_PORTABLE, k.scale_I), SA_IMPL_PORTABLE, &port));
+  const std::vector<float> want = reference_scores(c, indexer_options(SA_IMPL_SM90, k.scale_I));
   const double scale = max_finite(want);
   std::vector<double> g(got.begin(), got.end()), w(want.begin(), want.end()),
       pt(port.begin(), port.end());
@@ -165,7 +122,7 @@ TEST(IndexerSm90Gate, AutoRunsThePortableScores) {
   IndexerCase c = make_gpu_indexer_case(indexer_shape(8, 128, 64), IndexerRanges::kCausal,
                                         IndexerKeys::kRandom, false, 7);
   std::vector<float> got;
-  EXPECT_TRUE(gpu_scores(c, options_for(SA_IMPL_AUTO, 0.f), SA_IMPL_PORTABLE, &got));
+  EXPECT_TRUE(gpu_scores(c, indexer_options(SA_IMPL_AUTO, 0.f), SA_IMPL_PORTABLE, &got));
 }
 
 }  // namespace
