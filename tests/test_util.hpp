@@ -87,7 +87,9 @@ inline double l2_norm(const std::vector<double>& a) {
 // then bounded by its terms' rounding rather than by its own norm.
 inline double rel_l2_floor(const std::vector<double>& a, const std::vector<double>& b,
                            double floor) {
-  return rel_l2(a, b) * std::max(l2_norm(b), 1e-30) / std::max({l2_norm(b), floor, 1e-30});
+  double num = 0;
+  for (size_t i = 0; i < a.size(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]);
+  return std::sqrt(num) / std::max({l2_norm(b), floor, 1e-30});
 }
 
 inline bool any_nan(const std::vector<double>& a) {

@@ -72,7 +72,8 @@ def bsa_forward(q, k, v, idx, cnt, block, scale, kv_block_len=None):
                 o[b, h, rows] = p @ vv
                 mag[b, h, rows] = p @ vv.abs()
                 lse[b, h, rows] = lrow
-                lse_mag[b, h, rows] = (abs(scale) * (q[b, h, rows].abs() @ kk.abs().T)).max(dim=-1).values
+                terms = abs(scale) * (q[b, h, rows].abs() @ kk.abs().T)
+                lse_mag[b, h, rows] = terms.max(dim=-1).values
     return o, mag, lse, lse_mag
 
 
@@ -130,8 +131,9 @@ def _big_l(lse_row, sink):
 
 
 def dsa_forward(q, kv, idx, length, sink, d_v, scale):
-    """(out, out_mag, lse, lse_mag; lse_mag as in bsa_forward): q [Sq, H, Dqk], kv [Skv, Dqk] float64; idx[t] a list of
-    ints (any value), length a list of ints or None, sink [H] float64 or None."""
+    """(out, out_mag, lse, lse_mag; lse_mag as in bsa_forward): q [Sq, H, Dqk], kv [Skv, Dqk]
+    float64; idx[t] a list of ints (any value), length a list of ints or None, sink [H] float64 or
+    None."""
     Sq, H, _ = q.shape
     Skv = kv.shape[0]
     topk = len(idx[0]) if Sq else 0
