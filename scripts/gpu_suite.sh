@@ -16,8 +16,8 @@
 #   GATED           gtest filter of the gated kernels' tests (default: the experiment variants'
 #                   tests and split-KV's, *Tuned*:*SplitKv*; empty: none). The portable indexer
 #                   left the gate on 2026-12-06 (H100: 46 GPU tests, memcheck and racecheck clean):
-#                   its tests (*IndexerGpu*) run in the main step. The sm90 indexer score kernel
-#                   is gated (*IndexerSm90*, in the default filter).
+#                   its tests (*IndexerGpu*) run in the main step. The sm90 indexer score and
+#                   fused top-k kernels are gated (*IndexerSm90*, in the default filter).
 #   SAN_FILTER      gtest filter for compute-sanitizer (default: one small case per GPU kernel)
 #   BENCH_FULL=1    the "full" step (last, after the anchors; unchecked timings, the tests cover
 #                   these shapes): block 64, density 12.5%, S 32768 and the other DSA target
@@ -144,6 +144,9 @@ if has sanitize; then
   # The sm90 indexer score kernel (gated): odd ranges, and two chunks with a partial tile.
   DEFAULT_SAN+=":Cases/IndexerSm90Scores.MatchesReferenceAndPortable/H16_Odd_Sq37_Skv150"
   DEFAULT_SAN+=":Cases/IndexerSm90Scores.MatchesReferenceAndPortable/H64_Causal_Sq200_Skv4500"
+  # The sm90 fused top-k (gated): compactions, and a CTA that takes several query blocks.
+  DEFAULT_SAN+=":Cases/IndexerSm90Topk.MatchesTheSelectionOverSm90Scores/H64_Causal_K100_Compactions"
+  DEFAULT_SAN+=":Cases/IndexerSm90Topk.MatchesTheSelectionOverSm90Scores/H16_Packed_Sq5000_K33_Persistent"
   SAN_FILTER="${SAN_FILTER:-$DEFAULT_SAN}"
   : > "$OUT/sanitizer.log"
   # Both tools at once (two processes on the GPU; each case is small).
