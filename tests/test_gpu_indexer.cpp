@@ -33,6 +33,10 @@
 #include "indexer_gpu_case.hpp"
 #include "test_util.hpp"
 
+#ifndef SA_HAVE_SM90  // set by CMake like the library's
+#define SA_HAVE_SM90 0
+#endif
+
 namespace sa_test {
 namespace {
 
@@ -201,11 +205,13 @@ TEST(IndexerGpuTopkLarge, S131072K2048Causal) {
 }
 
 // ---- AUTO -------------------------------------------------------------------------------------
-// AUTO serves CUDA indexer calls with the portable kernels (there is no Hopper indexer): it runs
-// them (gpu_scores and gpu_topk fail unless sa_context.impl_used says portable) and gets the same
+// AUTO serves CUDA indexer calls with the portable kernels except on sm_90 with the Hopper path
+// built, where the scores and the top-k are the Hopper kernels' (IndexerSm90Auto checks those):
+// it runs them (gpu_scores and gpu_topk fail unless sa_context.impl_used says so) and gets the same
 // bits as a forced call.
-TEST(IndexerGpuAuto, ScoresAndTopkRunThePortableKernels) {
+TEST(IndexerGpuAuto, ScoresAndTopkRunThePortableKernelsOffHopper) {
   SA_SKIP_WITHOUT_GPU();
+  if (SA_HAVE_SM90 && device_is_sm90()) GTEST_SKIP() << "AUTO serves sm_90 with the Hopper kernels";
   IndexerCase c = make_gpu_indexer_case(indexer_shape(40, 300, 64), IndexerRanges::kCausal,
                                         IndexerKeys::kRandom, false, 7);
   const sa_indexer_options automatic = sa_indexer_options_default();
@@ -221,7 +227,8 @@ TEST(IndexerGpuAuto, ScoresAndTopkRunThePortableKernels) {
   ASSERT_TRUE(d.ok());
   TopkResult a, b;
   ASSERT_TRUE(gpu_topk(d, c, 16, true, automatic, SA_IMPL_PORTABLE, &a));
-  ASSERT_TRUE(gpu_topk(d, c, 16, true, indexer_options(SA_IMPL_PORTABLE, 0.f), SA_IMPL_PORTABLE, &b));
+  ASSERT_TRUE(
+      gpu_topk(d, c, 16, true, indexer_options(SA_IMPL_PORTABLE, 0.f), SA_IMPL_PORTABLE, &b));
   EXPECT_EQ(a.idx, b.idx);
   EXPECT_EQ(a.len, b.len);
 }

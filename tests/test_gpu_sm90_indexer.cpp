@@ -1,7 +1,7 @@
 // The Hopper indexer score kernel (src/sm90/indexer_scores_kernel.cuh) against the fp64 reference
 // and against the portable kernel on the same inputs (SPEC 5). Every call forces
-// options.impl = SA_IMPL_SM90 (and checks that it ran) except IndexerSm90Gate's, which checks that
-// AUTO does not pick the gated kernel. Every suite's name contains "IndexerSm90"; they skip without
+// options.impl = SA_IMPL_SM90 (and checks that it ran) except IndexerSm90Auto's, which checks that
+// AUTO picks the Hopper kernels. Every suite's name contains "IndexerSm90"; they skip without
 // an sm_90 GPU.
 //
 // Pass (scores): no NaN; -inf exactly outside each range (bitwise the same positions as the
@@ -117,24 +117,24 @@ std::vector<Sm90IndexerCase> sm90_score_cases() {
 INSTANTIATE_TEST_SUITE_P(Cases, IndexerSm90Scores, ::testing::ValuesIn(sm90_score_cases()),
                          [](const auto& info) { return info.param.name; });
 
-// Gated: AUTO must not run the sm90 score kernel until it is verified (it runs the portable one).
-TEST(IndexerSm90Gate, AutoRunsThePortableScores) {
+// AUTO serves sm_90 with the Hopper scores and top-k: it runs them (gpu_scores and gpu_topk fail
+// unless sa_context.impl_used says sm90) and gets the same bits as a forced sm90 call.
+TEST(IndexerSm90Auto, RunsTheHopperScoresAndTopk) {
   SA_SKIP_UNLESS_SM90();
   IndexerCase c = make_gpu_indexer_case(indexer_shape(8, 128, 64), IndexerRanges::kCausal,
                                         IndexerKeys::kRandom, false, 7);
-  std::vector<float> got;
-  EXPECT_TRUE(gpu_scores(c, indexer_options(SA_IMPL_AUTO, 0.f), SA_IMPL_PORTABLE, &got));
-}
-
-// Gated: AUTO must not run the sm90 top-k either.
-TEST(IndexerSm90Gate, AutoRunsThePortableTopk) {
-  SA_SKIP_UNLESS_SM90();
-  IndexerCase c = make_gpu_indexer_case(indexer_shape(8, 128, 64), IndexerRanges::kCausal,
-                                        IndexerKeys::kRandom, false, 7);
+  std::vector<float> got, forced;
+  ASSERT_TRUE(gpu_scores(c, indexer_options(SA_IMPL_AUTO, 0.f), SA_IMPL_SM90, &got));
+  ASSERT_TRUE(gpu_scores(c, indexer_options(SA_IMPL_SM90, 0.f), SA_IMPL_SM90, &forced));
+  ASSERT_EQ(got.size(), forced.size());
+  EXPECT_EQ(std::memcmp(got.data(), forced.data(), got.size() * sizeof(float)), 0);
   GpuIndexerInputs d(c, 8);
   ASSERT_TRUE(d.ok());
-  TopkResult got;
-  EXPECT_TRUE(gpu_topk(d, c, 16, true, options_for(SA_IMPL_AUTO, 0.f), SA_IMPL_PORTABLE, &got));
+  TopkResult a, b;
+  ASSERT_TRUE(gpu_topk(d, c, 16, true, indexer_options(SA_IMPL_AUTO, 0.f), SA_IMPL_SM90, &a));
+  ASSERT_TRUE(gpu_topk(d, c, 16, true, indexer_options(SA_IMPL_SM90, 0.f), SA_IMPL_SM90, &b));
+  EXPECT_EQ(a.idx, b.idx);
+  EXPECT_EQ(a.len, b.len);
 }
 
 // ---- fused top-k (sm90/indexer_topk_kernel.cuh) -----------------------------------------------
@@ -165,7 +165,7 @@ TEST_P(IndexerSm90Topk, MatchesTheSelectionOverSm90Scores) {
   const Sm90TopkCase& kc = GetParam();
   IndexerCase c = make_gpu_indexer_case(kc.shape, kc.ranges, kc.keys, kc.nan_w_rows,
                                         seed_of(kc.name));
-  const sa_indexer_options options = options_for(SA_IMPL_SM90, kc.scale_I);
+  const sa_indexer_options options = indexer_options(SA_IMPL_SM90, kc.scale_I);
   std::vector<float> scores;
   ASSERT_TRUE(gpu_scores(c, options, SA_IMPL_SM90, &scores));
   GpuIndexerInputs d(c, 8);
@@ -226,7 +226,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, IndexerSm90Topk, ::testing::ValuesIn(sm90_topk_c
 // against fp64 scores (the portable top-k's large check, through the sm90 path).
 TEST(IndexerSm90TopkLarge, S131072K2048Causal) {
   SA_SKIP_UNLESS_SM90();
-  check_topk_s131072_k2048_causal(options_for(SA_IMPL_SM90, 0.f), SA_IMPL_SM90);
+  check_topk_s131072_k2048_causal(indexer_options(SA_IMPL_SM90, 0.f), SA_IMPL_SM90);
 }
 
 }  // namespace
