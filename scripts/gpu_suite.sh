@@ -16,8 +16,8 @@
 #   GATED           gtest filter of the gated kernels' tests (default: the experiment variants'
 #                   tests and split-KV's, *Tuned*:*SplitKv*; empty: none). The portable indexer
 #                   left the gate on 2026-12-06 (H100: 46 GPU tests, memcheck and racecheck clean):
-#                   its tests (*IndexerGpu*) run in the main step. The sm90 indexer score kernel
-#                   is gated (*IndexerSm90*, in the default filter).
+#                   its tests (*IndexerGpu*) run in the main step, as do the sm90 indexer
+#                   kernels' (*IndexerSm90*, verified on an H100 in session 34).
 #   SAN_FILTER      gtest filter for compute-sanitizer (default: one small case per GPU kernel)
 #   BENCH_FULL=1    the "full" step (last, after the anchors; unchecked timings, the tests cover
 #                   these shapes): block 64, density 12.5%, S 32768 and the other DSA target
@@ -64,7 +64,7 @@ trap 'kill "$SMI_PID" 2>/dev/null; wait "$SMI_PID" 2>/dev/null' EXIT
 # One bench command, time-stamped: stamp "## " or "##> " and the rest of the line.
 stamp() { echo "$1 $(date '+%Y/%m/%d %H:%M:%S.%3N') $2" >> "$OUT/bench.log"; }
 
-GATED="${GATED-*Tuned*:*SplitKv*:*IndexerSm90*}"
+GATED="${GATED-*Tuned*:*SplitKv*}"
 gated_ok=0
 if has gated && [ -n "$GATED" ]; then
   note "gated kernels' tests first: $GATED"
@@ -141,9 +141,12 @@ if has sanitize; then
   DEFAULT_SAN+=":Cases/IndexerGpuTopk.MatchesItsScoresAndTheReference/H64_Causal_K100_Compactions"
   DEFAULT_SAN+=":Cases/IndexerGpuLoss.MatchesReference/HI16_H16_D576_K7_OddRanges"
   DEFAULT_SAN+=":Cases/IndexerGpuLoss.MatchesReference/HI16_H32_D576_K9_OddDeterministic"
-  # The sm90 indexer score kernel (gated): odd ranges, and two chunks with a partial tile.
+  # The sm90 indexer score kernel: odd ranges, and two chunks with a partial tile.
   DEFAULT_SAN+=":Cases/IndexerSm90Scores.MatchesReferenceAndPortable/H16_Odd_Sq37_Skv150"
   DEFAULT_SAN+=":Cases/IndexerSm90Scores.MatchesReferenceAndPortable/H64_Causal_Sq200_Skv4500"
+  # The sm90 fused top-k: compactions, and a CTA that takes several query blocks.
+  DEFAULT_SAN+=":Cases/IndexerSm90Topk.MatchesTheSelectionOverSm90Scores/H64_Causal_K100_Compactions"
+  DEFAULT_SAN+=":Cases/IndexerSm90Topk.MatchesTheSelectionOverSm90Scores/H16_Packed_Sq5000_K33_Persistent"
   SAN_FILTER="${SAN_FILTER:-$DEFAULT_SAN}"
   : > "$OUT/sanitizer.log"
   # Both tools at once (two processes on the GPU; each case is small).

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 #include <string>
@@ -222,6 +223,156 @@ inline ::testing::AssertionResult gpu_scores(IndexerCase& c, const sa_indexer_op
   result->resize(static_cast<size_t>(out.numel()));
   std::memcpy(result->data(), out.data(), result->size() * 4);
   return ::testing::AssertionSuccess();
+}
+
+
+// ---- top-k ------------------------------------------------------------------------------------
+struct TopkResult {
+  std::vector<int32_t> idx, len;
+};
+
+// sa_indexer_topk through the public API with `options` and the queried workspace, full of
+// garbage; outputs start as DeviceInts::kUnwritten; `want_impl`: the implementation that must
+// have run (sa_context.impl_used).
+inline ::testing::AssertionResult gpu_topk(const GpuIndexerInputs& d, const IndexerCase& c,
+                                           int64_t k, bool with_length,
+                                           const sa_indexer_options& options, sa_impl want_impl,
+                                           TopkResult* result) {
+  DeviceInts idx(c.shape.Sq * k, 64), len(c.shape.Sq, 16);
+  if (!idx.ok() || !len.ok() || !idx.reset() || !len.reset())
+    return ::testing::AssertionFailure() << "device outputs failed";
+  sa_indexer_topk_args a = sa_indexer_topk_args_default();
+  a.q_I = d.q_I.view();
+  a.k_I = d.k_I.view();
+  a.w = d.w.view();
+  a.k_start = d.start();
+  a.k_end = d.end();
+  a.topk_idx = view_of(idx.get(), SA_DTYPE_INT32, {c.shape.Sq, k}, SA_DEVICE_CUDA);
+  a.topk_length =
+      with_length ? view_of(len.get(), SA_DTYPE_INT32, {c.shape.Sq}, SA_DEVICE_CUDA)
+                  : sa_tensor_none();
+  a.options = options;
+  size_t bytes = 0;
+  if (sa_indexer_topk_workspace_size(&a, &bytes) != SA_OK)
+    return ::testing::AssertionFailure() << "workspace size: " << sa_last_error();
+  DeviceBuffer ws(bytes);
+  if (!ws.ok() || (bytes > 0 && cudaMemset(ws.get(), 0xff, bytes) != cudaSuccess))
+    return ::testing::AssertionFailure() << "workspace allocation failed";
+  sa_context ctx = sa_context_default();
+  ctx.workspace = ws.get();
+  ctx.workspace_bytes = bytes;
+  sa_impl used = SA_IMPL_AUTO;
+  ctx.impl_used = &used;
+  if (sa_indexer_topk(&a, &ctx) != SA_OK)
+    return ::testing::AssertionFailure() << "sa_indexer_topk: " << sa_last_error();
+  const cudaError_t err = cudaDeviceSynchronize();
+  if (err != cudaSuccess)
+    return ::testing::AssertionFailure() << "kernel failed: " << cudaGetErrorString(err);
+  if (used != want_impl)
+    return ::testing::AssertionFailure() << "ran " << sa_impl_name(used) << ", not "
+                                         << sa_impl_name(want_impl);
+  ::testing::AssertionResult r = idx.download(&result->idx);
+  if (!r) return r << " (topk_idx)";
+  if (with_length) {
+    r = len.download(&result->len);
+    if (!r) return r << " (topk_length)";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// The check of S = 131072, k 2048, H_I 64, causal (see test_gpu_indexer.cpp) through `options`
+// (options.impl names the path; sa_context.impl_used must say `want_impl`).
+inline void check_topk_s131072_k2048_causal(const sa_indexer_options& options, sa_impl want_impl) {
+  const int64_t S = 131072, HI = 64, D = 128, k = 2048;
+  // Inputs from a cheap hash (1 G bf16 values for q_I): uniform in [-1, 1).
+  auto value = [](uint64_t i) {
+    uint64_t z = i * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 31)) * 0xbf58476d1ce4e5b9ull;
+    z ^= z >> 29;
+    return static_cast<float>((z >> 40) * (2.0 / 16777216.0) - 1.0);
+  };
+  std::vector<uint16_t> q(static_cast<size_t>(S * HI * D)), kk(static_cast<size_t>(S * D));
+  for (size_t i = 0; i < q.size(); ++i) q[i] = sa::float_to_bf16_bits(value(i));
+  for (size_t i = 0; i < kk.size(); ++i)
+    kk[i] = sa::float_to_bf16_bits(value(i + (uint64_t{1} << 40)));
+  std::vector<float> w(static_cast<size_t>(S * HI));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5f + value(i + (uint64_t{1} << 41));
+  std::vector<int32_t> ends(static_cast<size_t>(S));
+  for (int64_t t = 0; t < S; ++t) ends[static_cast<size_t>(t)] = static_cast<int32_t>(t + 1);
+
+  DeviceBuffer dq(q.size() * 2), dk(kk.size() * 2), dw(w.size() * 4), dend(ends.size() * 4),
+      didx(static_cast<size_t>(S * k) * 4), dlen(static_cast<size_t>(S) * 4);
+  for (const DeviceBuffer* b : {&dq, &dk, &dw, &dend, &didx, &dlen}) ASSERT_TRUE(b->ok());
+  ASSERT_EQ(cudaMemcpy(dq.get(), q.data(), dq.bytes(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dk.get(), kk.data(), dk.bytes(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dw.get(), w.data(), dw.bytes(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dend.get(), ends.data(), dend.bytes(), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemset(didx.get(), 0xab, didx.bytes()), cudaSuccess);
+  sa_indexer_topk_args a = sa_indexer_topk_args_default();
+  a.q_I = view_of(dq.get(), SA_DTYPE_BF16, {S, HI, D}, SA_DEVICE_CUDA);
+  a.k_I = view_of(dk.get(), SA_DTYPE_BF16, {S, D}, SA_DEVICE_CUDA);
+  a.w = view_of(dw.get(), SA_DTYPE_FP32, {S, HI}, SA_DEVICE_CUDA);
+  a.k_start = sa_tensor_none();
+  a.k_end = view_of(dend.get(), SA_DTYPE_INT32, {S}, SA_DEVICE_CUDA);
+  a.topk_idx = view_of(didx.get(), SA_DTYPE_INT32, {S, k}, SA_DEVICE_CUDA);
+  a.topk_length = view_of(dlen.get(), SA_DTYPE_INT32, {S}, SA_DEVICE_CUDA);
+  a.options = options;
+  size_t bytes = 0;
+  ASSERT_EQ(sa_indexer_topk_workspace_size(&a, &bytes), SA_OK) << sa_last_error();
+  EXPECT_LE(bytes, static_cast<size_t>(S * k) * 4) << "workspace beyond O(S_q k)";
+  DeviceBuffer ws(bytes);
+  ASSERT_TRUE(ws.ok());
+  sa_context ctx = sa_context_default();
+  ctx.workspace = ws.get();
+  ctx.workspace_bytes = bytes;
+  sa_impl used = SA_IMPL_AUTO;
+  ctx.impl_used = &used;
+  ASSERT_EQ(sa_indexer_topk(&a, &ctx), SA_OK) << sa_last_error();
+  ASSERT_EQ(used, want_impl) << "ran " << sa_impl_name(used);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<int32_t> idx(static_cast<size_t>(S * k)), len(static_cast<size_t>(S));
+  ASSERT_EQ(cudaMemcpy(idx.data(), didx.get(), didx.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(len.data(), dlen.get(), dlen.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
+  for (int64_t t = 0; t < S; ++t) {
+    const int32_t* row = idx.data() + t * k;
+    const int64_t n = std::min<int64_t>(k, t + 1);
+    ASSERT_EQ(len[static_cast<size_t>(t)], n) << "topk_length of row " << t;
+    for (int64_t i = 0; i < k; ++i) {
+      if (i < n) {
+        ASSERT_TRUE(row[i] >= 0 && row[i] <= t && (i == 0 || row[i] > row[i - 1]))
+            << "row " << t << " slot " << i << ": " << row[i];
+      } else {
+        ASSERT_EQ(row[i], -1) << "row " << t << " slot " << i;
+      }
+    }
+  }
+  // Sample rows against fp64 scores of the same values.
+  const float scale_I = static_cast<float>(1.0 / std::sqrt(double(D)));
+  for (int64_t t : {int64_t{2047}, int64_t{70000}, S - 1}) {
+    std::vector<double> sc(static_cast<size_t>(t + 1));
+    double maxabs = 1e-30;
+    for (int64_t s = 0; s <= t; ++s) {
+      double total = 0.0;
+      for (int64_t j = 0; j < HI; ++j) {
+        double dot = 0.0;
+        for (int64_t x = 0; x < D; ++x)
+          dot += double(sa::bf16_bits_to_float(q[static_cast<size_t>((t * HI + j) * D + x)])) *
+                 double(sa::bf16_bits_to_float(kk[static_cast<size_t>(s * D + x)]));
+        total += double(w[static_cast<size_t>(t * HI + j)]) * std::max(0.0, scale_I * dot);
+      }
+      sc[static_cast<size_t>(s)] = total;
+      maxabs = std::max(maxabs, std::fabs(total));
+    }
+    std::vector<double> sorted(sc);
+    const int64_t n = std::min<int64_t>(k, t + 1);
+    std::nth_element(sorted.begin(), sorted.begin() + (n - 1), sorted.end(),
+                     std::greater<double>());
+    const double kth = sorted[static_cast<size_t>(n - 1)];
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_GE(sc[static_cast<size_t>(idx[static_cast<size_t>(t * k + i)])], kth - 2e-4 * maxabs)
+          << "row " << t << " slot " << i;
+  }
 }
 
 }  // namespace sa_test

@@ -33,6 +33,10 @@
 #include "indexer_gpu_case.hpp"
 #include "test_util.hpp"
 
+#ifndef SA_HAVE_SM90  // set by CMake like the library's
+#define SA_HAVE_SM90 0
+#endif
+
 namespace sa_test {
 namespace {
 
@@ -98,56 +102,6 @@ INSTANTIATE_TEST_SUITE_P(Cases, IndexerGpuScores, ::testing::ValuesIn(score_case
                          [](const auto& info) { return info.param.name; });
 
 // ---- top-k -----------------------------------------------------------------------------------
-struct TopkResult {
-  std::vector<int32_t> idx, len;
-};
-
-// sa_indexer_topk through the public API (portable forced) with the queried workspace, full of
-// garbage; outputs start as DeviceInts::kUnwritten.
-::testing::AssertionResult gpu_topk(const GpuIndexerInputs& d, const IndexerCase& c, int64_t k,
-                                    bool with_length, const sa_indexer_options& options,
-                                    TopkResult* result) {
-  DeviceInts idx(c.shape.Sq * k, 64), len(c.shape.Sq, 16);
-  if (!idx.ok() || !len.ok() || !idx.reset() || !len.reset())
-    return ::testing::AssertionFailure() << "device outputs failed";
-  sa_indexer_topk_args a = sa_indexer_topk_args_default();
-  a.q_I = d.q_I.view();
-  a.k_I = d.k_I.view();
-  a.w = d.w.view();
-  a.k_start = d.start();
-  a.k_end = d.end();
-  a.topk_idx = view_of(idx.get(), SA_DTYPE_INT32, {c.shape.Sq, k}, SA_DEVICE_CUDA);
-  a.topk_length =
-      with_length ? view_of(len.get(), SA_DTYPE_INT32, {c.shape.Sq}, SA_DEVICE_CUDA)
-                  : sa_tensor_none();
-  a.options = options;
-  size_t bytes = 0;
-  if (sa_indexer_topk_workspace_size(&a, &bytes) != SA_OK)
-    return ::testing::AssertionFailure() << "workspace size: " << sa_last_error();
-  DeviceBuffer ws(bytes);
-  if (!ws.ok() || (bytes > 0 && cudaMemset(ws.get(), 0xff, bytes) != cudaSuccess))
-    return ::testing::AssertionFailure() << "workspace allocation failed";
-  sa_context ctx = sa_context_default();
-  ctx.workspace = ws.get();
-  ctx.workspace_bytes = bytes;
-  sa_impl used = SA_IMPL_AUTO;
-  ctx.impl_used = &used;
-  if (sa_indexer_topk(&a, &ctx) != SA_OK)
-    return ::testing::AssertionFailure() << "sa_indexer_topk: " << sa_last_error();
-  const cudaError_t err = cudaDeviceSynchronize();
-  if (err != cudaSuccess)
-    return ::testing::AssertionFailure() << "kernel failed: " << cudaGetErrorString(err);
-  if (used != SA_IMPL_PORTABLE)
-    return ::testing::AssertionFailure() << "ran " << sa_impl_name(used);
-  ::testing::AssertionResult r = idx.download(&result->idx);
-  if (!r) return r << " (topk_idx)";
-  if (with_length) {
-    r = len.download(&result->len);
-    if (!r) return r << " (topk_length)";
-  }
-  return ::testing::AssertionSuccess();
-}
-
 // Every chosen key of row t scores (in the reference) within `tol` of the reference's n-th best
 // of the row, n = the row's length.
 ::testing::AssertionResult near_optimal(const IndexerCase& c, const std::vector<float>& ref,
@@ -184,7 +138,7 @@ TEST_P(IndexerGpuTopk, MatchesItsScoresAndTheReference) {
   GpuIndexerInputs d(c, 8);
   ASSERT_TRUE(d.ok());
   TopkResult first;
-  ASSERT_TRUE(gpu_topk(d, c, k, kc.with_length, options, &first));
+  ASSERT_TRUE(gpu_topk(d, c, k, kc.with_length, options, SA_IMPL_PORTABLE, &first));
 
   const std::vector<float> ref = reference_scores(c, options);
   const double tol = 2e-4 * max_finite(ref);
@@ -203,7 +157,7 @@ TEST_P(IndexerGpuTopk, MatchesItsScoresAndTheReference) {
   if (!kc.deterministic_runs) return;
   for (int run = 1; run < 3; ++run) {
     TopkResult again;
-    ASSERT_TRUE(gpu_topk(d, c, k, kc.with_length, options, &again));
+    ASSERT_TRUE(gpu_topk(d, c, k, kc.with_length, options, SA_IMPL_PORTABLE, &again));
     EXPECT_EQ(again.idx, first.idx) << "topk_idx differs on run " << run;
     EXPECT_EQ(again.len, first.len) << "topk_length differs on run " << run;
   }
@@ -245,104 +199,19 @@ INSTANTIATE_TEST_SUITE_P(Cases, IndexerGpuTopk, ::testing::ValuesIn(topk_cases()
 // checked to be at most the output's size). Every row is checked for structure (increasing keys
 // inside the range, then -1, length min(k, t + 1)); sample rows against the exact selection over
 // fp64 scores of the same bf16 values, within the score tolerance.
-uint16_t bf16_bits(float f) { return sa::float_to_bf16_bits(f); }
-
 TEST(IndexerGpuTopkLarge, S131072K2048Causal) {
   SA_SKIP_WITHOUT_GPU();
-  const int64_t S = 131072, HI = 64, D = 128, k = 2048;
-  // Inputs from a cheap hash (1 G bf16 values for q_I): uniform in [-1, 1).
-  auto value = [](uint64_t i) {
-    uint64_t z = i * 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 31)) * 0xbf58476d1ce4e5b9ull;
-    z ^= z >> 29;
-    return static_cast<float>((z >> 40) * (2.0 / 16777216.0) - 1.0);
-  };
-  std::vector<uint16_t> q(static_cast<size_t>(S * HI * D)), kk(static_cast<size_t>(S * D));
-  for (size_t i = 0; i < q.size(); ++i) q[i] = bf16_bits(value(i));
-  for (size_t i = 0; i < kk.size(); ++i) kk[i] = bf16_bits(value(i + (uint64_t{1} << 40)));
-  std::vector<float> w(static_cast<size_t>(S * HI));
-  for (size_t i = 0; i < w.size(); ++i) w[i] = 0.5f + value(i + (uint64_t{1} << 41));
-  std::vector<int32_t> ends(static_cast<size_t>(S));
-  for (int64_t t = 0; t < S; ++t) ends[static_cast<size_t>(t)] = static_cast<int32_t>(t + 1);
-
-  DeviceBuffer dq(q.size() * 2), dk(kk.size() * 2), dw(w.size() * 4), dend(ends.size() * 4),
-      didx(static_cast<size_t>(S * k) * 4), dlen(static_cast<size_t>(S) * 4);
-  for (const DeviceBuffer* b : {&dq, &dk, &dw, &dend, &didx, &dlen}) ASSERT_TRUE(b->ok());
-  ASSERT_EQ(cudaMemcpy(dq.get(), q.data(), dq.bytes(), cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(dk.get(), kk.data(), dk.bytes(), cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(dw.get(), w.data(), dw.bytes(), cudaMemcpyHostToDevice), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(dend.get(), ends.data(), dend.bytes(), cudaMemcpyHostToDevice),
-            cudaSuccess);
-  ASSERT_EQ(cudaMemset(didx.get(), 0xab, didx.bytes()), cudaSuccess);
-  sa_indexer_topk_args a = sa_indexer_topk_args_default();
-  a.q_I = view_of(dq.get(), SA_DTYPE_BF16, {S, HI, D}, SA_DEVICE_CUDA);
-  a.k_I = view_of(dk.get(), SA_DTYPE_BF16, {S, D}, SA_DEVICE_CUDA);
-  a.w = view_of(dw.get(), SA_DTYPE_FP32, {S, HI}, SA_DEVICE_CUDA);
-  a.k_start = sa_tensor_none();
-  a.k_end = view_of(dend.get(), SA_DTYPE_INT32, {S}, SA_DEVICE_CUDA);
-  a.topk_idx = view_of(didx.get(), SA_DTYPE_INT32, {S, k}, SA_DEVICE_CUDA);
-  a.topk_length = view_of(dlen.get(), SA_DTYPE_INT32, {S}, SA_DEVICE_CUDA);
-  a.options = indexer_options(SA_IMPL_PORTABLE, 0.f);
-  size_t bytes = 0;
-  ASSERT_EQ(sa_indexer_topk_workspace_size(&a, &bytes), SA_OK) << sa_last_error();
-  EXPECT_LE(bytes, static_cast<size_t>(S * k) * 4) << "workspace beyond O(S_q k)";
-  DeviceBuffer ws(bytes);
-  ASSERT_TRUE(ws.ok());
-  sa_context ctx = sa_context_default();
-  ctx.workspace = ws.get();
-  ctx.workspace_bytes = bytes;
-  ASSERT_EQ(sa_indexer_topk(&a, &ctx), SA_OK) << sa_last_error();
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<int32_t> idx(static_cast<size_t>(S * k)), len(static_cast<size_t>(S));
-  ASSERT_EQ(cudaMemcpy(idx.data(), didx.get(), didx.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
-  ASSERT_EQ(cudaMemcpy(len.data(), dlen.get(), dlen.bytes(), cudaMemcpyDeviceToHost), cudaSuccess);
-  for (int64_t t = 0; t < S; ++t) {
-    const int32_t* row = idx.data() + t * k;
-    const int64_t n = std::min<int64_t>(k, t + 1);
-    ASSERT_EQ(len[static_cast<size_t>(t)], n) << "topk_length of row " << t;
-    for (int64_t i = 0; i < k; ++i) {
-      if (i < n) {
-        ASSERT_TRUE(row[i] >= 0 && row[i] <= t && (i == 0 || row[i] > row[i - 1]))
-            << "row " << t << " slot " << i << ": " << row[i];
-      } else {
-        ASSERT_EQ(row[i], -1) << "row " << t << " slot " << i;
-      }
-    }
-  }
-  // Sample rows against fp64 scores of the same values.
-  const float scale_I = static_cast<float>(1.0 / std::sqrt(double(D)));
-  for (int64_t t : {int64_t{2047}, int64_t{70000}, S - 1}) {
-    std::vector<double> sc(static_cast<size_t>(t + 1));
-    double maxabs = 1e-30;
-    for (int64_t s = 0; s <= t; ++s) {
-      double total = 0.0;
-      for (int64_t j = 0; j < HI; ++j) {
-        double dot = 0.0;
-        for (int64_t x = 0; x < D; ++x)
-          dot += double(sa::bf16_bits_to_float(q[static_cast<size_t>((t * HI + j) * D + x)])) *
-                 double(sa::bf16_bits_to_float(kk[static_cast<size_t>(s * D + x)]));
-        total += double(w[static_cast<size_t>(t * HI + j)]) * std::max(0.0, scale_I * dot);
-      }
-      sc[static_cast<size_t>(s)] = total;
-      maxabs = std::max(maxabs, std::fabs(total));
-    }
-    std::vector<double> sorted(sc);
-    const int64_t n = std::min<int64_t>(k, t + 1);
-    std::nth_element(sorted.begin(), sorted.begin() + (n - 1), sorted.end(),
-                     std::greater<double>());
-    const double kth = sorted[static_cast<size_t>(n - 1)];
-    for (int64_t i = 0; i < n; ++i)
-      ASSERT_GE(sc[static_cast<size_t>(idx[static_cast<size_t>(t * k + i)])], kth - 2e-4 * maxabs)
-          << "row " << t << " slot " << i;
-  }
+  check_topk_s131072_k2048_causal(indexer_options(SA_IMPL_PORTABLE, 0.f), SA_IMPL_PORTABLE);
 }
 
 // ---- AUTO -------------------------------------------------------------------------------------
-// AUTO serves CUDA indexer calls with the portable kernels (there is no Hopper indexer): it runs
-// them (gpu_scores and gpu_topk fail unless sa_context.impl_used says portable) and gets the same
+// AUTO serves CUDA indexer calls with the portable kernels except on sm_90 with the Hopper path
+// built, where the scores and the top-k are the Hopper kernels' (IndexerSm90Auto checks those):
+// it runs them (gpu_scores and gpu_topk fail unless sa_context.impl_used says so) and gets the same
 // bits as a forced call.
-TEST(IndexerGpuAuto, ScoresAndTopkRunThePortableKernels) {
+TEST(IndexerGpuAuto, ScoresAndTopkRunThePortableKernelsOffHopper) {
   SA_SKIP_WITHOUT_GPU();
+  if (SA_HAVE_SM90 && device_is_sm90()) GTEST_SKIP() << "AUTO serves sm_90 with the Hopper kernels";
   IndexerCase c = make_gpu_indexer_case(indexer_shape(40, 300, 64), IndexerRanges::kCausal,
                                         IndexerKeys::kRandom, false, 7);
   const sa_indexer_options automatic = sa_indexer_options_default();
@@ -357,8 +226,9 @@ TEST(IndexerGpuAuto, ScoresAndTopkRunThePortableKernels) {
   GpuIndexerInputs d(c, 8);
   ASSERT_TRUE(d.ok());
   TopkResult a, b;
-  ASSERT_TRUE(gpu_topk(d, c, 16, true, automatic, &a));
-  ASSERT_TRUE(gpu_topk(d, c, 16, true, indexer_options(SA_IMPL_PORTABLE, 0.f), &b));
+  ASSERT_TRUE(gpu_topk(d, c, 16, true, automatic, SA_IMPL_PORTABLE, &a));
+  ASSERT_TRUE(
+      gpu_topk(d, c, 16, true, indexer_options(SA_IMPL_PORTABLE, 0.f), SA_IMPL_PORTABLE, &b));
   EXPECT_EQ(a.idx, b.idx);
   EXPECT_EQ(a.len, b.len);
 }

@@ -106,15 +106,6 @@ __device__ __forceinline__ uint8_t* smem_base() {
   return indexer_dynamic_smem;
 }
 
-// A total order of fp32 scores as unsigned integers, larger = ranks first: numbers by value
-// (-0 == +0), NaN below -inf. Top-k ranks (order_key(score), smaller key) pairs.
-__device__ __forceinline__ uint32_t order_key(float v) {
-  if (v != v) return 0u;  // NaN: below every number
-  if (v == 0.f) v = 0.f;  // -0 ranks as +0
-  const uint32_t b = __float_as_uint(v);
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
-
 // The clamped range [begin, end) of query t (empty: begin == end == 0); t past S_q: empty.
 __device__ __forceinline__ int2 query_range(const ScoreParams& p, int64_t t) {
   if (t >= p.dims.Sq) return make_int2(0, 0);

@@ -19,12 +19,7 @@ namespace {
 constexpr const char* kPath = "portable indexer top-k";
 constexpr size_t kAlign = 256;
 
-// Candidate buffer entries per query: k kept plus at least max(k, 256) of room (>= 64: a tile's
-// appends always fit), a multiple of 32.
-int64_t buffer_cap(int64_t k) {
-  const int64_t cap = k + std::max<int64_t>(k, 256);
-  return (cap + 31) / 32 * 32;
-}
+int64_t buffer_cap(int64_t k) { return indexer::topk_buffer_cap(k); }
 
 template <int kHeads>
 int smem_bytes() {

@@ -47,6 +47,7 @@
 #include <cstdint>
 
 #include "sm80/indexer_score_tile.cuh"
+#include "sm80/indexer_topk_select.cuh"
 
 namespace sa::portable::indexer {
 
@@ -57,7 +58,7 @@ struct TopkOut {
   int64_t len_s;
   uint2* buf;          // workspace: gridDim.x x kBlockQ buffers of cap entries
   int32_t k;
-  int32_t cap;         // >= k + 64
+  int32_t cap;         // topk_buffer_cap(k)
   int64_t q_blocks;    // ceil(S_q / kBlockQ)
 };
 
@@ -67,76 +68,6 @@ struct TopkSmem {
   static constexpr int kHistOff = Cfg::kTileSmemBytes;
   static constexpr int kBytes = kHistOff + Cfg::kWarps * 256 * 4;
 };
-
-// Keeps the k best of the n > k candidates of buf in place, stably (see the top of the file);
-// returns u*, the order key of the k-th best. Called by a whole warp; hist: the warp's 256 bins.
-__device__ __noinline__ uint32_t warp_compact(uint2* buf, int n, int k, uint32_t* hist) {
-  const int lane = threadIdx.x & 31;
-  const uint32_t lt = (1u << lane) - 1u;
-  uint32_t prefix = 0;
-  int need = k;  // entries still to take among those matching `prefix`
-#pragma unroll 1
-  for (int pass = 0; pass < 4; ++pass) {
-    const int shift = 24 - 8 * pass;
-    for (int b = lane; b < 256; b += 32) hist[b] = 0u;
-    __syncwarp();
-    for (int e = lane; e < n; e += 32) {
-      const uint32_t u = __ldcg(&buf[e].x);
-      if (pass == 0 || (u >> (shift + 8)) == prefix) atomicAdd(&hist[(u >> shift) & 255u], 1u);
-    }
-    __syncwarp();
-    // Lane L holds bins 8L .. 8L + 7; above = entries in the bins of the lanes above it.
-    uint32_t c[8];
-    uint32_t total = 0;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      c[i] = hist[8 * lane + i];
-      total += c[i];
-    }
-    uint32_t incl = total;  // entries in bins >= 8L
-#pragma unroll
-    for (int off = 1; off < 32; off *= 2) {
-      const uint32_t v = __shfl_down_sync(0xffffffffu, incl, off);
-      if (lane + off < 32) incl += v;
-    }
-    uint32_t acc = incl - total;
-    int digit = -1;
-    uint32_t greater = 0;
-#pragma unroll
-    for (int i = 7; i >= 0; --i) {
-      if (digit < 0 && acc < static_cast<uint32_t>(need) && acc + c[i] >= static_cast<uint32_t>(need)) {
-        digit = 8 * lane + i;
-        greater = acc;
-      }
-      acc += c[i];
-    }
-    const uint32_t found = __ballot_sync(0xffffffffu, digit >= 0);
-    const int src = __ffs(found) - 1;
-    digit = __shfl_sync(0xffffffffu, digit, src);
-    greater = __shfl_sync(0xffffffffu, greater, src);
-    need -= static_cast<int>(greater);
-    prefix = (prefix << 8) | static_cast<uint32_t>(digit);
-    __syncwarp();  // every lane read the bins before the next pass clears them
-  }
-  // Stable in-place filter: position out + rank <= the entry's own position, and a chunk is read
-  // (its loads feed the ballots) before any of its stores.
-  int out = 0, eq_seen = 0;
-  for (int base = 0; base < n; base += 32) {
-    const int e = base + lane;
-    uint2 v = make_uint2(0u, 0u);
-    if (e < n) v = __ldcg(&buf[e]);
-    const bool gt = e < n && v.x > prefix;
-    const bool eq = e < n && v.x == prefix;
-    const uint32_t eq_mask = __ballot_sync(0xffffffffu, eq);
-    const bool keep = gt || (eq && eq_seen + __popc(eq_mask & lt) < need);
-    const uint32_t keep_mask = __ballot_sync(0xffffffffu, keep);
-    if (keep) __stcg(&buf[out + __popc(keep_mask & lt)], v);
-    out += __popc(keep_mask);
-    eq_seen += __popc(eq_mask);
-  }
-  __syncwarp();
-  return prefix;
-}
 
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 2) topk_kernel(const ScoreParams p,
@@ -190,6 +121,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2) topk_kernel(const ScoreParam
       const int64_t s0 = first + int64_t{i} * kTile;
       if (warp_meets_tile<Cfg>(s_range, warp, s0)) {
         warp_tile_scores<Cfg>(smem, stage, negative, stage_out);
+        // TopkRows::offer (indexer_topk_select.cuh) states this step's invariants; it is written
+        // out here because the same code through TopkRows costs this kernel a 20-byte spill at
+        // H_I 32 on sm_90 (ptxas at 255 registers, CUDA 13), and it was measured spill-free.
 #pragma unroll
         for (int qi = 0; qi < kQpw; ++qi) {
           const int2 r = s_range[warp * kQpw + qi];

@@ -1,12 +1,14 @@
 // Hopper (sm_90a) kernels of the DSA lightning indexer (SPEC 5), host side: for each operation,
 // the support check ("" or the missing feature) and the run. Every run launches on `stream`
 // (device p.device_index current), with no host synchronisation, and throws sa::Error
-// (SA_ERROR_UNSUPPORTED) when the problem is unsupported. Design: indexer_scores_kernel.cuh,
+// (SA_ERROR_UNSUPPORTED) when the problem is unsupported. Designs: indexer_scores_kernel.cuh,
+// indexer_topk_kernel.cuh,
 // docs/indexer_decisions.md ("The sm90 score kernel").
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <string>
 
 #include "common/indexer_problem.hpp"
@@ -17,5 +19,13 @@ namespace sa::sm90 {
 // (sm_90).
 std::string indexer_scores_unsupported(const IndexerScoresProblem& p);
 void indexer_scores(const IndexerScoresProblem& p, cudaStream_t stream);
+
+// Fused top-k: writes every element of p.topk_idx and p.topk_length. The workspace holds the
+// persistent CTAs' candidate buffers (O(k) per CTA slot, independent of S_kv). The caller checks
+// the device (sm_90).
+std::string indexer_topk_unsupported(const IndexerTopkProblem& p);
+size_t indexer_topk_workspace_bytes(const IndexerTopkProblem& p);
+void indexer_topk(const IndexerTopkProblem& p, void* workspace, size_t workspace_bytes,
+                  cudaStream_t stream);
 
 }  // namespace sa::sm90

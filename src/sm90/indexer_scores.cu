@@ -12,8 +12,8 @@
 #include "cuda/launch_checks.hpp"
 #include "cuda/indexer_checks.hpp"
 #include "sm90/indexer.hpp"
+#include "sm90/indexer_host.hpp"
 #include "sm90/indexer_scores_kernel.cuh"
-#include "sm90/tma_descriptor.hpp"
 
 namespace sa::sm90 {
 namespace {
@@ -33,28 +33,6 @@ size_t smem_bytes_for(int64_t heads) {
   return heads == 16 ? smem_bytes<16>() : heads == 32 ? smem_bytes<32>() : smem_bytes<64>();
 }
 
-// q_I [S_q, H_I, D] seen as a BHSD tensor [1, S_q, H_I, D] (a box = one token's H_I rows of 64
-// columns); k_I [S_kv, D] as [1, 1, S_kv, D] (a box = 64 keys of 64 columns).
-Bhsd q_as_bhsd(const IndexerScoresProblem& p) {
-  Bhsd t;
-  t.data = p.in.q_I.data;
-  t.sb = 0;
-  t.sh = p.in.q_I.ss;
-  t.ss = p.in.q_I.sh;
-  t.sd = p.in.q_I.sd;
-  return t;
-}
-
-Bhsd k_as_bhsd(const IndexerScoresProblem& p) {
-  Bhsd t;
-  t.data = p.in.k_I.data;
-  t.sb = 0;
-  t.sh = 0;
-  t.ss = p.in.k_I.ss;
-  t.sd = p.in.k_I.sd;
-  return t;
-}
-
 int64_t tokens_per_cta(int64_t heads) { return 2 * 256 / heads; }
 int64_t chunk_keys() { return indexer::ScoresTraits<64>::kChunkKeys; }
 
@@ -66,18 +44,9 @@ void launch(const IndexerScoresProblem& p, cudaStream_t stream) {
   const int64_t key_chunks = (d.Skv + T::kChunkKeys - 1) / T::kChunkKeys;
   const int64_t grid = q_blocks * key_chunks;
   if (grid == 0) return;
-  indexer::ScoresParams prm{};
-  prm.tma_q = make_tensor_map(kPath, "q_I", q_as_bhsd(p), 1, d.Sq, d.HI, d.DI, kHeads);
-  prm.tma_k = make_tensor_map(kPath, "k_I", k_as_bhsd(p), 1, 1, d.Skv, d.DI, T::kTileKeys);
-  prm.w = static_cast<const float*>(p.in.w);
-  prm.w_ss = p.in.w_stride[0];
-  prm.w_sh = p.in.w_stride[1];
+  indexer::ScoresParams prm = indexer::score_params<kHeads>(kPath, p);
   prm.out = p.scores;
   prm.out_ss = p.scores_stride[0];
-  prm.dims = d;
-  prm.meta = p.meta;
-  prm.scale = p.scale;
-  prm.q_blocks = static_cast<int32_t>(q_blocks);
   prm.key_chunks = static_cast<int32_t>(key_chunks);
   constexpr size_t kSmem = smem_bytes<kHeads>();
   auto* kernel = &indexer::indexer_scores_sm90_kernel<T>;
@@ -93,17 +62,14 @@ void launch(const IndexerScoresProblem& p, cudaStream_t stream) {
 
 std::string indexer_scores_unsupported(const IndexerScoresProblem& p) {
   const IndexerDims& d = p.dims;
-  std::string why = portable::indexer_inputs_unsupported(p, kPath);
+  std::string why = indexer::inputs_unsupported(p, kPath);
   if (!why.empty()) return why;
   std::ostringstream os;
   if (p.scores_stride[1] != 1 && d.Skv > 1) {
     os << "scores: the last dimension must be contiguous (" << kPath << ")";
     return os.str();
   }
-  why = check_tma_tensor("q_I", q_as_bhsd(p), 1, d.Sq, d.HI);
-  if (why.empty()) why = check_tma_tensor("k_I", k_as_bhsd(p), 1, 1, d.Skv);
-  if (!why.empty()) return why + " (" + kPath + ")";
-  // TMA coordinates (tokens, keys) are int32; so are the CTA indices.
+  // The CTA indices are int32.
   const int64_t q_blocks = (d.Sq + tokens_per_cta(d.HI) - 1) / tokens_per_cta(d.HI);
   const int64_t key_chunks = (d.Skv + chunk_keys() - 1) / chunk_keys();
   if (d.Sq > INT32_MAX - 64 || q_blocks * key_chunks > INT32_MAX) {

@@ -206,38 +206,50 @@ __device__ __forceinline__ CtaWork cta_work(const ScoresParams& p, const ScoresS
 }
 
 // ---- producer (one thread) ------------------------------------------------------------------
+// Pieces the top-k kernel's producer shares (sm90/indexer_topk_kernel.cuh).
+// [1] q_I of tokens [t0, t0 + kTokensPerCta): per token, two boxes (64 columns x H_I heads), H_I
+// rows into each panel of its warpgroup's tile. Tokens past S_q are zero-filled (the bytes still
+// count). The caller owns q_full's phase and the q_I tile being free.
+template <class T>
+__device__ __forceinline__ void producer_load_q(const ScoresParams& p, ScoresSmem<T>& s,
+                                                int64_t t0) {
+  mbarrier_arrive_expect_tx(&s.q_full, T::kQBytes);
+  for (int i = 0; i < T::kTokensPerCta; ++i) {
+    const int wg = i / T::kTokensPerWg, row = (i % T::kTokensPerWg) * T::kHeads;
+    const int32_t t = static_cast<int32_t>(t0 + i);
+#pragma unroll
+    for (int pnl = 0; pnl < 2; ++pnl)
+      tma_load_4d(&p.tma_q, &s.q[wg][pnl * T::kCols * 64 + row * 64], &s.q_full, pnl * 64, 0, t,
+                  0);
+  }
+}
+
+// [2] The CTA's n-th key tile (keys s0 .. s0 + 63, zero rows past S_kv) into the ring. Invariant:
+// producer and consumers count the same tiles from n = 0; tile n is the (n / kStages)-th use of
+// stage n % kStages: k_full completes phase n / kStages when its bytes land; the refill waits for
+// k_empty's phase n / kStages - 1 (parity ^ 1; on a fresh barrier that parity passes at once),
+// i.e. for all 8 consumer warps to finish reading tile n - kStages.
+template <class T>
+__device__ __forceinline__ void producer_load_k(const ScoresParams& p, ScoresSmem<T>& s, int n,
+                                                int64_t s0) {
+  const int stage = n % T::kStages;
+  mbarrier_wait(&s.k_empty[stage], ((n / T::kStages) & 1) ^ 1);
+  mbarrier_arrive_expect_tx(&s.k_full[stage], T::kKBytes);
+#pragma unroll
+  for (int pnl = 0; pnl < 2; ++pnl)
+    tma_load_4d(&p.tma_k, &s.k[stage][pnl * T::kTileKeys * 64], &s.k_full[stage], pnl * 64,
+                static_cast<int32_t>(s0), 0, 0);
+}
+
 template <class T>
 __device__ __forceinline__ void producer_main(const ScoresParams& p, ScoresSmem<T>& s,
                                               const CtaWork& c) {
   if (c.i_lo >= c.i_hi) return;
   prefetch_tensor_map(&p.tma_q);
   prefetch_tensor_map(&p.tma_k);
-  // [1] q_I: per token, two boxes (64 columns x H_I heads), H_I rows into each panel of its
-  // warpgroup's tile. Tokens past S_q are zero-filled (the bytes still count).
-  mbarrier_arrive_expect_tx(&s.q_full, T::kQBytes);
-  for (int i = 0; i < T::kTokensPerCta; ++i) {
-    const int wg = i / T::kTokensPerWg, row = (i % T::kTokensPerWg) * T::kHeads;
-    const int32_t t = static_cast<int32_t>(c.t0 + i);
-#pragma unroll
-    for (int pnl = 0; pnl < 2; ++pnl)
-      tma_load_4d(&p.tma_q, &s.q[wg][pnl * T::kCols * 64 + row * 64], &s.q_full, pnl * 64, 0, t,
-                  0);
-  }
-  // [2] key tiles into the ring. Invariant: the CTA's n-th loaded tile (producer and consumers
-  // count the same tiles [i_lo, i_hi) from n = 0) is the (n / kStages)-th use of stage
-  // n % kStages: k_full completes phase n / kStages when its bytes land; the refill waits for
-  // k_empty's phase n / kStages - 1 (parity ^ 1; on a fresh barrier that parity passes at once),
-  // i.e. for all 8 consumer warps to finish reading tile n - kStages.
-  for (int i = c.i_lo, n = 0; i < c.i_hi; ++i, ++n) {
-    const int stage = n % T::kStages;
-    mbarrier_wait(&s.k_empty[stage], ((n / T::kStages) & 1) ^ 1);
-    mbarrier_arrive_expect_tx(&s.k_full[stage], T::kKBytes);
-    const int32_t s0 = static_cast<int32_t>(c.k0 + int64_t{i} * T::kTileKeys);
-#pragma unroll
-    for (int pnl = 0; pnl < 2; ++pnl)
-      tma_load_4d(&p.tma_k, &s.k[stage][pnl * T::kTileKeys * 64], &s.k_full[stage], pnl * 64, s0,
-                  0, 0);
-  }
+  producer_load_q<T>(p, s, c.t0);
+  for (int i = c.i_lo, n = 0; i < c.i_hi; ++i, ++n)
+    producer_load_k<T>(p, s, n, c.k0 + int64_t{i} * T::kTileKeys);
 }
 
 // ---- consumers --------------------------------------------------------------------------------
@@ -252,14 +264,90 @@ __device__ __forceinline__ void store_neg_inf(const ScoresParams& p, int64_t t_w
   }
 }
 
-template <class T>
-__device__ __forceinline__ void consumer_main(const ScoresParams& p, ScoresSmem<T>& s,
-                                              const CtaWork& c, int wg) {
+// [1]-[3] of the CTA's n-th key tile for one consumer warpgroup, shared with the top-k kernel:
+// waits for stage n % kStages, S^T = 8 wgmma m64n256k16 into acc, releases the stage, then the
+// weighted ReLU sum over each token's heads and the quad's reduce-scatter; calls
+// emit(qi, key, score) once for each of the warpgroup's kTokensPerWg tokens qi and the tile's 64
+// keys (key: 0 .. 63 within the tile), lane (g, t4) of warp w emitting tokens 4 a + t4 and keys
+// 16 w + g (+ 8). The score is a function of the token's and the key's data alone (module
+// comment), so both kernels see the same bits.
+template <class T, class ThrMma, class TensorB, class TensorAcc, class Emit>
+__device__ __forceinline__ void consume_key_tile(ScoresSmem<T>& s, int n, const ThrMma& thr,
+                                                 const TensorB& tB, TensorAcc& acc, uint32_t s_w,
+                                                 bool negative, Emit&& emit) {
   using namespace cute;
   const int wtid = threadIdx.x % 128;
   const int warp = wtid / 32, lane = wtid % 32;
   const int g = lane / 4, t4 = lane % 4;
   const bool hi1 = (t4 & 1) != 0, hi2 = (t4 & 2) != 0;
+  const int stage = n % T::kStages;
+  // [1] S^T of the tile: 8 wgmma m64n256k16.
+  mbarrier_wait(&s.k_full[stage], (n / T::kStages) & 1);
+  Tensor sK = make_tensor(make_smem_ptr(s.k[stage]), typename T::SmemLayoutK{});
+  Tensor tA = thr.partition_fragment_A(sK);
+  typename T::TiledMma mma;
+  warpgroup_fence_operand(acc);
+  warpgroup_arrive();
+  mma.accumulate_ = SM90::GMMA::ScaleOut::Zero;
+  CUTE_UNROLL
+  for (int kb = 0; kb < size<2>(tA); ++kb) {
+    cute::gemm(mma, tA(_, _, kb), tB(_, _, kb), acc);
+    mma.accumulate_ = SM90::GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(acc);
+  // [2] The stage is free.
+  __syncwarp();
+  if (lane == 0) mbarrier_arrive(&s.k_empty[stage]);
+
+  // [3] Per group of 4 tokens: the lane's partial sums for its 2 keys (rows 16 warp + g + 8 r),
+  // then the quad's reduce-scatter; lane t4 keeps token 4 a + t4.
+  const int key0 = 16 * warp + g;
+  CUTE_UNROLL
+  for (int a = 0; a < T::kTokensPerWg / 4; ++a) {
+    float part[4][2];
+    CUTE_UNROLL
+    for (int b = 0; b < 4; ++b) {
+      part[b][0] = part[b][1] = 0.f;
+      CUTE_UNROLL
+      for (int nn = 0; nn < T::kNtPerToken; ++nn) {
+        const int j = (4 * a + b) * T::kNtPerToken + nn;
+        const float2 wv = ld_shared_f32x2(s_w + 4 * (8 * j + 2 * t4));
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          const float x0 = acc(4 * j + 2 * r), x1 = acc(4 * j + 2 * r + 1);
+          part[b][r] = fmaf(fmaxf(negative ? -x0 : x0, 0.f), wv.x, part[b][r]);
+          part[b][r] = fmaf(fmaxf(negative ? -x1 : x1, 0.f), wv.y, part[b][r]);
+        }
+      }
+    }
+    // Step 1 (partner t4 ^ 2): keep tokens {0, 1} + 2 hi2; step 2 (partner t4 ^ 1): keep
+    // token 2 hi2 + hi1 = t4. Each step adds two halves (commutative), so a sum is
+    // (p0 + p2) + (p1 + p3) bitwise whichever lane keeps it.
+    float h[2][2];
+    CUTE_UNROLL
+    for (int m = 0; m < 2; ++m)
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        const float send = hi2 ? part[m][r] : part[m + 2][r];
+        const float keep = hi2 ? part[m + 2][r] : part[m][r];
+        h[m][r] = keep + __shfl_xor_sync(0xffffffffu, send, 2);
+      }
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      const float send = hi1 ? h[0][r] : h[1][r];
+      const float keep = hi1 ? h[1][r] : h[0][r];
+      emit(4 * a + t4, key0 + 8 * r, keep + __shfl_xor_sync(0xffffffffu, send, 1));
+    }
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void consumer_main(const ScoresParams& p, ScoresSmem<T>& s,
+                                              const CtaWork& c, int wg) {
+  using namespace cute;
+  const int wtid = threadIdx.x % 128;
   const int64_t t_wg = c.t0 + wg * T::kTokensPerWg;  // this warpgroup's first token
 
   // [0] Tiles of the chunk outside the span: -inf.
@@ -277,87 +365,22 @@ __device__ __forceinline__ void consumer_main(const ScoresParams& p, ScoresSmem<
   static_assert(decltype(size(acc))::value == 128, "64 x 256 fp32 over 128 threads");
 
   const bool negative = p.scale < 0.f;
-  const uint32_t s_w = smem_u32(s.w[wg]);  // explicit ld.shared below (not generic loads)
+  const uint32_t s_w = smem_u32(s.w[wg]);  // read by explicit ld.shared (not generic loads)
   const int2* s_range = s.range + wg * T::kTokensPerWg;
 
   mbarrier_wait(&s.q_full, 0);
 
 #pragma unroll 1
   for (int i = c.i_lo, n = 0; i < c.i_hi; ++i, ++n) {
-    const int stage = n % T::kStages;
     const int64_t s0 = c.k0 + int64_t{i} * T::kTileKeys;
-    // [1] S^T of the tile: 8 wgmma m64n256k16.
-    mbarrier_wait(&s.k_full[stage], (n / T::kStages) & 1);
-    Tensor sK = make_tensor(make_smem_ptr(s.k[stage]), typename T::SmemLayoutK{});
-    Tensor tA = thr.partition_fragment_A(sK);
-    warpgroup_fence_operand(acc);
-    warpgroup_arrive();
-    mma.accumulate_ = SM90::GMMA::ScaleOut::Zero;
-    CUTE_UNROLL
-    for (int kb = 0; kb < size<2>(tA); ++kb) {
-      cute::gemm(mma, tA(_, _, kb), tB(_, _, kb), acc);
-      mma.accumulate_ = SM90::GMMA::ScaleOut::One;
-    }
-    warpgroup_commit_batch();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc);
-    // [2] The stage is free.
-    __syncwarp();
-    if (lane == 0) mbarrier_arrive(&s.k_empty[stage]);
-
-    // [3] Per group of 4 tokens: the lane's partial sums for its 2 keys (rows 16 warp + g + 8 r),
-    // then the quad's reduce-scatter; lane t4 keeps token 4 a + t4.
-    const int64_t key0 = s0 + 16 * warp + g;
-    CUTE_UNROLL
-    for (int a = 0; a < T::kTokensPerWg / 4; ++a) {
-      float part[4][2];
-      CUTE_UNROLL
-      for (int b = 0; b < 4; ++b) {
-        part[b][0] = part[b][1] = 0.f;
-        CUTE_UNROLL
-        for (int nn = 0; nn < T::kNtPerToken; ++nn) {
-          const int j = (4 * a + b) * T::kNtPerToken + nn;
-          const float2 wv = ld_shared_f32x2(s_w + 4 * (8 * j + 2 * t4));
-          CUTE_UNROLL
-          for (int r = 0; r < 2; ++r) {
-            const float x0 = acc(4 * j + 2 * r), x1 = acc(4 * j + 2 * r + 1);
-            part[b][r] = fmaf(fmaxf(negative ? -x0 : x0, 0.f), wv.x, part[b][r]);
-            part[b][r] = fmaf(fmaxf(negative ? -x1 : x1, 0.f), wv.y, part[b][r]);
-          }
-        }
-      }
-      // Step 1 (partner t4 ^ 2): keep tokens {0, 1} + 2 hi2; step 2 (partner t4 ^ 1): keep
-      // token 2 hi2 + hi1 = t4. Each step adds two halves (commutative), so a sum is
-      // (p0 + p2) + (p1 + p3) bitwise whichever lane keeps it.
-      float h[2][2];
-      CUTE_UNROLL
-      for (int m = 0; m < 2; ++m)
-        CUTE_UNROLL
-        for (int r = 0; r < 2; ++r) {
-          const float send = hi2 ? part[m][r] : part[m + 2][r];
-          const float keep = hi2 ? part[m + 2][r] : part[m][r];
-          h[m][r] = keep + __shfl_xor_sync(0xffffffffu, send, 2);
-        }
-      float v[2];
-      CUTE_UNROLL
-      for (int r = 0; r < 2; ++r) {
-        const float send = hi1 ? h[0][r] : h[1][r];
-        const float keep = hi1 ? h[1][r] : h[0][r];
-        v[r] = keep + __shfl_xor_sync(0xffffffffu, send, 1);
-      }
-      // [4] Masked stores: row t, keys key0 and key0 + 8.
-      const int qi = 4 * a + t4;
-      const int64_t t = t_wg + qi;
-      if (t < p.dims.Sq) {
+    // [4] Masked stores: row t, key s0 + key.
+    consume_key_tile<T>(s, n, thr, tB, acc, s_w, negative, [&](int qi, int key, float v) {
+      const int64_t t = t_wg + qi, sk = s0 + key;
+      if (t < p.dims.Sq && sk < p.dims.Skv) {
         const int2 rg = s_range[qi];
-        float* row = p.out + t * p.out_ss;
-        CUTE_UNROLL
-        for (int r = 0; r < 2; ++r) {
-          const int64_t key = key0 + 8 * r;
-          if (key < p.dims.Skv) row[key] = key >= rg.x && key < rg.y ? v[r] : -INFINITY;
-        }
+        p.out[t * p.out_ss + sk] = sk >= rg.x && sk < rg.y ? v : -INFINITY;
       }
-    }
+    });
   }
 }
 

@@ -127,19 +127,30 @@ void dsa_bwd_run(const DsaBwdProblem& p, const ExecContext& ctx) {
 }
 
 // ---- DSA indexer (SPEC 5) ----------------------------------------------------------------------
-// Gated: the sm90 score kernel was written without a GPU. Until the GPU suite has run it (gtest
-// filter *IndexerSm90*), only a caller that forces this path gets it; AUTO takes the portable
-// kernels (verified on an H100), never unverified code.
+// The scores and the fused top-k (verified on an H100: *IndexerSm90*, compute-sanitizer clean);
+// AUTO serves them on sm_90 (scores 1.37-1.58x, top-k 1.02-1.13x the portable kernels, H100,
+// bench/NOTES.md session 34).
 std::string indexer_scores_unsupported(const IndexerScoresProblem& p) {
-  if (p.options.impl != SA_IMPL_SM90)
-    return "gated: the sm90 indexer kernels are not yet verified on a GPU (set options.impl = "
-           "SA_IMPL_SM90 to run them)";
   return unsupported(p, &sm90::indexer_scores_unsupported);
 }
 
 void indexer_scores_run(const IndexerScoresProblem& p, const ExecContext& ctx) {
   DeviceScope scope(p.device_index);
   sm90::indexer_scores(p, ctx.stream);
+}
+
+std::string indexer_topk_unsupported(const IndexerTopkProblem& p) {
+  return unsupported(p, &sm90::indexer_topk_unsupported);
+}
+
+size_t indexer_topk_workspace_bytes(const IndexerTopkProblem& p) {
+  DeviceScope scope(p.device_index);  // the plan reads the device's SM count
+  return sm90::indexer_topk_workspace_bytes(p);
+}
+
+void indexer_topk_run(const IndexerTopkProblem& p, const ExecContext& ctx) {
+  DeviceScope scope(p.device_index);
+  sm90::indexer_topk(p, ctx.workspace, ctx.workspace_bytes, ctx.stream);
 }
 
 }  // namespace
@@ -152,9 +163,10 @@ extern const Implementation kSm90Implementation = {
     // The forward's workspace (an item counter, with topk_length) is optional.
     /*dsa_fwd=*/{&dsa_fwd_unsupported, &dsa_fwd_workspace_bytes, &dsa_fwd_run, true},
     /*dsa_bwd=*/{&dsa_bwd_unsupported, &dsa_bwd_workspace_bytes, &dsa_bwd_run},
-    // The DSA indexer (SPEC 5): scores only (gated); top-k and the loss are not written here yet.
+    // The DSA indexer (SPEC 5): scores and the fused top-k; the loss is the portable path's.
     /*indexer_scores=*/{&indexer_scores_unsupported, nullptr, &indexer_scores_run},
-    /*indexer_topk=*/{}, /*indexer_loss=*/{},
+    /*indexer_topk=*/{&indexer_topk_unsupported, &indexer_topk_workspace_bytes, &indexer_topk_run},
+    /*indexer_loss=*/{},
 };
 
 }  // namespace sa
