@@ -19,6 +19,9 @@
 //              dQ staging (sync_async_copies), so that [3] reads them from shared memory one tile
 //              later, ordered by named barriers only. The reverse-map entries come the same way
 //              (4 bytes by the warpgroup's thread 0), one query block ahead.
+//              Block 128 with dQ (kReducerWarp): warp 1 is the reducer (reducer_main): it issues
+//              every dQ bulk reduction and waits for it, in a named-barrier hand-off with each
+//              consumer warpgroup; warps 2 and 3 exit.
 //   kConsumer0 warpgroup 1 (and kConsumer1, warpgroup 2, when kBlockN = 128; setmaxnreg up): each
 //              owns 64 keys of the block. All GEMMs are computed "transposed" (keys as M) so that
 //              P^T and dS^T come out of the accumulators in the A-operand register layout:
@@ -34,10 +37,12 @@
 //              consumers that share s.ds
 //     [7] dQ   = dS K         SS  M = 64 rows, N = 64 columns (a panel) of D, K = keys.
 //              Both block sizes: the fp32 panel goes to shared memory in fragment order
-//              (common/dq_tile_layout.hpp: conflict-free 8-byte stores), and one thread of the
-//              warpgroup adds it to dq_accum with one 16 KB bulk reduction (cp.reduce.async.bulk
-//              .add.f32), waited for (.read) only before the next tile rewrites the buffer; the
-//              consumers issue no per-element atomics. Block 128 with D 128: warpgroup w takes
+//              (common/dq_tile_layout.hpp: conflict-free 8-byte stores), and one thread adds it
+//              to dq_accum with one 16 KB bulk reduction (cp.reduce.async.bulk.add.f32), waited
+//              for (.read) only before the next tile rewrites the buffer; no per-element atomics.
+//              That thread is the reducer warp's lane 0 at block 128 (the consumers bar.sync
+//              before their staging stores and bar.arrive after them), thread 0 of the
+//              warpgroup at block 64. Block 128 with D 128: warpgroup w takes
 //              panel w over all 128 keys (both dS tiles in shared memory: barrier of all
 //              consumers). Block 64: the one warpgroup takes every panel. Block 128 with D 64:
 //              each warpgroup adds the partial of its own 64 keys (2x the reduction traffic).
@@ -65,6 +70,13 @@
 //                  (before [6]) / written (after [6]); the zeroing of padded K rows is done; in
 //                  the single-owner epilogue, every consumer's GEMMs are done, so the dK / dV
 //                  staging may overwrite s.k / s.v
+//   named barrier 3 + wg (the 128 threads of warpgroup wg): the stats / entry cp.async visible
+//                  (sync_async_copies; with the reducer warp, its kDqEmpty hand-off instead);
+//                  block 64: the dQ staging is written; single-owner epilogue: dK / dV staged
+//   named barriers kDqEmptyBarrier0 + wg / kDqFullBarrier0 + wg (5 + wg / 7 + wg; 160 threads:
+//                  warpgroup wg and the reducer warp; block 128 with dQ): the dQ staging hand-off,
+//                  reducer bar.arrive empty -> wg bar.sync empty, stores, wg bar.arrive full ->
+//                  reducer bar.sync full, bulk reduction (reducer_main)
 //
 // Memory safety: Q/dO rows >= S_q are zero (TMA fill) and have lse2 = +inf, delta = 0 (preprocess)
 // so their P, dS are exactly 0 (a tile wholly past S_q is skipped, never loaded); K rows >= valid
@@ -139,6 +151,13 @@ constexpr int consumer_warpgroups(int block) { return block / 64; }
 // panel) each warpgroup reduces its own keys' partial. (Per-warpgroup partials at D 128 as well,
 // one Q/dO stage fewer to fit their second staging buffer, measured 2.6-3% slower in sessions 9
 // and 10: removed.)
+// The dQ staging hand-off of a consumer warpgroup wg with the reducer warp (reducer_main): named
+// barrier ids (0 is __syncthreads, 1-2 the dS barriers, 3-4 the warpgroups' own) and their count,
+// the warpgroup's 128 threads + the reducer's 32.
+constexpr uint32_t kDqEmptyBarrier0 = 5;  // + wg: reducer -> wg: its staging may be rewritten
+constexpr uint32_t kDqFullBarrier0 = 7;   // + wg: wg -> reducer: its staging is written
+constexpr uint32_t kDqHandoffThreads = 128 + 32;
+
 template <int kBlockN_, int kHeadDim_>
 struct BwdTraits {
   using Element = cutlass::bfloat16_t;
@@ -155,6 +174,10 @@ struct BwdTraits {
   // stage fits).
   static constexpr int kStages = kBlockN == 128 ? 3 : 1;
   static constexpr int kCtasPerSm = kConsumerWgs == 1 ? 2 : 1;
+  // With a dQ accumulator, the bulk reductions are issued and waited for by a reducer warp
+  // (warp 1 of the producer warpgroup, reducer_main) instead of the warpgroup's thread 0.
+  // Block 128 only; block 64 keeps thread 0.
+  static constexpr bool kReducerWarp = kConsumerWgs == 2;
   // Register split (multiples of 8) of the CTA's pool (setmaxnreg_pool): the producer needs few;
   // the consumers hold dK, dV (D/2 fp32 each), S^T, dP^T (32 each) or a dQ chunk (32).
   static constexpr int kProducerRegs = 24;
@@ -286,6 +309,70 @@ __device__ __forceinline__ void producer_main(const BsaBwdSm90Params& p, SharedS
     if (++stage == T::kStages) {
       stage = 0;
       phase ^= 1;
+    }
+  }
+}
+
+// ---- reducer (warp 1 of the producer warpgroup; T::kReducerWarp, with a dQ accumulator) --------
+// Per live tile (the consumers' walk: tiles wholly past S_q are skipped by both, by the same
+// test as the producer's), for each consumer warpgroup w, in this order:
+//   1. lane 0 waits (cp.async.bulk.wait_group.read) until w's reduction of the previous tile has
+//      read the staging (tile 0: none pending, the staging's initial "free"), then the warp
+//      bar.arrives on kDqEmptyBarrier0 + w (160: this warp's 32 + w's 128 threads, which bar.sync
+//      on it after [7], before their staging stores).
+//   2. (after step 1 for every w) the warp bar.syncs on kDqFullBarrier0 + w (160; w's 128 threads
+//      bar.arrive on it after their stores and fence.proxy.async), then lane 0 issues w's
+//      kDqPanels 16 KB bulk reductions into dq_accum and commits them as one bulk group.
+// Each barrier alternates between the same two parties, one side arriving, the other syncing, and
+// neither can reach it again before it has completed (an arrive for tile t + 1 follows the other
+// barrier's completion for tile t), so no barrier ever has more than its 160 arrivals pending.
+// At the time of step 1 no group of this tile is committed, so w's previous group has
+// kWgs - 1 - w groups after it. This warp's bulk groups are its own (no TMA load on its
+// scoreboard, unlike the producer thread's of session 25). After the walk: lane 0 waits for every
+// reduction's writes, then releases the KV head's dq_ready counter once for all kWgs consumer
+// warpgroups (the conversion beside this kernel counts consumer_warpgroups(block) per item).
+template <class T>
+__device__ __forceinline__ void reducer_main(const BsaBwdSm90Params& p, SharedStorage<T>& s,
+                                             const Item& it) {
+  constexpr int kWgs = T::kConsumerWgs;
+  static_assert(kWgs <= 2, "bulk_wait_read below counts at most one later group");
+  const bool leader = threadIdx.x % 32 == 0;
+#pragma unroll 1
+  for (int t = 0; t < it.num_tiles; ++t) {
+    int h, row0;
+    tile_rows<T>(p, it, t, h, row0);
+    if (row0 >= p.Sq) continue;  // a tile wholly past S_q (the consumers skip it too)
+    float* tile = p.dq_accum + ((static_cast<int64_t>(it.b) * p.Hq + h) * p.Sq_pad + row0) *
+                                   T::kHeadDim;
+#pragma unroll
+    for (int w = 0; w < kWgs; ++w) {
+      if (leader) {
+        if (w == kWgs - 1) bulk_wait_read<0>();
+        else bulk_wait_read<1>();
+      }
+      __syncwarp();
+      named_barrier_arrive(kDqEmptyBarrier0 + w, kDqHandoffThreads);
+    }
+#pragma unroll
+    for (int w = 0; w < kWgs; ++w) {
+      named_barrier_sync(kDqFullBarrier0 + w, kDqHandoffThreads);
+      if (leader) {
+#pragma unroll
+        for (int j = 0; j < T::kDqPanels; ++j) {
+          const int c = T::kDqSplitPanels ? w * T::kDqPanels + j : j;  // panel of D
+          bulk_reduce_add_f32(tile + c * kDqPanelFloats,
+                              s.dq + (w * T::kDqPanels + j) * kDqPanelFloats,
+                              kDqPanelFloats * 4);
+        }
+        bulk_commit_group();
+      }
+    }
+  }
+  if (leader) {
+    bulk_wait_all();
+    if (p.dq_ready != nullptr) {
+      fence_proxy_async_global();
+      red_release_gpu_add_u32(p.dq_ready + it.b * p.Hkv + it.hk, static_cast<uint32_t>(kWgs));
     }
   }
 }
@@ -441,6 +528,15 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     cp_async_wait<0>();
     named_barrier_sync(3 + wg, 128);
   };
+  // The same with the reducer warp (T::kReducerWarp, with dQ): the warpgroup's 128 threads
+  // bar.sync kDqEmptyBarrier0 + wg (160) with the reducer warp, whose bar.arrive on it comes once
+  // its wait_group.read has seen this warpgroup's previous reduction read the staging
+  // (reducer_main); the barrier also makes the cp.async just waited for visible to the
+  // warpgroup. Thread 0 no longer waits on the bulk engine (its DEPBAR counted its cp.async too).
+  const auto acquire_dq_staging = [&]() {
+    cp_async_wait<0>();
+    named_barrier_sync(kDqEmptyBarrier0 + wg, kDqHandoffThreads);
+  };
   const auto issue_s = [&](int stg, uint32_t ph) {
     mbarrier_wait(&s.q_full[stg], ph);
     gemm_issue<true>(mma_sdp, tSrK, tSrQ(_, _, _, stg), tSrS);
@@ -471,8 +567,9 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
       if (new_block && ahead < n_entries && wtid == 0)
         cp_async_4(ahead_addr, p.entries + it.begin + ahead);
       // The next tile's stats -> the other buffer (free: every thread of this warpgroup
-      // finished [3] of the previous tile before the barrier of sync_async_copies it passed),
-      // by cp.async: waited for and made visible by this tile's sync_async_copies, after [7].
+      // finished [3] of the previous tile before the warpgroup barrier it passed after that
+      // tile's [7]: sync_async_copies, or with the reducer warp the kDqEmptyBarrier0 + wg
+      // hand-off), by cp.async: waited for and made visible by this tile's such barrier.
       if (t_next < it.num_tiles) {
         entry_rows<T>(p, it, e_next, t_next, h_next, row0_next);
         cp_async_4(stats_addr + kStatsBufBytes * (buf ^ 1) + 4 * wtid,
@@ -594,7 +691,10 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
           warpgroup_wait<0>();
         }
         warpgroup_fence_operand(tQrdQ);
-        if (j == 0) sync_async_copies();
+        if (j == 0) {
+          if constexpr (T::kReducerWarp) acquire_dq_staging();
+          else sync_async_copies();
+        }
         // Pair i / 2 of this thread -> floats 2 (128 (i / 2) + wtid) of the panel's staging.
         const uint32_t dst = smem_u32(s.dq + (wg * T::kDqPanels + j) * kDqPanelFloats) + 8 * wtid;
         CUTE_UNROLL
@@ -602,20 +702,26 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
           st_shared_f32x2(dst + 1024 * (i / 2), tQrdQ(i), tQrdQ(i + 1));
       }
       // The staging is written: one thread adds each panel to the tile's run of dq_accum
-      // (64 * D floats from row0; panel c at c * 4096).
+      // (64 * D floats from row0; panel c at c * 4096). With the reducer warp: the 128 threads
+      // bar.arrive kDqFullBarrier0 + wg (160, non-blocking) after their proxy fence; the
+      // reducer's bar.sync on it returns and its lane 0 issues the reduction (reducer_main).
       fence_proxy_async_shared();
-      named_barrier_sync(3 + wg, 128);
-      if (wtid == 0) {
-        float* tile = p.dq_accum +
-                      ((static_cast<int64_t>(it.b) * p.Hq + h) * p.Sq_pad + row0) * kHeadDim;
-        CUTE_UNROLL
-        for (int j = 0; j < T::kDqPanels; ++j) {
-          const int c = T::kDqSplitPanels ? wg * T::kDqPanels + j : j;
-          bulk_reduce_add_f32(tile + c * kDqPanelFloats,
-                              s.dq + (wg * T::kDqPanels + j) * kDqPanelFloats,
-                              kDqPanelFloats * 4);
+      if constexpr (T::kReducerWarp) {
+        named_barrier_arrive(kDqFullBarrier0 + wg, kDqHandoffThreads);
+      } else {
+        named_barrier_sync(3 + wg, 128);
+        if (wtid == 0) {
+          float* tile = p.dq_accum +
+                        ((static_cast<int64_t>(it.b) * p.Hq + h) * p.Sq_pad + row0) * kHeadDim;
+          CUTE_UNROLL
+          for (int j = 0; j < T::kDqPanels; ++j) {
+            const int c = T::kDqSplitPanels ? wg * T::kDqPanels + j : j;
+            bulk_reduce_add_f32(tile + c * kDqPanelFloats,
+                                s.dq + (wg * T::kDqPanels + j) * kDqPanelFloats,
+                                kDqPanelFloats * 4);
+          }
+          bulk_commit_group();
         }
-        bulk_commit_group();
       }
     } else {
       // Deterministic mode: dQ comes from the query-major pass; [4], [5] finish the tile.
@@ -685,8 +791,10 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
 
   // The item's last bulk reduction has run (shared memory stays valid until then); then the
   // head's counter, which the conversion launched beside this kernel waits for. Before several
-  // owners' reductions: the release's MEMBAR.GPU would wait for them.
-  if (wtid == 0) {
+  // owners' reductions: the release's MEMBAR.GPU would wait for them. (With the reducer warp and
+  // dQ, the reducer does both, once for all consumer warpgroups; without dQ there is nothing to
+  // wait for and dq_ready is null.)
+  if (!T::kReducerWarp && wtid == 0) {
     bulk_wait_all();
     if (p.dq_ready != nullptr) {
       fence_proxy_async_global();
@@ -754,7 +862,11 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
   const Role role = static_cast<Role>(__shfl_sync(0xffffffffu, threadIdx.x / 128, 0));
   if (role == Role::kProducer) {
     setmaxnreg_dec<T::kProducerRegs>();
-    bwd::producer_main<T>(p, s, it);
+    const int warp = threadIdx.x / 32;
+    if (warp == 0) bwd::producer_main<T>(p, s, it);
+    if constexpr (T::kReducerWarp) {
+      if (warp == 1 && p.dq_accum != nullptr) bwd::reducer_main<T>(p, s, it);
+    }
   } else {
     setmaxnreg_inc<T::kConsumerRegs>();
     bwd::consumer_main<T>(p, s, it, static_cast<int>(role) - static_cast<int>(Role::kConsumer0));
