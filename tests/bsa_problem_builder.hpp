@@ -24,6 +24,7 @@
 
 #include "common/problem.hpp"
 #include "test_util.hpp"
+#include "testing/bhsd_layout.hpp"
 
 namespace sa_test {
 
@@ -54,12 +55,10 @@ struct BsaShape {
   }
 };
 
-// Physical shape of a [B, H, S, X] attention tensor in `layout`.
-inline std::vector<int64_t> bsa_physical_shape(sa_layout layout, int64_t B, int64_t H, int64_t S,
-                                               int64_t X) {
-  if (layout == SA_LAYOUT_BSHD) return {B, S, H, X};
-  return {B, H, S, X};
-}
+// Layout helpers (testing/bhsd_layout.hpp): bsa_physical_shape, bsa_index, bhsd_doubles.
+using sa_testing::bhsd_doubles;
+using sa_testing::bsa_index;
+using sa_testing::bsa_physical_shape;
 
 // BHSD-ordered strides of a contiguous host tensor stored in `layout`.
 inline sa::Bhsd bhsd_view(HostTensor& t, sa_layout layout) {
@@ -77,28 +76,6 @@ inline sa::Bhsd bhsd_view(HostTensor& t, sa_layout layout) {
     v.sb = s[1] * s[2] * s[3];
   }
   return v;
-}
-
-// Flat index of logical element (b, h, s, x) of a contiguous tensor stored in `layout`.
-inline int64_t bsa_index(const HostTensor& t, sa_layout layout, int64_t b, int64_t h, int64_t s,
-                         int64_t x) {
-  const std::vector<int64_t>& sh = t.shape();
-  if (layout == SA_LAYOUT_BSHD) return ((b * sh[1] + s) * sh[2] + h) * sh[3] + x;
-  return ((b * sh[1] + h) * sh[2] + s) * sh[3] + x;
-}
-
-// The tensor's elements as doubles in logical [B, H, S, X] order, whatever its layout.
-inline std::vector<double> bhsd_doubles(const HostTensor& t, sa_layout layout) {
-  const std::vector<int64_t>& sh = t.shape();
-  const bool bshd = layout == SA_LAYOUT_BSHD;
-  const int64_t B = sh[0], H = bshd ? sh[2] : sh[1], S = bshd ? sh[1] : sh[2], X = sh[3];
-  std::vector<double> out;
-  out.reserve(static_cast<size_t>(t.numel()));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t s = 0; s < S; ++s)
-        for (int64_t x = 0; x < X; ++x) out.push_back(t.get(bsa_index(t, layout, b, h, s, x)));
-  return out;
 }
 
 // ---- sparsity pattern ------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-// Helpers shared by the test files: host tensors of any dtype, random fills, NaN poisoning,
-// comparisons, a scoped environment variable. Header-only; nothing here calls into the library
-// except through its public API.
+// Helpers shared by the test files: comparisons and the GPU skip; host tensors come from the
+// testing library (testing/), which the command-line tool shares. Nothing here calls into the
+// library except through its public API.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -15,56 +15,12 @@
 
 #include "common/host_numeric.hpp"
 #include "sparse_attention/sparse_attention.hpp"
+#include "testing/host_tensor.hpp"
 
 namespace sa_test {
 
-// A contiguous host tensor that owns its bytes.
-class HostTensor {
- public:
-  HostTensor() = default;
-  HostTensor(sa_dtype dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
-    bytes_.assign(static_cast<size_t>(numel() * sa::dtype_size(dtype_)), 0);
-  }
-  int64_t numel() const {
-    int64_t n = 1;
-    for (int64_t s : shape_) n *= s;
-    return n;
-  }
-  sa_dtype dtype() const { return dtype_; }
-  const std::vector<int64_t>& shape() const { return shape_; }
-  void* data() { return bytes_.data(); }
-  const void* data() const { return bytes_.data(); }
-  std::vector<uint8_t>& bytes() { return bytes_; }
-  const std::vector<uint8_t>& bytes() const { return bytes_; }
-
-  sa_tensor view() {
-    return sa_tensor_contiguous(bytes_.data(), dtype_, static_cast<int32_t>(shape_.size()),
-                                shape_.data(), SA_DEVICE_CPU, 0);
-  }
-  double get(int64_t i) const { return sa::load_as_double(bytes_.data(), dtype_, i); }
-  void set(int64_t i, double v) { sa::store_from_double(bytes_.data(), dtype_, i, v); }
-  int32_t* i32() { return reinterpret_cast<int32_t*>(bytes_.data()); }
-  const int32_t* i32() const { return reinterpret_cast<const int32_t*>(bytes_.data()); }
-
-  std::vector<double> to_double() const {
-    std::vector<double> out(static_cast<size_t>(numel()));
-    for (int64_t i = 0; i < numel(); ++i) out[static_cast<size_t>(i)] = get(i);
-    return out;
-  }
-  void fill_uniform(std::mt19937_64& rng, double lo = -1.0, double hi = 1.0) {
-    std::uniform_real_distribution<double> u(lo, hi);
-    for (int64_t i = 0; i < numel(); ++i) set(i, u(rng));
-  }
-  void fill(double v) {
-    for (int64_t i = 0; i < numel(); ++i) set(i, v);
-  }
-  void poison() { fill(NAN); }  // floating dtypes only
-
- private:
-  sa_dtype dtype_ = SA_DTYPE_FP32;
-  std::vector<int64_t> shape_;
-  std::vector<uint8_t> bytes_;
-};
+// Host tensors of any dtype (testing/host_tensor.hpp, shared with the command-line tool).
+using sa_testing::HostTensor;
 
 // ||a - b|| / max(||b||, tiny); NaN anywhere gives NaN (which fails every comparison).
 inline double rel_l2(const std::vector<double>& a, const std::vector<double>& b) {

@@ -43,7 +43,7 @@
 #include "bench_ops.hpp"
 #include "calls.hpp"
 #include "demo.hpp"
-#include "host_tensor.hpp"
+#include "testing/host_tensor.hpp"
 #include "tool_error.hpp"
 
 namespace sa_tool {
@@ -91,11 +91,10 @@ IndexerBenchShape bench_shape(const std::string& op, const DemoOptions& o) {
   return s;
 }
 
-// Uniform in [lo, hi), rounded to t's dtype.
+// Uniform in [lo, hi) from a generator seeded with `seed`, rounded to t's dtype.
 void fill_uniform(HostTensor& t, double lo, double hi, uint64_t seed) {
   std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(lo, hi);
-  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, u(rng));
+  t.fill_uniform(rng, lo, hi);
 }
 
 // Rows [r0, r0 + n) of a host tensor's view.

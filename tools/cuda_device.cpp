@@ -95,7 +95,7 @@ sa_tensor DeviceArena::tensor(sa_dtype dtype, const std::vector<int64_t>& shape)
 
 sa_tensor DeviceArena::upload(HostTensor& t) {
   sa_tensor v = t.view();
-  v.data = allocate(t.bytes());
+  v.data = allocate(t.nbytes());
   v.device = SA_DEVICE_CUDA;
   v.device_index = device_;
   upload_into(t, v);
@@ -103,7 +103,7 @@ sa_tensor DeviceArena::upload(HostTensor& t) {
 }
 
 void upload_into(const HostTensor& host, const sa_tensor& device_view) {
-  cuda_check(cudaMemcpy(device_view.data, host.data(), host.bytes(), cudaMemcpyHostToDevice),
+  cuda_check(cudaMemcpy(device_view.data, host.data(), host.nbytes(), cudaMemcpyHostToDevice),
              "cudaMemcpy to the device");
 }
 
@@ -112,7 +112,7 @@ void poison(const sa_tensor& v) {
 }
 
 void download(const sa_tensor& v, HostTensor& host) {
-  cuda_check(cudaMemcpy(host.data(), v.data, host.bytes(), cudaMemcpyDeviceToHost),
+  cuda_check(cudaMemcpy(host.data(), v.data, host.nbytes(), cudaMemcpyDeviceToHost),
              "cudaMemcpy to the host");
 }
 

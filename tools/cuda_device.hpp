@@ -7,9 +7,16 @@
 #include <string>
 #include <vector>
 
-#include "host_tensor.hpp"
+#include "testing/host_tensor.hpp"
 
 namespace sa_tool {
+
+// Host tensors and their views come from the testing library (testing/host_tensor.hpp), which
+// the tests share.
+using sa_testing::count_nan;
+using sa_testing::HostTensor;
+using sa_testing::narrow;
+using sa_testing::values;
 
 struct CudaDevice {
   bool present = false;

@@ -15,6 +15,7 @@
 
 #include "common/host_numeric.hpp"
 #include "common/narrow.hpp"
+#include "testing/bhsd_layout.hpp"
 #include "tool_error.hpp"
 
 namespace sa_tool {
@@ -136,8 +137,7 @@ int32_t BsaShape::count() const {
 int64_t BsaShape::key_block_len(int64_t n) const { return std::min<int64_t>(block, S - n * block); }
 
 std::vector<int64_t> BsaShape::physical(int64_t B_, int64_t H, int64_t S_, int64_t X) const {
-  if (layout == SA_LAYOUT_BSHD) return {B_, S_, H, X};
-  return {B_, H, S_, X};
+  return sa_testing::bsa_physical_shape(layout, B_, H, S_, X);
 }
 
 sa_tensor BsaShape::slice(const sa_tensor& t, int64_t b, int64_t h0, int64_t nh, int64_t s0,
@@ -163,22 +163,11 @@ int32_t BsaProblem::block_at(int64_t b, int64_t h, int64_t m, int64_t slot) cons
 }
 
 int64_t BsaProblem::offset(const HostTensor& t, int64_t b, int64_t h, int64_t s, int64_t x) const {
-  const std::vector<int64_t>& sh = t.shape();
-  if (shape.layout == SA_LAYOUT_BSHD) return ((b * sh[1] + s) * sh[2] + h) * sh[3] + x;
-  return ((b * sh[1] + h) * sh[2] + s) * sh[3] + x;
+  return sa_testing::bsa_index(t, shape.layout, b, h, s, x);
 }
 
 std::vector<double> BsaProblem::logical(const HostTensor& t) const {
-  const std::vector<int64_t>& sh = t.shape();
-  const bool bshd = shape.layout == SA_LAYOUT_BSHD;
-  const int64_t B = sh[0], H = bshd ? sh[2] : sh[1], S = bshd ? sh[1] : sh[2], X = sh[3];
-  std::vector<double> out;
-  out.reserve(static_cast<size_t>(t.numel()));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t s = 0; s < S; ++s)
-        for (int64_t x = 0; x < X; ++x) out.push_back(t.get(offset(t, b, h, s, x)));
-  return out;
+  return sa_testing::bhsd_doubles(t, shape.layout);
 }
 
 BsaProblem make_bsa_problem(const BsaShape& s, uint64_t seed) {

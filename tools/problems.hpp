@@ -11,10 +11,17 @@
 #include <string>
 #include <vector>
 
-#include "host_tensor.hpp"
 #include "sparse_attention/sparse_attention.hpp"
+#include "testing/host_tensor.hpp"
 
 namespace sa_tool {
+
+// Host tensors and their views come from the testing library (testing/host_tensor.hpp), which
+// the tests share.
+using sa_testing::count_nan;
+using sa_testing::HostTensor;
+using sa_testing::narrow;
+using sa_testing::values;
 
 // Maps a host tensor to the view an operation gets: the host view itself, or a device copy.
 using Place = std::function<sa_tensor(HostTensor&)>;

@@ -1,6 +1,6 @@
-// Portable BSA backward, host side: problem checks, the plan (bucket, workspace carve-up), the
-// launches and the instantiations of bsa_backward_kernel.cuh and bsa_backward_dq_kernel.cuh.
-// See bsa_backward.hpp for the steps and the choices.
+// Portable BSA backward, host side: problem checks, the kernel policy (CTA slots, the launches)
+// and the instantiations of bsa_backward_kernel.cuh and bsa_backward_dq_kernel.cuh. The steps
+// around them are the driver's (cuda/bsa_backward_driver.hpp).
 #include "sm80/bsa_backward.hpp"
 
 #include <cuda_bf16.h>
@@ -13,13 +13,12 @@
 #include "common/cuda_check.hpp"
 #include "common/cuda_device.hpp"
 #include "common/host_numeric.hpp"
-#include "common/stream_fork.hpp"
-#include "cuda/bsa_backward_aux.hpp"
+#include "cuda/bsa_backward_driver.hpp"
 #include "cuda/bsa_backward_plan.hpp"
-#include "sm80/bsa_backward_dq_kernel.cuh"
-#include "sm80/bsa_backward_kernel.cuh"
 #include "cuda/launch_checks.hpp"
 #include "cuda/reverse_map_gpu.hpp"
+#include "sm80/bsa_backward_dq_kernel.cuh"
+#include "sm80/bsa_backward_kernel.cuh"
 
 namespace sa::portable {
 namespace {
@@ -90,7 +89,7 @@ int main_kernel_smem(int block, int64_t D) {
                   : BwdKernelTraits<64, 64, Bf16>::kSmemBytes;
 }
 
-// ---- the plan (bsa_backward_plan.hpp) ---------------------------------------------------------
+// ---- the policy (cuda/bsa_backward_driver.hpp) --------------------------------------------------
 int device_attribute(cudaDeviceAttr attr, int device) {
   int value = 0;
   SA_CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, device));
@@ -132,14 +131,7 @@ BsaBwdParams problem_params(const BsaBwdProblem& p, const BsaBwdPlan& plan,
   return params;
 }
 
-// Deterministic mode: one owner per row and dQ from the query-major kernel (no accumulator).
-BsaBwdPlan make_plan(const BsaBwdProblem& p) {
-  const bool deterministic = p.options.deterministic != 0;
-  const bool auto_bucket = !deterministic && p.options.bucket_size <= 0;
-  return make_bsa_backward_plan(p, auto_bucket ? cta_slots(p) : 0, deterministic, !deterministic);
-}
-
-// Step 3 (BsaBackwardMainKernel); dq is left to step 4.
+// Step 3 (bsa_bwd::MainKernelLaunch); dq is left to step 4.
 bool launch_main_kernel(const BsaBwdProblem& p, const BsaBwdPlan& plan, const BsaBwdBuffers& buf,
                         const ReverseMapDevice& map, cudaStream_t stream) {
   BsaBwdParams params = problem_params(p, plan, buf);
@@ -152,7 +144,23 @@ bool launch_main_kernel(const BsaBwdProblem& p, const BsaBwdPlan& plan, const Bs
   return false;
 }
 
+// No tail order: the kernel takes item = launch slot.
+constexpr bsa_bwd::KernelPolicy kPolicy = {
+    "portable bsa_backward", /*dq_tiled=*/false, &cta_slots, /*tail_items=*/nullptr,
+    &launch_main_kernel, &bsa_bwd::query_major_dq};
+
 }  // namespace
+
+// The query-major dQ kernel of deterministic mode (cuda/bsa_backward_driver.hpp), for every
+// policy: its tiles and parameters are the portable main kernel's, and so are its limits.
+void bsa_bwd::query_major_dq(const BsaBwdProblem& p, const BsaBwdPlan& plan,
+                             const BsaBwdBuffers& buf, cudaStream_t stream) {
+  dispatch_dq(problem_params(p, plan, buf), stream);
+}
+
+std::string bsa_bwd::query_major_dq_unsupported(const BsaBwdProblem& p) {
+  return bsa_backward_unsupported(p);
+}
 
 std::string bsa_backward_unsupported(const BsaBwdProblem& p) {
   const BsaDims& d = p.dims;
@@ -203,48 +211,15 @@ std::string bsa_backward_unsupported(const BsaBwdProblem& p) {
   return "";
 }
 
-size_t bsa_backward_workspace_bytes(const BsaBwdProblem& p) { return make_plan(p).total; }
-
-void bsa_backward_around(const BsaBwdProblem& p, const BsaBwdPlan& plan, void* workspace,
-                         size_t workspace_bytes, const char* op, bool dq_tiled,
-                         BsaBackwardMainKernel main, cudaStream_t stream) {
-  const BsaBwdBuffers buf = carve_bsa_backward_workspace(plan, workspace, workspace_bytes, op);
-
-  // Steps 1 and 2 side by side: the reverse map's small, latency-bound kernels on a side stream
-  // beside the DRAM-bound zeroing and preprocess, instead of after them.
-  StreamFork fork(stream);
-  // 2. The reverse map (GPU, no host synchronisation).
-  const ReverseMapDevice map =
-      build_reverse_map_gpu(p.dims, p.meta, plan.bucket, buf.map, plan.map_bytes, fork.side(),
-                            plan.tail_items);
-  // 1. Accumulators, delta, lse2.
-  zero_bsa_backward_accumulators(plan, buf, stream);
-  launch_bwd_preprocess(p, plan.Sq_pad, buf.lse2, buf.delta, buf.dq_accum, buf.dq_ready,
-                        plan.dq_ready_count, stream);
-  fork.join();
-
-  // 3. dK, dV (and dQ into its accumulator unless deterministic; dq itself when `main` says so).
-  const bool dq_written = main(p, plan, buf, map, stream);
-
-  // 4. dq.
-  if (!dq_written) {
-    if (plan.dq_accumulator)
-      launch_bwd_convert_dq(p, plan.Sq_pad, buf.dq_accum, dq_tiled, stream);
-    else
-      dispatch_dq(problem_params(p, plan, buf), stream);
-  }
-
-  // 5. dk, dv of the rows with several groups.
-  if (plan.several_owners)
-    launch_bwd_convert_dkv(p, plan.Skv_pad, buf.dk_accum, buf.dv_accum, map.row_groups, stream);
+size_t bsa_backward_workspace_bytes(const BsaBwdProblem& p) {
+  return bsa_bwd::workspace_bytes(p, kPolicy);
 }
 
 void bsa_backward(const BsaBwdProblem& p, void* workspace, size_t workspace_bytes,
                   cudaStream_t stream) {
   const std::string why = bsa_backward_unsupported(p);
   SA_CHECK(why.empty(), SA_ERROR_UNSUPPORTED, "portable bsa_backward: " << why);
-  bsa_backward_around(p, make_plan(p), workspace, workspace_bytes, "portable bsa_backward",
-                      /*dq_tiled=*/false, &launch_main_kernel, stream);
+  bsa_bwd::run(p, workspace, workspace_bytes, stream, kPolicy);
 }
 
 }  // namespace sa::portable

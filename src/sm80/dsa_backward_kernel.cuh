@@ -32,8 +32,8 @@
 //             of the [head][key] tiles, B = Q / dO rows transposed. Each finished piece goes out
 //             as fp32 pair reductions (red.global.add.v2.f32 on sm90, two atomicAdd on sm80) to
 //             the workspace row of the slot's key, skipping inactive slots; deterministic mode
-//             stores the piece into the slot's own partial row instead (dsa_backward.cu reduces
-//             them per key in a fixed order).
+//             stores the piece into the slot's own partial row instead (the driver,
+//             cuda/dsa_backward_driver.hpp, reduces them per key in a fixed order).
 //
 // Shared memory (bytes; rows of D 16-bit elements, 16-byte chunk c of row r stored at c ^ (r % 8)
 // so that 8 consecutive rows at one logical chunk hit 8 bank groups):

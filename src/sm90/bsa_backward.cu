@@ -1,8 +1,8 @@
-// Hopper BSA backward, host side: problem checks, the plan (bucket, workspace carve-up), TMA
-// descriptors, the launches, and the instantiations of bsa_backward_kernel.cuh:
-// {block 64, 128} x {D 64, 128}, bf16. Steps 1, 2, 5 are the portable backward's own kernels
-// (src/sm80/bsa_backward.hpp lists them); step 3, the main kernel, and step 4, the dQ
-// conversion launched beside it (bsa_dq_convert.hpp), are Hopper-specific.
+// Hopper BSA backward, host side: problem checks, the kernel policy (CTA slots, tail order, TMA
+// descriptors, the launches) and the instantiations of bsa_backward_kernel.cuh:
+// {block 64, 128} x {D 64, 128}, bf16. The steps around them are the driver's
+// (cuda/bsa_backward_driver.hpp); Hopper-specific are step 3, the main kernel, and the dQ
+// conversion launched beside it (bsa_dq_convert.hpp).
 #include "sm90/bsa_backward.hpp"
 
 #include <cuda.h>
@@ -18,11 +18,10 @@
 #include "common/cuda_device.hpp"
 #include "common/host_numeric.hpp"
 #include "common/tuning.hpp"
-#include "cuda/bsa_backward_aux.hpp"
+#include "cuda/bsa_backward_driver.hpp"
 #include "cuda/bsa_backward_plan.hpp"
 #include "cuda/launch_checks.hpp"
 #include "cuda/reverse_map_gpu.hpp"
-#include "sm80/bsa_backward.hpp"  // bsa_backward_around, bsa_backward_unsupported
 #include "sm90/bsa_backward_kernel.cuh"
 #include "sm90/bsa_dq_convert.hpp"
 #include "sm90/tma_descriptor.hpp"
@@ -66,7 +65,7 @@ size_t main_kernel_smem(int block, int64_t D) {
   return D == 128 ? Kernel<64, 128>::kSmem : Kernel<64, 64>::kSmem;
 }
 
-// ---- the plan (cuda/bsa_backward_plan.hpp) ------------------------------------------------------
+// ---- the policy (cuda/bsa_backward_driver.hpp) --------------------------------------------------
 // Main-kernel CTAs resident on the whole GPU: 1 per SM at block 128, 2 at block 64.
 int64_t cta_slots(const BsaBwdProblem& p) {
   return static_cast<int64_t>(sm_count(p.device_index)) * (p.dims.block == 128 ? 1 : 2);
@@ -82,17 +81,7 @@ int32_t tail_items(const BsaBwdProblem& p) {
   return static_cast<int32_t>(std::clamp<int64_t>(n, 0, portable::kMaxTailItems));
 }
 
-// Deterministic mode (as the portable backward): one owner per row (dK/dV accumulated by one CTA
-// in a fixed order and written by it, no workspace) and no dQ accumulator: dQ from the portable
-// query-major kernel, without atomics.
-portable::BsaBwdPlan make_plan(const BsaBwdProblem& p) {
-  const bool deterministic = p.options.deterministic != 0;
-  const bool auto_bucket = !deterministic && p.options.bucket_size <= 0;
-  return portable::make_bsa_backward_plan(p, auto_bucket ? cta_slots(p) : 0, deterministic,
-                                          !deterministic, tail_items(p));
-}
-
-// Step 3 of the backward (portable::BsaBackwardMainKernel): dK, dV, and dQ into its
+// Step 3 of the backward (bsa_bwd::MainKernelLaunch): dK, dV, and dQ into its
 // accumulator (none in deterministic mode: the kernel then skips dQ), and dq converted beside it.
 bool launch_main_kernel(const BsaBwdProblem& p, const portable::BsaBwdPlan& plan,
                         const portable::BsaBwdBuffers& buf, const portable::ReverseMapDevice& map,
@@ -127,6 +116,12 @@ bool launch_main_kernel(const BsaBwdProblem& p, const portable::BsaBwdPlan& plan
   return true;
 }
 
+// dq: the accumulator in the fragment-tile order of the bulk reduction (dq_tiled), or, in
+// deterministic mode (no accumulator), the portable query-major kernel.
+constexpr portable::bsa_bwd::KernelPolicy kPolicy = {
+    "sm90 bsa_backward", /*dq_tiled=*/true, &cta_slots, &tail_items, &launch_main_kernel,
+    &portable::bsa_bwd::query_major_dq};
+
 }  // namespace
 
 std::string bsa_backward_unsupported(const BsaBwdProblem& p) {
@@ -151,7 +146,7 @@ std::string bsa_backward_unsupported(const BsaBwdProblem& p) {
   }
   if (p.options.deterministic) {
     // The query-major dQ pass is the portable one: its limits apply too.
-    const std::string why = portable::bsa_backward_unsupported(p);
+    const std::string why = portable::bsa_bwd::query_major_dq_unsupported(p);
     if (!why.empty()) return "deterministic mode: " + why;
   }
   constexpr int64_t kMaxSeq = std::numeric_limits<int32_t>::max() - 256;
@@ -187,16 +182,15 @@ std::string bsa_backward_unsupported(const BsaBwdProblem& p) {
   return "";
 }
 
-size_t bsa_backward_workspace_bytes(const BsaBwdProblem& p) { return make_plan(p).total; }
+size_t bsa_backward_workspace_bytes(const BsaBwdProblem& p) {
+  return portable::bsa_bwd::workspace_bytes(p, kPolicy);
+}
 
 void bsa_backward(const BsaBwdProblem& p, void* workspace, size_t workspace_bytes,
                   cudaStream_t stream) {
   const std::string why = bsa_backward_unsupported(p);
   SA_CHECK(why.empty(), SA_ERROR_UNSUPPORTED, "sm90 bsa_backward: " << why);
-  // dq: the accumulator in the fragment-tile order of the bulk reduction (dq_tiled), or, in
-  // deterministic mode, the portable query-major kernel.
-  portable::bsa_backward_around(p, make_plan(p), workspace, workspace_bytes, "sm90 bsa_backward",
-                                /*dq_tiled=*/true, &launch_main_kernel, stream);
+  portable::bsa_bwd::run(p, workspace, workspace_bytes, stream, kPolicy);
 }
 
 }  // namespace sa::sm90

@@ -1,5 +1,5 @@
-// Hopper (sm_90a) block-sparse attention backward (SPEC 1, "Backward"): the portable backward's
-// steps (preprocess, GPU reverse map, dK/dV conversion: src/sm80/bsa_backward.hpp) around a
+// Hopper (sm_90a) block-sparse attention backward (SPEC 1, "Backward"): the driver's steps
+// (preprocess, GPU reverse map, dK/dV conversion: cuda/bsa_backward_driver.hpp) around a
 // main kernel with TMA loads, wgmma and a producer warp (bsa_backward_kernel.cuh has the design)
 // and the dQ conversion that runs beside it (bsa_dq_convert.hpp).
 #pragma once

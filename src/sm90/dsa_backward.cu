@@ -1,9 +1,8 @@
-// Hopper DSA backward, host side: support checks and the instantiations of the main kernel in
-// dsa_backward_kernel.cuh (D_qk in {512, 576}: two kernels; H 64 and 128 share them: H / 64
-// CTAs per token; bf16). Every other pass is the portable backward's
-// (portable::dsa_backward_around): the fp32 dkv accumulator, deterministic mode's token slices
-// (slot keys, sort, fixed-order reduction of the partial rows this kernel stores), the dkv
-// conversion and the d_sink reduction.
+// Hopper DSA backward, host side: support checks and the main kernel's policy for the shared
+// driver (src/cuda/dsa_backward_driver.hpp), which plans the workspace and runs every other step
+// (the fp32 dkv accumulator, deterministic mode's token slices, the dkv conversion, d_sink). The
+// main kernel is dsa_backward_kernel.cuh, instantiated here for D_qk in {512, 576} (H 64 and 128
+// share them: H / 64 work items per token; bf16).
 #include "sm90/dsa_backward.hpp"
 
 #include <cuda_runtime_api.h>
@@ -20,9 +19,9 @@
 #include "common/host_numeric.hpp"
 #include "common/narrow.hpp"
 #include "common/tuning.hpp"
+#include "cuda/dsa_backward_driver.hpp"
 #include "cuda/dsa_backward_params.cuh"
 #include "cuda/launch_checks.hpp"
-#include "sm80/dsa_backward.hpp"  // dsa_backward_around and its support checks
 #include "sm90/dsa_backward_kernel.cuh"
 
 namespace sa::sm90 {
@@ -61,7 +60,7 @@ int32_t tune_bits() {
   return detail::tuning().sm90_dsa_bwd_bits & kKnown;
 }
 
-// The main kernel for portable::dsa_backward_around: `grid` work items (tokens x head groups),
+// The policy's launch (dsa_bwd::MainKernelLaunch): `grid` work items (tokens x head groups),
 // walked by at most one persistent CTA per SM; with topk_length (prm.item_counter, in the
 // workspace) the CTAs take their items after the first from the counter, zeroed here.
 void launch_main(const dsa_bwd::Params& prm, int64_t grid, int device, cudaStream_t stream) {
@@ -78,6 +77,11 @@ void launch_main(const dsa_bwd::Params& prm, int64_t grid, int device, cudaStrea
   else
     launch<512>(tuned, grid, stream);
 }
+
+// The driver's view of this kernel: 64 heads per work item, reductions in quad-16 column order.
+constexpr portable::dsa_bwd::KernelPolicy kPolicy{
+    "sm90 dsa_backward", DsaBwdTraits<576>::kHeads, portable::dsa_bwd::AccColumns::kQuad16,
+    &launch_main};
 
 }  // namespace
 
@@ -113,17 +117,14 @@ std::string dsa_backward_unsupported(const DsaBwdProblem& p) {
 }
 
 size_t dsa_backward_workspace_bytes(const DsaBwdProblem& p, int64_t slice_tokens) {
-  return portable::dsa_backward_workspace_bytes_around(p, DsaBwdTraits<576>::kHeads,
-                                                       slice_tokens);
+  return portable::dsa_bwd::workspace_bytes(p, kPolicy, slice_tokens);
 }
 
 void dsa_backward(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes,
                   cudaStream_t stream, int64_t slice_tokens) {
   const std::string why = dsa_backward_unsupported(p);
   SA_CHECK(why.empty(), SA_ERROR_UNSUPPORTED, "sm90 dsa_backward: " << why);
-  portable::dsa_backward_around(p, workspace, workspace_bytes, stream, DsaBwdTraits<576>::kHeads,
-                                &launch_main, "sm90 dsa_backward",
-                                portable::dsa_bwd::AccColumns::kQuad16, slice_tokens);
+  portable::dsa_bwd::run(p, workspace, workspace_bytes, stream, kPolicy, slice_tokens);
 }
 
 }  // namespace sa::sm90

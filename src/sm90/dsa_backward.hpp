@@ -1,7 +1,7 @@
 // Hopper (sm_90a) DSA backward, top-k sparse MLA (SPEC 2): the main kernel (dq, and dkv rows
 // into an fp32 workspace by reductions or, deterministic mode, into per-slot partial rows;
-// dsa_backward_kernel.cuh has the design) around the portable backward's passes
-// (portable::dsa_backward_around: accumulator, deterministic slices, dkv conversion, d_sink).
+// dsa_backward_kernel.cuh has the design) as a policy of the shared driver
+// (src/cuda/dsa_backward_driver.hpp: accumulator, deterministic slices, dkv conversion, d_sink).
 // AUTO takes it on sm_90 except in deterministic mode (src/sm90/sm90_impl.cpp).
 #pragma once
 
@@ -18,7 +18,7 @@ namespace sa::sm90 {
 // otherwise the reason, e.g. "H = 16 (sm90 DSA backward supports 64, 128)".
 std::string dsa_backward_unsupported(const DsaBwdProblem& p);
 
-// Device workspace bytes for `p` (the portable passes' plan at 64 heads per CTA; call with
+// Device workspace bytes for `p` (the driver's plan at 64 heads per work item; call with
 // p.device_index current: CUB sizes deterministic mode's sort for it). `slice_tokens` > 0 pins
 // deterministic mode's token slice (tests).
 size_t dsa_backward_workspace_bytes(const DsaBwdProblem& p, int64_t slice_tokens = 0);

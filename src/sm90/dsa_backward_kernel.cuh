@@ -1,11 +1,12 @@
 // The Hopper (sm_90a) DSA backward kernel (sparse MLA, SPEC 2): a producer warpgroup gathers the
 // selected kv rows with cp.async, two consumer warpgroups run every product on wgmma. Device code
-// only; dsa_backward.cu checks the problem, runs the fp32 dkv conversion and the d_sink reduction
-// (the portable passes, cuda/dsa_backward_aux.hpp) and instantiates it.
+// only; dsa_backward.cu checks the problem, instantiates it and hands it to the shared driver as
+// its policy's main kernel.
 //
-// The passes around it are the portable backward's (portable::dsa_backward_around), and so is
-// deterministic mode: there each piece is stored to its slot's own partial row instead of being
-// reduced, and the portable passes sum the partial rows of each key in a fixed order.
+// The steps around it are the driver's (cuda/dsa_backward_driver.hpp: accumulator, dkv
+// conversion, d_sink), and so is deterministic mode: there each piece is stored to its slot's own
+// partial row instead of being reduced, and the driver sums the partial rows of each key in a
+// fixed order.
 //
 // Work split: a work item is one (query token t, group of 64 heads) (as the Hopper forward and
 // the portable backward; any H: the rows of the last group past H are padding, zero Q and dO

@@ -4,15 +4,15 @@
 
 #include "common/host_numeric.hpp"
 
-namespace sa_tool {
+namespace sa_testing {
 
 HostTensor::HostTensor(sa_dtype dtype, std::vector<int64_t> shape)
-    : dtype_(dtype), shape_(std::move(shape)) {
+    : present_(true), dtype_(dtype), shape_(std::move(shape)) {
   bytes_.assign(static_cast<size_t>(numel() * sa::dtype_size(dtype_)), 0);
 }
 
 int64_t HostTensor::numel() const {
-  if (shape_.empty()) return 0;
+  if (!present_) return 0;
   int64_t n = 1;
   for (int64_t s : shape_) n *= s;
   return n;
@@ -22,12 +22,25 @@ double HostTensor::get(int64_t i) const { return sa::load_as_double(bytes_.data(
 
 void HostTensor::set(int64_t i, double v) { sa::store_from_double(bytes_.data(), dtype_, i, v); }
 
+std::vector<double> HostTensor::to_double() const {
+  std::vector<double> out(static_cast<size_t>(numel()));
+  for (int64_t i = 0; i < numel(); ++i) out[static_cast<size_t>(i)] = get(i);
+  return out;
+}
+
 void HostTensor::fill(double v) {
   for (int64_t i = 0; i < numel(); ++i) set(i, v);
 }
 
+void HostTensor::fill_uniform(std::mt19937_64& rng, double lo, double hi) {
+  std::uniform_real_distribution<double> u(lo, hi);
+  for (int64_t i = 0; i < numel(); ++i) set(i, u(rng));
+}
+
+void HostTensor::poison() { fill(NAN); }
+
 sa_tensor HostTensor::view() {
-  if (!present()) return sa_tensor_none();
+  if (!present_) return sa_tensor_none();
   return sa_tensor_contiguous(bytes_.data(), dtype_, static_cast<int32_t>(shape_.size()),
                               shape_.data(), SA_DEVICE_CPU, 0);
 }
@@ -63,4 +76,4 @@ int64_t count_nan(const HostTensor& t) {
   return n;
 }
 
-}  // namespace sa_tool
+}  // namespace sa_testing

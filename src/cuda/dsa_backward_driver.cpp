@@ -1,0 +1,155 @@
+// The DSA backward driver: the workspace plan and the steps around a policy's main kernel (see
+// dsa_backward_driver.hpp). Host code; the kernels it launches are in dsa_backward_aux.cu and the
+// arch folders.
+#include "cuda/dsa_backward_driver.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+
+#include "common/cuda_check.hpp"
+#include "common/error.hpp"
+#include "cuda/launch_checks.hpp"
+
+namespace sa::portable {
+
+std::string dsa_backward_layout_unsupported(const DsaBwdProblem& p) {
+  const DsaDims& d = p.dims;
+  // 16-byte cp.async of q, kv and dout rows, 16-byte loads of out rows, 4-byte stores of dq
+  // pairs, 8-byte stores of dkv quads (16-byte loads of the fp32 accumulator: dqk % 16 == 0).
+  // Validation guarantees these for CUDA tensors; they are checked again because the kernels
+  // rely on them.
+  auto rows16 = [](const Shd& t, int64_t s, int64_t h) {
+    return t.sd == 1 && is_aligned(t.data, 16) && (t.sh % 8 == 0 || h == 1) &&
+           (t.ss % 8 == 0 || s == 1);
+  };
+  const bool layout_ok = rows16(p.q, d.Sq, d.H) && rows16(p.out, d.Sq, d.H) &&
+                         rows16(p.dout, d.Sq, d.H) && rows16(p.kv, d.Skv, 1) && p.dq.sd == 1 &&
+                         is_aligned(p.dq.data, 4) && (p.dq.sh % 2 == 0 || d.H == 1) &&
+                         (p.dq.ss % 2 == 0 || d.Sq == 1) && p.dkv.sd == 1 &&
+                         is_aligned(p.dkv.data, 8) && (p.dkv.ss % 4 == 0 || d.Skv == 1);
+  if (!layout_ok) {
+    return "q, kv, out, dout, dq, dkv: the last dimension must be contiguous and rows 16-byte "
+           "aligned";
+  }
+  return "";
+}
+
+}  // namespace sa::portable
+
+namespace sa::portable::dsa_bwd {
+namespace {
+
+// Partial dkv rows of one deterministic slice: at most this many bytes (at least one token).
+constexpr int64_t kPartialBytesCap = int64_t{2} << 30;
+constexpr size_t kAlign = 256;
+
+size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+}  // namespace
+
+WorkspacePlan plan_workspace(const DsaBwdProblem& p, int heads_per_cta, int64_t slice_tokens) {
+  const DsaDims& d = p.dims;
+  WorkspacePlan plan;
+  plan.heads_per_cta = heads_per_cta;
+  plan.groups = (d.H + plan.heads_per_cta - 1) / plan.heads_per_cta;
+  plan.deterministic = p.options.deterministic != 0;
+  size_t at = 0;
+  auto take = [&at](int64_t bytes) {
+    const size_t offset = at;
+    at = align_up(at + static_cast<size_t>(bytes));
+    return offset;
+  };
+  plan.acc = take(d.Skv * d.Dqk * 4);
+  if (p.d_sink != nullptr) plan.terms = take(d.H * d.Sq * 4);
+  if (p.meta.topk_length.data != nullptr) {
+    plan.counter = true;
+    plan.counter_at = take(4);
+  }
+  if (plan.deterministic) {
+    const int64_t per_token = plan.groups * d.topk * d.Dqk * 4;
+    plan.slice =
+        slice_tokens > 0 ? slice_tokens : std::max<int64_t>(1, kPartialBytesCap / per_token);
+    plan.slice = std::min<int64_t>({plan.slice, d.Sq, INT32_MAX / d.topk});
+    const int64_t items = plan.slice * d.topk;
+    plan.part = take(plan.slice * per_token);
+    plan.keys_in = take(items * 4);
+    plan.keys_out = take(items * 4);
+    plan.vals_in = take(items * 4);
+    plan.vals_out = take(items * 4);
+    plan.end_bit = key_bits(d.Skv);
+    const int64_t last = (d.Sq - 1) % plan.slice + 1;  // tokens of the last slice
+    plan.cub_bytes = std::max(sort_temp_bytes(static_cast<int>(items), plan.end_bit),
+                              sort_temp_bytes(static_cast<int>(last * d.topk), plan.end_bit));
+    plan.cub = take(static_cast<int64_t>(plan.cub_bytes));
+  }
+  plan.total = at + kAlign;  // the caller's pointer may be aligned to less
+  return plan;
+}
+
+size_t workspace_bytes(const DsaBwdProblem& p, const KernelPolicy& kernel, int64_t slice_tokens) {
+  return plan_workspace(p, kernel.heads_per_cta, slice_tokens).total;
+}
+
+void run(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+         const KernelPolicy& kernel, int64_t slice_tokens) {
+  const char* op = kernel.op;
+  const WorkspacePlan plan = plan_workspace(p, kernel.heads_per_cta, slice_tokens);
+  int current = -1;
+  SA_CUDA_CHECK(cudaGetDevice(&current));
+  SA_CHECK(current == p.device_index, SA_ERROR_INTERNAL,
+           op << ": device " << p.device_index << " is not current (" << current << " is)");
+  const DsaDims& d = p.dims;
+  SA_CHECK(workspace != nullptr && workspace_bytes >= plan.total, SA_ERROR_WORKSPACE,
+           op << ": needs " << plan.total << " bytes of workspace, got " << workspace_bytes
+              << (workspace == nullptr ? " (null)" : ""));
+  uint8_t* base = reinterpret_cast<uint8_t*>(align_up(reinterpret_cast<uintptr_t>(workspace)));
+  float* acc = reinterpret_cast<float*>(base + plan.acc);
+
+  DsaBwdParams prm = make_params(p, plan.heads_per_cta);
+  prm.dkv_acc = acc;
+  prm.sink_terms = p.d_sink != nullptr ? reinterpret_cast<float*>(base + plan.terms) : nullptr;
+  prm.item_counter = plan.counter ? reinterpret_cast<uint32_t*>(base + plan.counter_at) : nullptr;
+  const int dqk = static_cast<int>(d.Dqk);
+
+  // 1, 2 (or 2a-2d per slice), 3, 4: see dsa_backward_driver.hpp.
+  SA_CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<size_t>(d.Skv * d.Dqk) * 4, stream));
+  if (!plan.deterministic) {
+    prm.tok_begin = 0;
+    kernel.launch(prm, d.Sq * plan.groups, p.device_index, stream);
+  } else {
+    auto* keys_in = reinterpret_cast<uint32_t*>(base + plan.keys_in);
+    auto* keys_out = reinterpret_cast<uint32_t*>(base + plan.keys_out);
+    auto* vals_in = reinterpret_cast<uint32_t*>(base + plan.vals_in);
+    auto* vals_out = reinterpret_cast<uint32_t*>(base + plan.vals_out);
+    prm.dkv_part = reinterpret_cast<float*>(base + plan.part);
+    SlotKeyArgs keys{};
+    keys.idx = prm.idx;
+    keys.len = prm.len;
+    keys.idx_ss = prm.idx_ss;
+    keys.idx_si = prm.idx_si;
+    keys.len_s = prm.len_s;
+    keys.skv = d.Skv;
+    keys.topk = prm.topk;
+    for (int64_t t0 = 0; t0 < d.Sq; t0 += plan.slice) {
+      const int64_t tokens = std::min(plan.slice, d.Sq - t0);
+      const int items = static_cast<int>(tokens * d.topk);
+      slot_keys(keys, t0, tokens, keys_in, vals_in, stream);
+      sort_slots(base + plan.cub, plan.cub_bytes, keys_in, keys_out, vals_in, vals_out, items,
+                 plan.end_bit, stream);
+      prm.tok_begin = t0;
+      kernel.launch(prm, tokens * plan.groups, p.device_index, stream);
+      reduce_partials(keys_out, vals_out, items, prm.dkv_part, acc, d.Skv, dqk, prm.topk,
+                      static_cast<int>(plan.groups), stream);
+    }
+  }
+  // Deterministic mode's fixed-order reduction writes the accumulator in natural order.
+  convert_dkv(acc, p.dkv.data, p.dtype, d.Skv, dqk, p.dkv.ss,
+              plan.deterministic ? AccColumns::kNatural : kernel.reduce_columns, stream);
+  if (p.d_sink != nullptr) {
+    reduce_d_sink(prm.sink_terms, d.Sq, d.H, p.d_sink, p.d_sink_stride, p.meta.sink != nullptr,
+                  stream);
+  }
+}
+
+}  // namespace sa::portable::dsa_bwd

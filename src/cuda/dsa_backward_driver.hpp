@@ -1,0 +1,116 @@
+// The device-level DSA backward (SPEC 2): one driver owns the workspace plan and every step of
+// the backward; an arch supplies only its main kernel, as a KernelPolicy (src/sm80/dsa_backward.cu,
+// src/sm90/dsa_backward.cu). The split follows CUTLASS's device/kernel layers: the driver says how
+// much workspace a problem needs, the caller provides it, the driver runs the steps.
+//
+// Launches on the caller's stream (default, fp32 atomics):
+//   1. memset   dkv_acc [S_kv, D_qk] fp32 = 0                                  (workspace)
+//   2. main     the policy's kernel over S_q x ceil(H / M) work items (M = heads_per_cta): dq;
+//               one fp32 reduction per (item, active slot, column) into dkv_acc, in the policy's
+//               column order; the d_sink term -exp(sink - L) delta of each (t, h) -> [H, S_q]
+//   3. convert  dkv = dkv_acc in kv's dtype, every element (rows no slot selects become 0)
+//   4. d_sink   per head, the terms summed in a fixed order; zeros without a sink
+//
+// Deterministic mode (options.deterministic). fp32 reductions add in arrival order, so dkv would
+// differ in its last bits from run to run. Instead, tokens are processed in slices of T tokens
+// (T such that the slice's partial rows take at most kPartialBytesCap), each slice:
+//   2a. slot keys  item e = (t - t0) * topk + i of every slot of the slice; key = its kv row when
+//                  the slot is active, else S_kv (sorts last, never read)
+//   2b. sort       cub radix sort of (key, item) by key; it is stable, so the items of a key stay
+//                  in ascending order: the inverse index, deterministic by construction
+//   2c. main       the same kernel with deterministic = 1: each work item stores its chunk's
+//                  head-reduced dkv rows into its own partial row (t - t0, head group, slot)
+//                  with plain stores instead of reducing
+//   2d. reduce     a block per key j: dkv_acc[j] += its items' partial rows in sorted order
+//                  (groups in order): a fixed order, the same sums on every run
+// then 3 (natural column order) and 4 as above. d_sink is always reduced in a fixed order.
+//
+// Cost of deterministic mode, estimated at the headline shape (S_q 4096, H 128 -> 2 head groups,
+// D_qk 576, topk 2048, all slots active): the partial rows are 2,304 B per (token, group, slot),
+// 38.6 GB written by 2c and read once by 2d instead of the same volume of L2-resident
+// reductions: ~2 x 38.6 GB / ~3.5 TB/s = ~22 ms of DRAM traffic on top of the main kernel
+// (which does the same MMAs), plus 8.4 M-item radix sorts (~1 ms) and 18 slices of launches;
+// i.e. roughly 1.5-2x the default mode's time, and up to ~2 GiB more workspace.
+//
+// Design and the plan for the BSA backward's driver: docs/decisions/backward_driver.md.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "common/problem.hpp"
+#include "cuda/dsa_backward_aux.hpp"
+#include "cuda/dsa_backward_params.hpp"
+
+namespace sa::portable {
+
+// "" when the strides and alignment of p's tensors suit the driver's passes and the main kernels
+// of every policy (contiguous last dimensions, 16-byte rows of q, kv, out and dout, dq pairs, dkv
+// quads), otherwise the reason.
+std::string dsa_backward_layout_unsupported(const DsaBwdProblem& p);
+
+}  // namespace sa::portable
+
+namespace sa::portable::dsa_bwd {
+
+// Launch of a main kernel: `grid` work items over `prm` (tok_begin and the workspace pointers
+// set) on `stream`, device `device` current. Item b is token prm.tok_begin + b / head_groups and
+// heads [M (b % head_groups), +M), M = the policy's heads_per_cta; the kernel writes dq, the
+// d_sink terms (when prm.sink_terms) and each active slot's head-reduced dkv row, reduced into
+// prm.dkv_acc, or in deterministic mode stored to its partial row
+// ((t - tok_begin) * head_groups + group) * topk + slot of prm.dkv_part. How items map to CTAs
+// is the launch's own (one CTA per item, or persistent CTAs over the items).
+using MainKernelLaunch = void (*)(const DsaBwdParams& prm, int64_t grid, int device,
+                                  cudaStream_t stream);
+
+// What an arch supplies to the driver: its main kernel and what the driver's plan and passes
+// need to know of it.
+struct KernelPolicy {
+  const char* op = "";          // names the path in errors, e.g. "sm90 dsa_backward"
+  int heads_per_cta = 0;        // M: heads per work item; sets head_groups and the partial rows
+  AccColumns reduce_columns = AccColumns::kNatural;  // column order of its reductions into
+                                                     // dkv_acc (outside deterministic mode)
+  MainKernelLaunch launch = nullptr;
+};
+
+// Byte offsets of the workspace parts from a 256-byte aligned base, and the sizes they derive
+// from; every size comes from the shapes, the policy's heads per CTA and (the sort's scratch)
+// the current device, never from metadata values.
+struct WorkspacePlan {
+  int heads_per_cta = 0;
+  int64_t groups = 0;          // ceil(H / heads_per_cta)
+  bool deterministic = false;
+  int64_t slice = 0;           // tokens per deterministic slice
+  int end_bit = 0;             // key bits of the sort
+  size_t cub_bytes = 0;        // the sort's scratch
+  size_t acc = 0;              // fp32 dkv accumulator [S_kv, D_qk]
+  size_t terms = 0;            // d_sink terms [H, S_q] (with p.d_sink)
+  bool counter = false;        // a uint32 work-item counter (with topk_length: a persistent
+  size_t counter_at = 0;       // kernel takes items of different lengths from it)
+  size_t part = 0;             // deterministic: partial rows [slice, groups, topk, D_qk] fp32
+  size_t keys_in = 0, keys_out = 0, vals_in = 0, vals_out = 0;  // deterministic: the sort's
+  size_t cub = 0;                                               // items and scratch
+  size_t total = 0;            // bytes, including the slack to align the caller's pointer
+};
+
+// The plan for `p` and a main kernel of `heads_per_cta` heads per work item; `slice_tokens` > 0
+// pins deterministic mode's token slice (tests), 0 takes as many tokens as keep a slice's partial
+// rows within 2 GiB. Deterministic mode asks CUB for its sort's scratch on the current device.
+WorkspacePlan plan_workspace(const DsaBwdProblem& p, int heads_per_cta, int64_t slice_tokens = 0);
+
+// Device workspace bytes of run(p, ..., kernel, slice_tokens).
+size_t workspace_bytes(const DsaBwdProblem& p, const KernelPolicy& kernel,
+                       int64_t slice_tokens = 0);
+
+// Every step of the backward (the top of this file) around kernel.launch, on a problem the
+// caller has checked for both the policy's kernel and dsa_backward_layout_unsupported. Writes
+// every element of p.dq, p.dkv and p.d_sink (when given); launches on `stream` (device
+// p.device_index current), no host synchronisation. Throws sa::Error (SA_ERROR_WORKSPACE) when
+// the workspace is short, naming kernel.op.
+void run(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+         const KernelPolicy& kernel, int64_t slice_tokens = 0);
+
+}  // namespace sa::portable::dsa_bwd
