@@ -77,7 +77,8 @@ TEST(BsaBackwardDriverPlan, SameAsTheArchPlansBeforeTheDriver) {
                         p.options.bucket_size = bucket_size;
                         p.options.deterministic = deterministic;
                         g_slots = slots;
-                        g_tail = static_cast<int32_t>(std::min<int64_t>(2 * slots, 1024));  // the reverse map takes <= 1024
+                        // Twice the slots, within the reverse map's 1024 tail items.
+                        g_tail = static_cast<int32_t>(std::min<int64_t>(2 * slots, 1024));
                         const bool auto_bucket = !deterministic && bucket_size <= 0;
                         const int64_t want_slots = auto_bucket ? slots : 0;
                         g_slot_calls = 0;

@@ -310,8 +310,8 @@ TEST(BsaVarlenErrors, CudaPathsRefuseByName) {
   Packed p(c, rng);
   sa_cpp::BsaForwardArgs a;
   p.fwd_args(a, c);
-  // The portable forward takes packed batches when forced (gated; GPU suite GpuBsaVarlen*), but
-  // these are CPU tensors.
+  // The portable forward takes packed batches (GPU suite GpuBsaVarlen*), but these are CPU
+  // tensors.
   a.options.impl = SA_IMPL_PORTABLE;
   expect_error(sa_cpp::bsa_forward(a), SA_ERROR_UNSUPPORTED, "needs CUDA tensors");
   sa_cpp::BsaBackwardArgs g;

@@ -44,15 +44,10 @@ std::string unsupported(const Problem& p, std::string (*path_unsupported)(const 
 }
 
 // ---- BSA forward ------------------------------------------------------------------------------
-// Packed (varlen) batches (docs/bsa.md, "Packed batches"): the forward kernel takes them, but it
-// has not run on a GPU yet, so only a caller that forces this path gets it (AUTO refuses, and the
-// CPU reference serves CPU tensors). The backward does not take them yet.
-constexpr const char* kVarlenGated =
-    "packed batches (options.cu_seqlens_q/k) on the portable kernels are gated: not yet verified "
-    "on a GPU (set options.impl = SA_IMPL_PORTABLE)";
-
+// Packed (varlen) batches (docs/bsa.md, "Packed batches"): the forward kernel takes them (verified
+// on an H100, GpuBsaVarlen*); AUTO serves them here, the Hopper kernels refusing them by name. The
+// backward does not take them yet.
 std::string bsa_fwd_unsupported(const BsaFwdProblem& p) {
-  if (p.meta.varlen() && p.options.impl != SA_IMPL_PORTABLE) return kVarlenGated;
   if (p.meta.varlen() && p.options.validate)
     return "options.validate with packed batches (options.cu_seqlens_q/k): the GPU metadata "
            "check does not read cu_seqlens yet (the CPU reference checks them)";

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "common/indexer_problem.hpp"
-#include "sm80/indexer_checks.hpp"
+#include "cuda/indexer_checks.hpp"
 #include "sm90/indexer_scores_kernel.cuh"
 #include "sm90/tma_descriptor.hpp"
 

@@ -10,8 +10,8 @@
 
 #include "common/cuda_check.hpp"
 #include "common/cuda_device.hpp"
+#include "cuda/indexer_checks.hpp"
 #include "cuda/launch_checks.hpp"
-#include "sm80/indexer_checks.hpp"
 #include "sm90/indexer.hpp"
 #include "sm90/indexer_host.hpp"
 #include "sm90/indexer_topk_kernel.cuh"
