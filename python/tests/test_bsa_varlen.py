@@ -155,8 +155,8 @@ def test_cuda_packed_forward_matches_the_reference_and_backward_refuses():
         o, lse = block_sparse_attention(*dev, meta[0], meta[1], block_size=64,
                                         cu_seqlens_q=meta[2], cu_seqlens_k=meta[3])
     # The reference ran on the float64 inputs; the kernel on their bf16 roundings.
-    assert torch.allclose(o.double().cpu(), want_o, atol=3e-2, rtol=3e-2)
-    assert torch.allclose(lse.double().cpu(), want_lse, atol=3e-2, rtol=1e-2)
+    assert torch.allclose(o.double().cpu(), want_o.double(), atol=3e-2, rtol=3e-2)
+    assert torch.allclose(lse.double().cpu(), want_lse.double(), atol=3e-2, rtol=1e-2)
     leaves = [t.clone().requires_grad_() for t in dev]
     o, _ = block_sparse_attention(*leaves, meta[0], meta[1], block_size=64,
                                   cu_seqlens_q=meta[2], cu_seqlens_k=meta[3])

@@ -19,13 +19,16 @@
 //              O += P V with wgmma, the online softmax, O in registers.
 //              Block 128: each owns 64 of the tile's query rows and reads every stage; each writes
 //              its rows.
-//              Block 64 (key-split mode): both work on the tile's 64 rows, consumer w on stages
-//              w, w + 2, ... with its own softmax state (m, l, O). At the end of the tile consumer
-//              1 hands its state to consumer 0 through shared memory (s.xchg, with the mbarriers
-//              xchg_full / xchg_empty), and consumer 0 merges the two (O = O0 2^(m0 - m) +
-//              O1 2^(m1 - m), m the larger maximum) and writes the rows. So block 64 runs the
-//              block-128 mainloop (S of 64 x 128, one softmax and rescale per 128 keys, ping-pong)
-//              instead of a 64 x 64 one (bench/notes-archive, session 12: +7-14%).
+//              Block 64 (key-split mode): both work on the tile's 64 rows, the tile's lead on
+//              stages 0, 2, ..., the other on 1, 3, ..., each with its own softmax state (m, l,
+//              O). At the end of the tile the other hands its state to the lead through shared
+//              memory (s.xchg, with the mbarriers xchg_full / xchg_empty), and the lead merges the
+//              two (O = O0 2^(m0 - m) + O1 2^(m1 - m), m the larger maximum) and writes the rows.
+//              The lead alternates over the tiles that have blocks (consumer 0 leads the first):
+//              the next tile's lead starts its stages while this one merges and writes. So
+//              block 64 runs the block-128 mainloop (S of 64 x 128, one softmax and rescale per
+//              128 keys, ping-pong) instead of a 64 x 64 one (bench/notes-archive, session 12:
+//              +7-14%).
 //
 // Timeline of one tile (block 128; block list n0 n1 n2 ..., two consumers ping-ponging; each
 // consumer overlaps the softmax of stage j with its own P V GEMM of stage j-1):
@@ -36,10 +39,11 @@
 //   tensor    |  S0  |  WG0   |  WG1   |    |  WG0   |  WG1   |    |
 //              [..] = the GEMMs one consumer issues back to back between its schedule barriers;
 //              smj  = mask (partial block only), online softmax, P -> 16-bit, O *= alpha.
-// Key-split mode: the same, with WG0 on stages 0, 2, 4, ... and WG1 on 1, 3, 5, ...; with an odd
-// stage count WG0 takes one turn more and WG1 then passes the schedule token back with an empty
-// turn; a WG without a stage (one-stage tile) still waits for the tile's Q before it arrives on
-// kQueryEmpty, so that it never arrives twice in one phase.
+// Key-split mode: the same, with the lead on stages 0, 2, 4, ... and the other WG on 1, 3, 5, ...;
+// the schedule token starts the tile with the lead and must end it with the other WG (the next
+// lead): after an even number of [S PV] turns the lead passes it with an empty turn. A WG without
+// a stage (one-stage tile) still waits for the tile's Q before it arrives on kQueryEmpty, so that
+// it never arrives twice in one phase.
 //
 // Pipeline objects (shared memory):
 //   q_full            mbarrier, TMA -> consumers: Q landed (one phase per tile that has blocks)
@@ -167,8 +171,9 @@ struct FwdTraits {
   // Block 64 runs in key-split mode: a stage holds two KV blocks (128 keys, so that the S GEMM,
   // the softmax and the P V GEMM work on 128 keys at a time, as at block 128), and the two
   // consumer warpgroups share the tile's 64 query rows, each taking every other stage with its
-  // own softmax state; the epilogue merges the two states (warpgroup 1 hands its own over through
-  // shared memory). Block 128: each consumer owns 64 of the 128 rows and every stage.
+  // own softmax state; the epilogue merges the two states (the warpgroup that does not lead the
+  // tile hands its own over through shared memory). Block 128: each consumer owns 64 of the 128
+  // rows and every stage.
   static constexpr bool kKeySplit = kBlock == 64;
   static constexpr int kBlocksPerStage = kKeySplit ? 2 : 1;
   static constexpr int kKeys = kBlock * kBlocksPerStage;  // keys per stage: 128
@@ -189,8 +194,8 @@ struct FwdTraits {
   static constexpr int kTileBytes = kBlock * kHeadDim * 2;  // Q, O staging, one KV block
   static constexpr int kStageBytes = kKeys * kHeadDim * 2;  // one K or V stage
   static constexpr int kRowBytes = kHeadDim * 2;
-  // Key-split mode: the fp32 values warpgroup 1 hands over (O, then row max and sum), one
-  // column per consumer thread: 64 + 4 words per thread at D 128.
+  // Key-split mode: the fp32 values the non-lead warpgroup hands over (O, then row max and sum),
+  // one column per consumer thread: 64 + 4 words per thread at D 128.
   static constexpr int kXchgWords = kKeySplit ? (64 * kHeadDim / 128 + 4) * 128 : 1;
 
   using BlockT = cute::Int<kBlock>;
@@ -224,16 +229,16 @@ struct alignas(1024) SharedStorage {
   Element q[T::kBlock * T::kHeadDim];
   Element k[T::kStages * T::kKeys * T::kHeadDim];
   Element v[T::kStages * T::kKeys * T::kHeadDim];
-  Element o[T::kBlock * T::kHeadDim];  // epilogue staging, 64 rows per writing warpgroup
-  float xchg[T::kXchgWords];           // key-split mode: warpgroup 1's softmax state
+  Element o[128 * T::kHeadDim];  // epilogue staging, 64 rows per consumer warpgroup
+  float xchg[T::kXchgWords];     // key-split mode: the non-lead warpgroup's softmax state
   uint64_t q_full;
   uint64_t k_full[T::kStages];
   uint64_t k_empty[T::kStages];
   uint64_t v_full[T::kStages];
   uint64_t v_empty[T::kStages];
   uint64_t v_pad;
-  uint64_t xchg_full;   // key-split mode: warpgroup 1's 128 threads stored their state
-  uint64_t xchg_empty;  // key-split mode: warpgroup 0's 128 threads loaded it
+  uint64_t xchg_full;   // key-split mode: the non-lead's 128 threads stored their state
+  uint64_t xchg_empty;  // key-split mode: the lead's 128 threads loaded it
 };
 
 struct TileCoord {
@@ -625,7 +630,11 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
   uint32_t phase = 0;     // the ring cursor ("full" barriers): this warpgroup's next stage
   uint32_t pos_base = 0;  // key-split mode: ring position of the tile's first stage
   uint32_t q_phase = 0;   // of q_full
-  uint32_t xchg_phase = 0;  // key-split mode: of xchg_full (warpgroup 0) / xchg_empty (1)
+  uint32_t xchg_phase = 0;  // key-split mode: of xchg_full (the lead) / xchg_empty (the other)
+  // Key-split mode: the tile's lead warpgroup takes its stage 0, merges and writes the tile; the
+  // lead alternates over the tiles that have blocks, so that the next tile's lead (this tile's
+  // other warpgroup) starts its stages while this tile's lead merges and writes.
+  int lead_wg = 0;
   uint8_t* s_o = reinterpret_cast<uint8_t*>(s.o) + wg * 64 * T::kRowBytes;
 
 #pragma unroll 1
@@ -633,9 +642,11 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
     const TileCoord tc = tile_coord<T>(p, tile);
     const SlotRange sr = tile_slots<T>(p, tc);
     const int count = sr.n;
-    // Key-split mode: both warpgroups work on the tile's 64 rows and warpgroup 0 writes them.
+    // Key-split mode: both warpgroups work on the tile's 64 rows and the tile's lead writes them.
     const int row0 = tc.m * kBlock + (kKeySplit ? 0 : wg * 64);  // first query row written
-    const bool writer = !kKeySplit || wg == 0;
+    const int tile_lead = lead_wg;
+    if (count > 0) lead_wg ^= 1;
+    const bool writer = !kKeySplit || wg == tile_lead;
     Element* o_head =
         static_cast<Element*>(p.o.data) + tc.b * p.o.sb + tc.h * p.o.sh;  // row 0, d 0
     float* lse_head = p.lse + tc.b * p.lse_stride[0] + tc.h * p.lse_stride[1];
@@ -672,14 +683,14 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
     // This warpgroup's stages of the tile: i = first, first + kStep, ... < n_stages (a stage
     // holds the KV blocks of slots kPer i .. kPer i + kPer - 1).
     const int n_stages = (count + kPer - 1) / kPer;
-    const int first = kKeySplit ? wg : 0;
-    const int n_mine = kKeySplit ? (n_stages - wg + 1) / 2 : n_stages;
+    const int first = kKeySplit ? (writer ? 0 : 1) : 0;
+    const int n_mine = kKeySplit ? (n_stages - first + 1) / 2 : n_stages;
     if constexpr (kKeySplit) {
       // The ring cursor at this warpgroup's first stage of the tile (with two stages, its every
       // other stage is always the same one, one phase later).
       static_assert(T::kStages == 2, "key-split mode: a warpgroup's stages are 2 apart");
-      stage = static_cast<int>((pos_base + wg) % 2);
-      phase = ((pos_base + wg) / 2) & 1u;
+      stage = static_cast<int>((pos_base + first) % 2);
+      phase = ((pos_base + first) / 2) & 1u;
       pos_base += static_cast<uint32_t>(n_stages);
     }
     auto advance = [&] {
@@ -704,10 +715,10 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
     float alpha[2];
 
     if (n_mine == 0) {
-      // Key-split mode, warpgroup 1 of a one-stage tile: no keys (an empty state, weighed 0). It
-      // still waits for the tile's Q before releasing it: an arrive for this tile must not land
-      // in the previous tile's kQueryEmpty phase (a warpgroup that waits on nothing would run
-      // ahead through several such tiles).
+      // Key-split mode, the non-lead warpgroup of a one-stage tile: no keys (an empty state,
+      // weighed 0). It still waits for the tile's Q before releasing it: an arrive for this tile
+      // must not land in the previous tile's kQueryEmpty phase (a warpgroup that waits on nothing
+      // would run ahead through several such tiles).
       mbarrier_wait(&s.q_full, q_phase);
       q_phase ^= 1;
       named_barrier_arrive(id(NamedBarrier::kQueryEmpty), 32 + T::kConsumerThreads);
@@ -773,20 +784,22 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
     }
 
     if constexpr (kKeySplit) {
-      // The schedule token goes back to warpgroup 0: with an odd number of stages (>= 3)
-      // warpgroup 0 took one turn more, and warpgroup 1 takes its last turn empty.
-      if (wg == 1 && n_stages >= 3 && (n_stages & 1) != 0) {
+      // The schedule token goes to the next tile's lead (this tile's other warpgroup). It starts
+      // the tile with the lead, and the tile's [C2] turns alternate from the lead: n_stages - 2
+      // of them (none for one stage). An odd count leaves it with the other warpgroup; after an
+      // even count the lead passes it with an empty turn.
+      if (writer && (n_stages % 2 == 0 || n_stages == 1)) {
         named_barrier_sync(id(my_schedule), 256);
         named_barrier_arrive(id(other_schedule), 256);
       }
-      // [C4a] Merge: warpgroup 1 hands its O, row maxima and sums (one word column per thread:
-      // the two warpgroups' fragments have the same layout) to warpgroup 0, which weighs the two
-      // states by 2^(m_w - m) with m the larger maximum (an empty row keeps m = -inf: both
+      // [C4a] Merge: the other warpgroup hands its O, row maxima and sums (one word column per
+      // thread: the two warpgroups' fragments have the same layout) to the lead, which weighs the
+      // two states by 2^(m_w - m) with m the larger maximum (an empty row keeps m = -inf: both
       // weights 0). Every thread arrives on the mbarrier after its own accesses (xchg_full after
-      // its stores, xchg_empty after its loads), so warpgroup 1 goes on to its next tile without
-      // waiting for the merge. Word k of this thread at x + 512 k.
+      // its stores, xchg_empty after its loads), so the other warpgroup goes on to lead the next
+      // tile without waiting for the merge. Word k of this thread at x + 512 k.
       const uint32_t x = smem_u32(s.xchg) + 4 * wtid;
-      if (wg == 1) {
+      if (!writer) {
         mbarrier_wait(&s.xchg_empty, xchg_phase ^ 1);  // the previous tile's state was read
         CUTE_UNROLL
         for (int i = 0; i < kOWords; ++i) st_shared_u32(x + 512 * i, __float_as_uint(tOrO(i)));
