@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "common/tuning.hpp"
 #include "gpu_test_util.hpp"
 #include "indexer_case.hpp"
 #include "indexer_gpu_case.hpp"
@@ -171,23 +172,32 @@ TEST_P(IndexerSm90Topk, MatchesTheSelectionOverSm90Scores) {
   GpuIndexerInputs d(c, 8);
   ASSERT_TRUE(d.ok());
   const int64_t k = kc.k;
-  TopkResult first;
-  ASSERT_TRUE(gpu_topk(d, c, k, kc.with_length, options, SA_IMPL_SM90, &first));
-  for (int64_t t = 0; t < c.shape.Sq; ++t) {
-    std::vector<int32_t> want;
-    const int64_t n = select_topk(c, scores, t, k, &want);
-    const std::vector<int32_t> row(first.idx.begin() + t * k, first.idx.begin() + (t + 1) * k);
-    ASSERT_EQ(row, want) << "row " << t << " (range [" << c.begin(t) << ", " << c.end(t)
-                         << ")) differs from the selection over the sm90 scores";
-    if (kc.with_length) {
-      ASSERT_EQ(first.len[static_cast<size_t>(t)], n) << "topk_length of row " << t;
+  // Both methods (sm90/indexer_topk.cu), the same selection: 1 fused; 2 two passes, in one chunk
+  // of query rows and in chunks of 7 rows.
+  for (int32_t variant : {1, 2, 3}) {
+    SCOPED_TRACE(variant == 1 ? "fused" : variant == 2 ? "two passes" : "two passes, 7 rows");
+    sa::detail::Tuning tuning;
+    tuning.sm90_indexer_topk = variant == 1 ? 1 : 2;
+    tuning.sm90_indexer_topk_rows = variant == 3 ? 7 : 0;
+    const sa::detail::ScopedTuning scoped(tuning);
+    TopkResult first;
+    ASSERT_TRUE(gpu_topk(d, c, k, kc.with_length, options, SA_IMPL_SM90, &first));
+    for (int64_t t = 0; t < c.shape.Sq; ++t) {
+      std::vector<int32_t> want;
+      const int64_t n = select_topk(c, scores, t, k, &want);
+      const std::vector<int32_t> row(first.idx.begin() + t * k, first.idx.begin() + (t + 1) * k);
+      ASSERT_EQ(row, want) << "row " << t << " (range [" << c.begin(t) << ", " << c.end(t)
+                           << ")) differs from the selection over the sm90 scores";
+      if (kc.with_length) {
+        ASSERT_EQ(first.len[static_cast<size_t>(t)], n) << "topk_length of row " << t;
+      }
     }
-  }
-  for (int run = 1; run < 3; ++run) {
-    TopkResult again;
-    ASSERT_TRUE(gpu_topk(d, c, k, kc.with_length, options, SA_IMPL_SM90, &again));
-    EXPECT_EQ(again.idx, first.idx) << "topk_idx differs on run " << run;
-    EXPECT_EQ(again.len, first.len) << "topk_length differs on run " << run;
+    for (int run = 1; run < 3; ++run) {
+      TopkResult again;
+      ASSERT_TRUE(gpu_topk(d, c, k, kc.with_length, options, SA_IMPL_SM90, &again));
+      EXPECT_EQ(again.idx, first.idx) << "topk_idx differs on run " << run;
+      EXPECT_EQ(again.len, first.len) << "topk_length differs on run " << run;
+    }
   }
 }
 
@@ -226,7 +236,20 @@ INSTANTIATE_TEST_SUITE_P(Cases, IndexerSm90Topk, ::testing::ValuesIn(sm90_topk_c
 // against fp64 scores (the portable top-k's large check, through the sm90 path).
 TEST(IndexerSm90TopkLarge, S131072K2048Causal) {
   SA_SKIP_UNLESS_SM90();
+  sa::detail::Tuning tuning;
+  tuning.sm90_indexer_topk = 1;
+  const sa::detail::ScopedTuning scoped(tuning);
   check_topk_s131072_k2048_causal(indexer_options(SA_IMPL_SM90, 0.f), SA_IMPL_SM90);
+}
+
+// The same through the two passes: 64 chunks of 2048 query rows (1 GiB of scores each).
+TEST(IndexerSm90TopkLarge, S131072K2048CausalTwoPasses) {
+  SA_SKIP_UNLESS_SM90();
+  sa::detail::Tuning tuning;
+  tuning.sm90_indexer_topk = 2;
+  const sa::detail::ScopedTuning scoped(tuning);
+  check_topk_s131072_k2048_causal(indexer_options(SA_IMPL_SM90, 0.f), SA_IMPL_SM90,
+                                  (size_t{1} << 30) + 4096);
 }
 
 }  // namespace

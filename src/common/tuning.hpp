@@ -22,6 +22,11 @@ struct Tuning {
   int32_t sm90_dsa_bwd_bits = 0;
   // Hopper DSA forward at H 16: the padded 64-row kernel instead of the transposed one.
   bool sm90_dsa_fwd_pad_h16 = false;
+  // Hopper indexer top-k (sm90/indexer_topk.cu): 0 the default (two passes), 1 the fused kernel,
+  // 2 two passes (dense scores of a chunk of rows in the workspace, then a top-k per row).
+  int32_t sm90_indexer_topk = 0;
+  // Two passes: query rows per chunk (0: as many as 1 GiB of scores holds).
+  int32_t sm90_indexer_topk_rows = 0;
 };
 
 // The tuning of the calls made on this thread (the defaults unless set_tuning changed them).

@@ -18,6 +18,8 @@
 
 #include <cstdint>
 
+#include "cuda/indexer_order_key.cuh"
+
 namespace sa::portable::indexer {
 
 constexpr int kTopkOfferKeys = 64;  // keys per warp_offer_tile: two per lane
@@ -26,15 +28,6 @@ constexpr int kTopkOfferKeys = 64;  // keys per warp_offer_tile: two per lane
 // always fits), a multiple of 32.
 __host__ __device__ constexpr int64_t topk_buffer_cap(int64_t k) {
   return (k + (k > 256 ? k : 256) + 31) / 32 * 32;
-}
-
-// A total order of fp32 scores as unsigned integers, larger = ranks first: numbers by value
-// (-0 == +0), NaN below -inf. Top-k ranks (order_key(score), smaller key) pairs.
-__device__ __forceinline__ uint32_t order_key(float v) {
-  if (v != v) return 0u;  // NaN: below every number
-  if (v == 0.f) v = 0.f;  // -0 ranks as +0
-  const uint32_t b = __float_as_uint(v);
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
 // Keeps the k best of the n > k candidates of buf in place, stably (see indexer_topk_kernel.cuh);

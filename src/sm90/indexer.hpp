@@ -20,9 +20,10 @@ namespace sa::sm90 {
 std::string indexer_scores_unsupported(const IndexerScoresProblem& p);
 void indexer_scores(const IndexerScoresProblem& p, cudaStream_t stream);
 
-// Fused top-k: writes every element of p.topk_idx and p.topk_length. The workspace holds the
-// persistent CTAs' candidate buffers (O(k) per CTA slot, independent of S_kv). The caller checks
-// the device (sm_90).
+// Top-k: writes every element of p.topk_idx and p.topk_length. Two passes by default (the dense
+// scores of up to 1 GiB of query rows in the workspace, then a top-k per row); the fused kernel
+// (workspace O(k) per CTA slot) when the internal tuning forces it (indexer_topk.cu). The caller
+// checks the device (sm_90).
 std::string indexer_topk_unsupported(const IndexerTopkProblem& p);
 size_t indexer_topk_workspace_bytes(const IndexerTopkProblem& p);
 void indexer_topk(const IndexerTopkProblem& p, void* workspace, size_t workspace_bytes,

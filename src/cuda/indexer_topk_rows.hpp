@@ -1,0 +1,32 @@
+// Top-k over dense indexer scores (SPEC 5's selection), one CTA per query row: the second pass of
+// the two-pass top-k (scores into a workspace, then this), shared by the CUDA paths. Host side;
+// the kernel is in indexer_topk_rows.cu.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "common/indexer_problem.hpp"
+
+namespace sa::portable::indexer {
+
+struct TopkRowsArgs {
+  const float* scores = nullptr;  // [rows, ld] fp32: row r holds query row0 + r's scores
+  int64_t ld = 0;                 // elements between rows (>= S_kv)
+  int64_t rows = 0, row0 = 0;     // the query rows [row0, row0 + rows) of the problem
+  IndexerDims dims;               // S_kv and the ranges' clamp
+  IndexerMeta meta;               // k_start / k_end by problem row
+  int32_t k = 0;
+  int32_t* idx = nullptr;         // topk_idx [S_q, k], row stride idx_ss, last dim contiguous
+  int64_t idx_ss = 0;
+  int32_t* len = nullptr;         // topk_length [S_q] (stride len_s), or null
+  int64_t len_s = 1;
+};
+
+// For each row t: the min(k, |range(t)|) keys of range(t) with the largest scores (order_key, ties
+// to the smaller key, NaN last), in increasing key order, then -1; len[t] = that count. Keys
+// outside range(t) are never read. Deterministic (a function of the scores alone).
+void topk_rows(const TopkRowsArgs& a, cudaStream_t stream);
+
+}  // namespace sa::portable::indexer
