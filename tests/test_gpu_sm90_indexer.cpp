@@ -172,12 +172,13 @@ TEST_P(IndexerSm90Topk, MatchesTheSelectionOverSm90Scores) {
   GpuIndexerInputs d(c, 8);
   ASSERT_TRUE(d.ok());
   const int64_t k = kc.k;
-  // Both methods (sm90/indexer_topk.cu), the same selection: 1 fused; 2 two passes, in one chunk
-  // of query rows and in chunks of 7 rows.
-  for (int32_t variant : {1, 2, 3}) {
-    SCOPED_TRACE(variant == 1 ? "fused" : variant == 2 ? "two passes" : "two passes, 7 rows");
+  // Both methods (sm90/indexer_topk.cu), the same selection: 1 fused; 2 two passes (rows staged in
+  // shared memory), in one chunk of query rows and in chunks of 7 rows; 4 two passes unstaged.
+  for (int32_t variant : {1, 2, 3, 4}) {
+    const char* names[] = {"fused", "two passes", "two passes, 7 rows", "two passes, unstaged"};
+    SCOPED_TRACE(names[variant - 1]);
     sa::detail::Tuning tuning;
-    tuning.sm90_indexer_topk = variant == 1 ? 1 : 2;
+    tuning.sm90_indexer_topk = variant == 1 ? 1 : variant == 4 ? 3 : 2;
     tuning.sm90_indexer_topk_rows = variant == 3 ? 7 : 0;
     const sa::detail::ScopedTuning scoped(tuning);
     TopkResult first;

@@ -369,7 +369,7 @@ void parse_tune(const std::string& key, const std::string& val, sa::detail::Tuni
   } else if (key == "tune.dsa_fwd_pad" || key == "env.SA_TUNE_SM90_DSA_FWD_PAD") {
     t->sm90_dsa_fwd_pad_h16 = tune_int(key, val, 0, 1) != 0;
   } else if (key == "tune.topk") {
-    t->sm90_indexer_topk = tune_int(key, val, 0, 2);
+    t->sm90_indexer_topk = tune_int(key, val, 0, 3);
   } else {
     throw ToolError(kExitBadArgument,
                     "--variants: unknown tuning key '" + key +

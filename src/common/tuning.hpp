@@ -23,7 +23,8 @@ struct Tuning {
   // Hopper DSA forward at H 16: the padded 64-row kernel instead of the transposed one.
   bool sm90_dsa_fwd_pad_h16 = false;
   // Hopper indexer top-k (sm90/indexer_topk.cu): 0 the default (two passes), 1 the fused kernel,
-  // 2 two passes (dense scores of a chunk of rows in the workspace, then a top-k per row).
+  // 2 two passes (dense scores of a chunk of rows in the workspace, then a top-k per row, rows
+  // staged in shared memory where they fit), 3 two passes without the staging.
   int32_t sm90_indexer_topk = 0;
   // Two passes: query rows per chunk (0: as many as 1 GiB of scores holds).
   int32_t sm90_indexer_topk_rows = 0;

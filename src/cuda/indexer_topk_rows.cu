@@ -11,8 +11,8 @@
 // warps gives each segment its output offsets, and the second pass writes key s at
 //   (keys above u* before s) + min(ties before s, need)
 // (a tie only while its rank < need). Rows with n <= k take every key of the range in order.
-// Six reads of the row in all, from L1 / L2 (a row of S_kv fp32 scores just written by the score
-// kernel).
+// Rows of at most kTopkRowsMaxStagedBytes / 4 keys are staged in shared memory as order keys
+// first (one read of the scores); longer ones read the scores six times (L1 / L2).
 #include "cuda/indexer_topk_rows.hpp"
 
 #include <cstdint>
@@ -25,8 +25,15 @@ namespace {
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
+constexpr int kStageUnroll = 8;  // loads in flight per thread while staging a row
 
+// kStaged: the row's order keys are first copied into shared memory (dynamic, |range| words, with
+// kStageUnroll independent loads per thread in flight), and every pass reads them there: one
+// memory latency per row instead of one per pass and step. Otherwise every pass reads the scores
+// (L1 / L2) again.
+template <bool kStaged>
 __global__ void __launch_bounds__(kThreads) topk_rows_kernel(const TopkRowsArgs a) {
+  extern __shared__ uint32_t s_keys[];  // kStaged: order keys of range(t), key begin + j at j
   __shared__ uint32_t hist[256];
   __shared__ uint32_t s_digit[2];      // the pass's digit and the count in the bins above it
   __shared__ int32_t s_warp[kWarps][2];  // per warp: keys above u*, keys equal to u*
@@ -47,7 +54,30 @@ __global__ void __launch_bounds__(kThreads) topk_rows_kernel(const TopkRowsArgs 
     for (int64_t i = tid; i < n; i += kThreads) out[i] = static_cast<int32_t>(begin + i);
     return;
   }
-  const float* row = a.scores + static_cast<int64_t>(blockIdx.x) * a.ld;
+  const float* row = a.scores + static_cast<int64_t>(blockIdx.x) * a.ld + begin;
+  if constexpr (kStaged) {
+    for (int64_t base = 0; base < n; base += int64_t{kThreads} * kStageUnroll) {
+      float v[kStageUnroll];
+#pragma unroll
+      for (int u = 0; u < kStageUnroll; ++u) {
+        const int64_t j = base + u * kThreads + tid;
+        v[u] = j < n ? row[j] : 0.f;
+      }
+#pragma unroll
+      for (int u = 0; u < kStageUnroll; ++u) {
+        const int64_t j = base + u * kThreads + tid;
+        if (j < n) s_keys[j] = order_key(v[u]);
+      }
+    }
+  }
+  // The order key of key begin + j, 0 <= j < n.
+  auto key_at = [&](int64_t j) -> uint32_t {
+    if constexpr (kStaged) {
+      return s_keys[j];
+    } else {
+      return order_key(row[j]);
+    }
+  };
 
   // ---- radix select: u* and the ties to take ----
   uint32_t prefix = 0;
@@ -56,12 +86,12 @@ __global__ void __launch_bounds__(kThreads) topk_rows_kernel(const TopkRowsArgs 
   for (int pass = 0; pass < 4; ++pass) {
     const int shift = 24 - 8 * pass;
     for (int b = tid; b < 256; b += kThreads) hist[b] = 0u;
-    __syncthreads();
-    for (int64_t base = begin; base < end; base += kThreads) {
-      const int64_t i = base + tid;
+    __syncthreads();  // also: the staged keys are visible to every thread
+    for (int64_t base = 0; base < n; base += kThreads) {
+      const int64_t j = base + tid;
       uint32_t bin = 256u;  // none
-      if (i < end) {
-        const uint32_t u = order_key(row[i]);
+      if (j < n) {
+        const uint32_t u = key_at(j);
         if (pass == 0 || (u >> (shift + 8)) == prefix) bin = (u >> shift) & 255u;
       }
       const uint32_t peers = __match_any_sync(0xffffffffu, bin);
@@ -73,9 +103,9 @@ __global__ void __launch_bounds__(kThreads) topk_rows_kernel(const TopkRowsArgs 
       uint32_t c[8];
       uint32_t total = 0;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        c[j] = hist[8 * lane + j];
-        total += c[j];
+      for (int q = 0; q < 8; ++q) {
+        c[q] = hist[8 * lane + q];
+        total += c[q];
       }
       uint32_t incl = total;  // keys in bins >= 8L
 #pragma unroll
@@ -85,12 +115,12 @@ __global__ void __launch_bounds__(kThreads) topk_rows_kernel(const TopkRowsArgs 
       }
       uint32_t acc = incl - total;
 #pragma unroll
-      for (int j = 7; j >= 0; --j) {
-        if (acc < static_cast<uint32_t>(need) && acc + c[j] >= static_cast<uint32_t>(need)) {
-          s_digit[0] = static_cast<uint32_t>(8 * lane + j);  // exactly one (lane, j) holds it
+      for (int q = 7; q >= 0; --q) {
+        if (acc < static_cast<uint32_t>(need) && acc + c[q] >= static_cast<uint32_t>(need)) {
+          s_digit[0] = static_cast<uint32_t>(8 * lane + q);  // exactly one (lane, q) holds it
           s_digit[1] = acc;
         }
-        acc += c[j];
+        acc += c[q];
       }
     }
     __syncthreads();
@@ -101,16 +131,16 @@ __global__ void __launch_bounds__(kThreads) topk_rows_kernel(const TopkRowsArgs 
   }
   const uint32_t ustar = prefix;
 
-  // ---- compaction in key order: warp w takes the segment [w0, w1) ----
+  // ---- compaction in key order: warp w takes the segment [w0, w1) of the range ----
   const int64_t per = (n + kWarps - 1) / kWarps;
-  const int64_t w0 = begin + warp * per < end ? begin + warp * per : end;
-  const int64_t w1 = w0 + per < end ? w0 + per : end;
+  const int64_t w0 = warp * per < n ? warp * per : n;
+  const int64_t w1 = w0 + per < n ? w0 + per : n;
   int32_t above = 0, equal = 0;
   for (int64_t base = w0; base < w1; base += 32) {
-    const int64_t i = base + lane;
-    const uint32_t u = i < w1 ? order_key(row[i]) : 0u;
-    above += __popc(__ballot_sync(0xffffffffu, i < w1 && u > ustar));
-    equal += __popc(__ballot_sync(0xffffffffu, i < w1 && u == ustar));
+    const int64_t j = base + lane;
+    const uint32_t u = j < w1 ? key_at(j) : 0u;
+    above += __popc(__ballot_sync(0xffffffffu, j < w1 && u > ustar));
+    equal += __popc(__ballot_sync(0xffffffffu, j < w1 && u == ustar));
   }
   if (lane == 0) {
     s_warp[warp][0] = above;
@@ -123,16 +153,17 @@ __global__ void __launch_bounds__(kThreads) topk_rows_kernel(const TopkRowsArgs 
     e += s_warp[w][1];
   }
   for (int64_t base = w0; base < w1; base += 32) {
-    const int64_t i = base + lane;
-    const uint32_t u = i < w1 ? order_key(row[i]) : 0u;
-    const bool gt = i < w1 && u > ustar;
-    const bool eq = i < w1 && u == ustar;
+    const int64_t j = base + lane;
+    const uint32_t u = j < w1 ? key_at(j) : 0u;
+    const bool gt = j < w1 && u > ustar;
+    const bool eq = j < w1 && u == ustar;
     const uint32_t gt_mask = __ballot_sync(0xffffffffu, gt);
     const uint32_t eq_mask = __ballot_sync(0xffffffffu, eq);
     const int32_t g_before = g + __popc(gt_mask & lt);
     const int32_t e_before = e + __popc(eq_mask & lt);
-    if (gt) out[g_before + (e_before < need ? e_before : need)] = static_cast<int32_t>(i);
-    if (eq && e_before < need) out[g_before + e_before] = static_cast<int32_t>(i);
+    const int32_t key = static_cast<int32_t>(begin + j);
+    if (gt) out[g_before + (e_before < need ? e_before : need)] = key;
+    if (eq && e_before < need) out[g_before + e_before] = key;
     g += __popc(gt_mask);
     e += __popc(eq_mask);
   }
@@ -140,9 +171,21 @@ __global__ void __launch_bounds__(kThreads) topk_rows_kernel(const TopkRowsArgs 
 
 }  // namespace
 
-void topk_rows(const TopkRowsArgs& a, cudaStream_t stream) {
+size_t topk_rows_staged_bytes(int64_t skv) { return static_cast<size_t>(skv) * 4; }
+
+void topk_rows(const TopkRowsArgs& a, bool staged, cudaStream_t stream) {
   if (a.rows <= 0) return;
-  topk_rows_kernel<<<static_cast<unsigned>(a.rows), kThreads, 0, stream>>>(a);
+  if (staged) {
+    const size_t smem = topk_rows_staged_bytes(a.dims.Skv);
+    SA_CHECK(smem <= kTopkRowsMaxStagedBytes, SA_ERROR_INTERNAL,
+             "topk_rows: S_kv = " << a.dims.Skv << " does not fit the staged kernel");
+    auto* kernel = &topk_rows_kernel<true>;
+    SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem)));
+    kernel<<<static_cast<unsigned>(a.rows), kThreads, smem, stream>>>(a);
+  } else {
+    topk_rows_kernel<false><<<static_cast<unsigned>(a.rows), kThreads, 0, stream>>>(a);
+  }
   SA_CUDA_CHECK_LAUNCH();
 }
 

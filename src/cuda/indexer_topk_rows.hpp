@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "common/indexer_problem.hpp"
@@ -24,9 +25,18 @@ struct TopkRowsArgs {
   int64_t len_s = 1;
 };
 
+// The staged kernel's shared memory: S_kv order keys (a row's range is inside [0, S_kv)), within
+// kTopkRowsMaxStagedBytes. Measured on an H100 (docs/indexer_decisions.md): staged rows of 32 KB
+// (S_kv 8192) +4-6% over the unstaged kernel, of 128 KB (S_kv 32768, one CTA per SM) -4.4%;
+// the limit keeps the measured gain.
+constexpr size_t kTopkRowsMaxStagedBytes = 32 * 1024;
+size_t topk_rows_staged_bytes(int64_t skv);
+
 // For each row t: the min(k, |range(t)|) keys of range(t) with the largest scores (order_key, ties
 // to the smaller key, NaN last), in increasing key order, then -1; len[t] = that count. Keys
-// outside range(t) are never read. Deterministic (a function of the scores alone).
-void topk_rows(const TopkRowsArgs& a, cudaStream_t stream);
+// outside range(t) are never read. Deterministic (a function of the scores alone). staged: the
+// row's keys go through shared memory (needs topk_rows_staged_bytes(S_kv) <=
+// kTopkRowsMaxStagedBytes), else every pass reads the scores.
+void topk_rows(const TopkRowsArgs& a, bool staged, cudaStream_t stream);
 
 }  // namespace sa::portable::indexer

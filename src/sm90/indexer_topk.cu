@@ -148,12 +148,16 @@ void two_passes(const IndexerTopkProblem& p, float* dense, cudaStream_t stream) 
   a.idx_ss = p.topk_idx_stride[0];
   a.len = p.topk_length;
   a.len_s = p.topk_length_stride;
+  // Rows staged in shared memory where they fit, unless the tuning asks for the unstaged kernel.
+  const bool staged = detail::tuning().sm90_indexer_topk != 3 &&
+                      portable::indexer::topk_rows_staged_bytes(p.dims.Skv) <=
+                          portable::indexer::kTopkRowsMaxStagedBytes;
   for (int64_t r0 = 0; r0 < p.dims.Sq; r0 += plan.chunk) {
     const int64_t rows = std::min(plan.chunk, p.dims.Sq - r0);
     indexer_scores(chunk_scores(p, r0, rows, dense, plan.ld), stream);
     a.row0 = r0;
     a.rows = rows;
-    portable::indexer::topk_rows(a, stream);
+    portable::indexer::topk_rows(a, staged, stream);
   }
 }
 
