@@ -819,14 +819,18 @@ def bench_indexer_loss(S, H_I, topk, H, Dqk, dense, ops, seed=0, coeff=1.0):
     def cfe_loss():
         D = cfe.DSA
         if dense:
-            a = D.dense_attn_score_recompute_wrapper(q[None], kv[None], lse[None], scale, ratio=1)
-            i = D.dense_indexer_score_recompute_wrapper(q_I[None], k_I[None], w_bf[None],
+            # The dense wrappers take BSHD: kv and k_I as one KV head, [1, S, 1, D].
+            kv4, k_I4 = kv[None, :, None, :], k_I[None, :, None, :]
+            a = D.dense_attn_score_recompute_wrapper(q[None], kv4, lse[None], scale, ratio=1)
+            i = D.dense_indexer_score_recompute_wrapper(q_I[None], k_I4, w_bf[None],
                                                         sm_scale=IDX_SCALE, ratio=1)
             p = a["out"] / a["denom"][..., None]
             loss = kl(p, i["out"] - i["denom"][..., None])
             r = D.dense_indexer_backward_wrapper(
-                q_I[None], w_bf[None], k_I[None], a["out"], a["denom"], i["out"], i["denom"],
+                q_I[None], w_bf[None], k_I4, a["out"], a["denom"], i["out"], i["denom"],
                 one, sm_scale=IDX_SCALE, loss_coeff=coeff * S, ratio=1)
+            return (loss, r["d_index_q"][0], r["d_index_k"][0].reshape(k_I.shape),
+                    r["d_weights"][0])
         else:
             tgt = D.sparse_attn_score_recompute_wrapper(q[None], kv[None], lse[None], idx[None],
                                                         scale)["target"]
