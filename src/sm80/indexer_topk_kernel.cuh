@@ -47,7 +47,7 @@
 #include <cstdint>
 
 #include "sm80/indexer_score_tile.cuh"
-#include "sm80/indexer_topk_select.cuh"
+#include "cuda/indexer_topk_select.cuh"
 
 namespace sa::portable::indexer {
 

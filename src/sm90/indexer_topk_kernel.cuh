@@ -6,7 +6,7 @@
 //   scores     the sm90 score kernel's producer loads and consume_key_tile
 //              (indexer_scores_kernel.cuh): the same TMA + wgmma m64n256k16 GEMM, the same
 //              reduction, so each score has the bits the score kernel writes;
-//   selection  the portable top-k's TopkRows and warp_compact (sm80/indexer_topk_select.cuh):
+//   selection  the portable top-k's TopkRows and warp_compact (cuda/indexer_topk_select.cuh):
 //              exact, order-free, deterministic; buffers of topk_buffer_cap(k) candidates.
 //
 // Work split: persistent CTAs (one per SM, grid <= query blocks); CTA c takes the query blocks
@@ -32,7 +32,7 @@
 // stage/phase rule (producer_load_k) holds unchanged.
 #pragma once
 
-#include "sm80/indexer_topk_select.cuh"
+#include "cuda/indexer_topk_select.cuh"
 #include "sm90/indexer_scores_kernel.cuh"
 
 namespace sa::sm90::indexer {

@@ -1,5 +1,5 @@
 // The selection stage of the fused indexer top-k (SPEC 5), shared by the portable kernel
-// (indexer_topk_kernel.cuh, which describes the method: it uses order_key, warp_compact and
+// (sm80/indexer_topk_kernel.cuh, which describes the method: it uses order_key, warp_compact and
 // topk_buffer_cap, and writes TopkRows' steps out inline, see there) and the Hopper one
 // (sm90/indexer_topk_kernel.cuh, all of it). Device code, no shared-memory layout of its own: a
 // kernel gives each warp its 256 histogram bins and, per query it owns, a candidate buffer of
