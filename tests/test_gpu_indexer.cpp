@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "common/tuning.hpp"
 #include "gpu_test_util.hpp"
 #include "indexer_case.hpp"
 #include "indexer_gpu_case.hpp"
@@ -137,29 +138,39 @@ TEST_P(IndexerGpuTopk, MatchesItsScoresAndTheReference) {
   ASSERT_TRUE(gpu_scores(c, options, SA_IMPL_PORTABLE, &scores));
   GpuIndexerInputs d(c, 8);
   ASSERT_TRUE(d.ok());
-  TopkResult first;
-  ASSERT_TRUE(gpu_topk(d, c, k, kc.with_length, options, SA_IMPL_PORTABLE, &first));
-
   const std::vector<float> ref = reference_scores(c, options);
   const double tol = 2e-4 * max_finite(ref);
-  for (int64_t t = 0; t < c.shape.Sq; ++t) {
-    std::vector<int32_t> want;
-    const int64_t n = select_topk(c, scores, t, k, &want);
-    const std::vector<int32_t> row(first.idx.begin() + t * k, first.idx.begin() + (t + 1) * k);
-    ASSERT_EQ(row, want) << "row " << t << " (range [" << c.begin(t) << ", " << c.end(t)
-                         << ")) differs from the selection over the GPU's scores";
-    if (kc.with_length) {
-      ASSERT_EQ(first.len[static_cast<size_t>(t)], n) << "topk_length of row " << t;
-      ASSERT_EQ(n, std::min<int64_t>(k, c.end(t) - c.begin(t) > 0 ? c.end(t) - c.begin(t) : 0));
+  // Both methods (sm80/indexer_topk.cu), the same selection: 1 fused (the default); 2 two passes
+  // (rows staged in shared memory), in one chunk of query rows and in chunks of 7 rows; 4 two
+  // passes unstaged.
+  for (int32_t variant : {1, 2, 3, 4}) {
+    const char* names[] = {"fused", "two passes", "two passes, 7 rows", "two passes, unstaged"};
+    SCOPED_TRACE(names[variant - 1]);
+    sa::detail::Tuning tuning;
+    tuning.portable_indexer_topk = variant == 1 ? 1 : variant == 4 ? 3 : 2;
+    tuning.indexer_topk_rows = variant == 3 ? 7 : 0;
+    const sa::detail::ScopedTuning scoped(tuning);
+    TopkResult first;
+    ASSERT_TRUE(gpu_topk(d, c, k, kc.with_length, options, SA_IMPL_PORTABLE, &first));
+    for (int64_t t = 0; t < c.shape.Sq; ++t) {
+      std::vector<int32_t> want;
+      const int64_t n = select_topk(c, scores, t, k, &want);
+      const std::vector<int32_t> row(first.idx.begin() + t * k, first.idx.begin() + (t + 1) * k);
+      ASSERT_EQ(row, want) << "row " << t << " (range [" << c.begin(t) << ", " << c.end(t)
+                           << ")) differs from the selection over the GPU's scores";
+      if (kc.with_length) {
+        ASSERT_EQ(first.len[static_cast<size_t>(t)], n) << "topk_length of row " << t;
+        ASSERT_EQ(n, std::min<int64_t>(k, c.end(t) - c.begin(t) > 0 ? c.end(t) - c.begin(t) : 0));
+      }
+      ASSERT_TRUE(near_optimal(c, ref, row, t, tol));
     }
-    ASSERT_TRUE(near_optimal(c, ref, row, t, tol));
-  }
-  if (!kc.deterministic_runs) return;
-  for (int run = 1; run < 3; ++run) {
-    TopkResult again;
-    ASSERT_TRUE(gpu_topk(d, c, k, kc.with_length, options, SA_IMPL_PORTABLE, &again));
-    EXPECT_EQ(again.idx, first.idx) << "topk_idx differs on run " << run;
-    EXPECT_EQ(again.len, first.len) << "topk_length differs on run " << run;
+    if (!kc.deterministic_runs) continue;
+    for (int run = 1; run < 3; ++run) {
+      TopkResult again;
+      ASSERT_TRUE(gpu_topk(d, c, k, kc.with_length, options, SA_IMPL_PORTABLE, &again));
+      EXPECT_EQ(again.idx, first.idx) << "topk_idx differs on run " << run;
+      EXPECT_EQ(again.len, first.len) << "topk_length differs on run " << run;
+    }
   }
 }
 

@@ -179,7 +179,7 @@ TEST_P(IndexerSm90Topk, MatchesTheSelectionOverSm90Scores) {
     SCOPED_TRACE(names[variant - 1]);
     sa::detail::Tuning tuning;
     tuning.sm90_indexer_topk = variant == 1 ? 1 : variant == 4 ? 3 : 2;
-    tuning.sm90_indexer_topk_rows = variant == 3 ? 7 : 0;
+    tuning.indexer_topk_rows = variant == 3 ? 7 : 0;
     const sa::detail::ScopedTuning scoped(tuning);
     TopkResult first;
     ASSERT_TRUE(gpu_topk(d, c, k, kc.with_length, options, SA_IMPL_SM90, &first));

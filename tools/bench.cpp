@@ -370,11 +370,13 @@ void parse_tune(const std::string& key, const std::string& val, sa::detail::Tuni
     t->sm90_dsa_fwd_pad_h16 = tune_int(key, val, 0, 1) != 0;
   } else if (key == "tune.topk") {
     t->sm90_indexer_topk = tune_int(key, val, 0, 3);
+  } else if (key == "tune.ptopk") {
+    t->portable_indexer_topk = tune_int(key, val, 0, 3);
   } else {
     throw ToolError(kExitBadArgument,
                     "--variants: unknown tuning key '" + key +
                         "' (tune.fwd_splits=, tune.bwd_tail=, tune.dsa_bwd=, tune.dsa_fwd_pad=, "
-                        "tune.topk=)");
+                        "tune.topk=, tune.ptopk=)");
   }
 }
 

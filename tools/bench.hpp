@@ -54,6 +54,8 @@ struct BenchOptions {
 //   tune.dsa_fwd_pad=0|1         Hopper DSA forward at H 16 on the padded 64-row kernel
 //   tune.topk=0..3               Hopper indexer top-k: default, fused, two passes, two passes
 //                                without staging rows in shared memory
+//   tune.ptopk=0..3              portable indexer top-k: default (fused), fused, two passes, two
+//                                passes unstaged
 // The former spellings env.SA_TUNE_SM90_{FWD_SPLITS,BWD_TAIL,DSA_BWD,DSA_FWD_PAD}=VALUE are
 // accepted for the same keys.
 std::vector<BenchVariant> parse_variants(const std::string& text);

@@ -26,8 +26,11 @@ struct Tuning {
   // 2 two passes (dense scores of a chunk of rows in the workspace, then a top-k per row, rows
   // staged in shared memory where they fit), 3 two passes without the staging.
   int32_t sm90_indexer_topk = 0;
-  // Two passes: query rows per chunk (0: as many as 1 GiB of scores holds).
-  int32_t sm90_indexer_topk_rows = 0;
+  // Portable indexer top-k (sm80/indexer_topk.cu): 0 the default (the fused kernel until the two
+  // passes are measured on a GPU), 1 fused, 2 two passes, 3 two passes without the staging.
+  int32_t portable_indexer_topk = 0;
+  // Two passes, every path: query rows per chunk (0: as many as 1 GiB of scores holds).
+  int32_t indexer_topk_rows = 0;
 };
 
 // The tuning of the calls made on this thread (the defaults unless set_tuning changed them).

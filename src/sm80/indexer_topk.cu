@@ -1,6 +1,7 @@
-// Portable fused indexer top-k, host side: support checks, the workspace (the persistent CTAs'
-// candidate buffers), the launch by H_I. The kernel and its design are in
-// indexer_topk_kernel.cuh.
+// Portable indexer top-k, host side: support checks, the workspace (the persistent CTAs'
+// candidate buffers), the launch by H_I of the fused kernel (indexer_topk_kernel.cuh); or, when
+// the internal tuning asks, the two passes of cuda/indexer_topk_two_pass.hpp over the portable
+// score kernel.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -9,8 +10,10 @@
 
 #include "common/cuda_check.hpp"
 #include "common/cuda_device.hpp"
-#include "sm80/indexer.hpp"
+#include "common/tuning.hpp"
 #include "cuda/indexer_checks.hpp"
+#include "cuda/indexer_topk_two_pass.hpp"
+#include "sm80/indexer.hpp"
 #include "sm80/indexer_topk_kernel.cuh"
 
 namespace sa::portable {
@@ -96,6 +99,20 @@ void launch(const IndexerTopkProblem& p, const Plan& plan, uint2* buf, cudaStrea
   SA_CUDA_CHECK_LAUNCH();
 }
 
+// Two passes only when the tuning asks (not yet measured on a GPU; the fused kernel is the
+// default): the portable score kernel, then the shared top-k per row.
+bool use_two_passes() { return detail::tuning().portable_indexer_topk >= 2; }
+
+indexer::TwoPassOptions two_pass_options() {
+  indexer::TwoPassOptions o;
+  o.scores = &indexer_scores;
+  o.scores_unsupported = &indexer_scores_unsupported;
+  o.staging = detail::tuning().portable_indexer_topk != 3;
+  o.chunk_rows = detail::tuning().indexer_topk_rows;
+  o.path = kPath;
+  return o;
+}
+
 }  // namespace
 
 std::string indexer_topk_unsupported(const IndexerTopkProblem& p) {
@@ -111,15 +128,23 @@ std::string indexer_topk_unsupported(const IndexerTopkProblem& p) {
     os << "topk = " << d.topk << " (" << kPath << " supports < 2^29)";
     return os.str();
   }
+  if (use_two_passes()) return indexer::two_pass_unsupported(p, two_pass_options());
   return smem_unsupported(p.device_index, smem_bytes_for(d.HI));
 }
 
-size_t indexer_topk_workspace_bytes(const IndexerTopkProblem& p) { return make_plan(p).bytes; }
+size_t indexer_topk_workspace_bytes(const IndexerTopkProblem& p) {
+  return use_two_passes() ? indexer::two_pass_plan(p, two_pass_options().chunk_rows).bytes
+                          : make_plan(p).bytes;
+}
 
 void indexer_topk(const IndexerTopkProblem& p, void* workspace, size_t workspace_bytes,
                   cudaStream_t stream) {
   const std::string why = indexer_topk_unsupported(p);
   SA_CHECK(why.empty(), SA_ERROR_UNSUPPORTED, "indexer_topk (portable): " << why);
+  if (use_two_passes()) {
+    indexer::two_pass_topk(p, workspace, workspace_bytes, two_pass_options(), stream);
+    return;
+  }
   const Plan plan = make_plan(p);
   if (plan.grid == 0) return;
   SA_CHECK(workspace != nullptr && workspace_bytes >= plan.bytes, SA_ERROR_WORKSPACE,

@@ -1,9 +1,8 @@
 // Hopper indexer top-k, host side, two methods:
 //  * fused (indexer_topk_kernel.cuh): scores and selection in one kernel, the workspace holding
 //    the persistent CTAs' candidate buffers (O(k) per CTA slot, independent of S_kv);
-//  * two passes: the sm90 score kernel writes the dense scores of a chunk of query rows into the
-//    workspace, then cuda/indexer_topk_rows.cu selects each row's top-k (one CTA per row); the
-//    chunk's rows are as many as kDenseBudget bytes of scores hold.
+//  * two passes (cuda/indexer_topk_two_pass.hpp): the sm90 score kernel writes the dense scores
+//    of a chunk of query rows into the workspace, then a top-k per row (one CTA per row).
 // Both give the same selection (SPEC 5's, over the same score bits). Two passes run unless the
 // internal tuning forces the fused kernel (use_two_passes).
 #include <cuda.h>
@@ -17,7 +16,7 @@
 #include "common/cuda_device.hpp"
 #include "common/tuning.hpp"
 #include "cuda/indexer_checks.hpp"
-#include "cuda/indexer_topk_rows.hpp"
+#include "cuda/indexer_topk_two_pass.hpp"
 #include "cuda/launch_checks.hpp"
 #include "sm90/indexer.hpp"
 #include "sm90/indexer_host.hpp"
@@ -86,79 +85,18 @@ void launch(const IndexerTopkProblem& p, const Plan& plan, uint2* buf, cudaStrea
   SA_CUDA_CHECK_LAUNCH();
 }
 
-// ---- two passes ---------------------------------------------------------------------------------
-constexpr int64_t kDenseBudget = int64_t{1} << 30;  // bytes of scores per chunk of query rows
-
-struct DensePlan {
-  int64_t ld = 0;     // floats per score row: S_kv rounded up to 4 (16-byte rows)
-  int64_t chunk = 0;  // query rows per chunk
-  size_t bytes = 0;   // workspace, with slack to align the caller's pointer
-};
-
-DensePlan make_dense_plan(const IndexerTopkProblem& p) {
-  DensePlan plan;
-  plan.ld = (std::max<int64_t>(p.dims.Skv, 1) + 3) / 4 * 4;
-  const int32_t forced = detail::tuning().sm90_indexer_topk_rows;
-  plan.chunk = std::clamp<int64_t>(forced > 0 ? forced : kDenseBudget / (plan.ld * 4), 1,
-                                   std::max<int64_t>(p.dims.Sq, 1));
-  plan.bytes = static_cast<size_t>(plan.chunk * plan.ld) * sizeof(float) + kAlign;
-  return plan;
-}
-
 // Two passes unless the tuning forces the fused kernel: 1.9-2.8x faster on an H100 (S 8192, H_I
 // 64 / 32; S 32768: 2.2x; docs/indexer_decisions.md), for at most 1 GiB of workspace.
-bool use_two_passes(const IndexerTopkProblem&) {
-  return detail::tuning().sm90_indexer_topk != 1;
-}
+bool use_two_passes() { return detail::tuning().sm90_indexer_topk != 1; }
 
-// The score problem of query rows [r0, r0 + rows): the same inputs from row r0 on, the scores into
-// `dense` (row stride ld).
-IndexerScoresProblem chunk_scores(const IndexerTopkProblem& p, int64_t r0, int64_t rows,
-                                  float* dense, int64_t ld) {
-  IndexerScoresProblem sp;
-  sp.dims = p.dims;
-  sp.dims.Sq = rows;
-  sp.dtype = p.dtype;
-  sp.device = p.device;
-  sp.device_index = p.device_index;
-  sp.scale = p.scale;
-  sp.options = p.options;
-  sp.meta = p.meta;
-  if (sp.meta.k_start.data != nullptr) sp.meta.k_start.data += r0 * sp.meta.k_start.stride[0];
-  if (sp.meta.k_end.data != nullptr) sp.meta.k_end.data += r0 * sp.meta.k_end.stride[0];
-  sp.in = p.in;
-  // bf16 q_I and fp32 w (the GPU contract, indexer_gpu_contract).
-  sp.in.q_I.data = static_cast<uint16_t*>(sp.in.q_I.data) + r0 * sp.in.q_I.ss;
-  sp.in.w = static_cast<const float*>(sp.in.w) + r0 * sp.in.w_stride[0];
-  sp.scores = dense;
-  sp.scores_stride[0] = ld;
-  sp.scores_stride[1] = 1;
-  return sp;
-}
-
-void two_passes(const IndexerTopkProblem& p, float* dense, cudaStream_t stream) {
-  const DensePlan plan = make_dense_plan(p);
-  portable::indexer::TopkRowsArgs a;
-  a.scores = dense;
-  a.ld = plan.ld;
-  a.dims = p.dims;
-  a.meta = p.meta;
-  a.k = static_cast<int32_t>(p.dims.topk);
-  a.idx = p.topk_idx;
-  a.idx_ss = p.topk_idx_stride[0];
-  a.len = p.topk_length;
-  a.len_s = p.topk_length_stride;
-  // Rows staged in shared memory where they fit, unless the tuning asks for the unstaged kernel.
-  const bool staged = detail::tuning().sm90_indexer_topk != 3 &&
-                      portable::indexer::topk_rows_staged_bytes(p.dims.Skv) <=
-                          portable::indexer::kTopkRowsMaxStagedBytes;
-  for (int64_t r0 = 0; r0 < p.dims.Sq; r0 += plan.chunk) {
-    const int64_t rows = std::min(plan.chunk, p.dims.Sq - r0);
-    indexer_scores(chunk_scores(p, r0, rows, dense, plan.ld), stream);
-    a.row0 = r0;
-    a.rows = rows;
-    portable::indexer::topk_rows(a, staged, stream);
-  }
+portable::indexer::TwoPassOptions two_pass_options() {
+  portable::indexer::TwoPassOptions o;
+  o.scores = &indexer_scores;
+  o.scores_unsupported = &indexer_scores_unsupported;
+  o.staging = detail::tuning().sm90_indexer_topk != 3;
+  o.chunk_rows = detail::tuning().indexer_topk_rows;
+  o.path = kPath;
+  return o;
 }
 
 }  // namespace
@@ -176,32 +114,32 @@ std::string indexer_topk_unsupported(const IndexerTopkProblem& p) {
     os << "topk = " << d.topk << " (" << kPath << " supports < 2^29)";
     return os.str();
   }
+  if (use_two_passes()) return portable::indexer::two_pass_unsupported(p, two_pass_options());
   return portable::smem_unsupported(p.device_index, smem_bytes_for(d.HI));
 }
 
-
 size_t indexer_topk_workspace_bytes(const IndexerTopkProblem& p) {
-  return use_two_passes(p) ? make_dense_plan(p).bytes : make_plan(p).bytes;
+  return use_two_passes()
+             ? portable::indexer::two_pass_plan(p, two_pass_options().chunk_rows).bytes
+             : make_plan(p).bytes;
 }
 
 void indexer_topk(const IndexerTopkProblem& p, void* workspace, size_t workspace_bytes,
                   cudaStream_t stream) {
   const std::string why = indexer_topk_unsupported(p);
   SA_CHECK(why.empty(), SA_ERROR_UNSUPPORTED, "indexer_topk (sm90): " << why);
-  if (p.dims.Sq == 0) return;
-  const bool two = use_two_passes(p);
-  const Plan plan = make_plan(p);
-  const size_t need = two ? make_dense_plan(p).bytes : plan.bytes;
-  SA_CHECK(workspace != nullptr && workspace_bytes >= need, SA_ERROR_WORKSPACE,
-           "indexer_topk (sm90): needs " << need << " bytes of workspace, got " << workspace_bytes
-                                         << (workspace == nullptr ? " (null)" : ""));
-  const uintptr_t aligned =
-      (reinterpret_cast<uintptr_t>(workspace) + kAlign - 1) / kAlign * kAlign;
-  if (two) {
-    two_passes(p, reinterpret_cast<float*>(aligned), stream);
+  if (use_two_passes()) {
+    portable::indexer::two_pass_topk(p, workspace, workspace_bytes, two_pass_options(), stream);
     return;
   }
-  auto* buf = reinterpret_cast<uint2*>(aligned);
+  const Plan plan = make_plan(p);
+  if (plan.grid == 0) return;
+  SA_CHECK(workspace != nullptr && workspace_bytes >= plan.bytes, SA_ERROR_WORKSPACE,
+           "indexer_topk (sm90): needs " << plan.bytes << " bytes of workspace, got "
+                                         << workspace_bytes
+                                         << (workspace == nullptr ? " (null)" : ""));
+  auto* buf = reinterpret_cast<uint2*>((reinterpret_cast<uintptr_t>(workspace) + kAlign - 1) /
+                                       kAlign * kAlign);
   switch (p.dims.HI) {
     case 16:
       launch<16>(p, plan, buf, stream);
