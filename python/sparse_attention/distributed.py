@@ -1,0 +1,243 @@
+"""Context parallelism (SPEC section 6): the operations sharded over the ranks of a
+``torch.distributed`` process group (NCCL on GPUs, gloo on CPUs), the query tokens split across
+the ranks in rank order.
+
+Each rank passes its own contiguous shard of the token dimension: its query rows, and its rows of
+the keys (``kv``, ``k_I``, BSA's ``k`` and ``v``), any sizes, in rank order. The wrappers
+all-gather the key rows, run the single-device operation on the rank's queries against every key,
+and in the backward reduce-scatter the key gradients back to the ranks that own those rows
+(gloo, which has no reduce-scatter: an all-reduce, then each rank keeps its rows). Indices stay
+global: ``topk_idx`` and BSA's block ids address the concatenated keys.
+
+What equals the single-device call (to SPEC section 3's tolerance): each rank's outputs (its
+query rows), its query gradients, and its rows of the key gradients. Per-token losses and
+replicated parameters stay per rank, as for any sharded model: the indexer loss each rank returns
+covers its own tokens (the single-device loss is their sum), and a sink's gradient covers the
+rank's queries (sum it over the group with the other replicated parameters' gradients).
+
+The collectives are synchronous: the kernels wait for the all-gather (no overlap yet).
+"""
+
+from typing import List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from . import functional as _functional
+from . import indexer as _indexer
+
+__all__ = [
+    "all_gather_rows",
+    "block_sparse_attention",
+    "deepseek_sparse_attention",
+    "indexer_kl_loss",
+    "indexer_topk",
+]
+
+
+def _group_size(group) -> int:
+    return dist.get_world_size(group)
+
+
+def _rows_of_every_rank(x: Tensor, dim: int, group) -> List[int]:
+    """The size of dimension ``dim`` on every rank of ``group``, in rank order."""
+    n = torch.tensor([x.shape[dim]], dtype=torch.int64, device=x.device)
+    sizes = [torch.zeros_like(n) for _ in range(_group_size(group))]
+    dist.all_gather(sizes, n, group=group)
+    return [int(s.item()) for s in sizes]
+
+
+def _gather(x: Tensor, dim: int, sizes: List[int], group) -> Tensor:
+    """Every rank's ``x`` concatenated along ``dim`` (rank order; the sizes may differ)."""
+    width = max(sizes)
+    x = x.contiguous()
+    pad = list(x.shape)
+    pad[dim] = width - x.shape[dim]
+    padded = torch.cat([x, x.new_zeros(pad)], dim=dim) if pad[dim] > 0 else x
+    parts = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(parts, padded.contiguous(), group=group)
+    return torch.cat([p.narrow(dim, 0, n) for p, n in zip(parts, sizes)], dim=dim)
+
+
+def _scatter_sum(g: Tensor, dim: int, sizes: List[int], group) -> Tensor:
+    """This rank's rows of the sum over ranks of ``g`` (the rows of every rank along ``dim``)."""
+    rank = dist.get_rank(group)
+    start = sum(sizes[:rank])
+    if dist.get_backend(group) == dist.Backend.NCCL:
+        width = max(sizes)
+        chunks = []
+        for r, n in enumerate(sizes):
+            part = g.narrow(dim, sum(sizes[:r]), n)
+            if n < width:
+                pad = list(part.shape)
+                pad[dim] = width - n
+                part = torch.cat([part, part.new_zeros(pad)], dim=dim)
+            chunks.append(part)
+        out = torch.empty_like(chunks[0])
+        dist.reduce_scatter(out, [c.contiguous() for c in chunks], group=group)
+        return out.narrow(dim, 0, sizes[rank])
+    total = g.contiguous().clone()
+    dist.all_reduce(total, group=group)
+    return total.narrow(dim, start, sizes[rank]).contiguous()
+
+
+class _AllGatherRows(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, group, sizes):
+        ctx.dim, ctx.group, ctx.sizes = dim, group, sizes
+        return _gather(x, dim, sizes, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _scatter_sum(g, ctx.dim, ctx.sizes, ctx.group), None, None, None
+
+
+def all_gather_rows(x: Tensor, dim: int = 0, group=None) -> Tensor:
+    """Every rank's ``x`` concatenated along ``dim`` in rank order (sizes may differ), with
+    autograd: the gradient each rank gets back is the sum over ranks of the gradient of its
+    rows (a reduce-scatter)."""
+    sizes = _rows_of_every_rank(x, dim, group)
+    if _group_size(group) == 1:
+        return x
+    return _AllGatherRows.apply(x, dim, group, sizes)
+
+
+def _gather_rows_no_grad(x: Tensor, group) -> Tensor:
+    """Every rank's rows of ``x`` (dim 0), concatenated, outside autograd."""
+    x = x.detach()
+    if _group_size(group) == 1:
+        return x
+    return _gather(x, 0, _rows_of_every_rank(x, 0, group), group)
+
+
+def _token_counts(n_local: int, device, group) -> List[int]:
+    """Every rank's token count, in rank order."""
+    n = torch.tensor([n_local], dtype=torch.int64, device=device)
+    sizes = [torch.zeros_like(n) for _ in range(_group_size(group))]
+    dist.all_gather(sizes, n, group=group)
+    return [int(s.item()) for s in sizes]
+
+
+# ---- DSA -----------------------------------------------------------------------------------------
+def deepseek_sparse_attention(
+    q: Tensor,
+    kv: Tensor,
+    topk_idx: Tensor,
+    *,
+    group=None,
+    topk_length: Optional[Tensor] = None,
+    sink: Optional[Tensor] = None,
+    d_v: Optional[int] = None,
+    scale: Optional[float] = None,
+    deterministic: bool = False,
+) -> Tuple[Tensor, Tensor]:
+    """``sparse_attention.deepseek_sparse_attention`` over ``group``: ``q`` ``[S_q_rank, H,
+    D_qk]`` is this rank's query rows, ``kv`` ``[S_kv_rank, D_qk]`` its rows of the keys (rank
+    order), ``topk_idx`` / ``topk_length`` this rank's rows, with global key indices. Returns
+    this rank's ``(out, lse)``; ``kv``'s gradient is this rank's rows of the global one."""
+    kv_all = all_gather_rows(kv, 0, group)
+    return _functional.deepseek_sparse_attention(
+        q, kv_all, topk_idx, topk_length=topk_length, sink=sink, d_v=d_v, scale=scale,
+        deterministic=deterministic)
+
+
+# ---- the indexer ---------------------------------------------------------------------------------
+def indexer_topk(
+    q_I: Tensor,
+    k_I: Tensor,
+    w: Tensor,
+    topk: int,
+    k_start: Optional[Tensor] = None,
+    k_end: Optional[Tensor] = None,
+    *,
+    group=None,
+    scale: Optional[float] = None,
+) -> Tuple[Tensor, Tensor]:
+    """``sparse_attention.indexer_topk`` over ``group``: this rank's ``q_I`` ``[S_q_rank, H_I,
+    D_I]``, ``w`` and ranges (global key positions), its rows of ``k_I`` (rank order). Returns
+    this rank's ``(topk_idx, topk_length)`` with global key indices."""
+    k_all = _gather_rows_no_grad(k_I, group)
+    return _indexer.indexer_topk(q_I, k_all, w, topk, k_start, k_end, scale=scale)
+
+
+def indexer_kl_loss(
+    q_I: Tensor,
+    k_I: Tensor,
+    w: Tensor,
+    q: Tensor,
+    kv: Tensor,
+    lse: Tensor,
+    topk_idx: Optional[Tensor] = None,
+    topk_length: Optional[Tensor] = None,
+    k_start: Optional[Tensor] = None,
+    k_end: Optional[Tensor] = None,
+    coeff: float = 1.0,
+    scale: Optional[float] = None,
+    scale_I: Optional[float] = None,
+    *,
+    group=None,
+    deterministic: bool = False,
+    return_per_token: bool = False,
+):
+    """``sparse_attention.indexer_kl_loss`` over ``group``: this rank's query-side tensors
+    (``q_I``, ``w``, ``q``, ``lse``, ``topk_idx``, ``topk_length``, the ranges with global key
+    positions) and its rows of ``k_I`` and ``kv`` (rank order). Returns the loss of this rank's
+    tokens (the single-device loss is the sum over ranks); ``k_I``'s gradient is this rank's
+    rows of the gradient of that sum."""
+    k_all = all_gather_rows(k_I, 0, group)
+    kv_all = _gather_rows_no_grad(kv, group)
+    return _indexer.indexer_kl_loss(
+        q_I, k_all, w, q, kv_all, lse, topk_idx, topk_length, k_start, k_end, coeff, scale,
+        scale_I, deterministic=deterministic, return_per_token=return_per_token)
+
+
+# ---- BSA -----------------------------------------------------------------------------------------
+def block_sparse_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    q2k_index: Tensor,
+    q2k_count: Optional[Tensor] = None,
+    *,
+    group=None,
+    block_size: int = 128,
+    layout: str = "bhsd",
+    kv_block_len: Optional[Tensor] = None,
+    count: Optional[int] = None,
+    scale: Optional[float] = None,
+    deterministic: bool = False,
+    validate: bool = False,
+    mask: Optional[str] = None,
+    causal_offset: Optional[int] = None,
+    window_left: Optional[int] = None,
+    window_right: Optional[int] = None,
+) -> Tuple[Tensor, Tensor]:
+    """``sparse_attention.block_sparse_attention`` over ``group``, the sequence split across the
+    ranks: this rank's query tokens and its tokens of ``k`` and ``v`` (rank order; ``layout``
+    as on one device), ``q2k_index`` / ``q2k_count`` the rows of this rank's query blocks with
+    global KV block ids. Every rank but the last holds a whole number of query blocks. A token
+    mask keeps its global meaning: ``causal_offset`` (default ``S_kv - S_q`` of the whole
+    sequence) is taken relative to the global token positions. Returns this rank's ``(o, lse)``;
+    ``k`` and ``v`` get this rank's rows of the global gradients."""
+    seq_dim = 2 if str(layout).lower() == "bhsd" else 1
+    counts = _token_counts(q.shape[seq_dim], q.device, group)
+    # Checked on every rank alike, so that all of them raise before the next collective.
+    for r in range(1, len(counts)):
+        first = sum(counts[:r])
+        if first % int(block_size) != 0:
+            raise ValueError(
+                "q: rank %d's first token %d is not at a query block boundary (block_size %d): "
+                "every rank but the last must hold a whole number of query blocks"
+                % (r, first, int(block_size)))
+    q_first, s_q = sum(counts[:dist.get_rank(group)]), sum(counts)
+    k_all = all_gather_rows(k, seq_dim, group)
+    v_all = all_gather_rows(v, seq_dim, group)
+    if mask is not None and str(mask).lower() != "none":
+        offset = k_all.shape[seq_dim] - s_q if causal_offset is None else int(causal_offset)
+        causal_offset = offset + q_first
+    return _functional.block_sparse_attention(
+        q, k_all, v_all, q2k_index, q2k_count, block_size=block_size, layout=layout,
+        kv_block_len=kv_block_len, count=count, scale=scale, deterministic=deterministic,
+        validate=validate, mask=mask, causal_offset=causal_offset, window_left=window_left,
+        window_right=window_right)
