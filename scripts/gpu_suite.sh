@@ -28,7 +28,7 @@
 #   CUDNN_ARGS      extra arguments of the cudnn step's bench/anchors.py --plan cudnn (e.g.
 #                   --only "dsa" or --rounds 3); the step runs when scripts/cudnn_fe_env.sh
 #                   finds the cuDNN-frontend set complete (scripts/fetch_cudnn_fe.sh)
-#   PY_TESTS        pytest targets (default: python/tests/test_cuda.py)
+#   PY_TESTS        pytest targets (default: python/tests/test_cuda.py and test_distributed.py)
 #   FUZZ_SAN_CASES  fuzz cases on CUDA tensors under compute-sanitizer memcheck (default 300)
 #   FUZZ_CASES      fuzz cases on CUDA tensors without the sanitizer (default 1500)
 set -uo pipefail
@@ -170,7 +170,7 @@ if has python; then
   # build a wheel).
   note "python package tests on CUDA"
   SPARSE_ATTENTION_LIBRARY="$PWD/$BIN/libsparse_attention.so" PYTHONPATH="$PWD/python" \
-    timeout 300 python3 -m pytest ${PY_TESTS:-python/tests/test_cuda.py} -q -p no:cacheprovider \
+    timeout 300 python3 -m pytest ${PY_TESTS:-python/tests/test_cuda.py python/tests/test_distributed.py} -q -p no:cacheprovider \
     > "$OUT/python_tests.log" 2>&1; verdict python $?
   tail -3 "$OUT/python_tests.log"
 fi
