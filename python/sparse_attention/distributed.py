@@ -15,7 +15,11 @@ replicated parameters stay per rank, as for any sharded model: the indexer loss 
 covers its own tokens (the single-device loss is their sum), and a sink's gradient covers the
 rank's queries (sum it over the group with the other replicated parameters' gradients).
 
-The collectives are synchronous: the kernels wait for the all-gather (no overlap yet).
+Every rank holds at least one query token (checked on every rank alike, before the keys move),
+and the ranks agree on which key tensors require a gradient (a rank that skips the backward
+leaves the others waiting in its collective). The collectives are synchronous: the kernels wait
+for the all-gather (no overlap yet). Key gradients of 16-bit tensors are summed across ranks in
+fp32.
 """
 
 from typing import List, Optional, Tuple
@@ -40,12 +44,28 @@ def _group_size(group) -> int:
     return dist.get_world_size(group)
 
 
-def _rows_of_every_rank(x: Tensor, dim: int, group) -> List[int]:
-    """The size of dimension ``dim`` on every rank of ``group``, in rank order."""
-    n = torch.tensor([x.shape[dim]], dtype=torch.int64, device=x.device)
+def _counts(n_local: int, device, group) -> List[int]:
+    """``n_local`` of every rank of ``group``, in rank order (one small all-gather)."""
+    n = torch.tensor([n_local], dtype=torch.int64, device=device)
     sizes = [torch.zeros_like(n) for _ in range(_group_size(group))]
     dist.all_gather(sizes, n, group=group)
-    return [int(s.item()) for s in sizes]
+    return torch.cat(sizes).tolist()
+
+
+def _rows_of_every_rank(x: Tensor, dim: int, group) -> List[int]:
+    """The size of dimension ``dim`` on every rank of ``group``, in rank order."""
+    return _counts(x.shape[dim], x.device, group)
+
+
+def _require_queries(name: str, n_local: int, device, group) -> List[int]:
+    """Every rank's query count; raises on every rank alike (before any other collective, so
+    that none is left waiting) when a rank has none: the one-device operations take S_q >= 1."""
+    counts = _counts(n_local, device, group)
+    empty = [r for r, n in enumerate(counts) if n < 1]
+    if empty:
+        raise ValueError("%s: rank %d holds no query tokens (every rank needs at least one; "
+                         "shards per rank: %s)" % (name, empty[0], counts))
+    return counts
 
 
 def _gather(x: Tensor, dim: int, sizes: List[int], group) -> Tensor:
@@ -61,10 +81,14 @@ def _gather(x: Tensor, dim: int, sizes: List[int], group) -> Tensor:
 
 
 def _scatter_sum(g: Tensor, dim: int, sizes: List[int], group) -> Tensor:
-    """This rank's rows of the sum over ranks of ``g`` (the rows of every rank along ``dim``)."""
+    """This rank's rows of the sum over ranks of ``g`` (the rows of every rank along ``dim``),
+    summed in fp32 for 16-bit gradients."""
     rank = dist.get_rank(group)
     start = sum(sizes[:rank])
-    if dist.get_backend(group) == dist.Backend.NCCL:
+    dtype = g.dtype
+    if dtype in (torch.float16, torch.bfloat16):
+        g = g.float()
+    if g.is_cuda and "nccl" in str(dist.get_backend(group)).lower():
         width = max(sizes)
         chunks = []
         for r, n in enumerate(sizes):
@@ -76,10 +100,10 @@ def _scatter_sum(g: Tensor, dim: int, sizes: List[int], group) -> Tensor:
             chunks.append(part)
         out = torch.empty_like(chunks[0])
         dist.reduce_scatter(out, [c.contiguous() for c in chunks], group=group)
-        return out.narrow(dim, 0, sizes[rank])
+        return out.narrow(dim, 0, sizes[rank]).to(dtype)
     total = g.contiguous().clone()
     dist.all_reduce(total, group=group)
-    return total.narrow(dim, start, sizes[rank]).contiguous()
+    return total.narrow(dim, start, sizes[rank]).to(dtype).contiguous()
 
 
 class _AllGatherRows(torch.autograd.Function):
@@ -111,14 +135,6 @@ def _gather_rows_no_grad(x: Tensor, group) -> Tensor:
     return _gather(x, 0, _rows_of_every_rank(x, 0, group), group)
 
 
-def _token_counts(n_local: int, device, group) -> List[int]:
-    """Every rank's token count, in rank order."""
-    n = torch.tensor([n_local], dtype=torch.int64, device=device)
-    sizes = [torch.zeros_like(n) for _ in range(_group_size(group))]
-    dist.all_gather(sizes, n, group=group)
-    return [int(s.item()) for s in sizes]
-
-
 # ---- DSA -----------------------------------------------------------------------------------------
 def deepseek_sparse_attention(
     q: Tensor,
@@ -136,6 +152,7 @@ def deepseek_sparse_attention(
     D_qk]`` is this rank's query rows, ``kv`` ``[S_kv_rank, D_qk]`` its rows of the keys (rank
     order), ``topk_idx`` / ``topk_length`` this rank's rows, with global key indices. Returns
     this rank's ``(out, lse)``; ``kv``'s gradient is this rank's rows of the global one."""
+    _require_queries("q", q.shape[0] if q.dim() > 0 else 0, kv.device, group)
     kv_all = all_gather_rows(kv, 0, group)
     return _functional.deepseek_sparse_attention(
         q, kv_all, topk_idx, topk_length=topk_length, sink=sink, d_v=d_v, scale=scale,
@@ -157,6 +174,7 @@ def indexer_topk(
     """``sparse_attention.indexer_topk`` over ``group``: this rank's ``q_I`` ``[S_q_rank, H_I,
     D_I]``, ``w`` and ranges (global key positions), its rows of ``k_I`` (rank order). Returns
     this rank's ``(topk_idx, topk_length)`` with global key indices."""
+    _require_queries("q_I", q_I.shape[0] if q_I.dim() > 0 else 0, k_I.device, group)
     k_all = _gather_rows_no_grad(k_I, group)
     return _indexer.indexer_topk(q_I, k_all, w, topk, k_start, k_end, scale=scale)
 
@@ -185,6 +203,7 @@ def indexer_kl_loss(
     positions) and its rows of ``k_I`` and ``kv`` (rank order). Returns the loss of this rank's
     tokens (the single-device loss is the sum over ranks); ``k_I``'s gradient is this rank's
     rows of the gradient of that sum."""
+    _require_queries("q_I", q_I.shape[0] if q_I.dim() > 0 else 0, k_I.device, group)
     k_all = all_gather_rows(k_I, 0, group)
     kv_all = _gather_rows_no_grad(kv, group)
     return _indexer.indexer_kl_loss(
@@ -221,7 +240,7 @@ def block_sparse_attention(
     sequence) is taken relative to the global token positions. Returns this rank's ``(o, lse)``;
     ``k`` and ``v`` get this rank's rows of the global gradients."""
     seq_dim = 2 if str(layout).lower() == "bhsd" else 1
-    counts = _token_counts(q.shape[seq_dim], q.device, group)
+    counts = _require_queries("q", q.shape[seq_dim] if q.dim() > seq_dim else 0, q.device, group)
     # Checked on every rank alike, so that all of them raise before the next collective.
     for r in range(1, len(counts)):
         first = sum(counts[:r])

@@ -175,6 +175,17 @@ def test_bsa_refuses_a_split_inside_a_query_block():
     run(2, _misaligned)
 
 
+def _empty_shard(rank, world):
+    q, kv, idx, length, sink, dout, d_v = dsa_case()
+    a, b = bounds([0, 40], rank)
+    with pytest.raises(ValueError, match="rank 0 holds no query tokens"):
+        cp.deepseek_sparse_attention(q[a:b], kv[a:b], idx[a:b], d_v=d_v)
+
+
+def test_an_empty_query_shard_is_refused_on_every_rank():
+    run(2, _empty_shard)
+
+
 # ---- one GPU: NCCL at world size 1 (the GPU suite) -----------------------------------------------
 def nccl_rank(rank, world):
     g = torch.Generator().manual_seed(4)

@@ -180,8 +180,9 @@ void topk_rows(const TopkRowsArgs& a, bool staged, cudaStream_t stream) {
     SA_CHECK(smem <= kTopkRowsMaxStagedBytes, SA_ERROR_INTERNAL,
              "topk_rows: S_kv = " << a.dims.Skv << " does not fit the staged kernel");
     auto* kernel = &topk_rows_kernel<true>;
+    // The same value on every call (a process-wide attribute: no race between host threads).
     SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(smem)));
+                                       static_cast<int>(kTopkRowsMaxStagedBytes)));
     kernel<<<static_cast<unsigned>(a.rows), kThreads, smem, stream>>>(a);
   } else {
     topk_rows_kernel<false><<<static_cast<unsigned>(a.rows), kThreads, 0, stream>>>(a);
