@@ -17,9 +17,12 @@ rank's queries (sum it over the group with the other replicated parameters' grad
 
 Every rank holds at least one query token (checked on every rank alike, before the keys move),
 and the ranks agree on which key tensors require a gradient (a rank that skips the backward
-leaves the others waiting in its collective). The collectives are synchronous: the kernels wait
-for the all-gather (no overlap yet). Key gradients of 16-bit tensors are summed across ranks in
-fp32.
+leaves the others waiting in its collective). Key gradients of 16-bit tensors are summed across
+ranks in fp32.
+
+Overlap: ``all_gather_rows_async`` starts a key gather and returns a ``PendingRows``, which the
+wrappers take in place of their key tensors; started one layer ahead, the gather runs while the
+current layer computes. Without it, and in the backward, the collectives are synchronous.
 """
 
 from typing import List, Optional, Tuple
@@ -32,7 +35,9 @@ from . import functional as _functional
 from . import indexer as _indexer
 
 __all__ = [
+    "PendingRows",
     "all_gather_rows",
+    "all_gather_rows_async",
     "block_sparse_attention",
     "deepseek_sparse_attention",
     "indexer_kl_loss",
@@ -127,6 +132,79 @@ def all_gather_rows(x: Tensor, dim: int = 0, group=None) -> Tensor:
     return _AllGatherRows.apply(x, dim, group, sizes)
 
 
+class _Gathered(torch.autograd.Function):
+    """``full`` (every rank's rows of ``x``, gathered ahead) as a function of ``x``: the
+    gradient goes back to ``x`` as all_gather_rows's does."""
+
+    @staticmethod
+    def forward(ctx, x, full, dim, group, sizes):
+        ctx.dim, ctx.group, ctx.sizes = dim, group, sizes
+        return full.view_as(full)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _scatter_sum(g, ctx.dim, ctx.sizes, ctx.group), None, None, None, None
+
+
+class PendingRows:
+    """An all-gather of key rows in flight (``all_gather_rows_async``). Pass it where a wrapper
+    takes its keys (``kv``, ``k``, ``v``, ``k_I``): the wrapper waits for it instead of gathering.
+    ``wait()`` returns the gathered tensor, with autograd as ``all_gather_rows``."""
+
+    def __init__(self, x: Tensor, dim: int, group, sizes: List[int], parts, work):
+        self.x, self.dim, self.group, self.sizes = x, dim, group, sizes
+        self._parts, self._work, self._full = parts, work, None
+
+    def wait(self) -> Tensor:
+        if self._full is None:
+            if self._work is None:  # one rank: nothing was sent
+                self._full = self.x
+            else:
+                self._work.wait()
+                full = torch.cat([p.narrow(self.dim, 0, n)
+                                  for p, n in zip(self._parts, self.sizes)], dim=self.dim)
+                self._full = _Gathered.apply(self.x, full, self.dim, self.group, self.sizes)
+            self._parts = self._work = None
+        return self._full
+
+
+def all_gather_rows_async(x: Tensor, dim: int = 0, group=None) -> PendingRows:
+    """Starts ``all_gather_rows(x, dim, group)`` and returns at once (the row counts are
+    exchanged first, synchronously). On NCCL the rows move on the communication stream while
+    this stream runs other kernels, e.g. the next layer's keys during this layer's attention."""
+    sizes = _rows_of_every_rank(x, dim, group)
+    if _group_size(group) == 1:
+        return PendingRows(x, dim, group, sizes, None, None)
+    width = max(sizes)
+    xc = x.detach().contiguous()
+    pad = list(xc.shape)
+    pad[dim] = width - xc.shape[dim]
+    padded = torch.cat([xc, xc.new_zeros(pad)], dim=dim) if pad[dim] > 0 else xc
+    parts = [torch.empty_like(padded) for _ in sizes]
+    work = dist.all_gather(parts, padded.contiguous(), group=group, async_op=True)
+    return PendingRows(x, dim, group, sizes, parts, work)
+
+
+def _keys(x, dim: int, group) -> Tensor:
+    """Every rank's rows of the keys ``x``: a PendingRows is waited for, a tensor gathered."""
+    if isinstance(x, PendingRows):
+        if x.dim != dim:
+            raise ValueError("a PendingRows gathered along dim %d where dim %d is needed"
+                             % (x.dim, dim))
+        return x.wait()
+    return all_gather_rows(x, dim, group)
+
+
+def _keys_no_grad(x, group) -> Tensor:
+    if isinstance(x, PendingRows):
+        return x.wait().detach()
+    return _gather_rows_no_grad(x, group)
+
+
+def _device_of(x) -> torch.device:
+    return x.x.device if isinstance(x, PendingRows) else x.device
+
+
 def _gather_rows_no_grad(x: Tensor, group) -> Tensor:
     """Every rank's rows of ``x`` (dim 0), concatenated, outside autograd."""
     x = x.detach()
@@ -152,8 +230,8 @@ def deepseek_sparse_attention(
     D_qk]`` is this rank's query rows, ``kv`` ``[S_kv_rank, D_qk]`` its rows of the keys (rank
     order), ``topk_idx`` / ``topk_length`` this rank's rows, with global key indices. Returns
     this rank's ``(out, lse)``; ``kv``'s gradient is this rank's rows of the global one."""
-    _require_queries("q", q.shape[0] if q.dim() > 0 else 0, kv.device, group)
-    kv_all = all_gather_rows(kv, 0, group)
+    _require_queries("q", q.shape[0] if q.dim() > 0 else 0, _device_of(kv), group)
+    kv_all = _keys(kv, 0, group)
     return _functional.deepseek_sparse_attention(
         q, kv_all, topk_idx, topk_length=topk_length, sink=sink, d_v=d_v, scale=scale,
         deterministic=deterministic)
@@ -174,8 +252,8 @@ def indexer_topk(
     """``sparse_attention.indexer_topk`` over ``group``: this rank's ``q_I`` ``[S_q_rank, H_I,
     D_I]``, ``w`` and ranges (global key positions), its rows of ``k_I`` (rank order). Returns
     this rank's ``(topk_idx, topk_length)`` with global key indices."""
-    _require_queries("q_I", q_I.shape[0] if q_I.dim() > 0 else 0, k_I.device, group)
-    k_all = _gather_rows_no_grad(k_I, group)
+    _require_queries("q_I", q_I.shape[0] if q_I.dim() > 0 else 0, _device_of(k_I), group)
+    k_all = _keys_no_grad(k_I, group)
     return _indexer.indexer_topk(q_I, k_all, w, topk, k_start, k_end, scale=scale)
 
 
@@ -203,9 +281,9 @@ def indexer_kl_loss(
     positions) and its rows of ``k_I`` and ``kv`` (rank order). Returns the loss of this rank's
     tokens (the single-device loss is the sum over ranks); ``k_I``'s gradient is this rank's
     rows of the gradient of that sum."""
-    _require_queries("q_I", q_I.shape[0] if q_I.dim() > 0 else 0, k_I.device, group)
-    k_all = all_gather_rows(k_I, 0, group)
-    kv_all = _gather_rows_no_grad(kv, group)
+    _require_queries("q_I", q_I.shape[0] if q_I.dim() > 0 else 0, _device_of(k_I), group)
+    k_all = _keys(k_I, 0, group)
+    kv_all = _keys_no_grad(kv, group)
     return _indexer.indexer_kl_loss(
         q_I, k_all, w, q, kv_all, lse, topk_idx, topk_length, k_start, k_end, coeff, scale,
         scale_I, deterministic=deterministic, return_per_token=return_per_token)
@@ -250,8 +328,8 @@ def block_sparse_attention(
                 "every rank but the last must hold a whole number of query blocks"
                 % (r, first, int(block_size)))
     q_first, s_q = sum(counts[:dist.get_rank(group)]), sum(counts)
-    k_all = all_gather_rows(k, seq_dim, group)
-    v_all = all_gather_rows(v, seq_dim, group)
+    k_all = _keys(k, seq_dim, group)
+    v_all = _keys(v, seq_dim, group)
     if mask is not None and str(mask).lower() != "none":
         offset = k_all.shape[seq_dim] - s_q if causal_offset is None else int(causal_offset)
         causal_offset = offset + q_first

@@ -55,7 +55,7 @@ def dsa_case(s=40, h=2, d_qk=16, d_v=8, topk=6):
     return q, kv, idx, length, sink, dout, d_v
 
 
-def dsa_rank(rank, world, sizes):
+def dsa_rank(rank, world, sizes, prefetch=False):
     q, kv, idx, length, sink, dout, d_v = dsa_case()
     leaves = [t.clone().requires_grad_() for t in (q, kv, sink)]
     want_o, want_lse = deepseek_sparse_attention(leaves[0], leaves[1], idx, topk_length=length,
@@ -64,7 +64,8 @@ def dsa_rank(rank, world, sizes):
     a, b = bounds(sizes, rank)
     ql, kvl = q[a:b].clone().requires_grad_(), kv[a:b].clone().requires_grad_()
     sl = sink.clone().requires_grad_()
-    o, lse = cp.deepseek_sparse_attention(ql, kvl, idx[a:b], topk_length=length[a:b], sink=sl,
+    keys = cp.all_gather_rows_async(kvl) if prefetch else kvl
+    o, lse = cp.deepseek_sparse_attention(ql, keys, idx[a:b], topk_length=length[a:b], sink=sl,
                                           d_v=d_v)
     (o * dout[a:b]).sum().backward()
     torch.testing.assert_close(o, want_o[a:b].detach(), **TOL)
@@ -89,7 +90,7 @@ def indexer_case(s=24, h_i=3, d_i=8, h=2, d_qk=16, topk=5):
     return q_I, k_I, w, q, kv, k_start, k_end, topk
 
 
-def indexer_rank(rank, world, sizes):
+def indexer_rank(rank, world, sizes, prefetch=False):
     q_I, k_I, w, q, kv, k_start, k_end, topk = indexer_case()
     a, b = bounds(sizes, rank)
     want_idx, want_len = indexer_topk(q_I, k_I, w, topk, k_start, k_end)
@@ -101,8 +102,10 @@ def indexer_rank(rank, world, sizes):
     want = indexer_kl_loss(*leaves, q, kv, lse, want_idx, want_len, k_start, k_end)
     want.backward()
     local = [t[a:b].clone().requires_grad_() for t in (q_I, k_I, w)]
-    loss = cp.indexer_kl_loss(*local, q[a:b], kv[a:b], lse[a:b], idx, length, k_start[a:b],
-                              k_end[a:b])
+    k_arg = cp.all_gather_rows_async(local[1]) if prefetch else local[1]
+    kv_arg = cp.all_gather_rows_async(kv[a:b]) if prefetch else kv[a:b]
+    loss = cp.indexer_kl_loss(local[0], k_arg, local[2], q[a:b], kv_arg, lse[a:b], idx, length,
+                              k_start[a:b], k_end[a:b])
     loss.backward()
     total = loss.detach().clone()
     dist.all_reduce(total)
@@ -122,7 +125,7 @@ def bsa_case(s=250, h=2, d=8, block=64):
     return q, k, v, dout, index, count, block
 
 
-def bsa_rank(rank, world, sizes, mask):
+def bsa_rank(rank, world, sizes, mask, prefetch=False):
     q, k, v, dout, index, count, block = bsa_case()
     kw = dict(block_size=block, mask=mask)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -131,7 +134,11 @@ def bsa_rank(rank, world, sizes, mask):
     a, b = bounds(sizes, rank)
     qa, qb = a // block, -(-b // block)
     local = [t[:, :, a:b].clone().requires_grad_() for t in (q, k, v)]
-    o, lse = cp.block_sparse_attention(*local, index[:, :, qa:qb], count[:, :, qa:qb], **kw)
+    k_arg, v_arg = local[1], local[2]
+    if prefetch:  # both gathers in flight at once
+        k_arg, v_arg = (cp.all_gather_rows_async(t, 2) for t in (local[1], local[2]))
+    o, lse = cp.block_sparse_attention(local[0], k_arg, v_arg, index[:, :, qa:qb],
+                                       count[:, :, qa:qb], **kw)
     (o * dout[:, :, a:b]).sum().backward()
     torch.testing.assert_close(o, want_o[:, :, a:b].detach(), **TOL)
     torch.testing.assert_close(lse, want_lse[:, :, a:b], **TOL)
@@ -156,6 +163,10 @@ def every_case(rank, world):
     for sizes in SPLITS[world]["bsa"]:
         for mask in (None, "causal"):
             bsa_rank(rank, world, sizes, mask)
+    # The same with the keys gathered ahead (all_gather_rows_async).
+    dsa_rank(rank, world, SPLITS[world]["dsa"][-1], prefetch=True)
+    indexer_rank(rank, world, SPLITS[world]["indexer"][-1], prefetch=True)
+    bsa_rank(rank, world, SPLITS[world]["bsa"][-1], "causal", prefetch=True)
 
 
 @pytest.mark.parametrize("world", [2, 4])
