@@ -19,6 +19,7 @@
 
 #include "common/cuda_check.hpp"
 #include "cuda/indexer_order_key.cuh"
+#include "cuda/indexer_topk_select.cuh"
 
 namespace sa::portable::indexer {
 namespace {
@@ -99,28 +100,11 @@ __global__ void __launch_bounds__(kThreads) topk_rows_kernel(const TopkRowsArgs 
     }
     __syncthreads();
     if (warp == 0) {
-      // Lane L holds bins 8L .. 8L + 7; `above` = keys in the bins of the lanes above it.
-      uint32_t c[8];
-      uint32_t total = 0;
-#pragma unroll
-      for (int q = 0; q < 8; ++q) {
-        c[q] = hist[8 * lane + q];
-        total += c[q];
-      }
-      uint32_t incl = total;  // keys in bins >= 8L
-#pragma unroll
-      for (int off = 1; off < 32; off *= 2) {
-        const uint32_t v = __shfl_down_sync(0xffffffffu, incl, off);
-        if (lane + off < 32) incl += v;
-      }
-      uint32_t acc = incl - total;
-#pragma unroll
-      for (int q = 7; q >= 0; --q) {
-        if (acc < static_cast<uint32_t>(need) && acc + c[q] >= static_cast<uint32_t>(need)) {
-          s_digit[0] = static_cast<uint32_t>(8 * lane + q);  // exactly one (lane, q) holds it
-          s_digit[1] = acc;
-        }
-        acc += c[q];
+      uint32_t greater = 0;
+      const uint32_t digit = radix_digit(hist, static_cast<uint32_t>(need), &greater);
+      if (lane == 0) {
+        s_digit[0] = digit;
+        s_digit[1] = greater;
       }
     }
     __syncthreads();

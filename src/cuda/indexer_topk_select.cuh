@@ -30,6 +30,41 @@ __host__ __device__ constexpr int64_t topk_buffer_cap(int64_t k) {
   return (k + (k > 256 ? k : 256) + 31) / 32 * 32;
 }
 
+// One radix pass's digit, found by a whole warp over 256 bins (largest digit = best keys): the
+// bin d holding the need-th best key counted from the top (1 <= need <= the bins' total), and in
+// *greater the count in the bins above it; the same in every lane. Lane L reads bins 8L .. 8L + 7.
+__device__ __forceinline__ uint32_t radix_digit(const uint32_t* hist, uint32_t need,
+                                                uint32_t* greater) {
+  const int lane = threadIdx.x & 31;
+  uint32_t c[8];
+  uint32_t total = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    c[i] = hist[8 * lane + i];
+    total += c[i];
+  }
+  uint32_t incl = total;  // keys in bins >= 8L
+#pragma unroll
+  for (int off = 1; off < 32; off *= 2) {
+    const uint32_t v = __shfl_down_sync(0xffffffffu, incl, off);
+    if (lane + off < 32) incl += v;
+  }
+  uint32_t acc = incl - total;  // keys in the bins of the lanes above
+  int digit = -1;
+  uint32_t above = 0;
+#pragma unroll
+  for (int i = 7; i >= 0; --i) {
+    if (digit < 0 && acc < need && acc + c[i] >= need) {
+      digit = 8 * lane + i;
+      above = acc;
+    }
+    acc += c[i];
+  }
+  const int src = __ffs(__ballot_sync(0xffffffffu, digit >= 0)) - 1;
+  *greater = __shfl_sync(0xffffffffu, above, src);
+  return static_cast<uint32_t>(__shfl_sync(0xffffffffu, digit, src));
+}
+
 // Keeps the k best of the n > k candidates of buf in place, stably (see indexer_topk_kernel.cuh);
 // returns u*, the order key of the k-th best. Called by a whole warp; hist: the warp's 256 bins.
 __device__ __noinline__ inline uint32_t warp_compact(uint2* buf, int n, int k, uint32_t* hist) {
@@ -47,37 +82,10 @@ __device__ __noinline__ inline uint32_t warp_compact(uint2* buf, int n, int k, u
       if (pass == 0 || (u >> (shift + 8)) == prefix) atomicAdd(&hist[(u >> shift) & 255u], 1u);
     }
     __syncwarp();
-    // Lane L holds bins 8L .. 8L + 7; above = entries in the bins of the lanes above it.
-    uint32_t c[8];
-    uint32_t total = 0;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      c[i] = hist[8 * lane + i];
-      total += c[i];
-    }
-    uint32_t incl = total;  // entries in bins >= 8L
-#pragma unroll
-    for (int off = 1; off < 32; off *= 2) {
-      const uint32_t v = __shfl_down_sync(0xffffffffu, incl, off);
-      if (lane + off < 32) incl += v;
-    }
-    uint32_t acc = incl - total;
-    int digit = -1;
     uint32_t greater = 0;
-#pragma unroll
-    for (int i = 7; i >= 0; --i) {
-      if (digit < 0 && acc < static_cast<uint32_t>(need) && acc + c[i] >= static_cast<uint32_t>(need)) {
-        digit = 8 * lane + i;
-        greater = acc;
-      }
-      acc += c[i];
-    }
-    const uint32_t found = __ballot_sync(0xffffffffu, digit >= 0);
-    const int src = __ffs(found) - 1;
-    digit = __shfl_sync(0xffffffffu, digit, src);
-    greater = __shfl_sync(0xffffffffu, greater, src);
+    const uint32_t digit = radix_digit(hist, static_cast<uint32_t>(need), &greater);
     need -= static_cast<int>(greater);
-    prefix = (prefix << 8) | static_cast<uint32_t>(digit);
+    prefix = (prefix << 8) | digit;
     __syncwarp();  // every lane read the bins before the next pass clears them
   }
   // Stable in-place filter: position out + rank <= the entry's own position, and a chunk is read
