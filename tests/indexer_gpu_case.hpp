@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/tuning.hpp"
 #include "gpu_test_util.hpp"
 #include "indexer_case.hpp"
 #include "test_util.hpp"
@@ -227,6 +228,26 @@ inline ::testing::AssertionResult gpu_scores(IndexerCase& c, const sa_indexer_op
 
 
 // ---- top-k ------------------------------------------------------------------------------------
+// The top-k methods the CUDA paths' tests run each case through (sm80 / sm90 indexer_topk.cu,
+// internal tuning): the fused kernel; two passes, rows staged in shared memory; the same in
+// chunks of 7 query rows; two passes unstaged. All give the same selection.
+struct TopkMethod {
+  const char* name;
+  int32_t mode;  // Tuning::{portable,sm90}_indexer_topk
+  int32_t rows;  // Tuning::indexer_topk_rows
+};
+inline constexpr TopkMethod kTopkMethods[] = {
+    {"fused", 1, 0}, {"two passes", 2, 0}, {"two passes, 7 rows", 2, 7},
+    {"two passes, unstaged", 3, 0}};
+
+// The tuning that selects method m on the sm90 path (hopper) or the portable one.
+inline sa::detail::Tuning topk_tuning(const TopkMethod& m, bool hopper) {
+  sa::detail::Tuning t;
+  (hopper ? t.sm90_indexer_topk : t.portable_indexer_topk) = m.mode;
+  t.indexer_topk_rows = m.rows;
+  return t;
+}
+
 struct TopkResult {
   std::vector<int32_t> idx, len;
 };

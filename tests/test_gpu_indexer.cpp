@@ -28,7 +28,6 @@
 #include <string>
 #include <vector>
 
-#include "common/tuning.hpp"
 #include "gpu_test_util.hpp"
 #include "indexer_case.hpp"
 #include "indexer_gpu_case.hpp"
@@ -140,16 +139,9 @@ TEST_P(IndexerGpuTopk, MatchesItsScoresAndTheReference) {
   ASSERT_TRUE(d.ok());
   const std::vector<float> ref = reference_scores(c, options);
   const double tol = 2e-4 * max_finite(ref);
-  // Both methods (sm80/indexer_topk.cu), the same selection: 1 fused (the default); 2 two passes
-  // (rows staged in shared memory), in one chunk of query rows and in chunks of 7 rows; 4 two
-  // passes unstaged.
-  for (int32_t variant : {1, 2, 3, 4}) {
-    const char* names[] = {"fused", "two passes", "two passes, 7 rows", "two passes, unstaged"};
-    SCOPED_TRACE(names[variant - 1]);
-    sa::detail::Tuning tuning;
-    tuning.portable_indexer_topk = variant == 1 ? 1 : variant == 4 ? 3 : 2;
-    tuning.indexer_topk_rows = variant == 3 ? 7 : 0;
-    const sa::detail::ScopedTuning scoped(tuning);
+  for (const TopkMethod& method : kTopkMethods) {  // each gives the same selection
+    SCOPED_TRACE(method.name);
+    const sa::detail::ScopedTuning scoped(topk_tuning(method, false));
     TopkResult first;
     ASSERT_TRUE(gpu_topk(d, c, k, kc.with_length, options, SA_IMPL_PORTABLE, &first));
     for (int64_t t = 0; t < c.shape.Sq; ++t) {

@@ -21,7 +21,6 @@
 #include <string>
 #include <vector>
 
-#include "common/tuning.hpp"
 #include "gpu_test_util.hpp"
 #include "indexer_case.hpp"
 #include "indexer_gpu_case.hpp"
@@ -172,15 +171,9 @@ TEST_P(IndexerSm90Topk, MatchesTheSelectionOverSm90Scores) {
   GpuIndexerInputs d(c, 8);
   ASSERT_TRUE(d.ok());
   const int64_t k = kc.k;
-  // Both methods (sm90/indexer_topk.cu), the same selection: 1 fused; 2 two passes (rows staged in
-  // shared memory), in one chunk of query rows and in chunks of 7 rows; 4 two passes unstaged.
-  for (int32_t variant : {1, 2, 3, 4}) {
-    const char* names[] = {"fused", "two passes", "two passes, 7 rows", "two passes, unstaged"};
-    SCOPED_TRACE(names[variant - 1]);
-    sa::detail::Tuning tuning;
-    tuning.sm90_indexer_topk = variant == 1 ? 1 : variant == 4 ? 3 : 2;
-    tuning.indexer_topk_rows = variant == 3 ? 7 : 0;
-    const sa::detail::ScopedTuning scoped(tuning);
+  for (const TopkMethod& method : kTopkMethods) {  // each gives the same selection
+    SCOPED_TRACE(method.name);
+    const sa::detail::ScopedTuning scoped(topk_tuning(method, true));
     TopkResult first;
     ASSERT_TRUE(gpu_topk(d, c, k, kc.with_length, options, SA_IMPL_SM90, &first));
     for (int64_t t = 0; t < c.shape.Sq; ++t) {
@@ -237,18 +230,14 @@ INSTANTIATE_TEST_SUITE_P(Cases, IndexerSm90Topk, ::testing::ValuesIn(sm90_topk_c
 // against fp64 scores (the portable top-k's large check, through the sm90 path).
 TEST(IndexerSm90TopkLarge, S131072K2048Causal) {
   SA_SKIP_UNLESS_SM90();
-  sa::detail::Tuning tuning;
-  tuning.sm90_indexer_topk = 1;
-  const sa::detail::ScopedTuning scoped(tuning);
+  const sa::detail::ScopedTuning scoped(topk_tuning(kTopkMethods[0], true));  // fused
   check_topk_s131072_k2048_causal(indexer_options(SA_IMPL_SM90, 0.f), SA_IMPL_SM90);
 }
 
 // The same through the two passes: 64 chunks of 2048 query rows (1 GiB of scores each).
 TEST(IndexerSm90TopkLarge, S131072K2048CausalTwoPasses) {
   SA_SKIP_UNLESS_SM90();
-  sa::detail::Tuning tuning;
-  tuning.sm90_indexer_topk = 2;
-  const sa::detail::ScopedTuning scoped(tuning);
+  const sa::detail::ScopedTuning scoped(topk_tuning(kTopkMethods[1], true));  // two passes
   check_topk_s131072_k2048_causal(indexer_options(SA_IMPL_SM90, 0.f), SA_IMPL_SM90,
                                   (size_t{1} << 30) + 4096);
 }
