@@ -25,7 +25,7 @@ wrappers take in place of their key tensors; started one layer ahead, the gather
 current layer computes. Without it, and in the backward, the collectives are synchronous.
 """
 
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -49,40 +49,22 @@ def _group_size(group) -> int:
     return dist.get_world_size(group)
 
 
-def _counts(n_local: int, device, group) -> List[int]:
-    """``n_local`` of every rank of ``group``, in rank order (one small all-gather)."""
-    n = torch.tensor([n_local], dtype=torch.int64, device=device)
-    sizes = [torch.zeros_like(n) for _ in range(_group_size(group))]
-    dist.all_gather(sizes, n, group=group)
-    return torch.cat(sizes).tolist()
+def _exchange(values: Sequence[int], device, group) -> List[List[int]]:
+    """``values`` of every rank of ``group`` in one small all-gather: entry i is value i on
+    every rank, in rank order."""
+    n = torch.tensor(list(values), dtype=torch.int64, device=device)
+    parts = [torch.zeros_like(n) for _ in range(_group_size(group))]
+    dist.all_gather(parts, n, group=group)
+    return [list(col) for col in zip(*torch.stack(parts).tolist())]
 
 
-def _rows_of_every_rank(x: Tensor, dim: int, group) -> List[int]:
-    """The size of dimension ``dim`` on every rank of ``group``, in rank order."""
-    return _counts(x.shape[dim], x.device, group)
-
-
-def _require_queries(name: str, n_local: int, device, group) -> List[int]:
-    """Every rank's query count; raises on every rank alike (before any other collective, so
-    that none is left waiting) when a rank has none: the one-device operations take S_q >= 1."""
-    counts = _counts(n_local, device, group)
-    empty = [r for r, n in enumerate(counts) if n < 1]
-    if empty:
-        raise ValueError("%s: rank %d holds no query tokens (every rank needs at least one; "
-                         "shards per rank: %s)" % (name, empty[0], counts))
-    return counts
-
-
-def _gather(x: Tensor, dim: int, sizes: List[int], group) -> Tensor:
-    """Every rank's ``x`` concatenated along ``dim`` (rank order; the sizes may differ)."""
-    width = max(sizes)
-    x = x.contiguous()
+def _pad_rows(x: Tensor, dim: int, width: int) -> Tensor:
+    """``x`` with zero rows appended along ``dim`` up to ``width``."""
+    if x.shape[dim] >= width:
+        return x.contiguous()
     pad = list(x.shape)
     pad[dim] = width - x.shape[dim]
-    padded = torch.cat([x, x.new_zeros(pad)], dim=dim) if pad[dim] > 0 else x
-    parts = [torch.empty_like(padded) for _ in sizes]
-    dist.all_gather(parts, padded.contiguous(), group=group)
-    return torch.cat([p.narrow(dim, 0, n) for p, n in zip(parts, sizes)], dim=dim)
+    return torch.cat([x, x.new_zeros(pad)], dim=dim)
 
 
 def _scatter_sum(g: Tensor, dim: int, sizes: List[int], group) -> Tensor:
@@ -94,47 +76,19 @@ def _scatter_sum(g: Tensor, dim: int, sizes: List[int], group) -> Tensor:
     if dtype in (torch.float16, torch.bfloat16):
         g = g.float()
     if g.is_cuda and "nccl" in str(dist.get_backend(group)).lower():
-        width = max(sizes)
-        chunks = []
-        for r, n in enumerate(sizes):
-            part = g.narrow(dim, sum(sizes[:r]), n)
-            if n < width:
-                pad = list(part.shape)
-                pad[dim] = width - n
-                part = torch.cat([part, part.new_zeros(pad)], dim=dim)
-            chunks.append(part)
+        chunks = [_pad_rows(g.narrow(dim, sum(sizes[:r]), n), dim, max(sizes))
+                  for r, n in enumerate(sizes)]
         out = torch.empty_like(chunks[0])
-        dist.reduce_scatter(out, [c.contiguous() for c in chunks], group=group)
+        dist.reduce_scatter(out, chunks, group=group)
         return out.narrow(dim, 0, sizes[rank]).to(dtype)
     total = g.contiguous().clone()
     dist.all_reduce(total, group=group)
     return total.narrow(dim, start, sizes[rank]).to(dtype).contiguous()
 
 
-class _AllGatherRows(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, dim, group, sizes):
-        ctx.dim, ctx.group, ctx.sizes = dim, group, sizes
-        return _gather(x, dim, sizes, group)
-
-    @staticmethod
-    def backward(ctx, g):
-        return _scatter_sum(g, ctx.dim, ctx.sizes, ctx.group), None, None, None
-
-
-def all_gather_rows(x: Tensor, dim: int = 0, group=None) -> Tensor:
-    """Every rank's ``x`` concatenated along ``dim`` in rank order (sizes may differ), with
-    autograd: the gradient each rank gets back is the sum over ranks of the gradient of its
-    rows (a reduce-scatter)."""
-    sizes = _rows_of_every_rank(x, dim, group)
-    if _group_size(group) == 1:
-        return x
-    return _AllGatherRows.apply(x, dim, group, sizes)
-
-
 class _Gathered(torch.autograd.Function):
-    """``full`` (every rank's rows of ``x``, gathered ahead) as a function of ``x``: the
-    gradient goes back to ``x`` as all_gather_rows's does."""
+    """``full`` (every rank's rows of ``x``, gathered) as a function of ``x``: the gradient of
+    this rank's rows is the sum over ranks of the gradient of ``full``'s (a reduce-scatter)."""
 
     @staticmethod
     def forward(ctx, x, full, dim, group, sizes):
@@ -168,49 +122,63 @@ class PendingRows:
         return self._full
 
 
-def all_gather_rows_async(x: Tensor, dim: int = 0, group=None) -> PendingRows:
-    """Starts ``all_gather_rows(x, dim, group)`` and returns at once (the row counts are
-    exchanged first, synchronously). On NCCL the rows move on the communication stream while
-    this stream runs other kernels, e.g. the next layer's keys during this layer's attention."""
-    sizes = _rows_of_every_rank(x, dim, group)
+def all_gather_rows_async(x: Tensor, dim: int = 0, group=None,
+                          sizes: Optional[List[int]] = None) -> PendingRows:
+    """Starts ``all_gather_rows(x, dim, group)`` and returns at once. On NCCL the rows move on
+    the communication stream while this stream runs other kernels, e.g. the next layer's keys
+    during this layer's attention. ``sizes``: every rank's row count, when the caller has them
+    (else they are exchanged first, synchronously)."""
+    if sizes is None:
+        sizes = _exchange([x.shape[dim]], x.device, group)[0]
     if _group_size(group) == 1:
         return PendingRows(x, dim, group, sizes, None, None)
-    width = max(sizes)
-    xc = x.detach().contiguous()
-    pad = list(xc.shape)
-    pad[dim] = width - xc.shape[dim]
-    padded = torch.cat([xc, xc.new_zeros(pad)], dim=dim) if pad[dim] > 0 else xc
+    padded = _pad_rows(x.detach(), dim, max(sizes))
     parts = [torch.empty_like(padded) for _ in sizes]
-    work = dist.all_gather(parts, padded.contiguous(), group=group, async_op=True)
+    work = dist.all_gather(parts, padded, group=group, async_op=True)
     return PendingRows(x, dim, group, sizes, parts, work)
 
 
-def _keys(x, dim: int, group) -> Tensor:
+def all_gather_rows(x: Tensor, dim: int = 0, group=None,
+                    sizes: Optional[List[int]] = None) -> Tensor:
+    """Every rank's ``x`` concatenated along ``dim`` in rank order (sizes may differ), with
+    autograd: the gradient each rank gets back is the sum over ranks of the gradient of its
+    rows (a reduce-scatter)."""
+    return all_gather_rows_async(x, dim, group, sizes).wait()
+
+
+def _shards(name: str, n_q: int, keys: Sequence[Tuple[object, int]], device,
+            group) -> Tuple[List[int], List[Optional[List[int]]]]:
+    """One exchange of every rank's query count and key row counts (``keys``: (tensor or
+    PendingRows, dim); a PendingRows has its counts already: None). Raises on every rank alike,
+    before any key moves, when a rank has no query token (the one-device operations take
+    S_q >= 1)."""
+    values = [n_q] + [0 if isinstance(x, PendingRows) else x.shape[d] for x, d in keys]
+    table = _exchange(values, device, group)
+    queries = table[0]
+    empty = [r for r, n in enumerate(queries) if n < 1]
+    if empty:
+        raise ValueError("%s: rank %d holds no query tokens (every rank needs at least one; "
+                         "shards per rank: %s)" % (name, empty[0], queries))
+    return queries, [None if isinstance(x, PendingRows) else table[1 + i]
+                     for i, (x, _) in enumerate(keys)]
+
+
+def _keys(x, dim: int, group, sizes) -> Tensor:
     """Every rank's rows of the keys ``x``: a PendingRows is waited for, a tensor gathered."""
     if isinstance(x, PendingRows):
         if x.dim != dim:
             raise ValueError("a PendingRows gathered along dim %d where dim %d is needed"
                              % (x.dim, dim))
         return x.wait()
-    return all_gather_rows(x, dim, group)
-
-
-def _keys_no_grad(x, group) -> Tensor:
-    if isinstance(x, PendingRows):
-        return x.wait().detach()
-    return _gather_rows_no_grad(x, group)
+    return all_gather_rows(x, dim, group, sizes)
 
 
 def _device_of(x) -> torch.device:
     return x.x.device if isinstance(x, PendingRows) else x.device
 
 
-def _gather_rows_no_grad(x: Tensor, group) -> Tensor:
-    """Every rank's rows of ``x`` (dim 0), concatenated, outside autograd."""
-    x = x.detach()
-    if _group_size(group) == 1:
-        return x
-    return _gather(x, 0, _rows_of_every_rank(x, 0, group), group)
+def _rows(t: Tensor, dim: int = 0) -> int:
+    return t.shape[dim] if t.dim() > dim else 0
 
 
 # ---- DSA -----------------------------------------------------------------------------------------
@@ -230,8 +198,8 @@ def deepseek_sparse_attention(
     D_qk]`` is this rank's query rows, ``kv`` ``[S_kv_rank, D_qk]`` its rows of the keys (rank
     order), ``topk_idx`` / ``topk_length`` this rank's rows, with global key indices. Returns
     this rank's ``(out, lse)``; ``kv``'s gradient is this rank's rows of the global one."""
-    _require_queries("q", q.shape[0] if q.dim() > 0 else 0, _device_of(kv), group)
-    kv_all = _keys(kv, 0, group)
+    _, (kv_sizes,) = _shards("q", _rows(q), [(kv, 0)], _device_of(kv), group)
+    kv_all = _keys(kv, 0, group, kv_sizes)
     return _functional.deepseek_sparse_attention(
         q, kv_all, topk_idx, topk_length=topk_length, sink=sink, d_v=d_v, scale=scale,
         deterministic=deterministic)
@@ -252,8 +220,8 @@ def indexer_topk(
     """``sparse_attention.indexer_topk`` over ``group``: this rank's ``q_I`` ``[S_q_rank, H_I,
     D_I]``, ``w`` and ranges (global key positions), its rows of ``k_I`` (rank order). Returns
     this rank's ``(topk_idx, topk_length)`` with global key indices."""
-    _require_queries("q_I", q_I.shape[0] if q_I.dim() > 0 else 0, _device_of(k_I), group)
-    k_all = _keys_no_grad(k_I, group)
+    _, (k_sizes,) = _shards("q_I", _rows(q_I), [(k_I, 0)], _device_of(k_I), group)
+    k_all = _keys(k_I, 0, group, k_sizes).detach()
     return _indexer.indexer_topk(q_I, k_all, w, topk, k_start, k_end, scale=scale)
 
 
@@ -281,9 +249,10 @@ def indexer_kl_loss(
     positions) and its rows of ``k_I`` and ``kv`` (rank order). Returns the loss of this rank's
     tokens (the single-device loss is the sum over ranks); ``k_I``'s gradient is this rank's
     rows of the gradient of that sum."""
-    _require_queries("q_I", q_I.shape[0] if q_I.dim() > 0 else 0, _device_of(k_I), group)
-    k_all = _keys(k_I, 0, group)
-    kv_all = _keys_no_grad(kv, group)
+    _, (k_sizes, kv_sizes) = _shards("q_I", _rows(q_I), [(k_I, 0), (kv, 0)], _device_of(k_I),
+                                     group)
+    k_all = _keys(k_I, 0, group, k_sizes)
+    kv_all = _keys(kv, 0, group, kv_sizes).detach()
     return _indexer.indexer_kl_loss(
         q_I, k_all, w, q, kv_all, lse, topk_idx, topk_length, k_start, k_end, coeff, scale,
         scale_I, deterministic=deterministic, return_per_token=return_per_token)
@@ -318,7 +287,8 @@ def block_sparse_attention(
     sequence) is taken relative to the global token positions. Returns this rank's ``(o, lse)``;
     ``k`` and ``v`` get this rank's rows of the global gradients."""
     seq_dim = 2 if str(layout).lower() == "bhsd" else 1
-    counts = _require_queries("q", q.shape[seq_dim] if q.dim() > seq_dim else 0, q.device, group)
+    counts, (k_sizes, v_sizes) = _shards("q", _rows(q, seq_dim), [(k, seq_dim), (v, seq_dim)],
+                                         q.device, group)
     # Checked on every rank alike, so that all of them raise before the next collective.
     for r in range(1, len(counts)):
         first = sum(counts[:r])
@@ -328,8 +298,8 @@ def block_sparse_attention(
                 "every rank but the last must hold a whole number of query blocks"
                 % (r, first, int(block_size)))
     q_first, s_q = sum(counts[:dist.get_rank(group)]), sum(counts)
-    k_all = _keys(k, seq_dim, group)
-    v_all = _keys(v, seq_dim, group)
+    k_all = _keys(k, seq_dim, group, k_sizes)
+    v_all = _keys(v, seq_dim, group, v_sizes)
     if mask is not None and str(mask).lower() != "none":
         offset = k_all.shape[seq_dim] - s_q if causal_offset is None else int(causal_offset)
         causal_offset = offset + q_first
