@@ -107,19 +107,35 @@ class PendingRows:
 
     def __init__(self, x: Tensor, dim: int, group, sizes: List[int], parts, work):
         self.x, self.dim, self.group, self.sizes = x, dim, group, sizes
-        self._parts, self._work, self._full = parts, work, None
+        self._parts, self._work, self._full, self._padded = parts, work, None, None
 
     def wait(self) -> Tensor:
         if self._full is None:
-            if self._work is None:  # one rank: nothing was sent
+            if self._parts is None:  # one rank: nothing was sent
                 self._full = self.x
             else:
-                self._work.wait()
+                if self._work is not None:  # an asynchronous gather
+                    self._work.wait()
                 full = torch.cat([p.narrow(self.dim, 0, n)
                                   for p, n in zip(self._parts, self.sizes)], dim=self.dim)
                 self._full = _Gathered.apply(self.x, full, self.dim, self.group, self.sizes)
-            self._parts = self._work = None
+            self._parts = self._work = self._padded = None
         return self._full
+
+
+def _start_gather(x: Tensor, dim: int, group, sizes: Optional[List[int]],
+                  async_op: bool) -> PendingRows:
+    if sizes is None:
+        sizes = _exchange([x.shape[dim]], x.device, group)[0]
+    if _group_size(group) == 1:
+        return PendingRows(x, dim, group, sizes, None, None)
+    padded = _pad_rows(x.detach(), dim, max(sizes))
+    parts = [torch.empty_like(padded) for _ in sizes]
+    work = dist.all_gather(parts, padded, group=group, async_op=async_op)
+    # The padded input stays referenced until the gather is waited for.
+    pending = PendingRows(x, dim, group, sizes, parts, work)
+    pending._padded = padded
+    return pending
 
 
 def all_gather_rows_async(x: Tensor, dim: int = 0, group=None,
@@ -128,14 +144,7 @@ def all_gather_rows_async(x: Tensor, dim: int = 0, group=None,
     the communication stream while this stream runs other kernels, e.g. the next layer's keys
     during this layer's attention. ``sizes``: every rank's row count, when the caller has them
     (else they are exchanged first, synchronously)."""
-    if sizes is None:
-        sizes = _exchange([x.shape[dim]], x.device, group)[0]
-    if _group_size(group) == 1:
-        return PendingRows(x, dim, group, sizes, None, None)
-    padded = _pad_rows(x.detach(), dim, max(sizes))
-    parts = [torch.empty_like(padded) for _ in sizes]
-    work = dist.all_gather(parts, padded, group=group, async_op=True)
-    return PendingRows(x, dim, group, sizes, parts, work)
+    return _start_gather(x, dim, group, sizes, True)
 
 
 def all_gather_rows(x: Tensor, dim: int = 0, group=None,
@@ -143,7 +152,7 @@ def all_gather_rows(x: Tensor, dim: int = 0, group=None,
     """Every rank's ``x`` concatenated along ``dim`` in rank order (sizes may differ), with
     autograd: the gradient each rank gets back is the sum over ranks of the gradient of its
     rows (a reduce-scatter)."""
-    return all_gather_rows_async(x, dim, group, sizes).wait()
+    return _start_gather(x, dim, group, sizes, False).wait()
 
 
 def _shards(name: str, n_q: int, keys: Sequence[Tuple[object, int]], device,

@@ -28,6 +28,7 @@ def _worker(rank, world, init, fn, args):
     try:
         torch.manual_seed(0)
         fn(rank, world, *args)
+        dist.barrier()  # no rank tears its connections down while a peer still reads from them
     finally:
         dist.destroy_process_group()
 
@@ -213,6 +214,7 @@ def _nccl_worker(rank, world, init):
     dist.init_process_group("nccl", init_method=init, rank=rank, world_size=world)
     try:
         nccl_rank(rank, world)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
