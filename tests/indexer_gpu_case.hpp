@@ -229,22 +229,30 @@ inline ::testing::AssertionResult gpu_scores(IndexerCase& c, const sa_indexer_op
 
 // ---- top-k ------------------------------------------------------------------------------------
 // The top-k methods the CUDA paths' tests run each case through (sm80 / sm90 indexer_topk.cu,
-// internal tuning): the fused kernel; two passes, rows staged in shared memory; the same in
-// chunks of 7 query rows; two passes unstaged. All give the same selection.
+// internal tuning): the fused kernel; two passes with the radix select, rows staged in shared
+// memory; the same in chunks of 7 query rows; unstaged; two passes with the candidates kernel;
+// the same with a candidate list of 3 entries (bins of more keys take the row fallback). All give
+// the same selection.
 struct TopkMethod {
   const char* name;
-  int32_t mode;  // Tuning::{portable,sm90}_indexer_topk
-  int32_t rows;  // Tuning::indexer_topk_rows
+  int32_t mode;      // Tuning::{portable,sm90}_indexer_topk
+  int32_t rows;      // Tuning::indexer_topk_rows
+  int32_t list_cap;  // Tuning::indexer_topk_list_cap
 };
 inline constexpr TopkMethod kTopkMethods[] = {
-    {"fused", 1, 0}, {"two passes", 2, 0}, {"two passes, 7 rows", 2, 7},
-    {"two passes, unstaged", 3, 0}};
+    {"fused", 1, 0, 0},
+    {"two passes", 2, 0, 0},
+    {"two passes, 7 rows", 2, 7, 0},
+    {"two passes, unstaged", 3, 0, 0},
+    {"two passes, candidates", 4, 0, 0},
+    {"two passes, candidates, 5 rows, list of 3", 4, 5, 3}};
 
 // The tuning that selects method m on the sm90 path (hopper) or the portable one.
 inline sa::detail::Tuning topk_tuning(const TopkMethod& m, bool hopper) {
   sa::detail::Tuning t;
   (hopper ? t.sm90_indexer_topk : t.portable_indexer_topk) = m.mode;
   t.indexer_topk_rows = m.rows;
+  t.indexer_topk_list_cap = m.list_cap;
   return t;
 }
 

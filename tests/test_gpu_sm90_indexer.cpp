@@ -242,5 +242,13 @@ TEST(IndexerSm90TopkLarge, S131072K2048CausalTwoPasses) {
                                   (size_t{1} << 30) + 4096);
 }
 
+// The same with the candidates row kernel (64 KB of shared memory per row at S_kv 131072).
+TEST(IndexerSm90TopkLarge, S131072K2048CausalTwoPassesCandidates) {
+  SA_SKIP_UNLESS_SM90();
+  const sa::detail::ScopedTuning scoped(topk_tuning(kTopkMethods[4], true));  // candidates
+  check_topk_s131072_k2048_causal(indexer_options(SA_IMPL_SM90, 0.f), SA_IMPL_SM90,
+                                  (size_t{1} << 30) + 4096);
+}
+
 }  // namespace
 }  // namespace sa_test

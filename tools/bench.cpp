@@ -369,9 +369,9 @@ void parse_tune(const std::string& key, const std::string& val, sa::detail::Tuni
   } else if (key == "tune.dsa_fwd_pad" || key == "env.SA_TUNE_SM90_DSA_FWD_PAD") {
     t->sm90_dsa_fwd_pad_h16 = tune_int(key, val, 0, 1) != 0;
   } else if (key == "tune.topk") {
-    t->sm90_indexer_topk = tune_int(key, val, 0, 3);
+    t->sm90_indexer_topk = tune_int(key, val, 0, 4);
   } else if (key == "tune.ptopk") {
-    t->portable_indexer_topk = tune_int(key, val, 0, 3);
+    t->portable_indexer_topk = tune_int(key, val, 0, 4);
   } else {
     throw ToolError(kExitBadArgument,
                     "--variants: unknown tuning key '" + key +

@@ -52,10 +52,9 @@ struct BenchOptions {
 //   tune.dsa_bwd=0..3            Hopper DSA backward variant bits (1 late K release, 2 per-row
 //                                index loads)
 //   tune.dsa_fwd_pad=0|1         Hopper DSA forward at H 16 on the padded 64-row kernel
-//   tune.topk=0..3               Hopper indexer top-k: default, fused, two passes, two passes
-//                                without staging rows in shared memory
-//   tune.ptopk=0..3              portable indexer top-k: default (fused), fused, two passes, two
-//                                passes unstaged
+//   tune.topk=0..4               Hopper indexer top-k: default, fused, two passes with the radix
+//                                select staged / unstaged, two passes with the candidates kernel
+//   tune.ptopk=0..4              portable indexer top-k: default (fused), fused, then as tune.topk
 // The former spellings env.SA_TUNE_SM90_{FWD_SPLITS,BWD_TAIL,DSA_BWD,DSA_FWD_PAD}=VALUE are
 // accepted for the same keys.
 std::vector<BenchVariant> parse_variants(const std::string& text);

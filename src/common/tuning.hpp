@@ -22,13 +22,17 @@ struct Tuning {
   int32_t sm90_dsa_bwd_bits = 0;
   // Hopper DSA forward at H 16: the padded 64-row kernel instead of the transposed one.
   bool sm90_dsa_fwd_pad_h16 = false;
-  // Hopper indexer top-k (sm90/indexer_topk.cu): 0 the default (two passes), 1 the fused kernel,
-  // 2 two passes (dense scores of a chunk of rows in the workspace, then a top-k per row, rows
-  // staged in shared memory where they fit), 3 two passes without the staging.
+  // Hopper indexer top-k (sm90/indexer_topk.cu): 0 the default (two passes, the candidates row
+  // kernel), 1 the fused kernel, 2 two passes (dense scores of a chunk of rows in the workspace,
+  // then a radix select per row, rows staged in shared memory where they fit), 3 two passes with
+  // the radix select unstaged, 4 two passes with the candidates row kernel
+  // (cuda/indexer_topk_rows.cu).
   int32_t sm90_indexer_topk = 0;
   // Portable indexer top-k (sm80/indexer_topk.cu): 0 the default (the fused kernel until the two
-  // passes are measured on a GPU), 1 fused, 2 two passes, 3 two passes without the staging.
+  // passes are measured on a GPU), 1 fused, 2 / 3 / 4 two passes as sm90_indexer_topk.
   int32_t portable_indexer_topk = 0;
+  // The candidates row kernel's list entries (0: kTopkListCap); tests force the row fallback.
+  int32_t indexer_topk_list_cap = 0;
   // Two passes, every path: query rows per chunk (0: as many as 1 GiB of scores holds).
   int32_t indexer_topk_rows = 0;
 };

@@ -23,7 +23,20 @@ struct TopkRowsArgs {
   int64_t idx_ss = 0;
   int32_t* len = nullptr;         // topk_length [S_q] (stride len_s), or null
   int64_t len_s = 1;
+  int32_t list_cap = 4096;        // kCandidates: candidate list entries (<= kTopkListCap)
 };
+
+// The row kernels (indexer_topk_rows.cu's header): the radix select over the whole row four
+// times, with the row staged in shared memory where it fits, or not; the candidates kernel
+// (two reads of the row).
+enum class TopkRowsKernel { kCandidates, kRadixStaged, kRadix };
+
+// The candidates kernel: list entries at most, and its shared memory (the first histogram or the
+// list, then two bitmaps of S_kv bits), within kTopkRowsMaxCandidatesBytes (S_kv <= 2^18; longer
+// rows run the unstaged radix kernel).
+constexpr int kTopkListCap = 4096;
+constexpr size_t kTopkRowsMaxCandidatesBytes = 32 * 1024 + 64 * 1024;
+size_t topk_rows_candidates_bytes(int64_t skv);
 
 // The staged kernel's shared memory: S_kv order keys (a row's range is inside [0, S_kv)), within
 // kTopkRowsMaxStagedBytes. Measured on an H100 (docs/indexer_decisions.md): staged rows of 32 KB
@@ -34,9 +47,8 @@ size_t topk_rows_staged_bytes(int64_t skv);
 
 // For each row t: the min(k, |range(t)|) keys of range(t) with the largest scores (order_key, ties
 // to the smaller key, NaN last), in increasing key order, then -1; len[t] = that count. Keys
-// outside range(t) are never read. Deterministic (a function of the scores alone). staged: the
-// row's keys go through shared memory (needs topk_rows_staged_bytes(S_kv) <=
-// kTopkRowsMaxStagedBytes), else every pass reads the scores.
-void topk_rows(const TopkRowsArgs& a, bool staged, cudaStream_t stream);
+// outside range(t) are never read. Deterministic (a function of the scores alone), the same
+// result from every kernel; a kernel whose shared memory S_kv exceeds runs as kRadix.
+void topk_rows(const TopkRowsArgs& a, TopkRowsKernel kernel, cudaStream_t stream);
 
 }  // namespace sa::portable::indexer

@@ -74,14 +74,13 @@ void two_pass_topk(const IndexerTopkProblem& p, void* workspace, size_t workspac
   a.idx_ss = p.topk_idx_stride[0];
   a.len = p.topk_length;
   a.len_s = p.topk_length_stride;
-  const bool staged =
-      o.staging && topk_rows_staged_bytes(p.dims.Skv) <= kTopkRowsMaxStagedBytes;
+  a.list_cap = o.list_cap;
   for (int64_t r0 = 0; r0 < p.dims.Sq; r0 += plan.chunk) {
     const int64_t rows = std::min(plan.chunk, p.dims.Sq - r0);
     o.scores(chunk_scores(p, r0, rows, dense, plan.ld), stream);
     a.row0 = r0;
     a.rows = rows;
-    topk_rows(a, staged, stream);
+    topk_rows(a, o.rows_kernel, stream);
   }
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "common/indexer_problem.hpp"
+#include "cuda/indexer_topk_rows.hpp"
 
 namespace sa::portable::indexer {
 
@@ -33,10 +34,18 @@ using ScoresUnsupported = std::string (*)(const IndexerScoresProblem& p);
 struct TwoPassOptions {
   ScoresLaunch scores = nullptr;
   ScoresUnsupported scores_unsupported = nullptr;
-  bool staging = true;     // rows through shared memory where they fit (topk_rows)
-  int64_t chunk_rows = 0;  // as two_pass_plan
+  TopkRowsKernel rows_kernel = TopkRowsKernel::kCandidates;  // the selection (topk_rows)
+  int32_t list_cap = kTopkListCap;  // kCandidates' candidate list (tests: smaller forces the rows)
+  int64_t chunk_rows = 0;           // as two_pass_plan
   const char* path = "";   // the arch path, for errors
 };
+
+// The row kernel of a top-k tuning value (Tuning::{sm90,portable}_indexer_topk): 2 the radix
+// kernel staged, 3 unstaged, anything else the candidates kernel.
+inline TopkRowsKernel rows_kernel_of(int32_t tuning) {
+  return tuning == 2 ? TopkRowsKernel::kRadixStaged
+                     : tuning == 3 ? TopkRowsKernel::kRadix : TopkRowsKernel::kCandidates;
+}
 
 // "" when the arch's score kernel serves every chunk of p (checked once, on all of p's rows: a
 // chunk's checks are those of the whole), else why not.

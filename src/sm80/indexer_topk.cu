@@ -107,7 +107,8 @@ indexer::TwoPassOptions two_pass_options() {
   indexer::TwoPassOptions o;
   o.scores = &indexer_scores;
   o.scores_unsupported = &indexer_scores_unsupported;
-  o.staging = detail::tuning().portable_indexer_topk != 3;
+  o.rows_kernel = indexer::rows_kernel_of(detail::tuning().portable_indexer_topk);
+  if (detail::tuning().indexer_topk_list_cap > 0) o.list_cap = detail::tuning().indexer_topk_list_cap;
   o.chunk_rows = detail::tuning().indexer_topk_rows;
   o.path = kPath;
   return o;

@@ -93,7 +93,8 @@ portable::indexer::TwoPassOptions two_pass_options() {
   portable::indexer::TwoPassOptions o;
   o.scores = &indexer_scores;
   o.scores_unsupported = &indexer_scores_unsupported;
-  o.staging = detail::tuning().sm90_indexer_topk != 3;
+  o.rows_kernel = portable::indexer::rows_kernel_of(detail::tuning().sm90_indexer_topk);
+  if (detail::tuning().indexer_topk_list_cap > 0) o.list_cap = detail::tuning().indexer_topk_list_cap;
   o.chunk_rows = detail::tuning().indexer_topk_rows;
   o.path = kPath;
   return o;
