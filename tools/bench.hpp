@@ -54,7 +54,7 @@ struct BenchOptions {
 //   tune.dsa_fwd_pad=0|1         Hopper DSA forward at H 16 on the padded 64-row kernel
 //   tune.topk=0..4               Hopper indexer top-k: default, fused, two passes with the radix
 //                                select staged / unstaged, two passes with the candidates kernel
-//   tune.ptopk=0..4              portable indexer top-k: default (fused), fused, then as tune.topk
+//   tune.ptopk=0..4              portable indexer top-k: as tune.topk
 // The former spellings env.SA_TUNE_SM90_{FWD_SPLITS,BWD_TAIL,DSA_BWD,DSA_FWD_PAD}=VALUE are
 // accepted for the same keys.
 std::vector<BenchVariant> parse_variants(const std::string& text);

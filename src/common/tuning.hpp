@@ -28,8 +28,8 @@ struct Tuning {
   // the radix select unstaged, 4 two passes with the candidates row kernel
   // (cuda/indexer_topk_rows.cu).
   int32_t sm90_indexer_topk = 0;
-  // Portable indexer top-k (sm80/indexer_topk.cu): 0 the default (the fused kernel until the two
-  // passes are measured on a GPU), 1 fused, 2 / 3 / 4 two passes as sm90_indexer_topk.
+  // Portable indexer top-k (sm80/indexer_topk.cu): 0 the default (two passes, the candidates row
+  // kernel), 1 fused, 2 / 3 / 4 two passes as sm90_indexer_topk.
   int32_t portable_indexer_topk = 0;
   // The candidates row kernel's list entries (0: kTopkListCap); tests force the row fallback.
   int32_t indexer_topk_list_cap = 0;
