@@ -30,11 +30,11 @@
 //              every key tile by its own 256 columns (8 wgmma m64n256k16), releases the stage,
 //              then reduces and stores its tokens' 64 scores per token.
 //
-// Timeline (one CTA, tiles i0 i1 ...; the two consumers contend for the tensor core and overlap
-// each other's epilogue):
+// Timeline (one CTA, tiles i0 i1 ...; the consumers take turns to issue (IssueTurn), so one's
+// GEMM runs on the tensor core while the other reduces and stores):
 //   producer |Q|K0|K1|K2|K3|      K4      |      K5      | ...   (a load waits for a free stage)
-//   WG0      |    |GEMM0|epi0|GEMM1|epi1|GEMM2|epi2| ...
-//   WG1      |    |  GEMM0  |epi0|GEMM1|epi1|GEMM2|epi2| ...
+//   WG0      |    |GEMM0|epi0   |GEMM1|epi1   |GEMM2| ...
+//   WG1      |    |     |GEMM0|epi0   |GEMM1|epi1   | ...
 //
 // Pipeline objects (shared memory):
 //   q_full      mbarrier, TMA -> consumers: the CTA's q_I rows landed (one phase)
@@ -253,6 +253,30 @@ __device__ __forceinline__ void producer_main(const ScoresParams& p, ScoresSmem<
 }
 
 // ---- consumers --------------------------------------------------------------------------------
+// The order in which the two consumer warpgroups issue their GEMMs (FlashAttention-3's
+// warp-scheduler barriers). Both wait for the same k_full phase; issued together, their wgmmas
+// interleave on each SM sub-partition's tensor core, both GEMMs end together and both epilogues
+// then run with the tensor core idle. With turns, warpgroup 0 issues tile n, then warpgroup 1,
+// then warpgroup 0 tile n + 1 ..., so one's GEMM runs while the other reduces and stores.
+// Warpgroup w syncs on barrier kTurn0 + w (256 threads: its 128 + the other's 128 arrivals)
+// before issuing and arrives on the other's after. Warpgroup 1 opens warpgroup 0's first turn
+// and skips the arrival after its last tile, so every barrier phase completes.
+enum class ScoresBarrier : uint32_t { kTurn0 = 1, kTurn1 = 2 };
+
+struct IssueTurn {
+  uint32_t mine = 0, other = 0;  // named barrier ids
+  bool pass_on = true;           // arrive on the other's barrier after issuing
+  __device__ __forceinline__ void before() const { named_barrier_sync(mine, 256); }
+  __device__ __forceinline__ void after() const {
+    if (pass_on) named_barrier_arrive(other, 256);
+  }
+};
+// No turns (the fused top-k kernel, whose warpgroups own different tokens' buffers).
+struct NoTurn {
+  __device__ __forceinline__ void before() const {}
+  __device__ __forceinline__ void after() const {}
+};
+
 // -inf into this warpgroup's token rows for the keys of tile i (no loads, no MMA).
 template <class T>
 __device__ __forceinline__ void store_neg_inf(const ScoresParams& p, int64_t t_wg, int64_t s0,
@@ -271,10 +295,11 @@ __device__ __forceinline__ void store_neg_inf(const ScoresParams& p, int64_t t_w
 // keys (key: 0 .. 63 within the tile), lane (g, t4) of warp w emitting tokens 4 a + t4 and keys
 // 16 w + g (+ 8). The score is a function of the token's and the key's data alone (module
 // comment), so both kernels see the same bits.
-template <class T, class ThrMma, class TensorB, class TensorAcc, class Emit>
+template <class T, class ThrMma, class TensorB, class TensorAcc, class Emit, class Turn = NoTurn>
 __device__ __forceinline__ void consume_key_tile(ScoresSmem<T>& s, int n, const ThrMma& thr,
                                                  const TensorB& tB, TensorAcc& acc, uint32_t s_w,
-                                                 bool negative, Emit&& emit) {
+                                                 bool negative, Emit&& emit,
+                                                 const Turn& turn = Turn{}) {
   using namespace cute;
   const int wtid = threadIdx.x % 128;
   const int warp = wtid / 32, lane = wtid % 32;
@@ -286,6 +311,7 @@ __device__ __forceinline__ void consume_key_tile(ScoresSmem<T>& s, int n, const 
   Tensor sK = make_tensor(make_smem_ptr(s.k[stage]), typename T::SmemLayoutK{});
   Tensor tA = thr.partition_fragment_A(sK);
   typename T::TiledMma mma;
+  turn.before();
   warpgroup_fence_operand(acc);
   warpgroup_arrive();
   mma.accumulate_ = SM90::GMMA::ScaleOut::Zero;
@@ -295,6 +321,7 @@ __device__ __forceinline__ void consume_key_tile(ScoresSmem<T>& s, int n, const 
     mma.accumulate_ = SM90::GMMA::ScaleOut::One;
   }
   warpgroup_commit_batch();
+  turn.after();
   warpgroup_wait<0>();
   warpgroup_fence_operand(acc);
   // [2] The stage is free.
@@ -370,17 +397,25 @@ __device__ __forceinline__ void consumer_main(const ScoresParams& p, ScoresSmem<
 
   mbarrier_wait(&s.q_full, 0);
 
+  IssueTurn turn;
+  turn.mine = static_cast<uint32_t>(ScoresBarrier::kTurn0) + wg;
+  turn.other = static_cast<uint32_t>(ScoresBarrier::kTurn0) + (1 - wg);
+  if (wg == 1) named_barrier_arrive(turn.other, 256);  // warpgroup 0 issues first
 #pragma unroll 1
   for (int i = c.i_lo, n = 0; i < c.i_hi; ++i, ++n) {
     const int64_t s0 = c.k0 + int64_t{i} * T::kTileKeys;
+    turn.pass_on = wg == 0 || i + 1 < c.i_hi;
     // [4] Masked stores: row t, key s0 + key.
-    consume_key_tile<T>(s, n, thr, tB, acc, s_w, negative, [&](int qi, int key, float v) {
-      const int64_t t = t_wg + qi, sk = s0 + key;
-      if (t < p.dims.Sq && sk < p.dims.Skv) {
-        const int2 rg = s_range[qi];
-        p.out[t * p.out_ss + sk] = sk >= rg.x && sk < rg.y ? v : -INFINITY;
-      }
-    });
+    consume_key_tile<T>(
+        s, n, thr, tB, acc, s_w, negative,
+        [&](int qi, int key, float v) {
+          const int64_t t = t_wg + qi, sk = s0 + key;
+          if (t < p.dims.Sq && sk < p.dims.Skv) {
+            const int2 rg = s_range[qi];
+            p.out[t * p.out_ss + sk] = sk >= rg.x && sk < rg.y ? v : -INFINITY;
+          }
+        },
+        turn);
   }
 }
 
