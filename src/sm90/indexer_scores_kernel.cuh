@@ -30,8 +30,8 @@
 //              every key tile by its own 256 columns (8 wgmma m64n256k16), releases the stage,
 //              then reduces and stores its tokens' 64 scores per token.
 //
-// Timeline (one CTA, tiles i0 i1 ...; the consumers take turns to issue (IssueTurn), so one's
-// GEMM runs on the tensor core while the other reduces and stores):
+// Timeline (one CTA, tiles i0 i1 ...; at H_I 64 / 32 the consumers take turns to issue
+// (IssueTurn), so one's GEMM runs on the tensor core while the other reduces and stores):
 //   producer |Q|K0|K1|K2|K3|      K4      |      K5      | ...   (a load waits for a free stage)
 //   WG0      |    |GEMM0|epi0   |GEMM1|epi1   |GEMM2| ...
 //   WG1      |    |     |GEMM0|epi0   |GEMM1|epi1   | ...
@@ -59,6 +59,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <cute/atom/mma_atom.hpp>
@@ -106,6 +107,9 @@ struct ScoresTraits {
   static constexpr int kNtPerToken = kHeads / 8;         // 8-column wgmma tiles per token
   static constexpr uint32_t kQBytes = kTokensPerCta * kHeads * kDim * 2;  // 131,072
   static constexpr uint32_t kKBytes = kTileKeys * kDim * 2;               // 16,384
+  // The consumers take turns to issue (IssueTurn) at H_I 64 and 32: +4.8-6.0% there, -1.7 to
+  // -2.4% at H_I 16 (H100, session 35), whose 16 tokens per warpgroup make the epilogue longer.
+  static constexpr bool kTurns = kHeads >= 32;
   static_assert(kHeads == 16 || kHeads == 32 || kHeads == 64, "H_I 16, 32 or 64");
   static_assert(kTokensPerWg % 4 == 0, "the reduce-scatter takes tokens four at a time");
   static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= setmaxnreg_pool(kThreads, 1),
@@ -397,14 +401,17 @@ __device__ __forceinline__ void consumer_main(const ScoresParams& p, ScoresSmem<
 
   mbarrier_wait(&s.q_full, 0);
 
-  IssueTurn turn;
-  turn.mine = static_cast<uint32_t>(ScoresBarrier::kTurn0) + wg;
-  turn.other = static_cast<uint32_t>(ScoresBarrier::kTurn0) + (1 - wg);
-  if (wg == 1) named_barrier_arrive(turn.other, 256);  // warpgroup 0 issues first
+  using Turn = std::conditional_t<T::kTurns, IssueTurn, NoTurn>;
+  Turn turn;
+  if constexpr (T::kTurns) {
+    turn.mine = static_cast<uint32_t>(ScoresBarrier::kTurn0) + wg;
+    turn.other = static_cast<uint32_t>(ScoresBarrier::kTurn0) + (1 - wg);
+    if (wg == 1) named_barrier_arrive(turn.other, 256);  // warpgroup 0 issues first
+  }
 #pragma unroll 1
   for (int i = c.i_lo, n = 0; i < c.i_hi; ++i, ++n) {
     const int64_t s0 = c.k0 + int64_t{i} * T::kTileKeys;
-    turn.pass_on = wg == 0 || i + 1 < c.i_hi;
+    if constexpr (T::kTurns) turn.pass_on = wg == 0 || i + 1 < c.i_hi;
     // [4] Masked stores: row t, key s0 + key.
     consume_key_tile<T>(
         s, n, thr, tB, acc, s_w, negative,
