@@ -331,27 +331,31 @@ __device__ __forceinline__ void target_consumer(const TargetParams& p, TargetSto
     }
   };
 
+  // Every entry of the loop's head has exactly chunk c's batch (tS0) in flight, and every exit
+  // has none: ptxas then keeps the batches asynchronous (a loop whose exit test could leave a
+  // batch in flight, as far as ptxas could tell, got wgmma waits injected and serialized).
   mbarrier_wait(&s.q_full, 0);
   issue(cute::Int<0>{}, tS0, 0);
 #pragma unroll 1
-  for (int c = 0; c < n_chunks; c += 2) {
-    // Chunk c (stage 0) is in flight in tS0.
+  for (int c = 0;; c += 2) {
     if (c + 1 < n_chunks) {
       issue(cute::Int<1>{}, tS1, c + 1);
-      warpgroup_wait<1>();
+      warpgroup_wait<1>();  // chunk c's batch is done
     } else {
       warpgroup_wait<0>();
+      epilogue(cute::Int<0>{}, tS0, c);
+      break;
     }
     epilogue(cute::Int<0>{}, tS0, c);
-    if (c + 1 < n_chunks) {
-      if (c + 2 < n_chunks) {
-        issue(cute::Int<0>{}, tS0, c + 2);
-        warpgroup_wait<1>();
-      } else {
-        warpgroup_wait<0>();
-      }
+    if (c + 2 < n_chunks) {
+      issue(cute::Int<0>{}, tS0, c + 2);
+      warpgroup_wait<1>();  // chunk c + 1's batch is done
+    } else {
+      warpgroup_wait<0>();
       epilogue(cute::Int<1>{}, tS1, c + 1);
+      break;
     }
+    epilogue(cute::Int<1>{}, tS1, c + 1);
   }
 }
 
