@@ -12,9 +12,9 @@
 //
 // Work split. A CTA is one token and a PAIR of head groups (2 x 64 heads; the pair's second group
 // may not exist: H <= 64, or an odd group count), one CTA per (token, pair), not persistent. The
-// portable target (and a Hopper version with one group per CTA) gathers each selected kv row once
-// per 64 heads: 64 x 2 FLOP per gathered byte, so at H 128 it needs twice the L2 -> SM bandwidth
-// of this split (128 FLOP per byte, the DSA forward's intensity). Both groups' Q stay resident
+// portable target (as would a Hopper kernel with one group per CTA) gathers each selected kv row
+// once per 64 heads: 64 x 2 FLOP per gathered byte, so at H 128 it needs twice the L2 -> SM
+// bandwidth of this split (128 FLOP per byte, the DSA forward's intensity). Both groups' Q stay resident
 // (147 KB), which leaves room for two stages of 32 keys.
 //
 // Roles (384 threads, 3 warpgroups; no register reconfiguration: nobody needs more than the
@@ -29,26 +29,34 @@
 //             D_qk, wgmma SS from the 128B-swizzled panels) for EVERY stage; both consumers read
 //             the same stage.
 //
-// Consumer timeline (S double-buffered in registers: chunk c's epilogue runs while chunk c + 1's
-// wgmma batch is in flight):
-//   chunk c    issue S[c % 2] = Q K_c^T (wait full[c % 2]) ... wait for chunk c's batch (wgmma
-//              wait<1> when c + 1 was issued) -> every thread arrives on empty[c % 2] ->
-//              [E1] x = S scale_log2 - lse2 (2 rows per thread); per key column the maximum and
-//                   then the sum of 2^(x - m) over the thread's 2 rows, then over the 8 lanes of
-//                   the column (xor shuffles 4, 8, 16) -> (m, l) of the warp's 16 heads -> smem
-//                   part[w][c % 2][warp][key]
-//              [E2] named barrier of the warpgroup (128 threads); lanes 0..7 of each warp take 8
-//                   keys: (m, l) of the 4 warps combined in warp order (deterministic), log A_g
-//                   = ln 2 (m + log2 l) (-inf when m = -inf) -> global (slot < n_slots)
-//   part is double-buffered by chunk parity: chunk c + 2's writes follow every read of chunk c's
-//   through chunk c + 1's barrier.
+// Consumer timeline (S double-buffered in registers; chunk c in stage c % 2 and tS[c % 2]):
+//   issue c     wait full[c % 2]; S[c % 2] = Q K_c^T, 32 (D_qk 512) or 36 wgmma m64n32k16, one
+//               commit group
+//   retire c    wgmma wait<0> (chunk c's batch, the only one in flight); every thread arrives on
+//               empty[c % 2]: the producer refills the stage while chunk c + 1's copies may still
+//               be landing (two fills in flight)
+//   issue c + 1
+//   [E1] c      x = S scale_log2 - lse2 (2 rows per thread); per key column the maximum, then the
+//               sum of 2^(x - m), over the thread's 2 rows and the 8 lanes of the column (xor
+//               shuffles 4, 8, 16) -> (m, l) of the warp's 16 heads -> smem part[w][c % 2][warp]
+//   [E2] c      named barrier of the warpgroup (128 threads); lanes 0..7 of each warp take 8 keys:
+//               the 4 warps' (m, l) combined in warp order (deterministic), log A_g = ln 2 (m +
+//               log2 l) (-inf when m = -inf) -> global, slot < n_slots
+//   retire c + 1, issue c + 2, epilogue c + 1, ...
+// so each epilogue runs under the next chunk's batch, and both warpgroups' batches share the
+// tensor pipe. part is double-buffered by chunk parity: chunk c + 2's writes follow every read of
+// chunk c's through chunk c + 1's barrier. The loop's head always has exactly one batch in flight
+// and its exits none: ptxas keeps the batches asynchronous (no injected waits, no serialization).
 //
 // Shared memory (bytes, D_qk 576; 512 leaves the rope panels unused): Q 2 groups x (64 x 512 +
 // 64 x 64) x 2 = 147,456; kv 2 stages x (32 x 512 + 32 x 64) x 2 = 73,728; part 2 x 2 x 4 x 32 x
 // 8 = 4,096; 5 mbarriers: 225,320, rounded to 226,304 by the 1024-byte alignment, + 1,024 slack
 // for aligning the dynamic base = 227,328 of sm_90's 232,448.
 //
-// Registers (ptxas 13.0 -v): see docs/indexer_decisions.md ("The sm90 attention target").
+// Registers (ptxas 13.0 -v, all four instantiations: D_qk 512 / 576, sparse / dense): 72 per
+// thread, no stack frame, no spill; no register reconfiguration. The operand descriptors are
+// rebuilt at each issue from a pointer the compiler cannot hoist (fresh_ptr): built once before
+// the loop, the issue sites' descriptors stayed live (168 registers and 76-140 bytes of spills).
 #pragma once
 
 #include <cstdint>
@@ -284,11 +292,19 @@ __device__ __forceinline__ void target_consumer(const TargetParams& p, TargetSto
     warpgroup_commit_batch();
   };
 
-  // Chunk c's S (its wgmma batch complete): release the stage, reduce over the heads, store.
-  auto epilogue = [&](auto stage_tag, auto& tS, int c) {
+  // Chunk c's batch (the only one in flight) completes; the stage goes back to the producer at
+  // once, so that its refill overlaps the next chunk's copies still in flight.
+  auto retire = [&](auto stage_tag, auto& tS) {
     constexpr int kStage = decltype(stage_tag)::value;
+    warpgroup_wait<0>();
     warpgroup_fence_operand(tS);
     mbarrier_arrive(&s.empty[kStage]);  // this thread's wgmma reads of the stage are done
+  };
+
+  // Chunk c's S (its batch complete): reduce over the heads, store (while chunk c + 1's batch
+  // runs).
+  auto epilogue = [&](auto stage_tag, auto& tS, int c) {
+    constexpr int kStage = decltype(stage_tag)::value;
     float2* const part = s.part[w][kStage][0];
     // [E1] Fragment index 4 j + 2 r + e: row slot r, column 8 j + 2 (lane % 4) + e.
     CUTE_UNROLL
@@ -332,29 +348,25 @@ __device__ __forceinline__ void target_consumer(const TargetParams& p, TargetSto
   };
 
   // Every entry of the loop's head has exactly chunk c's batch (tS0) in flight, and every exit
-  // has none: ptxas then keeps the batches asynchronous (a loop whose exit test could leave a
-  // batch in flight, as far as ptxas could tell, got wgmma waits injected and serialized).
+  // none: ptxas then keeps the batches asynchronous (a loop whose exit test could leave a batch in
+  // flight, as far as ptxas could tell, got wgmma waits injected and serialized).
   mbarrier_wait(&s.q_full, 0);
   issue(cute::Int<0>{}, tS0, 0);
 #pragma unroll 1
   for (int c = 0;; c += 2) {
-    if (c + 1 < n_chunks) {
-      issue(cute::Int<1>{}, tS1, c + 1);
-      warpgroup_wait<1>();  // chunk c's batch is done
-    } else {
-      warpgroup_wait<0>();
+    retire(cute::Int<0>{}, tS0);  // chunk c
+    if (c + 1 >= n_chunks) {
       epilogue(cute::Int<0>{}, tS0, c);
       break;
     }
+    issue(cute::Int<1>{}, tS1, c + 1);
     epilogue(cute::Int<0>{}, tS0, c);
-    if (c + 2 < n_chunks) {
-      issue(cute::Int<0>{}, tS0, c + 2);
-      warpgroup_wait<1>();  // chunk c + 1's batch is done
-    } else {
-      warpgroup_wait<0>();
+    retire(cute::Int<1>{}, tS1);  // chunk c + 1
+    if (c + 2 >= n_chunks) {
       epilogue(cute::Int<1>{}, tS1, c + 1);
       break;
     }
+    issue(cute::Int<0>{}, tS0, c + 2);
     epilogue(cute::Int<1>{}, tS1, c + 1);
   }
 }
