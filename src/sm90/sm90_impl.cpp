@@ -1,6 +1,8 @@
 // The Hopper (sm_90a) fast path as the dispatcher sees it. Every kernel here has passed its GPU
 // tests on an H200; AUTO takes each one where it measured faster than the portable path
-// (bench/notes-archive), i.e. everywhere except the DSA backward's deterministic mode.
+// (bench/notes-archive), i.e. everywhere except the DSA backward's deterministic mode. Exception,
+// pending its first GPU run: the indexer loss's Hopper attention target (below), which AUTO
+// serves before it was tested or measured.
 // Compiled only with the Hopper objects (SA_HAVE_SM90): this file calls into src/sm90/*.cu.
 #if SA_HAVE_SM90
 #include <cuda_runtime_api.h>
@@ -21,7 +23,8 @@
 
 namespace sa {
 
-extern const Implementation kPortableImplementation;  // the loss's A/B (Tuning::sm90_indexer_target)
+// The loss's A/B (Tuning::sm90_indexer_target) runs the portable entry.
+extern const Implementation kPortableImplementation;
 
 namespace {
 
@@ -165,7 +168,8 @@ void indexer_topk_run(const IndexerTopkProblem& p, const ExecContext& ctx) {
 bool loss_portable_target() { return detail::tuning().sm90_indexer_target == 1; }
 
 std::string indexer_loss_unsupported(const IndexerLossProblem& p) {
-  if (loss_portable_target()) return unsupported(p, kPortableImplementation.indexer_loss.unsupported);
+  if (loss_portable_target())
+    return unsupported(p, kPortableImplementation.indexer_loss.unsupported);
   return unsupported(p, &sm90::indexer_loss_unsupported);
 }
 
