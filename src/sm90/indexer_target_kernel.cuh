@@ -170,6 +170,103 @@ __device__ __forceinline__ TargetItem target_item(const TargetParams& p) {
   return it;
 }
 
+// ---- consumer pieces both target kernels share -------------------------------------------------
+// This thread's rows of group g (fragment slot r: row 16 warp + lane / 4 + 8 r) in log2 units;
+// +inf: no term (lse = +inf, or a row past H).
+__device__ __forceinline__ void load_lse2(const TargetParams& p, int64_t tok, int h0, int warp,
+                                          int lane, float (&lse2)[2]) {
+  constexpr float kLog2e = 1.4426950408889634f;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int h = h0 + 16 * warp + lane / 4 + 8 * r;
+    const float l = h < p.H ? p.lse[tok * p.lse_ss + h * p.lse_sh] : INFINITY;
+    lse2[r] = l == INFINITY ? INFINITY : l * kLog2e;
+  }
+}
+
+// A chunk's S (64 heads x kBlockN keys, its batch complete) -> log A_g of its keys: [E1] per key
+// column the maximum, then the sum of 2^(x - m), over the thread's 2 rows and the 8 lanes of the
+// column -> part[warp][key] (this chunk parity's [4][kBlockN] partials of the warpgroup); the
+// warpgroup's named barrier bar_id; [E2] lanes 0..7 of warp v: keys 8 v .. 8 v + 7, the 4 warps'
+// (m, l) in warp order -> out[slot0 + key] for slots < n_slots.
+template <int kBlockN, class FragS>
+__device__ __forceinline__ void reduce_store_chunk(const FragS& tS, float2* part,
+                                                   const float (&lse2)[2], float scale_log2,
+                                                   uint32_t bar_id, int warp, int lane, float* out,
+                                                   int slot0, int n_slots) {
+  static_assert(kBlockN == 32, "lanes 0..7 of 4 warps store the chunk's keys");
+  constexpr float kLn2 = 0.693147180559945309f;
+  // [E1] Fragment index 4 j + 2 r + e: row slot r, column 8 j + 2 (lane % 4) + e.
+  CUTE_UNROLL
+  for (int j = 0; j < kBlockN / 8; ++j) {
+    CUTE_UNROLL
+    for (int e = 0; e < 2; ++e) {
+      // lse = +inf: fmaf(s, scale, -inf) = -inf for finite s (no term).
+      const float x0 = fmaf(tS(4 * j + e), scale_log2, -lse2[0]);
+      const float x1 = fmaf(tS(4 * j + 2 + e), scale_log2, -lse2[1]);
+      float m = fmaxf(x0, x1);
+      CUTE_UNROLL
+      for (int off = 4; off < 32; off *= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+      float l = 0.f;
+      if (m != -INFINITY) l = exp2_approx(x0 - m) + exp2_approx(x1 - m);
+      CUTE_UNROLL
+      for (int off = 4; off < 32; off *= 2) l += __shfl_xor_sync(0xffffffffu, l, off);
+      if (lane < 4) part[warp * kBlockN + 8 * j + 2 * lane + e] = make_float2(m, l);
+    }
+  }
+  named_barrier_sync(bar_id, 128);
+  // [E2]
+  if (lane < 8) {
+    const int key = 8 * warp + lane;
+    float2 pw[4];
+    float m = -INFINITY;
+    CUTE_UNROLL
+    for (int v = 0; v < 4; ++v) {
+      pw[v] = part[v * kBlockN + key];
+      m = fmaxf(m, pw[v].x);
+    }
+    float log_a = -INFINITY;
+    if (m != -INFINITY) {
+      float l = 0.f;
+      CUTE_UNROLL
+      for (int v = 0; v < 4; ++v) l += pw[v].y * exp2_approx(pw[v].x - m);  // 2^-inf = 0
+      log_a = (m + log2f(l)) * kLn2;
+    }
+    if (slot0 + key < n_slots) out[slot0 + key] = log_a;
+  }
+}
+
+// The consumer's chunk loop: issue(b, tS, c) queues chunk c's batch into tS (b = c % 2, a
+// cute::Int), retire(b, tS, c) waits for it (the only batch in flight) and releases its stage,
+// epilogue(b, tS, c) reduces and stores it under the next chunk's batch. Every entry of the loop's
+// head has exactly chunk c's batch (tS0) in flight, and every exit none: ptxas then keeps the
+// batches asynchronous (a loop whose exit test could leave a batch in flight, as far as ptxas could
+// tell, got wgmma waits injected and serialized, C7514).
+template <class FragS, class Issue, class Retire, class Epilogue>
+__device__ __forceinline__ void chunk_loop(int n_chunks, FragS& tS0, FragS& tS1, Issue&& issue,
+                                           Retire&& retire, Epilogue&& epilogue) {
+  const cute::Int<0> b0{};
+  const cute::Int<1> b1{};
+  issue(b0, tS0, 0);
+#pragma unroll 1
+  for (int c = 0;; c += 2) {
+    retire(b0, tS0, c);
+    if (c + 1 >= n_chunks) {
+      epilogue(b0, tS0, c);
+      break;
+    }
+    issue(b1, tS1, c + 1);
+    epilogue(b0, tS0, c);
+    retire(b1, tS1, c + 1);
+    if (c + 2 >= n_chunks) {
+      epilogue(b1, tS1, c + 1);
+      break;
+    }
+    issue(b0, tS0, c + 2);
+    epilogue(b1, tS1, c + 1);
+  }
+}
+
 // ---- producer (warpgroup 0, 128 threads) --------------------------------------------------------
 // Thread t copies 16-byte chunk t % 8 of each 128-byte panel row of rows t / 8 and t / 8 + 16 of
 // every stage (one swizzle phase for both).
@@ -232,8 +329,6 @@ template <class T, bool kDense>
 __device__ __forceinline__ void target_consumer(const TargetParams& p, TargetStorage<T>& s,
                                                 const TargetItem& it, int n_chunks, int w) {
   using namespace cute;
-  constexpr float kLog2e = 1.4426950408889634f;
-  constexpr float kLn2 = 0.693147180559945309f;
   const int g = T::kGroups * it.pair + w;
   if (g >= p.head_groups) return;  // warpgroup-uniform; empty[] does not count this warpgroup
   const int wtid = threadIdx.x % 128;
@@ -248,15 +343,8 @@ __device__ __forceinline__ void target_consumer(const TargetParams& p, TargetSto
   Tensor tS1 = partition_fragment_C(mma, Shape<typename T::H64, typename T::N32>{});
   static_assert(decltype(size(tS0))::value == 16, "S fragment: 64 x 32 per warpgroup");
 
-  // This thread's rows (fragment slot r: row 16 warp + lane / 4 + 8 r) in log2 units; +inf: no
-  // term (lse = +inf, or a row past H).
   float lse2[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int h = h0 + 16 * warp + lane / 4 + 8 * r;
-    const float l = h < p.H ? p.lse[it.tok * p.lse_ss + h * p.lse_sh] : INFINITY;
-    lse2[r] = l == INFINITY ? INFINITY : l * kLog2e;
-  }
+  load_lse2(p, it.tok, h0, warp, lane, lse2);
   const float scale_log2 = p.scale_log2;
   float* const out = p.log_a + int64_t{g} * p.la_gs + (it.tok - p.tok_begin) * p.la_ts;
 
@@ -294,81 +382,22 @@ __device__ __forceinline__ void target_consumer(const TargetParams& p, TargetSto
 
   // Chunk c's batch (the only one in flight) completes; the stage goes back to the producer at
   // once, so that its refill overlaps the next chunk's copies still in flight.
-  auto retire = [&](auto stage_tag, auto& tS) {
+  auto retire = [&](auto stage_tag, auto& tS, int) {
     constexpr int kStage = decltype(stage_tag)::value;
     warpgroup_wait<0>();
     warpgroup_fence_operand(tS);
     mbarrier_arrive(&s.empty[kStage]);  // this thread's wgmma reads of the stage are done
   };
 
-  // Chunk c's S (its batch complete): reduce over the heads, store (while chunk c + 1's batch
-  // runs).
+  // Chunk c's S (its batch complete): reduce over the heads, store (under chunk c + 1's batch).
   auto epilogue = [&](auto stage_tag, auto& tS, int c) {
     constexpr int kStage = decltype(stage_tag)::value;
-    float2* const part = s.part[w][kStage][0];
-    // [E1] Fragment index 4 j + 2 r + e: row slot r, column 8 j + 2 (lane % 4) + e.
-    CUTE_UNROLL
-    for (int j = 0; j < T::kBlockN / 8; ++j) {
-      CUTE_UNROLL
-      for (int e = 0; e < 2; ++e) {
-        // lse = +inf: fmaf(s, scale, -inf) = -inf for finite s (no term).
-        const float x0 = fmaf(tS(4 * j + e), scale_log2, -lse2[0]);
-        const float x1 = fmaf(tS(4 * j + 2 + e), scale_log2, -lse2[1]);
-        float m = fmaxf(x0, x1);
-        CUTE_UNROLL
-        for (int off = 4; off < 32; off *= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-        float l = 0.f;
-        if (m != -INFINITY) l = exp2_approx(x0 - m) + exp2_approx(x1 - m);
-        CUTE_UNROLL
-        for (int off = 4; off < 32; off *= 2) l += __shfl_xor_sync(0xffffffffu, l, off);
-        if (lane < 4) part[warp * T::kBlockN + 8 * j + 2 * lane + e] = make_float2(m, l);
-      }
-    }
-    named_barrier_sync(bar_id, T::kConsumerThreads);
-    // [E2] Lanes 0..7 of warp v: keys 8 v .. 8 v + 7; the 4 warps' (m, l) in warp order.
-    if (lane < 8) {
-      const int key = 8 * warp + lane;
-      float2 pw[4];
-      float m = -INFINITY;
-      CUTE_UNROLL
-      for (int v = 0; v < 4; ++v) {
-        pw[v] = part[v * T::kBlockN + key];
-        m = fmaxf(m, pw[v].x);
-      }
-      float log_a = -INFINITY;
-      if (m != -INFINITY) {
-        float l = 0.f;
-        CUTE_UNROLL
-        for (int v = 0; v < 4; ++v) l += pw[v].y * exp2_approx(pw[v].x - m);  // 2^-inf = 0
-        log_a = (m + log2f(l)) * kLn2;
-      }
-      const int slot = c * T::kBlockN + key;
-      if (slot < it.n_slots) out[slot] = log_a;
-    }
+    reduce_store_chunk<T::kBlockN>(tS, s.part[w][kStage][0], lse2, scale_log2, bar_id, warp,
+                                   lane, out, c * T::kBlockN, it.n_slots);
   };
 
-  // Every entry of the loop's head has exactly chunk c's batch (tS0) in flight, and every exit
-  // none: ptxas then keeps the batches asynchronous (a loop whose exit test could leave a batch in
-  // flight, as far as ptxas could tell, got wgmma waits injected and serialized).
   mbarrier_wait(&s.q_full, 0);
-  issue(cute::Int<0>{}, tS0, 0);
-#pragma unroll 1
-  for (int c = 0;; c += 2) {
-    retire(cute::Int<0>{}, tS0);  // chunk c
-    if (c + 1 >= n_chunks) {
-      epilogue(cute::Int<0>{}, tS0, c);
-      break;
-    }
-    issue(cute::Int<1>{}, tS1, c + 1);
-    epilogue(cute::Int<0>{}, tS0, c);
-    retire(cute::Int<1>{}, tS1);  // chunk c + 1
-    if (c + 2 >= n_chunks) {
-      epilogue(cute::Int<1>{}, tS1, c + 1);
-      break;
-    }
-    issue(cute::Int<0>{}, tS0, c + 2);
-    epilogue(cute::Int<1>{}, tS1, c + 1);
-  }
+  chunk_loop(n_chunks, tS0, tS1, issue, retire, epilogue);
 }
 
 // ---- kernel -------------------------------------------------------------------------------------
