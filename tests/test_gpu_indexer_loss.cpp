@@ -386,8 +386,9 @@ TEST(IndexerGpuAuto, LossRunsTheExpectedKernels) {
 // Every portable case with options.impl = SA_IMPL_SM90, plus the Hopper target's own edges: a CTA
 // serves a token and a pair of 64-head groups, so 3 and 5 groups (H 192, 300: the last pair's
 // second group absent, the last group partial) in both modes; one key (a single partial stage);
-// stage counts odd and even around the 32-key stage and the two-stage ring. Two more runs of each
-// case must give bitwise the same loss, loss_per_token, dq_I and dw.
+// stage counts odd and even around the 32-key stage and the two- and six-stage rings. Each case
+// runs on both Hopper targets (Q in shared memory, the default; Q in registers, tuning 2); two more
+// runs of each must give bitwise the same loss, loss_per_token, dq_I and dw.
 #define SA_SKIP_UNLESS_SM90_PATH()                                                            \
   do {                                                                                        \
     SA_SKIP_UNLESS_SM90();                                                                    \
@@ -403,6 +404,8 @@ std::vector<LossCase> sm90_loss_cases() {
       {"HI16_H128_D576_K1_OneKey", loss_shape(12, 40, 16, 128, 576), R::kNone, 1, false},
       {"HI64_H128_D512_K95_ThreeStages", loss_shape(16, 400, 64, 128, 512), R::kNone, 95, false},
       {"HI64_H128_D576_K129_FiveStages", loss_shape(16, 400, 64, 128, 576), R::kCausal, 129},
+      {"HI32_H128_D576_K416_ThirteenStages", loss_shape(12, 900, 32, 128, 576), R::kNone, 416,
+       false},
       {"Dense_HI32_H192_D576_ThreeGroups", loss_shape(20, 150, 32, 192, 576), R::kCausal, 0,
        false, false, true, 1.f, 0.f, true},
       {"Dense_HI16_H128_D512_Packed_Skv77", loss_shape(24, 77, 16, 128, 512), R::kPacked, 0,
@@ -415,9 +418,17 @@ std::vector<LossCase> sm90_loss_cases() {
 
 class IndexerSm90Loss : public ::testing::TestWithParam<LossCase> {};
 
+// Both Hopper targets (Tuning::sm90_indexer_target): 0 Q in shared memory (the default), 2 Q in
+// registers.
 TEST_P(IndexerSm90Loss, MatchesReference) {
   SA_SKIP_UNLESS_SM90_PATH();
-  check_loss_case(GetParam(), /*every_run_same=*/true);
+  for (int32_t variant : {0, 2}) {
+    SCOPED_TRACE(variant == 0 ? "target: Q in shared memory" : "target: Q in registers");
+    sa::detail::Tuning t;
+    t.sm90_indexer_target = variant;
+    sa::detail::ScopedTuning scope(t);
+    check_loss_case(GetParam(), /*every_run_same=*/true);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, IndexerSm90Loss, ::testing::ValuesIn(sm90_loss_cases()),

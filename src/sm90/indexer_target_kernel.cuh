@@ -15,7 +15,8 @@
 // portable target (as would a Hopper kernel with one group per CTA) gathers each selected kv row
 // once per 64 heads: 64 x 2 FLOP per gathered byte, so at H 128 it needs twice the L2 -> SM
 // bandwidth of this split (128 FLOP per byte, the DSA forward's intensity). Both groups' Q stay
-// resident (147 KB), which leaves room for two stages of 32 keys.
+// resident (147 KB), which leaves room for two stages of 32 keys. (An opt-in variant keeps Q in
+// registers instead, with six stages: indexer_target_rs_kernel.cuh.)
 //
 // Roles (384 threads, 3 warpgroups; no register reconfiguration: nobody needs more than the
 // launch's 168):

@@ -164,7 +164,8 @@ void indexer_topk_run(const IndexerTopkProblem& p, const ExecContext& ctx) {
 // portable path's code) with the Hopper attention target (sm90/indexer_target_kernel.cuh), so AUTO
 // serves the loss here on sm_90. NOT YET VERIFIED ON A GPU (tests: IndexerSm90Loss*); the internal
 // tuning Tuning::sm90_indexer_target = 1 runs the portable entry instead (the same driver with the
-// portable target, the same workspace), for A/B in the bench and tests.
+// portable target, the same workspace), for A/B in the bench and tests (2: the Hopper target with
+// Q in registers, chosen in sm90/indexer_loss.cu).
 bool loss_portable_target() { return detail::tuning().sm90_indexer_target == 1; }
 
 std::string indexer_loss_unsupported(const IndexerLossProblem& p) {
