@@ -1,7 +1,12 @@
-// The portable indexer KL loss and its gradients, sparse and dense mode
-// (src/sm80/indexer_loss.cu), against the fp64 reference (SPEC 5). Every call forces
-// options.impl = SA_IMPL_PORTABLE except IndexerGpuAuto's (AUTO must pick the portable kernels);
-// every call checks which implementation ran. Suite names contain "IndexerGpu".
+// The indexer KL loss and its gradients, sparse and dense mode (the shared driver
+// src/cuda/indexer_loss_driver.cu with the portable target, src/sm80/indexer_loss.cu, and with the
+// Hopper target, src/sm90/indexer_loss.cu), against the fp64 reference (SPEC 5). The portable
+// suites (names contain "IndexerGpu") force options.impl = SA_IMPL_PORTABLE except
+// IndexerGpuAuto's (AUTO must pick the portable kernels, or the Hopper ones on sm_90); the Hopper
+// suites (names contain "IndexerSm90Loss", skipped without an sm_90 device and the sm90 path)
+// force SA_IMPL_SM90 on the same cases plus a few for the Hopper target's work split (three and
+// five head groups: a CTA's second group absent), and check that two runs give bitwise the same
+// loss, loss_per_token, dq_I and dw. Every call checks which implementation ran.
 //
 // Each case: bf16 q_I, k_I, q, kv, fp32 w and lse (a few heads at +inf, row 2 entirely: no target
 // mass); sparse mode with top-k metadata drawn from each row's range with SPEC 2's edge cases
@@ -30,6 +35,10 @@
 #include "indexer_gpu_case.hpp"
 #include "test_util.hpp"
 
+#ifndef SA_HAVE_SM90  // set by CMake like the library's
+#define SA_HAVE_SM90 0
+#endif
+
 namespace sa_test {
 namespace {
 
@@ -44,8 +53,15 @@ struct LossCase {
   float coeff = 1.f;
   float scale_I = 0.f;
   bool dense = false;  // no topk_idx: K_t is the range
-  sa_impl impl = SA_IMPL_PORTABLE;  // the options' impl; the portable kernels must run either way
+  sa_impl impl = SA_IMPL_PORTABLE;  // the options' impl
 };
+
+// The implementation that must serve lc: the forced one; AUTO: sm90 on an sm_90 device when the
+// library has the sm90 path, else portable.
+sa_impl expected_impl(const LossCase& lc) {
+  if (lc.impl != SA_IMPL_AUTO) return lc.impl;
+  return SA_HAVE_SM90 && device_is_sm90() ? SA_IMPL_SM90 : SA_IMPL_PORTABLE;
+}
 
 void PrintTo(const LossCase& c, std::ostream* os) { *os << c.name; }
 
@@ -190,8 +206,9 @@ sa_indexer_options loss_options(const LossCase& lc, sa_impl impl) {
   const cudaError_t err = cudaDeviceSynchronize();
   if (err != cudaSuccess)
     return ::testing::AssertionFailure() << "kernel failed: " << cudaGetErrorString(err);
-  if (used != SA_IMPL_PORTABLE)
-    return ::testing::AssertionFailure() << "ran " << sa_impl_name(used);
+  if (used != expected_impl(lc))
+    return ::testing::AssertionFailure() << "ran " << sa_impl_name(used) << ", not "
+                                         << sa_impl_name(expected_impl(lc));
   *out = output_shapes(c, SA_DTYPE_FP32, SA_DTYPE_BF16);
   HostTensor loss(SA_DTYPE_FP32, {1});
   ::testing::AssertionResult r = dev.loss.download(loss);
@@ -273,11 +290,9 @@ void expect_matches(const LossCase& lc, const IndexerCase& c, const HostTensor& 
   }
 }
 
-class IndexerGpuLoss : public ::testing::TestWithParam<LossCase> {};
-
-TEST_P(IndexerGpuLoss, MatchesReference) {
-  SA_SKIP_WITHOUT_GPU();
-  const LossCase& lc = GetParam();
+// lc against the reference; deterministic cases (and every_run_same: the Hopper suites) also run
+// twice more and compare bitwise (dk_I only in deterministic mode: fp32 reductions otherwise).
+void check_loss_case(const LossCase& lc, bool every_run_same = false) {
   IndexerCase c = make_indexer_case(lc.shape, lc.ranges, SA_DTYPE_BF16, loss_seed(lc.name));
   HostTensor idx, len;
   make_meta(c, std::max<int64_t>(lc.topk, 1), loss_seed(lc.name) + 1, &idx, &len);
@@ -288,16 +303,26 @@ TEST_P(IndexerGpuLoss, MatchesReference) {
   LossOutputs got;
   ASSERT_TRUE(run_gpu_loss(lc, c, dev, &got));
   expect_matches(lc, c, idx, len, got, want);
-  if (!lc.deterministic) return;
+  if (!lc.deterministic && !every_run_same) return;
   for (int run = 1; run < 3; ++run) {
     LossOutputs again;
     ASSERT_TRUE(run_gpu_loss(lc, c, dev, &again));
     EXPECT_TRUE(bitwise_equal(again.loss, got.loss)) << "loss differs on run " << run;
     EXPECT_TRUE(bitwise_equal(again.per_token, got.per_token)) << "per-token differs, run " << run;
+    if (!lc.grads) continue;
     EXPECT_TRUE(bitwise_equal(again.dq_I, got.dq_I)) << "dq_I differs on run " << run;
-    EXPECT_TRUE(bitwise_equal(again.dk_I, got.dk_I)) << "dk_I differs on run " << run;
+    if (lc.deterministic) {
+      EXPECT_TRUE(bitwise_equal(again.dk_I, got.dk_I)) << "dk_I differs on run " << run;
+    }
     EXPECT_TRUE(bitwise_equal(again.dw, got.dw)) << "dw differs on run " << run;
   }
+}
+
+class IndexerGpuLoss : public ::testing::TestWithParam<LossCase> {};
+
+TEST_P(IndexerGpuLoss, MatchesReference) {
+  SA_SKIP_WITHOUT_GPU();
+  check_loss_case(GetParam());
 }
 
 std::vector<LossCase> loss_cases() {
@@ -340,9 +365,10 @@ std::vector<LossCase> loss_cases() {
 INSTANTIATE_TEST_SUITE_P(Cases, IndexerGpuLoss, ::testing::ValuesIn(loss_cases()),
                          [](const auto& info) { return info.param.name; });
 
-// AUTO serves the loss with the portable kernels (run_gpu_loss fails unless they ran): a sparse
+// AUTO serves the loss with the portable kernels, or on sm_90 (with the sm90 path built) with the
+// Hopper target (run_gpu_loss fails unless the expected implementation ran): a sparse
 // deterministic case and a dense one, against the reference as above.
-TEST(IndexerGpuAuto, LossRunsThePortableKernels) {
+TEST(IndexerGpuAuto, LossRunsTheExpectedKernels) {
   SA_SKIP_WITHOUT_GPU();
   for (const char* name : {"HI64_H64_D576_K160_Deterministic", "Dense_HI64_H128_D576_Causal"}) {
     SCOPED_TRACE(name);
@@ -352,16 +378,76 @@ TEST(IndexerGpuAuto, LossRunsThePortableKernels) {
     ASSERT_NE(it, cases.end());
     LossCase lc = *it;
     lc.impl = SA_IMPL_AUTO;
-    IndexerCase c = make_indexer_case(lc.shape, lc.ranges, SA_DTYPE_BF16, loss_seed(lc.name));
-    HostTensor idx, len;
-    make_meta(c, std::max<int64_t>(lc.topk, 1), loss_seed(lc.name) + 1, &idx, &len);
-    LossOutputs want;
-    ASSERT_NO_FATAL_FAILURE(run_reference_loss(lc, c, idx, len, &want));
-    LossDevice dev(c, idx, len, output_shapes(c, SA_DTYPE_FP32, SA_DTYPE_BF16));
-    ASSERT_TRUE(dev.ok());
-    LossOutputs got;
-    ASSERT_TRUE(run_gpu_loss(lc, c, dev, &got));
-    expect_matches(lc, c, idx, len, got, want);
+    check_loss_case(lc);
+  }
+}
+
+// ---- the Hopper attention target (src/sm90/indexer_target_kernel.cuh) --------------------------
+// Every portable case with options.impl = SA_IMPL_SM90, plus the Hopper target's own edges: a CTA
+// serves a token and a pair of 64-head groups, so 3 and 5 groups (H 192, 300: the last pair's
+// second group absent, the last group partial) in both modes; one key (a single partial stage);
+// stage counts odd and even around the 32-key stage and the two- and six-stage rings. Each case
+// runs on both Hopper targets (Q in shared memory, the default; Q in registers, tuning 2); two more
+// runs of each must give bitwise the same loss, loss_per_token, dq_I and dw.
+#define SA_SKIP_UNLESS_SM90_PATH()                                                            \
+  do {                                                                                        \
+    SA_SKIP_UNLESS_SM90();                                                                    \
+    if (!SA_HAVE_SM90) GTEST_SKIP() << "the library was built without the sm90 path";         \
+  } while (0)
+
+std::vector<LossCase> sm90_loss_cases() {
+  using R = IndexerRanges;
+  std::vector<LossCase> cases = loss_cases();
+  const std::vector<LossCase> more = {
+      {"HI32_H192_D576_K96_ThreeGroups", loss_shape(18, 260, 32, 192, 576), R::kCausal, 96},
+      {"HI16_H300_D512_K33_FiveGroups", loss_shape(10, 90, 16, 300, 512), R::kPacked, 33},
+      {"HI16_H128_D576_K1_OneKey", loss_shape(12, 40, 16, 128, 576), R::kNone, 1, false},
+      {"HI64_H128_D512_K95_ThreeStages", loss_shape(16, 400, 64, 128, 512), R::kNone, 95, false},
+      {"HI64_H128_D576_K129_FiveStages", loss_shape(16, 400, 64, 128, 576), R::kCausal, 129},
+      {"HI32_H128_D576_K416_ThirteenStages", loss_shape(12, 900, 32, 128, 576), R::kNone, 416,
+       false},
+      {"Dense_HI32_H192_D576_ThreeGroups", loss_shape(20, 150, 32, 192, 576), R::kCausal, 0,
+       false, false, true, 1.f, 0.f, true},
+      {"Dense_HI16_H128_D512_Packed_Skv77", loss_shape(24, 77, 16, 128, 512), R::kPacked, 0,
+       false, false, true, 1.f, 0.f, true},
+  };
+  cases.insert(cases.end(), more.begin(), more.end());
+  for (LossCase& lc : cases) lc.impl = SA_IMPL_SM90;
+  return cases;
+}
+
+class IndexerSm90Loss : public ::testing::TestWithParam<LossCase> {};
+
+// Both Hopper targets (Tuning::sm90_indexer_target): 0 Q in shared memory (the default), 2 Q in
+// registers.
+TEST_P(IndexerSm90Loss, MatchesReference) {
+  SA_SKIP_UNLESS_SM90_PATH();
+  for (int32_t variant : {0, 2}) {
+    SCOPED_TRACE(variant == 0 ? "target: Q in shared memory" : "target: Q in registers");
+    sa::detail::Tuning t;
+    t.sm90_indexer_target = variant;
+    sa::detail::ScopedTuning scope(t);
+    check_loss_case(GetParam(), /*every_run_same=*/true);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, IndexerSm90Loss, ::testing::ValuesIn(sm90_loss_cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// The internal tuning Tuning::sm90_indexer_target = 1 (the bench's A/B) runs the portable target
+// on the sm90 entry: impl_used says sm90, the results match the reference.
+TEST(IndexerSm90LossTuning, PortableTargetOnTheSm90Entry) {
+  SA_SKIP_UNLESS_SM90_PATH();
+  sa::detail::Tuning t;
+  t.sm90_indexer_target = 1;
+  sa::detail::ScopedTuning scope(t);
+  for (const char* name : {"HI64_H128_D576_K256_Causal", "Dense_HI32_H64_D512_Packed"}) {
+    SCOPED_TRACE(name);
+    const std::vector<LossCase> cases = sm90_loss_cases();
+    auto it = std::find_if(cases.begin(), cases.end(),
+                           [&](const LossCase& x) { return x.name == name; });
+    ASSERT_NE(it, cases.end());
+    check_loss_case(*it);
   }
 }
 

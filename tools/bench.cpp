@@ -372,11 +372,13 @@ void parse_tune(const std::string& key, const std::string& val, sa::detail::Tuni
     t->sm90_indexer_topk = tune_int(key, val, 0, 4);
   } else if (key == "tune.ptopk") {
     t->portable_indexer_topk = tune_int(key, val, 0, 4);
+  } else if (key == "tune.sm90_indexer_target") {
+    t->sm90_indexer_target = tune_int(key, val, 0, 2);
   } else {
     throw ToolError(kExitBadArgument,
                     "--variants: unknown tuning key '" + key +
                         "' (tune.fwd_splits=, tune.bwd_tail=, tune.dsa_bwd=, tune.dsa_fwd_pad=, "
-                        "tune.topk=, tune.ptopk=)");
+                        "tune.topk=, tune.ptopk=, tune.sm90_indexer_target=)");
   }
 }
 

@@ -41,29 +41,11 @@
 #include "common/dsa_device.cuh"
 #include "common/indexer_problem.hpp"
 #include "cuda/dsa_mma.hpp"
+#include "cuda/indexer_loss_driver.hpp"  // TargetParams
 #include "sm80/dsa_row_copy.hpp"
 #include "sm80/dsa_warp_mma.hpp"
 
 namespace sa::portable::indexer {
-
-struct TargetParams {
-  const __nv_bfloat16* q;   // [S_q, H, D_qk]: (t, h, d) at t * q_ss + h * q_sh + d
-  const __nv_bfloat16* kv;  // [S_kv, D_qk]: row j at j * kv_ss
-  const float* lse;         // [S_q, H]: (t, h) at t * lse_ss + h * lse_sh
-  const int32_t* idx;       // sparse: [S_q, topk]: (t, i) at t * idx_ss + i * idx_si
-  const int32_t* len;       // sparse: [S_q] at t * len_s; may be null
-  IndexerDims dims;         // dense: the range rule (IndexerMeta::range_begin / range_size)
-  IndexerMeta meta;
-  // log A_g of (group g, token t, slot i) at g * la_gs + (t - tok_begin) * la_ts + i:
-  // sparse [groups, S_q, topk], dense [groups, slice, S_kv].
-  float* log_a;
-  int64_t la_gs, la_ts;
-  int64_t tok_begin;
-  int64_t q_ss, q_sh, kv_ss, lse_ss, lse_sh, idx_ss, idx_si, len_s;
-  int64_t skv;
-  int32_t H, topk, head_groups, qk_chunks;  // qk_chunks = D_qk / 8: 64 or 72
-  float scale_log2;                         // scale * log2(e)
-};
 
 template <int kBlockN_>
 struct TargetConfig {

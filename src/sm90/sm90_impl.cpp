@@ -1,6 +1,8 @@
 // The Hopper (sm_90a) fast path as the dispatcher sees it. Every kernel here has passed its GPU
 // tests on an H200; AUTO takes each one where it measured faster than the portable path
-// (bench/notes-archive), i.e. everywhere except the DSA backward's deterministic mode.
+// (bench/notes-archive), i.e. everywhere except the DSA backward's deterministic mode. Exception,
+// pending its first GPU run: the indexer loss's Hopper attention target (below), which AUTO
+// serves before it was tested or measured.
 // Compiled only with the Hopper objects (SA_HAVE_SM90): this file calls into src/sm90/*.cu.
 #if SA_HAVE_SM90
 #include <cuda_runtime_api.h>
@@ -11,6 +13,7 @@
 #include "api/implementation.hpp"
 #include "common/cuda_check.hpp"
 #include "common/cuda_device.hpp"
+#include "common/tuning.hpp"
 #include "cuda/bsa_metadata_check.hpp"
 #include "sm90/bsa_backward.hpp"
 #include "sm90/bsa_forward.hpp"
@@ -19,6 +22,10 @@
 #include "sm90/indexer.hpp"
 
 namespace sa {
+
+// The loss's A/B (Tuning::sm90_indexer_target) runs the portable entry.
+extern const Implementation kPortableImplementation;
+
 namespace {
 
 // "" when `device` has compute capability exactly 9.0 (the sm_90a objects run nowhere else),
@@ -153,6 +160,34 @@ void indexer_topk_run(const IndexerTopkProblem& p, const ExecContext& ctx) {
   sm90::indexer_topk(p, ctx.workspace, ctx.workspace_bytes, ctx.stream);
 }
 
+// The KL loss: the shared driver (the loss kernel, deterministic mode and dense slices are the
+// portable path's code) with the Hopper attention target (sm90/indexer_target_kernel.cuh), so AUTO
+// serves the loss here on sm_90. NOT YET VERIFIED ON A GPU (tests: IndexerSm90Loss*); the internal
+// tuning Tuning::sm90_indexer_target = 1 runs the portable entry instead (the same driver with the
+// portable target, the same workspace), for A/B in the bench and tests (2: the Hopper target with
+// Q in registers, chosen in sm90/indexer_loss.cu).
+bool loss_portable_target() { return detail::tuning().sm90_indexer_target == 1; }
+
+std::string indexer_loss_unsupported(const IndexerLossProblem& p) {
+  if (loss_portable_target())
+    return unsupported(p, kPortableImplementation.indexer_loss.unsupported);
+  return unsupported(p, &sm90::indexer_loss_unsupported);
+}
+
+size_t indexer_loss_workspace_bytes(const IndexerLossProblem& p) {
+  DeviceScope scope(p.device_index);  // CUB sizes deterministic mode's sort for the current device
+  return sm90::indexer_loss_workspace_bytes(p);
+}
+
+void indexer_loss_run(const IndexerLossProblem& p, const ExecContext& ctx) {
+  if (loss_portable_target()) {
+    kPortableImplementation.indexer_loss.run(p, ctx);
+    return;
+  }
+  DeviceScope scope(p.device_index);
+  sm90::indexer_loss(p, ctx.workspace, ctx.workspace_bytes, ctx.stream);
+}
+
 }  // namespace
 
 extern const Implementation kSm90Implementation = {
@@ -163,10 +198,11 @@ extern const Implementation kSm90Implementation = {
     // The forward's workspace (an item counter, with topk_length) is optional.
     /*dsa_fwd=*/{&dsa_fwd_unsupported, &dsa_fwd_workspace_bytes, &dsa_fwd_run, true},
     /*dsa_bwd=*/{&dsa_bwd_unsupported, &dsa_bwd_workspace_bytes, &dsa_bwd_run},
-    // The DSA indexer (SPEC 5): scores and the fused top-k; the loss is the portable path's.
+    // The DSA indexer (SPEC 5): scores, top-k, and the loss with the Hopper attention target.
     /*indexer_scores=*/{&indexer_scores_unsupported, nullptr, &indexer_scores_run},
     /*indexer_topk=*/{&indexer_topk_unsupported, &indexer_topk_workspace_bytes, &indexer_topk_run},
-    /*indexer_loss=*/{},
+    /*indexer_loss=*/{&indexer_loss_unsupported, &indexer_loss_workspace_bytes,
+                      &indexer_loss_run},
 };
 
 }  // namespace sa

@@ -1,6 +1,7 @@
-// The portable indexer loss and its gradients (SPEC 5), one CTA per token t, after the target
-// kernel (indexer_target_kernel.cuh) has written log A_g for the token's slots (sparse: the
-// active slots; dense: the keys of its range, for the tokens of one slice):
+// The indexer loss and its gradients (SPEC 5) that every CUDA path shares, one CTA per token t,
+// after an arch's target kernel (sm80/ or sm90/indexer_target_kernel.cuh) has written log A_g for
+// the token's slots (sparse: the active slots; dense: the keys of its range, for the tokens of
+// one slice):
 //
 //   [a] K_t. Sparse: the slots i of row t in the loss (IndexerMeta::slot_in_loss), compacted in
 //       slot order into shared memory with their keys and log A = logaddexp over the head groups
