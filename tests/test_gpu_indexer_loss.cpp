@@ -418,12 +418,12 @@ std::vector<LossCase> sm90_loss_cases() {
 
 class IndexerSm90Loss : public ::testing::TestWithParam<LossCase> {};
 
-// Both Hopper targets (Tuning::sm90_indexer_target): 0 Q in shared memory (the default), 2 Q in
-// registers.
+// Both Hopper targets (Tuning::sm90_indexer_target): 0 Q in registers (the default), 3 Q in
+// shared memory.
 TEST_P(IndexerSm90Loss, MatchesReference) {
   SA_SKIP_UNLESS_SM90_PATH();
-  for (int32_t variant : {0, 2}) {
-    SCOPED_TRACE(variant == 0 ? "target: Q in shared memory" : "target: Q in registers");
+  for (int32_t variant : {0, 3}) {
+    SCOPED_TRACE(variant == 0 ? "target: Q in registers" : "target: Q in shared memory");
     sa::detail::Tuning t;
     t.sm90_indexer_target = variant;
     sa::detail::ScopedTuning scope(t);

@@ -55,9 +55,9 @@ struct BenchOptions {
 //   tune.topk=0..4               Hopper indexer top-k: default, fused, two passes with the radix
 //                                select staged / unstaged, two passes with the candidates kernel
 //   tune.ptopk=0..4              portable indexer top-k: as tune.topk
-//   tune.sm90_indexer_target=0..2 Hopper indexer loss: 0 the Hopper attention target (Q in
-//                                shared memory; default), 1 the portable target (the portable
-//                                loss entry), 2 the Hopper target with Q in registers
+//   tune.sm90_indexer_target=0..3 Hopper indexer loss: 0 the Hopper attention target (Q in
+//                                registers; default), 1 the portable target (the portable
+//                                loss entry), 2 = 0, 3 the Hopper target with Q in shared memory
 // The former spellings env.SA_TUNE_SM90_{FWD_SPLITS,BWD_TAIL,DSA_BWD,DSA_FWD_PAD}=VALUE are
 // accepted for the same keys.
 std::vector<BenchVariant> parse_variants(const std::string& text);

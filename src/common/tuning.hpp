@@ -36,9 +36,10 @@ struct Tuning {
   // Two passes, every path: query rows per chunk (0: as many as 1 GiB of scores holds).
   int32_t indexer_topk_rows = 0;
   // Hopper indexer loss (sm90_impl.cpp, sm90/indexer_loss.cu): 0 the default (the shared loss
-  // driver with the Hopper attention target, Q in shared memory: sm90/indexer_target_kernel.cuh),
+  // driver with the Hopper attention target, Q in registers: sm90/indexer_target_rs_kernel.cuh),
   // 1 the portable loss entry on the sm90 entry (the same driver with the portable target), 2 the
-  // Hopper target with Q in registers (sm90/indexer_target_rs_kernel.cuh).
+  // Q-in-registers target (= 0), 3 the Hopper target with Q in shared memory
+  // (sm90/indexer_target_kernel.cuh).
   int32_t sm90_indexer_target = 0;
 };
 

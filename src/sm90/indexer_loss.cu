@@ -1,8 +1,8 @@
 // The Hopper indexer KL loss (SPEC 5): the shared driver (cuda/indexer_loss_driver.hpp: plan,
 // loss kernel, deterministic mode, dense slices) with the wgmma attention target of
-// indexer_target_kernel.cuh (Q in shared memory, SS), or with the internal tuning
-// sm90_indexer_target = 2 of indexer_target_rs_kernel.cuh (Q in registers, RS); one CTA per
-// (token, pair of 64-head groups), D_qk 512 or 576.
+// indexer_target_rs_kernel.cuh (Q in registers, RS; the default: 1.07x the SS kernel on an H100,
+// session 35), or with the internal tuning sm90_indexer_target = 3 of indexer_target_kernel.cuh
+// (Q in shared memory, SS); one CTA per (token, pair of 64-head groups), D_qk 512 or 576.
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -43,7 +43,7 @@ void launch_kernel(Kernel* kernel, size_t smem, int threads, const TargetParams&
 
 template <int kDqk, bool kDense>
 void launch_variant(const TargetParams& prm, int64_t grid, cudaStream_t stream) {
-  if (detail::tuning().sm90_indexer_target == 2) {
+  if (detail::tuning().sm90_indexer_target != 3) {
     using T = TargetRsTraits<kDqk>;
     launch_kernel(&indexer::target_rs_sm90_kernel<T, kDense>, indexer::target_rs_smem_bytes<T>(),
                   T::kThreads, prm, grid, stream);

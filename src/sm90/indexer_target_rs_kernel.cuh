@@ -1,6 +1,7 @@
-// The Hopper attention target with Q in registers (RS wgmma), an opt-in variant of
-// indexer_target_kernel.cuh (internal tuning Tuning::sm90_indexer_target = 2; bench
-// `tune.sm90_indexer_target=2`): the same contract, work split (a token and a pair of 64-head
+// The Hopper attention target with Q in registers (RS wgmma), the default since it measured 1.07x
+// indexer_target_kernel.cuh's loss on an H100 (session 35; internal tuning
+// Tuning::sm90_indexer_target = 3, bench `tune.sm90_indexer_target=3`, runs that one): the same
+// contract, work split (a token and a pair of 64-head
 // groups per CTA), epilogue (reduce_store_chunk) and chunk loop; what differs is where Q lives.
 //
 // The default kernel keeps both groups' Q in shared memory (147 KB) for the SS wgmma, which leaves
