@@ -826,8 +826,9 @@ def bench_indexer_loss(S, H_I, topk, H, Dqk, dense, ops, seed=0, coeff=1.0):
                                                         sm_scale=IDX_SCALE, ratio=1)
             p = a["out"] / a["denom"][..., None]
             loss = kl(p, i["out"] - i["denom"][..., None])
+            # Its backward takes k_I as [B, S_k, D] (one KV head implied).
             r = D.dense_indexer_backward_wrapper(
-                q_I[None], w_bf[None], k_I4, a["out"], a["denom"], i["out"], i["denom"],
+                q_I[None], w_bf[None], k_I[None], a["out"], a["denom"], i["out"], i["denom"],
                 one, sm_scale=IDX_SCALE, loss_coeff=coeff * S, ratio=1)
             return (loss, r["d_index_q"][0], r["d_index_k"][0].reshape(k_I.shape),
                     r["d_weights"][0])
