@@ -123,11 +123,17 @@ class PendingRows:
         return self._full
 
 
+# Benchmarks only (bench/cp_overlap.py): True issues the key all-gather, its concatenation and the
+# backward's reduce-scatter even on a group of one rank, which otherwise skips them (nothing to
+# move), so that one GPU can time what the collectives and copies cost.
+_ISSUE_AT_WORLD_1 = False
+
+
 def _start_gather(x: Tensor, dim: int, group, sizes: Optional[List[int]],
                   async_op: bool) -> PendingRows:
     if sizes is None:
         sizes = _exchange([x.shape[dim]], x.device, group)[0]
-    if _group_size(group) == 1:
+    if _group_size(group) == 1 and not _ISSUE_AT_WORLD_1:
         return PendingRows(x, dim, group, sizes, None, None)
     padded = _pad_rows(x.detach(), dim, max(sizes))
     parts = [torch.empty_like(padded) for _ in sizes]
