@@ -70,6 +70,9 @@ struct IndexerScoresProblem : ProblemHeader<IndexerDims, sa_indexer_options, Ind
   IndexerInputs in;
   float* scores = nullptr;          // [Sq, Skv]
   int64_t scores_stride[2] = {0, 0};
+  // Internal (the two-pass top-k, whose row kernel reads each row's range only): a kernel may
+  // leave the elements outside each row's range unwritten instead of storing -inf there.
+  bool in_range_only = false;
 };
 
 struct IndexerTopkProblem : ProblemHeader<IndexerDims, sa_indexer_options, IndexerMeta> {

@@ -35,6 +35,7 @@ IndexerScoresProblem chunk_scores(const IndexerTopkProblem& p, int64_t r0, int64
   sp.scores = dense;
   sp.scores_stride[0] = ld;
   sp.scores_stride[1] = 1;
+  sp.in_range_only = true;  // topk_rows reads each row's range only
   return sp;
 }
 

@@ -26,7 +26,8 @@ struct TwoPassPlan {
 // chunk_rows > 0 forces the rows per chunk (tests); else the budget decides.
 TwoPassPlan two_pass_plan(const IndexerTopkProblem& p, int64_t chunk_rows = 0);
 
-// The score kernel of an arch: dense scores of p (every element of p.scores), on `stream`; and
+// The score kernel of an arch: dense scores of p (every element of p.scores, or, where the kernel
+// honours p.in_range_only, the elements of each row's range), on `stream`; and
 // its support check ("" or why not).
 using ScoresLaunch = void (*)(const IndexerScoresProblem& p, cudaStream_t stream);
 using ScoresUnsupported = std::string (*)(const IndexerScoresProblem& p);

@@ -48,6 +48,7 @@ void launch(const IndexerScoresProblem& p, cudaStream_t stream) {
   prm.out = p.scores;
   prm.out_ss = p.scores_stride[0];
   prm.key_chunks = static_cast<int32_t>(key_chunks);
+  prm.in_range_only = p.in_range_only;
   constexpr size_t kSmem = smem_bytes<kHeads>();
   auto* kernel = &indexer::indexer_scores_sm90_kernel<T>;
   SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

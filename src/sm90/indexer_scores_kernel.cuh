@@ -85,6 +85,7 @@ struct ScoresParams {
   float scale;        // scale_I
   int32_t q_blocks;   // ceil(S_q / kTokensPerCta)
   int32_t key_chunks; // ceil(S_kv / kChunkKeys)
+  bool in_range_only; // elements outside a row's range are left unwritten (no -inf stores)
 };
 
 template <int kHeads_>
@@ -382,7 +383,7 @@ __device__ __forceinline__ void consumer_main(const ScoresParams& p, ScoresSmem<
   const int64_t t_wg = c.t0 + wg * T::kTokensPerWg;  // this warpgroup's first token
 
   // [0] Tiles of the chunk outside the span: -inf.
-  for (int i = 0; i < c.n_tiles; ++i) {
+  for (int i = 0; i < c.n_tiles && !p.in_range_only; ++i) {
     if (i >= c.i_lo && i < c.i_hi) continue;
     store_neg_inf<T>(p, t_wg, c.k0 + int64_t{i} * T::kTileKeys, wtid);
   }
@@ -419,7 +420,8 @@ __device__ __forceinline__ void consumer_main(const ScoresParams& p, ScoresSmem<
           const int64_t t = t_wg + qi, sk = s0 + key;
           if (t < p.dims.Sq && sk < p.dims.Skv) {
             const int2 rg = s_range[qi];
-            p.out[t * p.out_ss + sk] = sk >= rg.x && sk < rg.y ? v : -INFINITY;
+            const bool in = sk >= rg.x && sk < rg.y;
+            if (in || !p.in_range_only) p.out[t * p.out_ss + sk] = in ? v : -INFINITY;
           }
         },
         turn);
