@@ -339,21 +339,31 @@ __device__ __forceinline__ void consume_key_tile(ScoresSmem<T>& s, int n, const 
   CUTE_UNROLL
   for (int a = 0; a < T::kTokensPerWg / 4; ++a) {
     float part[4][2];
-    CUTE_UNROLL
-    for (int b = 0; b < 4; ++b) {
-      part[b][0] = part[b][1] = 0.f;
+    // The sign of scale_I as a compile-time constant of each branch: a negated operand is free
+    // in FMNMX, where a runtime sign cost one FSEL per accumulator value (128 of the ~700
+    // instructions of a warp's epilogue, SASS of session 35).
+    auto sum_heads = [&](auto neg) {
+      constexpr bool kNeg = decltype(neg)::value;
       CUTE_UNROLL
-      for (int nn = 0; nn < T::kNtPerToken; ++nn) {
-        const int j = (4 * a + b) * T::kNtPerToken + nn;
-        const float2 wv = ld_shared_f32x2(s_w + 4 * (8 * j + 2 * t4));
+      for (int b = 0; b < 4; ++b) {
+        part[b][0] = part[b][1] = 0.f;
         CUTE_UNROLL
-        for (int r = 0; r < 2; ++r) {
-          const float x0 = acc(4 * j + 2 * r), x1 = acc(4 * j + 2 * r + 1);
-          part[b][r] = fmaf(fmaxf(negative ? -x0 : x0, 0.f), wv.x, part[b][r]);
-          part[b][r] = fmaf(fmaxf(negative ? -x1 : x1, 0.f), wv.y, part[b][r]);
+        for (int nn = 0; nn < T::kNtPerToken; ++nn) {
+          const int j = (4 * a + b) * T::kNtPerToken + nn;
+          const float2 wv = ld_shared_f32x2(s_w + 4 * (8 * j + 2 * t4));
+          CUTE_UNROLL
+          for (int r = 0; r < 2; ++r) {
+            const float x0 = acc(4 * j + 2 * r), x1 = acc(4 * j + 2 * r + 1);
+            part[b][r] = fmaf(fmaxf(kNeg ? -x0 : x0, 0.f), wv.x, part[b][r]);
+            part[b][r] = fmaf(fmaxf(kNeg ? -x1 : x1, 0.f), wv.y, part[b][r]);
+          }
         }
       }
-    }
+    };
+    if (negative)
+      sum_heads(std::true_type{});
+    else
+      sum_heads(std::false_type{});
     // Step 1 (partner t4 ^ 2): keep tokens {0, 1} + 2 hi2; step 2 (partner t4 ^ 1): keep
     // token 2 hi2 + hi1 = t4. Each step adds two halves (commutative), so a sum is
     // (p0 + p2) + (p1 + p3) bitwise whichever lane keeps it.
