@@ -10,7 +10,9 @@ forward only) in these modes:
   cp           ``sparse_attention.distributed.<op>`` as shipped: at world 1 it skips the key
                gather and the gradients' reduce-scatter (nothing to move) and keeps the
                exchange of the shard sizes (a small all-gather and a host synchronisation);
-  cp_issued    the same with every collective issued anyway (the module's benchmark switch
+  cp_sizes     cp with ``shard_sizes`` given (a static split: no size exchange, no host
+               synchronisation);
+  cp_issued    the same as cp with every collective issued anyway (the module's benchmark switch
                ``_ISSUE_AT_WORLD_1``): the keys' all-gather on NCCL's stream, their
                concatenation, and in the backward the fp32 reduce-scatter of the key gradients;
   cp_prefetch  cp_issued with the keys passed as a ``PendingRows`` from
@@ -52,7 +54,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = ("single", "cp", "cp_issued", "cp_prefetch")
+MODES = ("single", "cp", "cp_sizes", "cp_issued", "cp_prefetch")
 
 
 def parse(argv=None):
@@ -216,8 +218,10 @@ def modes(run, keys):
         with issued():
             return run(DIST, [t for t, _ in keys])
 
+    sized = _Dist(shard_sizes=[keys[0][0].shape[keys[0][1]]])  # world 1: this rank's rows
     return {"single": lambda: run(sa, [t for t, _ in keys]),
             "cp": lambda: run(DIST, [t for t, _ in keys]),
+            "cp_sizes": lambda: run(sized, [t for t, _ in keys]),
             "cp_issued": cp_issued, "cp_prefetch": prefetch}, ahead
 
 
@@ -229,11 +233,16 @@ def drain(ahead):
 
 
 class _Dist:
-    """sparse_attention.distributed's ops with the group bound."""
+    """sparse_attention.distributed's ops with the group (and any other keywords) bound."""
+
+    def __init__(self, **bound):
+        self._bound = bound
 
     def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
         fn = getattr(cp, name)
-        return lambda *a, **k: fn(*a, group=GROUP, **k)
+        return lambda *a, **k: fn(*a, group=GROUP, **self._bound, **k)
 
 
 DIST = _Dist()

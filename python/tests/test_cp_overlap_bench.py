@@ -23,7 +23,7 @@ def test_cp_overlap_smoke(tmp_path):
     records = json.loads((tmp_path / "cp_overlap.json").read_text())
     got = {(r["op"], r["mode"]) for r in records}
     ops = ("dsa", "indexer_topk", "indexer_loss", "bsa")
-    modes = ("single", "cp", "cp_issued", "cp_prefetch")
+    modes = ("single", "cp", "cp_sizes", "cp_issued", "cp_prefetch")
     assert got == {(o, m) for o in ops for m in modes} | {("collectives", "exchange"),
                                                            ("collectives", "gather_issued")}
     for r in records:

@@ -56,7 +56,7 @@ def dsa_case(s=40, h=2, d_qk=16, d_v=8, topk=6):
     return q, kv, idx, length, sink, dout, d_v
 
 
-def dsa_rank(rank, world, sizes, prefetch=False):
+def dsa_rank(rank, world, sizes, prefetch=False, known=False):
     q, kv, idx, length, sink, dout, d_v = dsa_case()
     leaves = [t.clone().requires_grad_() for t in (q, kv, sink)]
     want_o, want_lse = deepseek_sparse_attention(leaves[0], leaves[1], idx, topk_length=length,
@@ -67,7 +67,7 @@ def dsa_rank(rank, world, sizes, prefetch=False):
     sl = sink.clone().requires_grad_()
     keys = cp.all_gather_rows_async(kvl) if prefetch else kvl
     o, lse = cp.deepseek_sparse_attention(ql, keys, idx[a:b], topk_length=length[a:b], sink=sl,
-                                          d_v=d_v)
+                                          d_v=d_v, shard_sizes=sizes if known else None)
     (o * dout[a:b]).sum().backward()
     torch.testing.assert_close(o, want_o[a:b].detach(), **TOL)
     torch.testing.assert_close(lse, want_lse[a:b], **TOL)
@@ -91,11 +91,13 @@ def indexer_case(s=24, h_i=3, d_i=8, h=2, d_qk=16, topk=5):
     return q_I, k_I, w, q, kv, k_start, k_end, topk
 
 
-def indexer_rank(rank, world, sizes, prefetch=False):
+def indexer_rank(rank, world, sizes, prefetch=False, known=False):
     q_I, k_I, w, q, kv, k_start, k_end, topk = indexer_case()
     a, b = bounds(sizes, rank)
     want_idx, want_len = indexer_topk(q_I, k_I, w, topk, k_start, k_end)
-    idx, length = cp.indexer_topk(q_I[a:b], k_I[a:b], w[a:b], topk, k_start[a:b], k_end[a:b])
+    shard = dict(shard_sizes=sizes) if known else {}
+    idx, length = cp.indexer_topk(q_I[a:b], k_I[a:b], w[a:b], topk, k_start[a:b], k_end[a:b],
+                                  **shard)
     assert torch.equal(idx, want_idx[a:b]) and torch.equal(length, want_len[a:b])
 
     _, lse = deepseek_sparse_attention(q, kv, want_idx, topk_length=want_len, d_v=8)
@@ -106,7 +108,7 @@ def indexer_rank(rank, world, sizes, prefetch=False):
     k_arg = cp.all_gather_rows_async(local[1]) if prefetch else local[1]
     kv_arg = cp.all_gather_rows_async(kv[a:b]) if prefetch else kv[a:b]
     loss = cp.indexer_kl_loss(local[0], k_arg, local[2], q[a:b], kv_arg, lse[a:b], idx, length,
-                              k_start[a:b], k_end[a:b])
+                              k_start[a:b], k_end[a:b], **shard)
     loss.backward()
     total = loss.detach().clone()
     dist.all_reduce(total)
@@ -126,7 +128,7 @@ def bsa_case(s=250, h=2, d=8, block=64):
     return q, k, v, dout, index, count, block
 
 
-def bsa_rank(rank, world, sizes, mask, prefetch=False):
+def bsa_rank(rank, world, sizes, mask, prefetch=False, known=False):
     q, k, v, dout, index, count, block = bsa_case()
     kw = dict(block_size=block, mask=mask)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
@@ -139,7 +141,8 @@ def bsa_rank(rank, world, sizes, mask, prefetch=False):
     if prefetch:  # both gathers in flight at once
         k_arg, v_arg = (cp.all_gather_rows_async(t, 2) for t in (local[1], local[2]))
     o, lse = cp.block_sparse_attention(local[0], k_arg, v_arg, index[:, :, qa:qb],
-                                       count[:, :, qa:qb], **kw)
+                                       count[:, :, qa:qb], **kw,
+                                       **(dict(shard_sizes=sizes) if known else {}))
     (o * dout[:, :, a:b]).sum().backward()
     torch.testing.assert_close(o, want_o[:, :, a:b].detach(), **TOL)
     torch.testing.assert_close(lse, want_lse[:, :, a:b], **TOL)
@@ -168,6 +171,10 @@ def every_case(rank, world):
     dsa_rank(rank, world, SPLITS[world]["dsa"][-1], prefetch=True)
     indexer_rank(rank, world, SPLITS[world]["indexer"][-1], prefetch=True)
     bsa_rank(rank, world, SPLITS[world]["bsa"][-1], "causal", prefetch=True)
+    # The same with the split given (shard_sizes: no exchange).
+    dsa_rank(rank, world, SPLITS[world]["dsa"][-1], known=True)
+    indexer_rank(rank, world, SPLITS[world]["indexer"][-1], known=True)
+    bsa_rank(rank, world, SPLITS[world]["bsa"][-1], "causal", known=True)
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -196,6 +203,19 @@ def _empty_shard(rank, world):
 
 def test_an_empty_query_shard_is_refused_on_every_rank():
     run(2, _empty_shard)
+
+
+def _wrong_shard_sizes(rank, world):
+    q, kv, idx, length, sink, dout, d_v = dsa_case()
+    a, b = bounds([20, 20], rank)
+    with pytest.raises(ValueError, match="shard_sizes: rank %d's q has 20 rows" % rank):
+        cp.deepseek_sparse_attention(q[a:b], kv[a:b], idx[a:b], d_v=d_v, shard_sizes=[21, 19])
+    with pytest.raises(ValueError, match="shard_sizes: 3 entries for a group of 2 ranks"):
+        cp.deepseek_sparse_attention(q[a:b], kv[a:b], idx[a:b], d_v=d_v, shard_sizes=[20, 20, 0])
+
+
+def test_wrong_shard_sizes_are_refused_before_any_collective():
+    run(2, _wrong_shard_sizes)
 
 
 # ---- one GPU: NCCL at world size 1 (the GPU suite) -----------------------------------------------
