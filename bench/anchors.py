@@ -78,9 +78,11 @@ def parse():
                     help="anchors to run (cudnn_fe needs the nvidia-cudnn-frontend wheels: "
                          "scripts/fetch_cudnn_fe.sh; it is left out with a message when they are "
                          "missing)")
-    ap.add_argument("--plan", default="default", choices=["default", "cudnn"],
+    ap.add_argument("--plan", default="default", choices=["default", "cudnn", "mask"],
                     help="default: the headline shapes; cudnn: issue 33's table (every row "
-                         "cuDNN-frontend's sm_90 kernels serve, beside ours)")
+                         "cuDNN-frontend's sm_90 kernels serve, beside ours); mask: issue 38's "
+                         "causal patterns and packed batch (FlexAttention with a causal "
+                         "mask_mod, ours unmasked on the same lists, one sequence)")
     ap.add_argument("--only", default="",
                     help="keep the plan's shapes whose text ('dsa(4096, 64, 576, 2048, True)', "
                          "'bsa(1, 32, 8192, 128, 64, 0.5)') contains one of these ';'-separated "
@@ -414,6 +416,179 @@ def bench_bsa(B, H, S, D, block, density, ops, seed=0):
                 a64 = vs_ref((adq, adk, adv))
                 fp64s = [{"ours": e, "anchor": a64} for e in ours64]
             paired_record("bsa_bwd", shape, 2.5 * flops, ours, name, anchor_bwd, errs, fp64s)
+
+
+# ---- BSA with token masks and packed batches (issue 38) -----------------------------------------
+def causal_block_pattern(H, N, pattern, block, seed):
+    """[1, H, N, N] bool block mask of issue 38's causal patterns (query block m lists KV block
+    n): "moba", the diagonal plus round(0.25 m) of the earlier blocks at random per (head, m);
+    "window", the diagonal, the 1024 tokens before it (whole blocks) and 2 sink blocks."""
+    m = torch.arange(N, device=DEV)[:, None]
+    n = torch.arange(N, device=DEV)[None, :]
+    if pattern == "window":
+        dense = (n == m) | ((n < m) & (n >= m - 1024 // block)) | ((n < 2) & (n <= m))
+        return dense[None, None].expand(1, H, N, N).contiguous()
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    r = torch.rand(1, H, N, N, device=DEV, generator=g).masked_fill(n >= m, 2.0)
+    rank = r.argsort(-1).argsort(-1)                    # rank of each earlier block in its row
+    take = torch.round(0.25 * m.double()).long()        # [N, 1]
+    return (rank < take) & (n < m) | (n == m)
+
+
+def visible_pairs(dense, block):
+    """Pairs (query, key) a causal token mask leaves visible in the listed blocks (every block
+    full, S a multiple of block): block^2 per earlier block, block (block + 1) / 2 on the
+    diagonal."""
+    N = dense.shape[-1]
+    diag = torch.eye(N, dtype=torch.bool, device=dense.device)
+    on_diag = (dense & diag).sum().item()
+    return (dense.sum().item() - on_diag) * block * block + on_diag * block * (block + 1) // 2
+
+
+def flex_causal_block_mask(dense, S, block):
+    """A FlexAttention BlockMask of the same lists: the diagonal blocks partial (a causal
+    mask_mod), the earlier ones full."""
+    from torch.nn.attention.flex_attention import BlockMask
+    N = dense.shape[-1]
+    diag = torch.eye(N, dtype=torch.bool, device=DEV)
+    full = dense & ~diag
+    part = dense & diag
+    def lists(mask):
+        num = mask.sum(-1, dtype=torch.int32)
+        idx = torch.where(mask, torch.arange(N, device=DEV, dtype=torch.int32), N)
+        idx = idx.sort(-1).values.clamp_max(N - 1).to(torch.int32).contiguous()
+        return num.contiguous(), idx
+    pn, pi = lists(part)
+    fn_, fi = lists(full)
+    return BlockMask.from_kv_blocks(pn, pi, fn_, fi, BLOCK_SIZE=block,
+                                    mask_mod=lambda b, h, q, kv: q >= kv, seq_lengths=(S, S))
+
+
+def bench_bsa_mask(pattern, block, S, ops, H=32, D=128, seed=0):
+    """Issue 38's floors for one causal pattern: ours with mask="causal" against (a) ours on the
+    same lists without a mask (rate_vs_unmasked: TFLOPS over visible pairs against TFLOPS over
+    every pair of the lists; floor 0.92) and (b) FlexAttention with the same BlockMask and a
+    causal mask_mod (speedup; floors 1.6x forward, 1.4x backward)."""
+    N = S // block
+    dense = causal_block_pattern(H, N, pattern, block, seed)
+    idx, cnt = sparse_attention.bsa_metadata_from_block_mask(dense)
+    g = torch.Generator(device=DEV).manual_seed(seed + 1)
+    q, k, v, do = (torch.randn(1, H, S, D, device=DEV, dtype=torch.bfloat16, generator=g)
+                   for _ in range(4))
+    scale = 1.0 / math.sqrt(D)
+    vis = visible_pairs(dense, block)
+    listed = dense.sum().item() * block * block
+    shape = {"B": 1, "H": H, "H_kv": H, "S": S, "D": D, "block": block, "mask": "causal",
+             "pattern": pattern, "varlen": 0, "density": round(listed / (H * S * S), 4)}
+    print(f"[bsa mask] {shape}", flush=True)
+    causal = _abi.SA_MASK_CAUSAL
+
+    def fwd(mask):
+        return lambda: OPS.bsa_fwd(q, k, v, idx, cnt, None, block, 0, -1, scale, 0, False,
+                                   False, mask)
+    o, lse = fwd(causal)()
+    o_u, lse_u = fwd(0)()
+    torch.cuda.synchronize()
+    assert not torch.isnan(o).any(), "NaN in our masked forward"
+
+    def bwd(mask, o, lse):
+        return lambda: OPS.bsa_bwd(do, q, k, v, o, lse, idx, cnt, None, block, 0, -1, scale, 0,
+                                   False, False, mask)
+    from torch.nn.attention.flex_attention import flex_attention
+    flex = torch.compile(flex_attention)
+    bm = flex_causal_block_mask(dense, S, block)
+    qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
+    out_f = flex(qq, kk, vv, block_mask=bm, scale=scale)
+    for op, flop_per_pair, ours_fn, unmasked_fn, flex_fn in (
+            ("bsa_fwd", 4.0 * D, fwd(causal), fwd(0),
+             lambda: flex(q, k, v, block_mask=bm, scale=scale)),
+            ("bsa_bwd", 10.0 * D, bwd(causal, o, lse), bwd(0, o_u, lse_u),
+             lambda: torch.autograd.grad(out_f, (qq, kk, vv), do, retain_graph=True))):
+        if op not in ops:
+            continue
+        ours = ours_variants(ours_fn)
+        ref = flex_fn()
+        errs = []
+        for _, f in ours:
+            got = f()
+            got = got[:1] if op == "bsa_fwd" else got
+            ref_t = (ref,) if op == "bsa_fwd" else ref
+            errs.append(max(rel_l2(a, b) for a, b in zip(got, ref_t)))
+        meds, spreads = paired([f for _, f in ours] + [unmasked_fn, flex_fn])
+        t_unmasked, t_flex = meds[-2], meds[-1]
+        for (impl, _), ms, sp, err in zip(ours, meds, spreads, errs):
+            record(op, shape, ms, flop_per_pair * vis, "flex", t_flex, err, impl, sp)
+            RECORDS[-1]["unmasked_ms"] = round(t_unmasked, 5)
+            RECORDS[-1]["rate_vs_unmasked"] = round((vis / ms) / (listed / t_unmasked), 3)
+            print(f"    rate vs unmasked (same lists, all pairs counted there): "
+                  f"{RECORDS[-1]['rate_vs_unmasked']:.3f}", flush=True)
+            (Path(ARGS.out) / "anchors.json").write_text(json.dumps(RECORDS, indent=1) + "\n")
+
+
+PACKED_LENGTHS = (512, 1024, 2048, 3072, 4096, 6144, 7680, 8192)  # 32768 tokens
+
+
+def bench_bsa_packed(block, ops, H=32, D=128, seed=0):
+    """Issue 38's packed-batch floor: 8 causal sequences of mixed lengths (PACKED_LENGTHS, the
+    "moba" pattern per sequence, local block ids) against one sequence of the same 32768 tokens
+    and the same pattern; floor: 0.90 of its rate (TFLOPS over visible pairs, both)."""
+    T = sum(PACKED_LENGTHS)
+    g = torch.Generator(device=DEV).manual_seed(seed + 1)
+    q, k, v, do = (torch.randn(T, H, D, device=DEV, dtype=torch.bfloat16, generator=g)
+                   for _ in range(4))
+    n_max = max(PACKED_LENGTHS) // block
+    idx = torch.zeros(len(PACKED_LENGTHS), H, n_max, n_max, dtype=torch.int32, device=DEV)
+    cnt = torch.zeros(len(PACKED_LENGTHS), H, n_max, dtype=torch.int32, device=DEV)
+    vis = 0
+    for b, L in enumerate(PACKED_LENGTHS):
+        dense = causal_block_pattern(H, L // block, "moba", block, seed + b)
+        i, c = sparse_attention.bsa_metadata_from_block_mask(dense)
+        idx[b, :, :L // block, :L // block] = i[0]
+        cnt[b, :, :L // block] = c[0]
+        vis += visible_pairs(dense, block)
+    cu = torch.tensor([0] + list(PACKED_LENGTHS), device=DEV).cumsum(0).to(torch.int32)
+    scale = 1.0 / math.sqrt(D)
+    causal = _abi.SA_MASK_CAUSAL
+    shape = {"B": len(PACKED_LENGTHS), "H": H, "H_kv": H, "S": T, "D": D, "block": block,
+             "mask": "causal", "pattern": "moba", "varlen": 1}
+    print(f"[bsa packed] {shape}", flush=True)
+    # One sequence of T tokens, same pattern, BHSD.
+    dense1 = causal_block_pattern(H, T // block, "moba", block, seed)
+    idx1, cnt1 = sparse_attention.bsa_metadata_from_block_mask(dense1)
+    vis1 = visible_pairs(dense1, block)
+    q1, k1, v1, do1 = (t.transpose(0, 1)[None].contiguous() for t in (q, k, v, do))
+
+    def fwd_p():
+        return OPS.bsa_fwd(q, k, v, idx, cnt, None, block, 0, -1, scale, 0, False, False,
+                           causal, None, 0, 0, cu, cu)
+
+    def fwd_1():
+        return OPS.bsa_fwd(q1, k1, v1, idx1, cnt1, None, block, 0, -1, scale, 0, False, False,
+                           causal)
+    o, lse = fwd_p()
+    o1, lse1 = fwd_1()
+    torch.cuda.synchronize()
+    assert not torch.isnan(o).any(), "NaN in our packed forward"
+
+    def bwd_p():
+        return OPS.bsa_bwd(do, q, k, v, o, lse, idx, cnt, None, block, 0, -1, scale, 0, False,
+                           False, causal, None, 0, 0, cu, cu)
+
+    def bwd_1():
+        return OPS.bsa_bwd(do1, q1, k1, v1, o1, lse1, idx1, cnt1, None, block, 0, -1, scale, 0,
+                           False, False, causal)
+    for op, fpp, packed_fn, one_fn in (("bsa_fwd", 4.0 * D, fwd_p, fwd_1),
+                                       ("bsa_bwd", 10.0 * D, bwd_p, bwd_1)):
+        if op not in ops:
+            continue
+        ours = ours_variants(packed_fn)
+        meds, spreads = paired([f for _, f in ours] + [one_fn])
+        for (impl, _), ms, sp in zip(ours, meds, spreads):
+            record(op, shape, ms, fpp * vis, "one_sequence", meds[-1], None, impl, sp)
+            RECORDS[-1]["rate_vs_one_sequence"] = round((vis / ms) / (vis1 / meds[-1]), 3)
+            print(f"    rate vs one sequence of {T}: {RECORDS[-1]['rate_vs_one_sequence']:.3f}",
+                  flush=True)
+            (Path(ARGS.out) / "anchors.json").write_text(json.dumps(RECORDS, indent=1) + "\n")
 
 
 # ---- DSA ----------------------------------------------------------------------------------------
@@ -909,6 +1084,10 @@ def main():
                      ("indexer_loss", (4096, 32, 2048, 128, 576, False))]
         if "indexer_loss_dense" in ops:
             plan += [("indexer_loss", (8192, 64, 0, 128, 576, True))]
+    if ARGS.plan == "mask":
+        # Issue 38's floors: B1 H32 S8192 D128, block 128 then 64; the packed batch.
+        plan = [("bsa_mask", (pat, blk, 8192)) for blk in (128, 64) for pat in ("moba", "window")]
+        plan += [("bsa_packed", (blk,)) for blk in (128, 64)]
     if ARGS.only:
         plan = [p for p in plan if any(tok in f"{p[0]}{p[1]}" for tok in ARGS.only.split(";"))]
     if ARGS.quick:
@@ -920,6 +1099,10 @@ def main():
             continue
         if kind == "bsa":
             bench_bsa(*shape, bsa_ops)
+        elif kind == "bsa_mask":
+            bench_bsa_mask(*shape, bsa_ops)
+        elif kind == "bsa_packed":
+            bench_bsa_packed(*shape, bsa_ops)
         elif kind == "indexer":
             bench_indexer_fwd(*shape, ops)
         elif kind == "indexer_loss":
