@@ -406,6 +406,9 @@ std::vector<LossCase> sm90_loss_cases() {
       {"HI64_H128_D576_K129_FiveStages", loss_shape(16, 400, 64, 128, 576), R::kCausal, 129},
       {"HI32_H128_D576_K416_ThirteenStages", loss_shape(12, 900, 32, 128, 576), R::kNone, 416,
        false},
+      // The Hopper loss kernel's edges (tuning sm90_indexer_loss_kernel = 1): a long list (65
+      // chunks of 64 keys, the last one partial; 66 KB of per-slot list in shared memory).
+      {"HI64_H64_D512_K4100_LongRows", loss_shape(4, 5000, 64, 64, 512), R::kNone, 4100},
       {"Dense_HI32_H192_D576_ThreeGroups", loss_shape(20, 150, 32, 192, 576), R::kCausal, 0,
        false, false, true, 1.f, 0.f, true},
       {"Dense_HI16_H128_D512_Packed_Skv77", loss_shape(24, 77, 16, 128, 512), R::kPacked, 0,
@@ -419,13 +422,23 @@ std::vector<LossCase> sm90_loss_cases() {
 class IndexerSm90Loss : public ::testing::TestWithParam<LossCase> {};
 
 // Both Hopper targets (Tuning::sm90_indexer_target): 0 Q in registers (the default), 3 Q in
-// shared memory.
+// shared memory; and the Hopper (wgmma) loss kernel forced (Tuning::sm90_indexer_loss_kernel = 1,
+// sm90/indexer_loss_kernel.cuh) with the default target: it serves the sparse, non-deterministic
+// cases of H_I 16 / 32 / 64, the portable loss kernel the others (dense, deterministic), so every
+// case must still match.
 TEST_P(IndexerSm90Loss, MatchesReference) {
   SA_SKIP_UNLESS_SM90_PATH();
-  for (int32_t variant : {0, 3}) {
-    SCOPED_TRACE(variant == 0 ? "target: Q in registers" : "target: Q in shared memory");
+  struct Variant {
+    int32_t target, loss_kernel;
+    const char* name;
+  };
+  for (const Variant& v : {Variant{0, 0, "target: Q in registers"},
+                           Variant{3, 0, "target: Q in shared memory"},
+                           Variant{0, 1, "target: Q in registers, Hopper loss kernel"}}) {
+    SCOPED_TRACE(v.name);
     sa::detail::Tuning t;
-    t.sm90_indexer_target = variant;
+    t.sm90_indexer_target = v.target;
+    t.sm90_indexer_loss_kernel = v.loss_kernel;
     sa::detail::ScopedTuning scope(t);
     check_loss_case(GetParam(), /*every_run_same=*/true);
   }

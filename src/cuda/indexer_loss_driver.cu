@@ -7,7 +7,8 @@
 // Sparse mode, launches on the caller's stream:
 //   1. target   log A_g[g, t, i] for every active slot                   (workspace)
 //   2. memset   dk accumulator [S_kv, 128] fp32 = 0                      (gradients only)
-//   3. loss     S_q CTAs: the row losses -> workspace (and loss_per_token), dq_I, dw; dk rows
+//   3. loss     S_q CTAs (the arch's LossLaunch where it serves the call, else the portable
+//               kernel): the row losses -> workspace (and loss_per_token), dq_I, dw; dk rows
 //               as fp32 reductions into the accumulator
 //   4. convert  dk_I = the accumulator in bf16, every element
 //   5. total    loss = the row losses summed in a fixed order (one CTA)
@@ -321,7 +322,8 @@ void loss_run(const IndexerLossProblem& p, void* workspace, size_t workspace_byt
     o.target(tp, false, d.Sq, p.device_index, stream);
     if (!plan.deterministic) {
       lp.tok_begin = 0;
-      launch_loss<false>(d.HI, lp, d.Sq, stream);
+      if (o.sparse_loss == nullptr || !o.sparse_loss(lp, d.HI, d.Sq, stream))
+        launch_loss<false>(d.HI, lp, d.Sq, stream);
     } else {
       auto* keys_in = reinterpret_cast<uint32_t*>(base + plan.keys_in);
       auto* keys_out = reinterpret_cast<uint32_t*>(base + plan.keys_out);

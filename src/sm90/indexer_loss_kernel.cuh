@@ -1,0 +1,507 @@
+// The Hopper (sm_90a, wgmma) indexer loss kernel (SPEC 5), sparse mode, non-deterministic: the
+// portable loss kernel's contract, passes and math (cuda/indexer_loss_kernel.cuh, [a] .. [f]),
+// with the four indexer GEMMs per chunk on wgmma instead of mma.sync + ldmatrix. DRAFT, NOT RUN
+// ON A GPU: selected only by the internal tuning Tuning::sm90_indexer_loss_kernel = 1
+// (sm90/indexer_loss.cu decides, the portable kernel serves everything else).
+//
+// This is the first step of the research design (docs/research/indexer_loss_cudnn_vs_ours.md,
+// section 3, change 2), not all of it: one warpgroup per CTA and one CTA per token, as the
+// portable kernel (so its list, reductions, empty rows and [d] are reused as they are), with no
+// producer warpgroup, no persistence and no TMA. What it takes from the design is the GEMM side:
+//
+//   GEMM1  a[64 keys x H_I] = k_I q_I^T          wgmma m64n{H_I}k16 SS x 8 (A = the k_I stage,
+//          (passes 1 and 2)                      B = q_I, both K-major, 128-byte swizzle); keys
+//                                                as M: warp w holds keys [16 w, +16), lane (g,
+//                                                t4) rows g, g + 8 and columns 8 j + 2 t4 (+1):
+//                                                the portable mma.sync tile's layout, so I =
+//                                                sum_j w_j relu(a_j) is the portable kernel's
+//                                                association (columns n-tile by n-tile, then the
+//                                                quad, xor 1 then 2) on the same fp32 a up to
+//                                                the tensor core's order of the k16 sums.
+//   dK     dk[64 keys x 128] = Gw q_I            wgmma m64n64k16 RS x H_I/16 per half of 128
+//                                                columns (A = scale_I w G in bf16 straight
+//                                                from GEMM1's accumulator: the m64nNk16 C layout
+//                                                is the RS A layout, word i = C[2i], C[2i + 1];
+//                                                B = q_I seen MN-major), then fp32
+//                                                red.global.add.v2 as the portable kernel.
+//   dQ     dq^T[128 x H_I] += k_I^T G            wgmma m64n{H_I}k16 SS x 4 k16 steps x 2 M tiles
+//                                                (A = the k_I stage seen MN-major, B = G [keys x
+//                                                H_I] in shared memory, MN-major, 32/64/128-byte
+//                                                swizzle for H_I 16/32/64): d as M so that H_I 16
+//                                                and 32 need no padding; accumulated over the
+//                                                token's chunks in registers.
+//
+// Timeline per token (one warpgroup, the CTA): [a] [b] (portable code) | q_I, w, chunk 0 by
+// cp.async | pass 1: per 64-key chunk: wait + fence.proxy.async + bar | gather of chunk + 1 into
+// the other stage | GEMM1 | I -> the list | [d] | pass 2: per chunk: wait + fence + bar | gather
+// of chunk + 1 | GEMM1 | dI, G, dw, Gw -> registers, G -> shared | dK half 0, reductions, dK
+// half 1, reductions | fence + bar | dQ (wait 0 before the next chunk's gather reuses the stage)
+// | [f] dq_I (bf16, direct stores from the dq^T fragment), dw.
+//
+// Registers per thread (H_I 64): dq^T 64 fp32, a 32, dk half 32, Gw fragment 16, dw 16, the
+// rest (addresses, dI, loop) ~30: under the 255 of __launch_bounds__(128, 2).
+// Shared memory (bytes, from a 1024-aligned base): q_I H_I x 256 (two K-major 128-byte-swizzled
+// panels of 64 columns), k_I 2 stages x 16,384 (the same), G 64 x 2 H_I, then the portable
+// kernel's w, scratch, dw, counts and per-slot list (16 bytes per slot, topk rounded up to
+// 128): H_I 64, topk 2048: 16,384 + 32,768 + 8,192 + 1,856 + 32,768 = 91,968 + 1,024 slack:
+// two CTAs per SM.
+#pragma once
+
+#include <cstdint>
+
+#include <cute/arch/mma_sm90.hpp>
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+#include "common/device_math.cuh"
+#include "cuda/indexer_loss_kernel.cuh"  // LossParams, block_reduce, log_a_at
+#include "sm90/dsa_common.cuh"
+#include "sm90/hopper_primitives.cuh"
+
+namespace sa::sm90::loss {
+
+using portable::indexer::LossParams;
+
+// p through an opaque move: operand descriptors built from it are rebuilt at each use instead of
+// being hoisted out of the chunk loop and kept live (indexer_target_kernel.cuh's fresh_ptr).
+template <class E>
+__device__ __forceinline__ E* fresh_ptr(E* p) {
+  uint64_t v;
+  asm volatile("mov.b64 %0, %1;\n" : "=l"(v) : "l"(reinterpret_cast<uint64_t>(p)));
+  return reinterpret_cast<E*>(v);
+}
+
+template <int kHeads_>
+struct LossTraits {
+  using Element = cutlass::bfloat16_t;
+  static constexpr int kHeads = kHeads_;
+  static constexpr int kThreads = 128;  // one warpgroup
+  static constexpr int kWarps = 4;
+  static constexpr int kChunk = 64;  // keys per chunk (16 per warp)
+  static constexpr int kNt = kHeads / 8;
+  static constexpr int kKSteps = kHeads / 16;
+  static_assert(kHeads == 16 || kHeads == 32 || kHeads == 64, "H_I 16, 32 or 64");
+
+  using HT = cute::Int<kHeads>;
+  using N64 = cute::Int<64>;
+  using D64 = cute::Int<64>;
+  using D128 = cute::Int<128>;
+  using K16 = cute::Int<16>;
+  // GEMM1: a = k_I q_I^T, keys as M.
+  using Mma1 = decltype(cute::make_tiled_mma(
+      cute::SM90::GMMA::ss_op_selector<Element, Element, float, cute::Shape<N64, HT, K16>,
+                                       cute::SM90::GMMA::Major::K,
+                                       cute::SM90::GMMA::Major::K>()));
+  // dK: (keys x heads, registers) x (heads x 64 columns of q_I, MN-major).
+  using Mma2 = decltype(cute::make_tiled_mma(
+      cute::SM90::GMMA::rs_op_selector<Element, Element, float, cute::Shape<N64, D64, K16>,
+                                       cute::SM90::GMMA::Major::K,
+                                       cute::SM90::GMMA::Major::MN>()));
+  // dQ^T: (d x keys, the k_I stage MN-major) x (keys x heads, G MN-major).
+  using Mma3 = decltype(cute::make_tiled_mma(
+      cute::SM90::GMMA::ss_op_selector<Element, Element, float, cute::Shape<N64, HT, K16>,
+                                       cute::SM90::GMMA::Major::MN,
+                                       cute::SM90::GMMA::Major::MN>()));
+
+  // q_I (H_I, 128) and a k_I stage (64, 128): K-major, two 64-column panels of 128-byte rows.
+  using LayoutQ = decltype(cute::tile_to_shape(
+      cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<HT, D128>{}));
+  using LayoutK = decltype(cute::tile_to_shape(
+      cute::SM90::GMMA::Layout_K_SW128_Atom<Element>{}, cute::Shape<N64, D128>{}));
+  // The same bytes MN-major: one q_I panel as (64 columns, H_I), a stage as (128 columns, 64
+  // keys) (keys fastest across atoms: panel by panel).
+  using LayoutQPanelT = decltype(cute::tile_to_shape(
+      cute::SM90::GMMA::Layout_MN_SW128_Atom<Element>{}, cute::Shape<D64, HT>{}));
+  using LayoutKT = decltype(cute::tile_to_shape(
+      cute::SM90::GMMA::Layout_MN_SW128_Atom<Element>{}, cute::Shape<D128, N64>{},
+      cute::Step<cute::_2, cute::_1>{}));
+  // G as (H_I, 64 keys), heads contiguous: rows of 2 H_I bytes, the swizzle of that width.
+  using GAtom = std::conditional_t<
+      kHeads == 64, cute::SM90::GMMA::Layout_MN_SW128_Atom<Element>,
+      std::conditional_t<kHeads == 32, cute::SM90::GMMA::Layout_MN_SW64_Atom<Element>,
+                         cute::SM90::GMMA::Layout_MN_SW32_Atom<Element>>>;
+  using LayoutG = decltype(cute::tile_to_shape(GAtom{}, cute::Shape<HT, N64>{}));
+  // Byte offset of (head h, even; key k) in G: the linear offset with the hardware swizzle of
+  // the row width (16-byte chunk bits 4.. XOR the row bits 7..).
+  static constexpr uint32_t kGSwizzleMask = kHeads == 64 ? 7u : kHeads == 32 ? 3u : 1u;
+  __device__ static uint32_t g_offset(int h, int k) {
+    const uint32_t lin = static_cast<uint32_t>((k * kHeads + h) * 2);
+    return lin ^ (((lin >> 7) & kGSwizzleMask) << 4);
+  }
+
+  // Shared memory (offsets from the 1024-aligned base).
+  static constexpr int kQBytes = kHeads * 256;
+  static constexpr int kQPanelBytes = kHeads * 128;
+  static constexpr int kStageBytes = kChunk * 256;
+  static constexpr int kPanelBytes = kChunk * 128;
+  static constexpr int kQOff = 0;
+  static constexpr int kKOff = kQOff + kQBytes;
+  static constexpr int kGOff = kKOff + 2 * kStageBytes;
+  static constexpr int kWOff = kGOff + kChunk * kHeads * 2;
+  static constexpr int kRedOff = kWOff + kHeads * 4;
+  static constexpr int kDwOff = kRedOff + kThreads * 4;
+  static constexpr int kCountOff = kDwOff + kWarps * kHeads * 4;
+  static constexpr int kListOff = kCountOff + 16 * 4;
+  static_assert(kKOff % 1024 == 0 && kGOff % 1024 == 0, "swizzled tiles on 1024 bytes");
+  static constexpr int list_slots(int topk) { return (topk + kThreads - 1) / kThreads * kThreads; }
+  static constexpr int smem_bytes(int topk) { return kListOff + 16 * list_slots(topk) + 1024; }
+};
+
+// I of this thread's two rows (g, g + 8) from GEMM1's (scaled) fragment: the portable
+// row_scores, on the wgmma fragment (index 4 j + 2 r + c).
+template <class T, class Frag>
+__device__ __forceinline__ void wg_row_scores(const Frag& acc, const float* s_w, float (&row)[2]) {
+  const int t4 = threadIdx.x & 3;
+  row[0] = row[1] = 0.f;
+  CUTE_UNROLL
+  for (int nt = 0; nt < T::kNt; ++nt) {
+    const float2 wv = *reinterpret_cast<const float2*>(s_w + 8 * nt + 2 * t4);
+    CUTE_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      row[i] = fmaf(fmaxf(acc(4 * nt + 2 * i), 0.f), wv.x, row[i]);
+      row[i] = fmaf(fmaxf(acc(4 * nt + 2 * i + 1), 0.f), wv.y, row[i]);
+    }
+  }
+  CUTE_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    row[i] += __shfl_xor_sync(0xffffffffu, row[i], 1);
+    row[i] += __shfl_xor_sync(0xffffffffu, row[i], 2);
+  }
+}
+
+// GEMM1 of the chunk in k_stage: acc = scale_I k_I q_I^T (64 keys x H_I).
+template <class T, class Frag>
+__device__ __forceinline__ void gemm1(typename T::Element* k_stage, typename T::Element* q,
+                                      float scale, Frag& acc) {
+  using namespace cute;
+  typename T::Mma1 mma;
+  auto thr = mma.get_thread_slice(threadIdx.x);
+  Tensor sK = make_tensor(make_smem_ptr(k_stage), typename T::LayoutK{});
+  Tensor sQ = make_tensor(make_smem_ptr(q), typename T::LayoutQ{});
+  Tensor tA = thr.partition_fragment_A(sK);
+  Tensor tB = thr.partition_fragment_B(sQ);
+  warpgroup_fence_operand(acc);
+  warpgroup_arrive();
+  gemm_ss(mma, tA, tB, acc, true);
+  warpgroup_commit_batch();
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(acc);
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc); ++i) acc(i) *= scale;
+}
+
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, 2) loss_sm90_kernel(const __grid_constant__ LossParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace cute;
+  using Element = typename T::Element;
+  using portable::indexer::block_reduce;
+  using portable::indexer::log_a_at;
+  constexpr int kT = T::kThreads;
+  constexpr int kChunk = T::kChunk;
+  constexpr int kHeads = T::kHeads;
+  const float kInf = INFINITY;
+
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* const smem = reinterpret_cast<uint8_t*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  const uint32_t lt = (1u << lane) - 1u;
+  const int64_t tok = p.tok_begin + blockIdx.x;
+  const IndexerDims& d = p.dims;
+  const int slots = T::list_slots(p.topk);
+  int32_t* s_key = reinterpret_cast<int32_t*>(smem + T::kListOff);
+  int32_t* s_slot = s_key + slots;
+  float* s_la = reinterpret_cast<float*>(s_slot + slots);
+  float* s_val = s_la + slots;
+  float* s_w = reinterpret_cast<float*>(smem + T::kWOff);
+  float* s_red = reinterpret_cast<float*>(smem + T::kRedOff);
+  float* s_dw = reinterpret_cast<float*>(smem + T::kDwOff);
+  int* s_count = reinterpret_cast<int*>(smem + T::kCountOff);
+  const uint32_t sq = smem_u32(smem + T::kQOff);
+  const uint32_t sk = smem_u32(smem + T::kKOff);
+  const uint32_t sg = smem_u32(smem + T::kGOff);
+
+  // [a] K_t in slot order (the portable kernel's compaction; 4 warps).
+  int n = 0;
+  for (int base = 0; base < p.topk; base += kT) {
+    const int i = base + tid;
+    bool in = false;
+    int32_t key = -1;
+    if (i < p.topk) {
+      const bool before_len =
+          p.meta.topk_length.data == nullptr || i < p.meta.topk_length.at(tok);
+      key = p.meta.topk_idx.at(tok, i);
+      const bool active = before_len && key >= 0 && key < d.Skv;
+      in = active && p.meta.slot_in_loss(tok, i, d);
+    }
+    const uint32_t mask = __ballot_sync(0xffffffffu, in);
+    if (lane == 0) s_count[warp] = __popc(mask);
+    __syncthreads();
+    int pos = n + __popc(mask & lt);
+    int total = 0;
+    CUTE_UNROLL
+    for (int w = 0; w < T::kWarps; ++w) {
+      if (w < warp) pos += s_count[w];
+      total += s_count[w];
+    }
+    if (in) {
+      s_key[pos] = key;
+      s_slot[pos] = i;
+      s_la[pos] = log_a_at(p, tok, i);
+    }
+    n += total;
+    __syncthreads();
+  }
+
+  // [b] log Z_A.
+  float m_loc = -kInf;
+  for (int i = tid; i < n; i += kT) m_loc = fmaxf(m_loc, s_la[i]);
+  const float m_a = block_reduce<kT, true>(m_loc, s_red);
+  float z_loc = 0.f;
+  if (m_a != -kInf)
+    for (int i = tid; i < n; i += kT) z_loc += expf(s_la[i] - m_a);
+  const float z_a = block_reduce<kT, false>(z_loc, s_red);
+  const float log_za = m_a == -kInf ? -kInf : m_a + logf(z_a);
+
+  if (n == 0 || log_za == -kInf) {
+    if (tid == 0) {
+      p.loss_rows[tok] = 0.f;
+      if (p.loss_per_token != nullptr) p.loss_per_token[tok * p.lpt_s] = 0.f;
+    }
+    if (p.grads) {
+      for (int e = tid; e < kHeads * 64; e += kT) {
+        const int j = e / 64, c = 2 * (e % 64);
+        *reinterpret_cast<uint32_t*>(p.dq_I + tok * p.dq_ss + j * p.dq_sh + c) = 0u;
+      }
+      for (int j = tid; j < kHeads; j += kT) p.dw[tok * p.dw_ss + j * p.dw_sh] = 0.f;
+    }
+    return;
+  }
+
+  // [c] q_I (two K-major panels) and w of the token; chunk 0 of the gathered k_I rows.
+  const int cp_chunk = tid & 15;  // 16-byte chunk of a 256-byte row: panel cp_chunk / 8
+  {
+    const __nv_bfloat16* q_tok = p.q_I + tok * p.qi_ss;
+    for (int r = tid >> 4; r < kHeads; r += kT / 16)
+      cp_async_16_zfill(sq + (cp_chunk >> 3) * T::kQPanelBytes + swz(r, cp_chunk & 7),
+                        q_tok + r * p.qi_sh + cp_chunk * 8, 16);
+    for (int j = tid; j < kHeads; j += kT) s_w[j] = p.w[tok * p.w_ss + j * p.w_sh];
+  }
+  const int n_chunks = (n + kChunk - 1) / kChunk;
+  auto gather = [&](int chunk, int stage) {
+    CUTE_UNROLL
+    for (int i = 0; i < kChunk / (kT / 16); ++i) {
+      const int r = (tid >> 4) + i * (kT / 16);
+      const int pos = chunk * kChunk + r;
+      const bool valid = pos < n;
+      const __nv_bfloat16* src =
+          valid ? p.k_I + int64_t{s_key[pos]} * p.ki_ss + cp_chunk * 8 : p.k_I;
+      cp_async_16_zfill(sk + stage * T::kStageBytes + (cp_chunk >> 3) * T::kPanelBytes +
+                            swz(r, cp_chunk & 7),
+                        src, valid ? 16 : 0);
+    }
+  };
+  // Every thread's cp.async data (and, in pass 2, G) visible to the wgmma (async proxy) of the
+  // whole warpgroup.
+  auto landed_barrier = [&]() {
+    cp_async_wait_all();
+    fence_proxy_async_shared();
+    __syncthreads();
+  };
+  gather(0, 0);
+  cp_async_commit();
+
+  Element* const q_el = reinterpret_cast<Element*>(smem + T::kQOff);
+  auto k_el = [&](int stage) {
+    return fresh_ptr(reinterpret_cast<Element*>(smem + T::kKOff)) +
+           stage * (T::kStageBytes / 2);
+  };
+  typename T::Mma1 mma1;
+  using FragA = decltype(partition_fragment_C(mma1, Shape<typename T::N64, typename T::HT>{}));
+
+  // Pass 1: I of every position of K_t -> the list.
+  for (int chunk = 0; chunk < n_chunks; ++chunk) {
+    const int stage = chunk & 1;
+    landed_barrier();
+    if (chunk + 1 < n_chunks) {
+      gather(chunk + 1, stage ^ 1);
+      cp_async_commit();
+    }
+    FragA acc = partition_fragment_C(mma1, Shape<typename T::N64, typename T::HT>{});
+    gemm1<T>(k_el(stage), q_el, p.scale_I, acc);
+    float row[2];
+    wg_row_scores<T>(acc, s_w, row);
+    CUTE_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      const int pos = chunk * kChunk + 16 * warp + g + 8 * i;
+      if (t4 == 0 && pos < n) s_val[pos] = row[i];
+    }
+  }
+  __syncthreads();
+
+  // [d] log Z_I, the row's loss, dI in place of I.
+  m_loc = -kInf;
+  for (int i = tid; i < n; i += kT) m_loc = fmaxf(m_loc, s_val[i]);
+  const float m_i = block_reduce<kT, true>(m_loc, s_red);
+  z_loc = 0.f;
+  for (int i = tid; i < n; i += kT) z_loc += expf(s_val[i] - m_i);
+  const float log_zi = m_i + logf(block_reduce<kT, false>(z_loc, s_red));
+  float term = 0.f;
+  for (int i = tid; i < n; i += kT) {
+    const float lp = s_la[i] - log_za, lr = s_val[i] - log_zi;
+    const float pr = expf(lp);
+    if (pr > 0.f) term += pr * (lp - lr);
+    s_val[i] = p.coeff * (expf(lr) - pr);
+  }
+  const float row_loss = p.coeff * block_reduce<kT, false>(term, s_red);
+  if (tid == 0) {
+    p.loss_rows[tok] = row_loss;
+    if (p.loss_per_token != nullptr) p.loss_per_token[tok * p.lpt_s] = row_loss;
+  }
+  if (!p.grads) return;
+
+  // [e] Pass 2.
+  gather(0, 0);
+  cp_async_commit();
+  typename T::Mma2 mma2;
+  typename T::Mma3 mma3;
+  auto thr2 = mma2.get_thread_slice(tid);
+  auto thr3 = mma3.get_thread_slice(tid);
+  // dq^T (128 x H_I): ((2, 2, H_I / 8), 2 M tiles, 1).
+  Tensor dq = partition_fragment_C(mma3, Shape<typename T::D128, typename T::HT>{});
+  clear(dq);
+  float dw_acc[T::kNt][2];
+  CUTE_UNROLL
+  for (int nt = 0; nt < T::kNt; ++nt) dw_acc[nt][0] = dw_acc[nt][1] = 0.f;
+  // The RS A operand of dK: scale_I w G in bf16, ((2, 2, 2), 1, H_I / 16).
+  Tensor tAg = make_tensor<Element>(
+      partition_shape_A(mma2, Shape<typename T::N64, typename T::HT>{}));
+  auto ag32 = recast<uint32_t>(tAg);
+  static_assert(decltype(size(tAg))::value == 2 * T::kNt * 4 / 2, "Gw fragment: 64 x H_I");
+  Element* const g_el = reinterpret_cast<Element*>(smem + T::kGOff);
+
+  for (int chunk = 0; chunk < n_chunks; ++chunk) {
+    const int stage = chunk & 1;
+    landed_barrier();  // the chunk landed; the previous chunk's dQ has retired (wait below)
+    if (chunk + 1 < n_chunks) {
+      gather(chunk + 1, stage ^ 1);
+      cp_async_commit();
+    }
+    FragA acc = partition_fragment_C(mma1, Shape<typename T::N64, typename T::HT>{});
+    gemm1<T>(k_el(stage), q_el, p.scale_I, acc);
+    float di[2];
+    int pos[2];
+    CUTE_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      pos[i] = chunk * kChunk + 16 * warp + g + 8 * i;
+      di[i] = pos[i] < n ? s_val[pos[i]] : 0.f;
+    }
+    // G, dw, the Gw fragment, G -> shared memory ([key][head], swizzled).
+    CUTE_UNROLL
+    for (int nt = 0; nt < T::kNt; ++nt) {
+      const float2 wv = *reinterpret_cast<const float2*>(s_w + 8 * nt + 2 * t4);
+      float gv[4], coef[4];
+      CUTE_UNROLL
+      for (int c = 0; c < 4; ++c) {
+        const float a = acc(4 * nt + c);
+        const float dI = di[c >> 1];
+        dw_acc[nt][c & 1] = fmaf(dI, fmaxf(a, 0.f), dw_acc[nt][c & 1]);
+        gv[c] = a > 0.f ? dI : 0.f;
+        coef[c] = gv[c] * ((c & 1) ? wv.y : wv.x) * p.scale_I;
+      }
+      ag32(2 * nt) = pack2<__nv_bfloat16>(coef[0], coef[1]);
+      ag32(2 * nt + 1) = pack2<__nv_bfloat16>(coef[2], coef[3]);
+      CUTE_UNROLL
+      for (int i = 0; i < 2; ++i)
+        st_shared_u32(sg + T::g_offset(8 * nt + 2 * t4, 16 * warp + g + 8 * i),
+                      pack2<__nv_bfloat16>(gv[2 * i], gv[2 * i + 1]));
+    }
+    // dK of the chunk's 64 keys, two halves of 64 columns.
+    CUTE_UNROLL
+    for (int half = 0; half < 2; ++half) {
+      Tensor sQh = make_tensor(make_smem_ptr(fresh_ptr(q_el) + half * (T::kQPanelBytes / 2)),
+                               typename T::LayoutQPanelT{});
+      Tensor tBq = thr2.partition_fragment_B(sQh);  // (MMA, 1, H_I / 16)
+      Tensor dk = partition_fragment_C(mma2, Shape<typename T::N64, typename T::D64>{});
+      warpgroup_fence_operand(dk);
+      warpgroup_fence_operand(tAg);
+      warpgroup_arrive();
+      mma2.accumulate_ = SM90::GMMA::ScaleOut::Zero;
+      CUTE_UNROLL
+      for (int kb = 0; kb < T::kKSteps; ++kb) {
+        cute::gemm(mma2, tAg(_, _, kb), tBq(_, _, kb), dk);
+        mma2.accumulate_ = SM90::GMMA::ScaleOut::One;
+      }
+      warpgroup_commit_batch();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(dk);
+      warpgroup_fence_operand(tAg);
+      CUTE_UNROLL
+      for (int i = 0; i < 2; ++i) {
+        if (pos[i] >= n) continue;
+        float* dst = p.dk_acc + int64_t{s_key[pos[i]]} * 128 + 64 * half + 2 * t4;
+        CUTE_UNROLL
+        for (int nt = 0; nt < 8; ++nt)
+          red_add_f32x2(dst + 8 * nt, dk(4 * nt + 2 * i), dk(4 * nt + 2 * i + 1));
+      }
+    }
+    fence_proxy_async_shared();
+    __syncthreads();  // G of every warp in shared memory, visible to the async proxy
+    {
+      Tensor sKt = make_tensor(make_smem_ptr(k_el(stage)), typename T::LayoutKT{});
+      Tensor sGt = make_tensor(make_smem_ptr(fresh_ptr(g_el)), typename T::LayoutG{});
+      Tensor tA3 = thr3.partition_fragment_A(sKt);  // (MMA, 2, 4)
+      Tensor tB3 = thr3.partition_fragment_B(sGt);  // (MMA, 1, 4)
+      warpgroup_fence_operand(dq);
+      warpgroup_arrive();
+      gemm_ss(mma3, tA3, tB3, dq, false);
+      warpgroup_commit_batch();
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(dq);
+    }
+  }
+
+  // [f] dq_I[t, j, d] = scale_I w_j dq^T[d, j] (bf16); dq fragment (c + 2 r + 4 j, m): d = 64 m
+  // + 16 warp + g + 8 r, head 8 j + 2 t4 + c.
+  {
+    __nv_bfloat16* const dq_tok = p.dq_I + tok * p.dq_ss;
+    CUTE_UNROLL
+    for (int nt = 0; nt < T::kNt; ++nt) {
+      CUTE_UNROLL
+      for (int c = 0; c < 2; ++c) {
+        const int j = 8 * nt + 2 * t4 + c;
+        const float f = p.scale_I * s_w[j];
+        __nv_bfloat16* const row = dq_tok + j * p.dq_sh;
+        CUTE_UNROLL
+        for (int m = 0; m < 2; ++m)
+          CUTE_UNROLL
+          for (int r = 0; r < 2; ++r)
+            row[64 * m + 16 * warp + g + 8 * r] = __float2bfloat16_rn(dq(4 * nt + 2 * r + c, m, 0) * f);
+      }
+    }
+  }
+  CUTE_UNROLL
+  for (int nt = 0; nt < T::kNt; ++nt)
+    CUTE_UNROLL
+    for (int e = 0; e < 2; ++e) {
+      float v = dw_acc[nt][e];
+      CUTE_UNROLL
+      for (int off = 4; off < 32; off *= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+      if (g == 0) s_dw[warp * kHeads + 8 * nt + 2 * t4 + e] = v;
+    }
+  __syncthreads();
+  for (int j = tid; j < kHeads; j += kT) {
+    float v = 0.f;
+    CUTE_UNROLL
+    for (int w = 0; w < T::kWarps; ++w) v += s_dw[w * kHeads + j];
+    p.dw[tok * p.dw_ss + j * p.dw_sh] = v;
+  }
+#endif
+}
+
+}  // namespace sa::sm90::loss
