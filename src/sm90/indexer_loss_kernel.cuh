@@ -127,7 +127,7 @@ struct LossTraits {
   // Byte offset of (head h, even; key k) in G: the linear offset with the hardware swizzle of
   // the row width (16-byte chunk bits 4.. XOR the row bits 7..).
   static constexpr uint32_t kGSwizzleMask = kHeads == 64 ? 7u : kHeads == 32 ? 3u : 1u;
-  __device__ static uint32_t g_offset(int h, int k) {
+  __host__ __device__ static uint32_t g_offset(int h, int k) {
     const uint32_t lin = static_cast<uint32_t>((k * kHeads + h) * 2);
     return lin ^ (((lin >> 7) & kGSwizzleMask) << 4);
   }
