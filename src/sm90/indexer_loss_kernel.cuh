@@ -39,7 +39,9 @@
 // | [f] dq_I (bf16, direct stores from the dq^T fragment), dw.
 //
 // Registers per thread (H_I 64): dq^T 64 fp32, a 32, dk half 32, Gw fragment 16, dw 16, the
-// rest (addresses, dI, loop) ~30: under the 255 of __launch_bounds__(128, 2).
+// rest (addresses, dI, loop) ~30: under the 255 of __launch_bounds__(128, 2). ptxas (CUDA 13.0,
+// sm_90a): 191 / 126 / 94 registers at H_I 64 / 32 / 16, no stack, no spills, no C75xx
+// wgmma-serialization notes (docs/indexer_decisions.md, "The sm90 loss kernel").
 // Shared memory (bytes, from a 1024-aligned base): q_I H_I x 256 (two K-major 128-byte-swizzled
 // panels of 64 columns), k_I 2 stages x 16,384 (the same), G 64 x 2 H_I, then the portable
 // kernel's w, scratch, dw, counts and per-slot list (16 bytes per slot, topk rounded up to
