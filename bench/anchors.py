@@ -104,20 +104,15 @@ import torch.nn.functional as F  # noqa: E402
 import sparse_attention  # noqa: E402,F401  (registers torch.ops.sparse_attention.*)
 from sparse_attention import _abi  # noqa: E402
 
+import _timing  # noqa: E402  (bench/_timing.py, beside this script)
+
 OPS = torch.ops.sparse_attention
 DEV = torch.device("cuda")
 RECORDS = []
 
 
 # ---- timing -------------------------------------------------------------------------------------
-def _round_ms(fn, calls):
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop) / calls
+_round_ms = _timing.round_ms
 
 
 def paired(fns):
@@ -142,11 +137,7 @@ def paired(fns):
         for _ in range(ARGS.rounds):
             for i in order:
                 times[i].append(_round_ms(fns[i], calls[i]))
-    med = []
-    for t in times:
-        t = sorted(t)
-        n = len(t)
-        med.append(t[n // 2] if n % 2 else 0.5 * (t[n // 2 - 1] + t[n // 2]))
+    med = [_timing.median(t) for t in times]
     spread = [(min(t), max(t)) for t in times]
     return med, spread
 

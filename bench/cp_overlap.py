@@ -92,6 +92,8 @@ import torch.distributed as dist  # noqa: E402
 import sparse_attention as sa  # noqa: E402
 from sparse_attention import distributed as cp  # noqa: E402
 
+import _timing  # noqa: E402  (bench/_timing.py, beside this script)
+
 SMOKE = ARGS.smoke
 DEV = torch.device("cpu" if SMOKE else "cuda")
 DTYPE = torch.float32 if SMOKE else torch.bfloat16
@@ -106,24 +108,7 @@ def sync():
 
 
 def round_ms(fn, calls):
-    if DEV.type != "cuda":
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        return (time.perf_counter() - t0) * 1e3 / calls
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop) / calls
-
-
-def median(t):
-    t = sorted(t)
-    n = len(t)
-    return t[n // 2] if n % 2 else 0.5 * (t[n // 2 - 1] + t[n // 2])
+    return _timing.round_ms(fn, calls, cuda=DEV.type == "cuda")
 
 
 def paired(fns):
@@ -141,7 +126,7 @@ def paired(fns):
         for _ in range(ARGS.rounds):
             for name in order:
                 times[name].append(round_ms(fns[name], calls))
-    return {n: (median(t), (min(t), max(t))) for n, t in times.items()}, calls
+    return {n: (_timing.median(t), (min(t), max(t))) for n, t in times.items()}, calls
 
 
 def rel_l2(a, b):

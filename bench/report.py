@@ -47,8 +47,10 @@ def table(records):
             f64 = r.get("fp64_rel_l2") or {}
             f64_txt = "-" if not f64 else " / ".join(
                 "-" if f64.get(k) is None else format(f64[k], ".1e") for k in ("ours", "anchor"))
+            # A bench A/B names its variant (impl and tuning); anchors.py records their impl.
+            impl = r.get("variant") or r["impl"]
             lines.append(
-                f"| {shape_label(op, r['shape'])} | {r['impl']} | {r['ms']:.4f} | "
+                f"| {shape_label(op, r['shape'])} | {impl} | {r['ms']:.4f} | "
                 f"{r['tflops']:.1f} | {r.get('anchor') or '-'} | "
                 f"{'-' if r.get('anchor_ms') is None else format(r['anchor_ms'], '.4f')} | "
                 f"{'-' if r.get('speedup') is None else format(r['speedup'], '.2f') + 'x'} | "

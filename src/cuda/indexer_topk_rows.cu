@@ -48,6 +48,33 @@ constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kStageUnroll = 8;  // loads in flight per thread while staging a row
 
+// The row's range and the part of the output that needs no selection, shared by both kernels:
+// len = min(k, n), slots past it -1, and a row of n <= k keys written whole (its key order).
+// Returns false when the row is done (n <= k). Called by the whole CTA.
+struct RowRange {
+  int64_t begin = 0, n = 0;
+  int32_t* out = nullptr;
+};
+__device__ __forceinline__ bool start_row(const TopkRowsArgs& a, int64_t t, RowRange* r) {
+  const int tid = threadIdx.x;
+  const int64_t begin = a.meta.range_begin(t, a.dims);
+  const int64_t end = a.meta.range_end(t, a.dims);
+  const int64_t n = end > begin ? end - begin : 0;
+  const int k = a.k;
+  const int take = n < k ? static_cast<int>(n) : k;
+  int32_t* out = a.idx + t * a.idx_ss;
+  if (tid == 0 && a.len != nullptr) a.len[t * a.len_s] = take;
+  for (int i = take + tid; i < k; i += kThreads) out[i] = -1;
+  if (n <= k) {
+    for (int64_t i = tid; i < n; i += kThreads) out[i] = static_cast<int32_t>(begin + i);
+    return false;
+  }
+  r->begin = begin;
+  r->n = n;
+  r->out = out;
+  return true;
+}
+
 // kStaged: the row's order keys are first copied into shared memory (dynamic, |range| words, with
 // kStageUnroll independent loads per thread in flight), and every pass reads them there: one
 // memory latency per row instead of one per pass and step. Otherwise every pass reads the scores
@@ -62,19 +89,11 @@ __global__ void __launch_bounds__(kThreads) topk_rows_kernel(const TopkRowsArgs 
   const int lane = tid & 31;
   const int warp = tid >> 5;
   const uint32_t lt = (1u << lane) - 1u;
-  const int64_t t = a.row0 + blockIdx.x;
-  const int64_t begin = a.meta.range_begin(t, a.dims);
-  const int64_t end = a.meta.range_end(t, a.dims);
-  const int64_t n = end > begin ? end - begin : 0;
+  RowRange rr;
+  if (!start_row(a, a.row0 + blockIdx.x, &rr)) return;
+  const int64_t begin = rr.begin, n = rr.n;
   const int k = a.k;
-  const int take = n < k ? static_cast<int>(n) : k;
-  int32_t* out = a.idx + t * a.idx_ss;
-  if (tid == 0 && a.len != nullptr) a.len[t * a.len_s] = take;
-  for (int i = take + tid; i < k; i += kThreads) out[i] = -1;
-  if (n <= k) {
-    for (int64_t i = tid; i < n; i += kThreads) out[i] = static_cast<int32_t>(begin + i);
-    return;
-  }
+  int32_t* const out = rr.out;
   const float* row = a.scores + static_cast<int64_t>(blockIdx.x) * a.ld + begin;
   if constexpr (kStaged) {
     for (int64_t base = 0; base < n; base += int64_t{kThreads} * kStageUnroll) {
@@ -234,19 +253,11 @@ __global__ void __launch_bounds__(kThreads) topk_rows_candidates_kernel(const To
   const int warp = tid >> 5;
   const uint32_t lt = (1u << lane) - 1u;
   const int64_t r = a.rows - 1 - static_cast<int64_t>(blockIdx.x);  // last row first
-  const int64_t t = a.row0 + r;
-  const int64_t begin = a.meta.range_begin(t, a.dims);
-  const int64_t end = a.meta.range_end(t, a.dims);
-  const int64_t n = end > begin ? end - begin : 0;
+  RowRange rr;
+  if (!start_row(a, a.row0 + r, &rr)) return;
+  const int64_t begin = rr.begin, n = rr.n;
   const int k = a.k;
-  const int take = n < k ? static_cast<int>(n) : k;
-  int32_t* out = a.idx + t * a.idx_ss;
-  if (tid == 0 && a.len != nullptr) a.len[t * a.len_s] = take;
-  for (int i = take + tid; i < k; i += kThreads) out[i] = -1;
-  if (n <= k) {
-    for (int64_t i = tid; i < n; i += kThreads) out[i] = static_cast<int32_t>(begin + i);
-    return;
-  }
+  int32_t* const out = rr.out;
   const float* row = a.scores + r * a.ld + begin;
   const int words = static_cast<int>((n + 31) / 32);
 
