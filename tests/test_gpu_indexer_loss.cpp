@@ -413,6 +413,21 @@ std::vector<LossCase> sm90_loss_cases() {
        false, false, true, 1.f, 0.f, true},
       {"Dense_HI16_H128_D512_Packed_Skv77", loss_shape(24, 77, 16, 128, 512), R::kPacked, 0,
        false, false, true, 1.f, 0.f, true},
+      // The Hopper loss kernel's dense edges (64-key chunks of contiguous rows, log A_g of a chunk
+      // copied to shared memory): ranges empty, of 1 and 2 keys, and of 200 = 3 x 64 + 8 keys
+      // (a partial tail chunk) at H_I 64; causal with S_q > S_kv: 30 empty rows, then every
+      // range size 1..70 (64 exactly: one full chunk; 65..70: a tail of 1..6 keys); five head
+      // groups of log A per key; one full chunk and nothing else (S_kv 64).
+      {"Dense_HI64_H128_D576_OddRanges_Skv200", loss_shape(30, 200, 64, 128, 576), R::kOdd, 0,
+       false, false, true, 1.f, 0.f, true},
+      {"Dense_HI32_H64_D512_Causal_Sq100_Skv70", loss_shape(100, 70, 32, 64, 512), R::kCausal,
+       0, false, false, true, 1.f, 0.f, true},
+      {"Dense_HI64_H300_D512_Packed_FiveGroups", loss_shape(16, 260, 64, 300, 512), R::kPacked,
+       0, false, false, true, 1.f, 0.f, true},
+      {"Dense_HI16_H64_D576_Full_Skv64", loss_shape(6, 64, 16, 64, 576), R::kNone, 0, false,
+       false, true, 1.f, 0.f, true},
+      {"Dense_HI64_H64_D512_Causal_LossOnly", loss_shape(40, 150, 64, 64, 512), R::kCausal, 0,
+       false, false, false, 1.f, 0.f, true},
   };
   cases.insert(cases.end(), more.begin(), more.end());
   for (LossCase& lc : cases) lc.impl = SA_IMPL_SM90;
@@ -423,9 +438,9 @@ class IndexerSm90Loss : public ::testing::TestWithParam<LossCase> {};
 
 // Both Hopper targets (Tuning::sm90_indexer_target): 0 Q in registers (the default), 3 Q in
 // shared memory; and the Hopper (wgmma) loss kernel forced (Tuning::sm90_indexer_loss_kernel = 1,
-// sm90/indexer_loss_kernel.cuh) with the default target: it serves the sparse, non-deterministic
-// cases of H_I 16 / 32 / 64, the portable loss kernel the others (dense, deterministic), so every
-// case must still match.
+// sm90/indexer_loss_kernel.cuh) with the default target: it serves the non-deterministic cases
+// of H_I 16 / 32 / 64, sparse and dense, the portable loss kernel the deterministic ones, so
+// every case must still match.
 TEST_P(IndexerSm90Loss, MatchesReference) {
   SA_SKIP_UNLESS_SM90_PATH();
   struct Variant {
@@ -501,8 +516,8 @@ TEST(IndexerGpuLossRefusals, DeterministicDenseMode) {
 // Dense mode at S = 32768 (causal, H_I 64, attention H 16, D_qk 512): it runs with workspace far
 // below [S_q, S_kv] (the log A slices are capped), every output finite; sample rows' loss terms,
 // dq_I and dw match the reference run on that row alone (the same keys, so the same terms).
-TEST(IndexerGpuLossLarge, DenseS32768Causal) {
-  SA_SKIP_WITHOUT_GPU();
+// impl: the options' impl (the caller sets the tuning).
+void check_dense_s32768(sa_impl impl) {
   const int64_t S = 32768, HI = 64, DI = 128, H = 16, Dqk = 512;
   auto value = [](uint64_t i) {  // uniform [-1, 1) from a hash
     uint64_t z = i * 0x9e3779b97f4a7c15ull;
@@ -546,7 +561,7 @@ TEST(IndexerGpuLossLarge, DenseS32768Causal) {
   a.dk_I = dgk.view();
   a.dw = dgw.view();
   a.options = sa_indexer_options_default();
-  a.options.impl = SA_IMPL_PORTABLE;
+  a.options.impl = impl;
   size_t bytes = 0;
   ASSERT_EQ(sa_indexer_loss_workspace_size(&a, &bytes), SA_OK) << sa_last_error();
   EXPECT_LE(bytes, static_cast<size_t>(S * S));  // a quarter of [S_q, S_kv] fp32
@@ -606,6 +621,21 @@ TEST(IndexerGpuLossLarge, DenseS32768Causal) {
     EXPECT_LT(rel_l2(got_q, rgq.to_double()), 1e-2) << "dq_I of row " << t;
     EXPECT_LT(rel_l2(got_w, rgw.to_double()), 1e-2) << "dw of row " << t;
   }
+}
+
+TEST(IndexerGpuLossLarge, DenseS32768Causal) {
+  SA_SKIP_WITHOUT_GPU();
+  check_dense_s32768(SA_IMPL_PORTABLE);
+}
+
+// The same on the Hopper path with the Hopper loss kernel forced: 8 slices of 4096 tokens (the
+// loss kernel's tok_begin and log A's first token past 0).
+TEST(IndexerSm90LossLarge, DenseS32768CausalHopperLossKernel) {
+  SA_SKIP_UNLESS_SM90_PATH();
+  sa::detail::Tuning t;
+  t.sm90_indexer_loss_kernel = 1;
+  sa::detail::ScopedTuning scope(t);
+  check_dense_s32768(SA_IMPL_SM90);
 }
 
 }  // namespace

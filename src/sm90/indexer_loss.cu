@@ -4,9 +4,10 @@
 // session 35), or with the internal tuning sm90_indexer_target = 3 of indexer_target_kernel.cuh
 // (Q in shared memory, SS); one CTA per (token, pair of 64-head groups), D_qk 512 or 576. The loss
 // kernel (the driver's step 3) is the portable one unless the internal tuning
-// sm90_indexer_loss_kernel = 1 asks for the wgmma one (indexer_loss_kernel.cuh: sparse mode, not
-// deterministic, H_I 16 / 32 / 64, its shared memory within 227 KB; NOT YET RUN ON A GPU), injected
-// as the driver's LossLaunch; the driver falls back to the portable kernel where it declines.
+// sm90_indexer_loss_kernel = 1 asks for the wgmma one (indexer_loss_kernel.cuh: sparse and dense
+// mode, not deterministic, H_I 16 / 32 / 64, its shared memory within 227 KB; NOT YET RUN ON A
+// GPU), injected as the driver's LossLaunch; the driver launches the portable kernel where it
+// declines.
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -79,60 +80,78 @@ void launch_target(const TargetParams& prm, bool dense, int64_t tokens, int /*de
   }
 }
 
-template <int kHeads>
+template <int kHeads, bool kDense>
 void launch_loss_for(const LossParams& prm, int64_t tokens, cudaStream_t stream) {
   using T = loss::LossTraits<kHeads>;
-  auto* kernel = &loss::loss_sm90_kernel<T>;
-  const int smem = T::smem_bytes(prm.topk);
+  auto* kernel = &loss::loss_sm90_kernel<T, kDense>;
+  const int smem = kDense ? T::dense_smem_bytes(prm.head_groups) : T::smem_bytes(prm.topk);
   SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   kernel<<<static_cast<unsigned>(tokens), T::kThreads, smem, stream>>>(prm);
   SA_CUDA_CHECK_LAUNCH();
 }
 
-// Whether the wgmma loss kernel serves a sparse, non-deterministic call of H_I `heads` and `topk`
-// slots per row (the tuning aside).
-bool loss_kernel_serves(int64_t heads, int topk) {
+template <int kHeads>
+size_t loss_smem_bytes(bool dense, int topk, int groups) {
+  using T = loss::LossTraits<kHeads>;
+  return static_cast<size_t>(dense ? T::dense_smem_bytes(groups) : T::smem_bytes(topk));
+}
+
+// Whether the wgmma loss kernel serves a non-deterministic call of H_I `heads` (the tuning
+// aside): sparse with `topk` slots per row, or dense with `groups` head groups of log A; its
+// shared memory within 227 KB (sparse: topk <= ~12,000; dense: groups <= ~680).
+bool loss_kernel_serves(int64_t heads, bool dense, int topk, int groups) {
   if (heads != 16 && heads != 32 && heads != 64) return false;
-  if (topk <= 0) return false;
+  if (dense ? groups <= 0 : topk <= 0) return false;
   size_t smem = 0;
   switch (heads) {
     case 16:
-      smem = loss::LossTraits<16>::smem_bytes(topk);
+      smem = loss_smem_bytes<16>(dense, topk, groups);
       break;
     case 32:
-      smem = loss::LossTraits<32>::smem_bytes(topk);
+      smem = loss_smem_bytes<32>(dense, topk, groups);
       break;
     default:
-      smem = loss::LossTraits<64>::smem_bytes(topk);
+      smem = loss_smem_bytes<64>(dense, topk, groups);
       break;
   }
   return smem <= kMaxSmemSm90;
 }
 
-// portable::indexer::LossLaunch: the wgmma loss kernel under tuning sm90_indexer_loss_kernel = 1
-// where it serves the call; false (nothing launched: the driver's portable kernel) elsewhere.
-bool launch_loss(const LossParams& prm, int64_t heads, int64_t tokens, cudaStream_t stream) {
-  if (detail::tuning().sm90_indexer_loss_kernel != 1) return false;
-  if (prm.dk_part != nullptr || !loss_kernel_serves(heads, prm.topk)) return false;
-  if (tokens == 0) return true;
+template <bool kDense>
+void launch_loss_mode(const LossParams& prm, int64_t heads, int64_t tokens, cudaStream_t stream) {
   switch (heads) {
     case 16:
-      launch_loss_for<16>(prm, tokens, stream);
+      launch_loss_for<16, kDense>(prm, tokens, stream);
       break;
     case 32:
-      launch_loss_for<32>(prm, tokens, stream);
+      launch_loss_for<32, kDense>(prm, tokens, stream);
       break;
     default:
-      launch_loss_for<64>(prm, tokens, stream);
+      launch_loss_for<64, kDense>(prm, tokens, stream);
       break;
   }
+}
+
+// portable::indexer::LossLaunch: the wgmma loss kernel under tuning sm90_indexer_loss_kernel = 1
+// where it serves the call (sparse or dense, not deterministic); false (nothing launched: the
+// driver's portable kernel) elsewhere.
+bool launch_loss(const LossParams& prm, bool dense, int64_t heads, int64_t tokens,
+                 cudaStream_t stream) {
+  if (detail::tuning().sm90_indexer_loss_kernel != 1) return false;
+  if (prm.dk_part != nullptr || !loss_kernel_serves(heads, dense, prm.topk, prm.head_groups))
+    return false;
+  if (tokens == 0) return true;
+  if (dense)
+    launch_loss_mode<true>(prm, heads, tokens, stream);
+  else
+    launch_loss_mode<false>(prm, heads, tokens, stream);
   return true;
 }
 
 portable::indexer::LossDriverOptions driver_options() {
   portable::indexer::LossDriverOptions o;
   o.target = &launch_target;
-  o.sparse_loss = &launch_loss;
+  o.loss = &launch_loss;
   o.target_smem_bytes = static_cast<int>(
       std::max(std::max(kSmem576, kSmem512), std::max(kSmemRs576, kSmemRs512)));
   o.path = "sm90 indexer loss";

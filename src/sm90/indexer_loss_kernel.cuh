@@ -1,8 +1,21 @@
-// The Hopper (sm_90a, wgmma) indexer loss kernel (SPEC 5), sparse mode, non-deterministic: the
-// portable loss kernel's contract, passes and math (cuda/indexer_loss_kernel.cuh, [a] .. [f]),
-// with the four indexer GEMMs per chunk on wgmma instead of mma.sync + ldmatrix. DRAFT, NOT RUN
-// ON A GPU: selected only by the internal tuning Tuning::sm90_indexer_loss_kernel = 1
-// (sm90/indexer_loss.cu decides, the portable kernel serves everything else).
+// The Hopper (sm_90a, wgmma) indexer loss kernel (SPEC 5), sparse and dense mode (kDense),
+// non-deterministic: the portable loss kernel's contract, passes and math
+// (cuda/indexer_loss_kernel.cuh, [a] .. [f]; its row math, the list compaction, log Z_A, the
+// empty row, the sparse and dense loss, dI and dw are that file's functions, called by both
+// kernels), with the four indexer GEMMs per chunk on wgmma instead of mma.sync + ldmatrix.
+// DRAFT, NOT RUN ON A GPU: selected only by the internal tuning
+// Tuning::sm90_indexer_loss_kernel = 1 (sm90/indexer_loss.cu decides, the portable kernel serves
+// everything else).
+//
+// Dense mode: K_t is the range [begin, begin + n), so a chunk is 64 consecutive k_I rows (the
+// same 16-byte cp.async per row, the tail chunk's rows past n zero-filled and masked out of I, G,
+// dw and the dk reductions as the sparse list's end is); no list in shared memory. log A_g of a
+// chunk's keys (the target's dense workspace, [groups, slice, S_kv]) is copied with the chunk
+// (4-byte cp.async, two stages of groups x 64 fp32) and combined per key from shared memory
+// (log_a_combine), so its DRAM latency hides under the previous chunk as the k_I rows' does;
+// [b] reads the workspace directly (log_a_at), as the portable kernel. Pass 1 folds I into the
+// portable kernel's running sums (DenseRowSums), [d] is its dense_row_loss, pass 2 recomputes I
+// and dI = dense_di from it; the GEMMs are the sparse mode's.
 //
 // This is the first step of the research design (docs/research/indexer_loss_cudnn_vs_ours.md,
 // section 3, change 2), not all of it: one warpgroup per CTA and one CTA per token, as the
@@ -40,13 +53,16 @@
 //
 // Registers per thread (H_I 64): dq^T 64 fp32, a 32, dk half 32, Gw fragment 16, dw 16, the
 // rest (addresses, dI, loop) ~30: under the 255 of __launch_bounds__(128, 2). ptxas (CUDA 13.0,
-// sm_90a): 191 / 126 / 94 registers at H_I 64 / 32 / 16, no stack, no spills, no C75xx
-// wgmma-serialization notes (docs/indexer_decisions.md, "The sm90 loss kernel").
+// sm_90a): sparse 191 / 126 / 94 registers at H_I 64 / 32 / 16, dense 194 / 161 / 105; no
+// stack, no spills, no C75xx wgmma-serialization notes (docs/indexer_decisions.md, "The sm90 loss
+// kernel").
 // Shared memory (bytes, from a 1024-aligned base): q_I H_I x 256 (two K-major 128-byte-swizzled
 // panels of 64 columns), k_I 2 stages x 16,384 (the same), G 64 x 2 H_I, then the portable
 // kernel's w, scratch, dw, counts and per-slot list (16 bytes per slot, topk rounded up to
 // 128): H_I 64, topk 2048: 16,384 + 32,768 + 8,192 + 1,856 + 32,768 = 91,968 + 1,024 slack:
-// two CTAs per SM.
+// two CTAs per SM. Dense: the list's place holds log A_g of two chunks, 512 bytes per head
+// group: H_I 64, H 128: 59,200 + 1,024 + 1,024 slack = 61,248 bytes (two CTAs per SM: the
+// registers bind).
 #pragma once
 
 #include <cstdint>
@@ -149,29 +165,20 @@ struct LossTraits {
   static constexpr int kListOff = kCountOff + 16 * 4;
   static_assert(kKOff % 1024 == 0 && kGOff % 1024 == 0, "swizzled tiles on 1024 bytes");
   static constexpr int list_slots(int topk) { return (topk + kThreads - 1) / kThreads * kThreads; }
+  // Sparse: 16 bytes per slot of the list. Dense: the chunks' log A_g, 2 stages x `groups` x 64
+  // fp32 (H 128: 1 KB).
   static constexpr int smem_bytes(int topk) { return kListOff + 16 * list_slots(topk) + 1024; }
+  static constexpr int dense_smem_bytes(int groups) {
+    return kListOff + 2 * groups * kChunk * 4 + 1024;
+  }
 };
 
 // I of this thread's two rows (g, g + 8) from GEMM1's (scaled) fragment: the portable
-// row_scores, on the wgmma fragment (index 4 j + 2 r + c).
+// kernel's sum (quad_row_scores) on the wgmma fragment (index 4 nt + c: the mma.sync C layout).
 template <class T, class Frag>
 __device__ __forceinline__ void wg_row_scores(const Frag& acc, const float* s_w, float (&row)[2]) {
-  const int t4 = threadIdx.x & 3;
-  row[0] = row[1] = 0.f;
-  CUTE_UNROLL
-  for (int nt = 0; nt < T::kNt; ++nt) {
-    const float2 wv = *reinterpret_cast<const float2*>(s_w + 8 * nt + 2 * t4);
-    CUTE_UNROLL
-    for (int i = 0; i < 2; ++i) {
-      row[i] = fmaf(fmaxf(acc(4 * nt + 2 * i), 0.f), wv.x, row[i]);
-      row[i] = fmaf(fmaxf(acc(4 * nt + 2 * i + 1), 0.f), wv.y, row[i]);
-    }
-  }
-  CUTE_UNROLL
-  for (int i = 0; i < 2; ++i) {
-    row[i] += __shfl_xor_sync(0xffffffffu, row[i], 1);
-    row[i] += __shfl_xor_sync(0xffffffffu, row[i], 2);
-  }
+  portable::indexer::quad_row_scores<T::kNt>([&](int nt, int c) { return acc(4 * nt + c); }, s_w,
+                                             row);
 }
 
 // GEMM1 of the chunk in k_stage: acc = scale_I k_I q_I^T (64 keys x H_I).
@@ -195,13 +202,12 @@ __device__ __forceinline__ void gemm1(typename T::Element* k_stage, typename T::
   for (int i = 0; i < size(acc); ++i) acc(i) *= scale;
 }
 
-template <class T>
+template <class T, bool kDense>
 __global__ void __launch_bounds__(T::kThreads, 2) loss_sm90_kernel(const __grid_constant__ LossParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace cute;
   using Element = typename T::Element;
-  using portable::indexer::block_reduce;
-  using portable::indexer::log_a_at;
+  using namespace portable::indexer;  // the row math both loss kernels share
   constexpr int kT = T::kThreads;
   constexpr int kChunk = T::kChunk;
   constexpr int kHeads = T::kHeads;
@@ -212,14 +218,15 @@ __global__ void __launch_bounds__(T::kThreads, 2) loss_sm90_kernel(const __grid_
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
-  const uint32_t lt = (1u << lane) - 1u;
   const int64_t tok = p.tok_begin + blockIdx.x;
   const IndexerDims& d = p.dims;
-  const int slots = T::list_slots(p.topk);
+  const int slots = kDense ? 0 : T::list_slots(p.topk);
+  // Sparse: the per-slot list. Dense: log A_g of two chunks, [stage][group][64] fp32.
   int32_t* s_key = reinterpret_cast<int32_t*>(smem + T::kListOff);
   int32_t* s_slot = s_key + slots;
   float* s_la = reinterpret_cast<float*>(s_slot + slots);
   float* s_val = s_la + slots;
+  float* const s_lag = reinterpret_cast<float*>(smem + T::kListOff);
   float* s_w = reinterpret_cast<float*>(smem + T::kWOff);
   float* s_red = reinterpret_cast<float*>(smem + T::kRedOff);
   float* s_dw = reinterpret_cast<float*>(smem + T::kDwOff);
@@ -228,64 +235,26 @@ __global__ void __launch_bounds__(T::kThreads, 2) loss_sm90_kernel(const __grid_
   const uint32_t sk = smem_u32(smem + T::kKOff);
   const uint32_t sg = smem_u32(smem + T::kGOff);
 
-  // [a] K_t in slot order (the portable kernel's compaction; 4 warps).
+  // [a] K_t: sparse in slot order (no deterministic partial rows here); dense the range.
   int n = 0;
-  for (int base = 0; base < p.topk; base += kT) {
-    const int i = base + tid;
-    bool in = false;
-    int32_t key = -1;
-    if (i < p.topk) {
-      const bool before_len =
-          p.meta.topk_length.data == nullptr || i < p.meta.topk_length.at(tok);
-      key = p.meta.topk_idx.at(tok, i);
-      const bool active = before_len && key >= 0 && key < d.Skv;
-      in = active && p.meta.slot_in_loss(tok, i, d);
-    }
-    const uint32_t mask = __ballot_sync(0xffffffffu, in);
-    if (lane == 0) s_count[warp] = __popc(mask);
-    __syncthreads();
-    int pos = n + __popc(mask & lt);
-    int total = 0;
-    CUTE_UNROLL
-    for (int w = 0; w < T::kWarps; ++w) {
-      if (w < warp) pos += s_count[w];
-      total += s_count[w];
-    }
-    if (in) {
-      s_key[pos] = key;
-      s_slot[pos] = i;
-      s_la[pos] = log_a_at(p, tok, i);
-    }
-    n += total;
-    __syncthreads();
+  int64_t begin = 0;
+  if constexpr (kDense) {
+    begin = p.meta.range_begin(tok, d);
+    n = static_cast<int>(p.meta.range_size(tok, d));
+  } else {
+    n = compact_slots<kT>(p, tok, s_key, s_slot, s_la, s_count, [](int) {});
   }
 
-  // [b] log Z_A.
-  float m_loc = -kInf;
-  for (int i = tid; i < n; i += kT) m_loc = fmaxf(m_loc, s_la[i]);
-  const float m_a = block_reduce<kT, true>(m_loc, s_red);
-  float z_loc = 0.f;
-  if (m_a != -kInf)
-    for (int i = tid; i < n; i += kT) z_loc += expf(s_la[i] - m_a);
-  const float z_a = block_reduce<kT, false>(z_loc, s_red);
-  const float log_za = m_a == -kInf ? -kInf : m_a + logf(z_a);
-
+  // [b] log Z_A; an empty row.
+  auto la_of = [&](int i) { return kDense ? log_a_at(p, tok, i) : s_la[i]; };
+  const float log_za = row_log_z_a<kT>(n, la_of, s_red);
   if (n == 0 || log_za == -kInf) {
-    if (tid == 0) {
-      p.loss_rows[tok] = 0.f;
-      if (p.loss_per_token != nullptr) p.loss_per_token[tok * p.lpt_s] = 0.f;
-    }
-    if (p.grads) {
-      for (int e = tid; e < kHeads * 64; e += kT) {
-        const int j = e / 64, c = 2 * (e % 64);
-        *reinterpret_cast<uint32_t*>(p.dq_I + tok * p.dq_ss + j * p.dq_sh + c) = 0u;
-      }
-      for (int j = tid; j < kHeads; j += kT) p.dw[tok * p.dw_ss + j * p.dw_sh] = 0.f;
-    }
+    write_empty_row<kT, kHeads>(p, tok);
     return;
   }
 
-  // [c] q_I (two K-major panels) and w of the token; chunk 0 of the gathered k_I rows.
+  // [c] q_I (two K-major panels) and w of the token; chunk 0 of the k_I rows (dense: and of
+  // log A_g).
   const int cp_chunk = tid & 15;  // 16-byte chunk of a 256-byte row: panel cp_chunk / 8
   {
     const __nv_bfloat16* q_tok = p.q_I + tok * p.qi_ss;
@@ -295,18 +264,38 @@ __global__ void __launch_bounds__(T::kThreads, 2) loss_sm90_kernel(const __grid_
     for (int j = tid; j < kHeads; j += kT) s_w[j] = p.w[tok * p.w_ss + j * p.w_sh];
   }
   const int n_chunks = (n + kChunk - 1) / kChunk;
+  // The key of position i of K_t: dense keys are contiguous, so a chunk is 64 consecutive rows.
+  auto key_of = [&](int i) {
+    if constexpr (kDense) return begin + i;
+    else return int64_t{s_key[i]};
+  };
+  // A chunk's k_I rows (rows past |K_t| zero-filled) and, dense, its keys' log A_g (4-byte
+  // copies: a token's row of the workspace has no alignment; positions past |K_t| not copied,
+  // never read).
   auto gather = [&](int chunk, int stage) {
     CUTE_UNROLL
     for (int i = 0; i < kChunk / (kT / 16); ++i) {
       const int r = (tid >> 4) + i * (kT / 16);
       const int pos = chunk * kChunk + r;
       const bool valid = pos < n;
-      const __nv_bfloat16* src =
-          valid ? p.k_I + int64_t{s_key[pos]} * p.ki_ss + cp_chunk * 8 : p.k_I;
+      const __nv_bfloat16* src = valid ? p.k_I + key_of(pos) * p.ki_ss + cp_chunk * 8 : p.k_I;
       cp_async_16_zfill(sk + stage * T::kStageBytes + (cp_chunk >> 3) * T::kPanelBytes +
                             swz(r, cp_chunk & 7),
                         src, valid ? 16 : 0);
     }
+    if constexpr (kDense) {
+      const float* la_row = p.log_a + (tok - p.la_tok0) * p.la_ts + chunk * kChunk;
+      for (int e = tid; e < p.head_groups * kChunk; e += kT) {
+        const int hg = e / kChunk, r = e % kChunk;
+        if (chunk * kChunk + r < n)
+          cp_async_4(smem_u32(s_lag + (stage * p.head_groups + hg) * kChunk + r),
+                     la_row + hg * p.la_gs + r);
+      }
+    }
+  };
+  // log A of row r of the chunk in `stage` (dense), from the copied parts.
+  auto chunk_la = [&](int stage, int r) {
+    return log_a_combine(s_lag + stage * p.head_groups * kChunk + r, kChunk, p.head_groups);
   };
   // Every thread's cp.async data (and, in pass 2, G) visible to the wgmma (async proxy) of the
   // whole warpgroup.
@@ -326,7 +315,9 @@ __global__ void __launch_bounds__(T::kThreads, 2) loss_sm90_kernel(const __grid_
   typename T::Mma1 mma1;
   using FragA = decltype(partition_fragment_C(mma1, Shape<typename T::N64, typename T::HT>{}));
 
-  // Pass 1: I of every position of K_t -> the list.
+  // Pass 1: I of every position of K_t; sparse -> the list, dense: folded into running sums
+  // (one lane per quad).
+  DenseRowSums sums;
   for (int chunk = 0; chunk < n_chunks; ++chunk) {
     const int stage = chunk & 1;
     landed_barrier();
@@ -340,31 +331,22 @@ __global__ void __launch_bounds__(T::kThreads, 2) loss_sm90_kernel(const __grid_
     wg_row_scores<T>(acc, s_w, row);
     CUTE_UNROLL
     for (int i = 0; i < 2; ++i) {
-      const int pos = chunk * kChunk + 16 * warp + g + 8 * i;
-      if (t4 == 0 && pos < n) s_val[pos] = row[i];
+      const int r = 16 * warp + g + 8 * i;
+      const int pos = chunk * kChunk + r;
+      if (t4 != 0 || pos >= n) continue;
+      if constexpr (kDense)
+        sums.add(row[i], chunk_la(stage, r) - log_za);
+      else
+        s_val[pos] = row[i];
     }
   }
   __syncthreads();
 
-  // [d] log Z_I, the row's loss, dI in place of I.
-  m_loc = -kInf;
-  for (int i = tid; i < n; i += kT) m_loc = fmaxf(m_loc, s_val[i]);
-  const float m_i = block_reduce<kT, true>(m_loc, s_red);
-  z_loc = 0.f;
-  for (int i = tid; i < n; i += kT) z_loc += expf(s_val[i] - m_i);
-  const float log_zi = m_i + logf(block_reduce<kT, false>(z_loc, s_red));
-  float term = 0.f;
-  for (int i = tid; i < n; i += kT) {
-    const float lp = s_la[i] - log_za, lr = s_val[i] - log_zi;
-    const float pr = expf(lp);
-    if (pr > 0.f) term += pr * (lp - lr);
-    s_val[i] = p.coeff * (expf(lr) - pr);
-  }
-  const float row_loss = p.coeff * block_reduce<kT, false>(term, s_red);
-  if (tid == 0) {
-    p.loss_rows[tok] = row_loss;
-    if (p.loss_per_token != nullptr) p.loss_per_token[tok * p.lpt_s] = row_loss;
-  }
+  // [d] log Z_I, the row's loss (sparse: and dI in place of I).
+  float log_zi = 0.f;
+  const float row_loss = kDense ? dense_row_loss<kT>(sums, p.coeff, s_red, &log_zi)
+                                : sparse_row_loss<kT>(n, s_la, s_val, log_za, p.coeff, s_red);
+  write_row_loss(p, tok, row_loss);
   if (!p.grads) return;
 
   // [e] Pass 2.
@@ -396,12 +378,22 @@ __global__ void __launch_bounds__(T::kThreads, 2) loss_sm90_kernel(const __grid_
     }
     FragA acc = partition_fragment_C(mma1, Shape<typename T::N64, typename T::HT>{});
     gemm1<T>(k_el(stage), q_el, p.scale_I, acc);
+    // dI of the two rows (sparse: from [d]; dense: from I and log A again).
     float di[2];
     int pos[2];
+    float row[2];
+    if constexpr (kDense) wg_row_scores<T>(acc, s_w, row);
     CUTE_UNROLL
     for (int i = 0; i < 2; ++i) {
-      pos[i] = chunk * kChunk + 16 * warp + g + 8 * i;
-      di[i] = pos[i] < n ? s_val[pos[i]] : 0.f;
+      const int r = 16 * warp + g + 8 * i;
+      pos[i] = chunk * kChunk + r;
+      di[i] = 0.f;
+      if (pos[i] < n) {
+        if constexpr (kDense)
+          di[i] = dense_di(p.coeff, row[i], log_zi, chunk_la(stage, r), log_za);
+        else
+          di[i] = s_val[pos[i]];
+      }
     }
     // G, dw, the Gw fragment, G -> shared memory ([key][head], swizzled).
     CUTE_UNROLL
@@ -446,7 +438,7 @@ __global__ void __launch_bounds__(T::kThreads, 2) loss_sm90_kernel(const __grid_
       CUTE_UNROLL
       for (int i = 0; i < 2; ++i) {
         if (pos[i] >= n) continue;
-        float* dst = p.dk_acc + int64_t{s_key[pos[i]]} * 128 + 64 * half + 2 * t4;
+        float* dst = p.dk_acc + key_of(pos[i]) * 128 + 64 * half + 2 * t4;
         CUTE_UNROLL
         for (int nt = 0; nt < 8; ++nt)
           red_add_f32x2(dst + 8 * nt, dk(4 * nt + 2 * i), dk(4 * nt + 2 * i + 1));
@@ -487,22 +479,7 @@ __global__ void __launch_bounds__(T::kThreads, 2) loss_sm90_kernel(const __grid_
       }
     }
   }
-  CUTE_UNROLL
-  for (int nt = 0; nt < T::kNt; ++nt)
-    CUTE_UNROLL
-    for (int e = 0; e < 2; ++e) {
-      float v = dw_acc[nt][e];
-      CUTE_UNROLL
-      for (int off = 4; off < 32; off *= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-      if (g == 0) s_dw[warp * kHeads + 8 * nt + 2 * t4 + e] = v;
-    }
-  __syncthreads();
-  for (int j = tid; j < kHeads; j += kT) {
-    float v = 0.f;
-    CUTE_UNROLL
-    for (int w = 0; w < T::kWarps; ++w) v += s_dw[w * kHeads + j];
-    p.dw[tok * p.dw_ss + j * p.dw_sh] = v;
-  }
+  store_dw<kT, kHeads>(dw_acc, s_dw, p, tok);
 #endif
 }
 
