@@ -428,6 +428,12 @@ std::vector<LossCase> sm90_loss_cases() {
        false, true, 1.f, 0.f, true},
       {"Dense_HI64_H64_D512_Causal_LossOnly", loss_shape(40, 150, 64, 64, 512), R::kCausal, 0,
        false, false, false, 1.f, 0.f, true},
+      // Odd S_q (two tokens per CTA: the last CTA's second token absent; with odd ranges, the
+      // last CTA has an empty row and an absent token, so nothing of it is live).
+      {"Dense_HI32_H128_D576_Causal_Sq37", loss_shape(37, 180, 32, 128, 576), R::kCausal, 0,
+       false, false, true, 1.f, 0.f, true},
+      {"Dense_HI64_H64_D512_OddRanges_Sq31", loss_shape(31, 150, 64, 64, 512), R::kOdd, 0,
+       false, false, true, 1.f, 0.f, true},
   };
   cases.insert(cases.end(), more.begin(), more.end());
   for (LossCase& lc : cases) lc.impl = SA_IMPL_SM90;
@@ -440,7 +446,9 @@ class IndexerSm90Loss : public ::testing::TestWithParam<LossCase> {};
 // shared memory; and the Hopper (wgmma) loss kernel forced (Tuning::sm90_indexer_loss_kernel = 1,
 // sm90/indexer_loss_kernel.cuh) with the default target: it serves the non-deterministic cases
 // of H_I 16 / 32 / 64, sparse and dense, the portable loss kernel the deterministic ones, so
-// every case must still match.
+// every case must still match; and the same with dense mode's two tokens per CTA (tuning 2:
+// odd token counts leave the last CTA's second token absent; causal pairs differ by one key,
+// packed and odd ranges give pairs with disjoint ranges or one empty row).
 TEST_P(IndexerSm90Loss, MatchesReference) {
   SA_SKIP_UNLESS_SM90_PATH();
   struct Variant {
@@ -449,7 +457,8 @@ TEST_P(IndexerSm90Loss, MatchesReference) {
   };
   for (const Variant& v : {Variant{0, 0, "target: Q in registers"},
                            Variant{3, 0, "target: Q in shared memory"},
-                           Variant{0, 1, "target: Q in registers, Hopper loss kernel"}}) {
+                           Variant{0, 1, "target: Q in registers, Hopper loss kernel"},
+                           Variant{0, 2, "target: Q in registers, Hopper loss kernel, pairs"}}) {
     SCOPED_TRACE(v.name);
     sa::detail::Tuning t;
     t.sm90_indexer_target = v.target;
@@ -628,14 +637,18 @@ TEST(IndexerGpuLossLarge, DenseS32768Causal) {
   check_dense_s32768(SA_IMPL_PORTABLE);
 }
 
-// The same on the Hopper path with the Hopper loss kernel forced: 8 slices of 4096 tokens (the
-// loss kernel's tok_begin and log A's first token past 0).
+// The same on the Hopper path with the Hopper loss kernel forced, one token per CTA (tuning 1)
+// and two (tuning 2): 8 slices of 4096 tokens (the loss kernel's tok_begin and log A's first
+// token past 0).
 TEST(IndexerSm90LossLarge, DenseS32768CausalHopperLossKernel) {
   SA_SKIP_UNLESS_SM90_PATH();
-  sa::detail::Tuning t;
-  t.sm90_indexer_loss_kernel = 1;
-  sa::detail::ScopedTuning scope(t);
-  check_dense_s32768(SA_IMPL_SM90);
+  for (int32_t kernel : {1, 2}) {
+    SCOPED_TRACE(kernel == 1 ? "one token per CTA" : "two tokens per CTA");
+    sa::detail::Tuning t;
+    t.sm90_indexer_loss_kernel = kernel;
+    sa::detail::ScopedTuning scope(t);
+    check_dense_s32768(SA_IMPL_SM90);
+  }
 }
 
 }  // namespace

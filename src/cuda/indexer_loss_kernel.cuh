@@ -83,6 +83,7 @@ struct LossParams {
   float* dk_acc;   // [S_kv, 128] fp32 accumulator (reductions); null in deterministic mode
   float* dk_part;  // deterministic (sparse): [(t - tok_begin) * topk + slot, 128]; else null
   int64_t tok_begin;  // the token of CTA 0
+  int64_t tok_end;    // one past the launch's last token (set by the Hopper pair kernel's launch)
 };
 
 template <int kHeads_>
@@ -121,18 +122,28 @@ struct LossConfig {
                 "G rows: odd multiples of 16 bytes modulo 128 (conflict-free .trans)");
 };
 
-// Sum (op = +) or max over the CTA of one value per thread, in a fixed order: every thread gets
-// the result. red: kThreads fp32 of shared memory, free on entry and on return.
-template <int kThreads, bool kMax>
+// This thread's index among the kT threads of its token: the CTA's (kTokens 1), or one of
+// kTokens groups of kT consecutive threads (the Hopper pair kernel, a warpgroup per token).
+template <int kT, int kTokens>
+__device__ __forceinline__ int token_thread() {
+  if constexpr (kTokens == 1)
+    return static_cast<int>(threadIdx.x);
+  else
+    return static_cast<int>(threadIdx.x % kT);
+}
+
+// Sum (op = +) or max over the kThreads threads of a token (token_thread) of one value per
+// thread, in a fixed order: every thread of the token gets the result. red: kThreads fp32 of
+// shared memory per token (the token's own), free on entry and on return. Every thread of the
+// CTA calls it (CTA barriers).
+template <int kThreads, bool kMax, int kTokens = 1>
 __device__ __forceinline__ float block_reduce(float v, float* red) {
-  red[threadIdx.x] = v;
+  const int i = token_thread<kThreads, kTokens>();
+  red[i] = v;
   __syncthreads();
 #pragma unroll
   for (int off = kThreads / 2; off > 0; off /= 2) {
-    if (static_cast<int>(threadIdx.x) < off) {
-      const float o = red[threadIdx.x + off];
-      red[threadIdx.x] = kMax ? fmaxf(red[threadIdx.x], o) : red[threadIdx.x] + o;
-    }
+    if (i < off) red[i] = kMax ? fmaxf(red[i], red[i + off]) : red[i] + red[i + off];
     __syncthreads();
   }
   const float r = red[0];
@@ -220,7 +231,8 @@ __device__ __forceinline__ void row_scores(const float (&acc)[Cfg::kNt][4], cons
 
 // ---- The row math both loss kernels share (this one and sm90/indexer_loss_kernel.cuh). -------
 // Every sum over a row is per thread in a fixed order, then block_reduce: the same bits on every
-// run.
+// run. kT: the threads of one token, kTokens: tokens per CTA (token_thread: 1 here, 2 in the
+// Hopper pair kernel); where a function holds a barrier, every thread of the CTA calls it.
 
 // [a] sparse: the slots i of row tok in K_t (IndexerMeta::slot_in_loss), compacted in slot order
 // into s_key, s_slot and s_la (log A); returns |K_t|. on_outside(i) runs for each active slot
@@ -269,23 +281,23 @@ __device__ __forceinline__ int compact_slots(const LossParams& p, int64_t tok, i
 
 // [b] log Z_A = logsumexp over positions [0, n) of la_of(i) (sparse: the list; dense: the
 // workspace), -inf when no position has target mass.
-template <int kT, class LaOf>
+template <int kT, int kTokens = 1, class LaOf>
 __device__ __forceinline__ float row_log_z_a(int n, LaOf la_of, float* red) {
-  const int tid = threadIdx.x;
+  const int tid = token_thread<kT, kTokens>();
   float m_loc = -INFINITY;
   for (int i = tid; i < n; i += kT) m_loc = fmaxf(m_loc, la_of(i));
-  const float m_a = block_reduce<kT, true>(m_loc, red);
+  const float m_a = block_reduce<kT, true, kTokens>(m_loc, red);
   float z_loc = 0.f;
   if (m_a != -INFINITY)
     for (int i = tid; i < n; i += kT) z_loc += expf(la_of(i) - m_a);
-  const float z_a = block_reduce<kT, false>(z_loc, red);
+  const float z_a = block_reduce<kT, false, kTokens>(z_loc, red);
   return m_a == -INFINITY ? -INFINITY : m_a + logf(z_a);
 }
 
 // An empty row (empty K_t or no target mass): loss 0; with gradients, dq_I and dw rows 0.
-template <int kT, int kHeads>
+template <int kT, int kHeads, int kTokens = 1>
 __device__ __forceinline__ void write_empty_row(const LossParams& p, int64_t tok) {
-  const int tid = threadIdx.x;
+  const int tid = token_thread<kT, kTokens>();
   if (tid == 0) {
     p.loss_rows[tok] = 0.f;
     if (p.loss_per_token != nullptr) p.loss_per_token[tok * p.lpt_s] = 0.f;
@@ -299,8 +311,9 @@ __device__ __forceinline__ void write_empty_row(const LossParams& p, int64_t tok
 }
 
 // The row's loss (coeff included) to loss_rows and loss_per_token.
+template <int kT, int kTokens = 1>
 __device__ __forceinline__ void write_row_loss(const LossParams& p, int64_t tok, float loss) {
-  if (threadIdx.x == 0) {
+  if (token_thread<kT, kTokens>() == 0) {
     p.loss_rows[tok] = loss;
     if (p.loss_per_token != nullptr) p.loss_per_token[tok * p.lpt_s] = loss;
   }
@@ -349,14 +362,15 @@ struct DenseRowSums {
 };
 
 // [d] dense: log Z_I (to *log_zi) and the row's loss, coeff (sum p (log p - I) + log Z_I sum p).
-template <int kT>
+template <int kT, int kTokens = 1>
 __device__ __forceinline__ float dense_row_loss(const DenseRowSums& s, float coeff, float* red,
                                                 float* log_zi) {
-  const float m_i = block_reduce<kT, true>(s.m, red);
-  const float z = block_reduce<kT, false>(s.m == -INFINITY ? 0.f : s.z * expf(s.m - m_i), red);
+  const float m_i = block_reduce<kT, true, kTokens>(s.m, red);
+  const float z =
+      block_reduce<kT, false, kTokens>(s.m == -INFINITY ? 0.f : s.z * expf(s.m - m_i), red);
   *log_zi = m_i + logf(z);
-  const float pl = block_reduce<kT, false>(s.pl, red);
-  const float ps = block_reduce<kT, false>(s.ps, red);
+  const float pl = block_reduce<kT, false, kTokens>(s.pl, red);
+  const float ps = block_reduce<kT, false, kTokens>(s.ps, red);
   return coeff * fmaf(*log_zi, ps, pl);
 }
 
@@ -366,13 +380,13 @@ __device__ __forceinline__ float dense_di(float coeff, float i_val, float log_zi
   return coeff * (expf(i_val - log_zi) - expf(la - log_za));
 }
 
-// [f] dw_j = the sum over the CTA of this thread's dw partials dw_acc[nt][e] (head 8 nt + 2 t4 +
-// e): the 8 rows of a warp by shuffles, then the warps in order through s_dw (kT / 32 x kHeads
-// fp32).
-template <int kT, int kHeads>
+// [f] dw_j = the sum over the token's threads of their dw partials dw_acc[nt][e] (head 8 nt +
+// 2 t4 + e): the 8 rows of a warp by shuffles, then the warps in order through s_dw (kT / 32 x
+// kHeads fp32); `store` false: nothing written (the barrier still taken).
+template <int kT, int kHeads, int kTokens = 1>
 __device__ __forceinline__ void store_dw(const float (&dw_acc)[kHeads / 8][2], float* s_dw,
-                                         const LossParams& p, int64_t tok) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+                                         const LossParams& p, int64_t tok, bool store = true) {
+  const int tid = token_thread<kT, kTokens>(), lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
 #pragma unroll
   for (int nt = 0; nt < kHeads / 8; ++nt)
@@ -384,6 +398,7 @@ __device__ __forceinline__ void store_dw(const float (&dw_acc)[kHeads / 8][2], f
       if (g == 0) s_dw[warp * kHeads + 8 * nt + 2 * t4 + e] = v;
     }
   __syncthreads();
+  if (!store) return;
   for (int j = tid; j < kHeads; j += kT) {
     float v = 0.f;
 #pragma unroll
@@ -507,7 +522,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2) loss_kernel(const LossParams
   float log_zi = 0.f;
   const float row_loss = kDense ? dense_row_loss<kT>(sums, p.coeff, s_red, &log_zi)
                                 : sparse_row_loss<kT>(n, s_la, s_val, log_za, p.coeff, s_red);
-  write_row_loss(p, tok, row_loss);
+  write_row_loss<kT>(p, tok, row_loss);
   if (!p.grads) return;
 
   // [e] Pass 2: gradients.

@@ -90,61 +90,88 @@ void launch_loss_for(const LossParams& prm, int64_t tokens, cudaStream_t stream)
   SA_CUDA_CHECK_LAUNCH();
 }
 
+// Dense mode, two tokens per CTA (loss_sm90_pair_kernel): the token past the last is absent.
 template <int kHeads>
-size_t loss_smem_bytes(bool dense, int topk, int groups) {
+void launch_loss_pair_for(const LossParams& prm, int64_t tokens, cudaStream_t stream) {
   using T = loss::LossTraits<kHeads>;
-  return static_cast<size_t>(dense ? T::dense_smem_bytes(groups) : T::smem_bytes(topk));
+  using P = loss::PairTraits<T>;
+  auto* kernel = &loss::loss_sm90_pair_kernel<T>;
+  const int smem = P::smem_bytes(prm.head_groups);
+  SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  LossParams q = prm;
+  q.tok_end = prm.tok_begin + tokens;
+  kernel<<<static_cast<unsigned>((tokens + 1) / 2), 2 * T::kThreads, smem, stream>>>(q);
+  SA_CUDA_CHECK_LAUNCH();
 }
 
-// Whether the wgmma loss kernel serves a non-deterministic call of H_I `heads` (the tuning
-// aside): sparse with `topk` slots per row, or dense with `groups` head groups of log A; its
-// shared memory within 227 KB (sparse: topk <= ~12,000; dense: groups <= ~680).
-bool loss_kernel_serves(int64_t heads, bool dense, int topk, int groups) {
+// mode: 0 sparse, 1 dense, 2 dense with two tokens per CTA.
+template <int kHeads>
+size_t loss_smem_bytes(int mode, int topk, int groups) {
+  using T = loss::LossTraits<kHeads>;
+  const int bytes = mode == 0   ? T::smem_bytes(topk)
+                    : mode == 1 ? T::dense_smem_bytes(groups)
+                                : loss::PairTraits<T>::smem_bytes(groups);
+  return static_cast<size_t>(bytes);
+}
+
+// Whether the wgmma loss kernel of `mode` (as loss_smem_bytes) serves a non-deterministic call of
+// H_I `heads` (the tuning aside): sparse with `topk` slots per row, or dense with `groups` head
+// groups of log A; its shared memory within 227 KB (sparse: topk <= ~12,000; dense: groups <=
+// ~680, with two tokens per CTA ~110 at H_I 64).
+bool loss_kernel_serves(int64_t heads, int mode, int topk, int groups) {
   if (heads != 16 && heads != 32 && heads != 64) return false;
-  if (dense ? groups <= 0 : topk <= 0) return false;
+  if (mode == 0 ? topk <= 0 : groups <= 0) return false;
   size_t smem = 0;
   switch (heads) {
     case 16:
-      smem = loss_smem_bytes<16>(dense, topk, groups);
+      smem = loss_smem_bytes<16>(mode, topk, groups);
       break;
     case 32:
-      smem = loss_smem_bytes<32>(dense, topk, groups);
+      smem = loss_smem_bytes<32>(mode, topk, groups);
       break;
     default:
-      smem = loss_smem_bytes<64>(dense, topk, groups);
+      smem = loss_smem_bytes<64>(mode, topk, groups);
       break;
   }
   return smem <= kMaxSmemSm90;
 }
 
-template <bool kDense>
+// kMode: 0 sparse, 1 dense, 2 dense with two tokens per CTA.
+template <int kMode>
 void launch_loss_mode(const LossParams& prm, int64_t heads, int64_t tokens, cudaStream_t stream) {
   switch (heads) {
     case 16:
-      launch_loss_for<16, kDense>(prm, tokens, stream);
+      if constexpr (kMode == 2) launch_loss_pair_for<16>(prm, tokens, stream);
+      else launch_loss_for<16, kMode == 1>(prm, tokens, stream);
       break;
     case 32:
-      launch_loss_for<32, kDense>(prm, tokens, stream);
+      if constexpr (kMode == 2) launch_loss_pair_for<32>(prm, tokens, stream);
+      else launch_loss_for<32, kMode == 1>(prm, tokens, stream);
       break;
     default:
-      launch_loss_for<64, kDense>(prm, tokens, stream);
+      if constexpr (kMode == 2) launch_loss_pair_for<64>(prm, tokens, stream);
+      else launch_loss_for<64, kMode == 1>(prm, tokens, stream);
       break;
   }
 }
 
 // portable::indexer::LossLaunch: the wgmma loss kernel under tuning sm90_indexer_loss_kernel = 1
-// where it serves the call (sparse or dense, not deterministic); false (nothing launched: the
-// driver's portable kernel) elsewhere.
+// or 2 (2: dense mode with two tokens per CTA) where it serves the call (sparse or dense, not
+// deterministic); false (nothing launched: the driver's portable kernel) elsewhere.
 bool launch_loss(const LossParams& prm, bool dense, int64_t heads, int64_t tokens,
                  cudaStream_t stream) {
-  if (detail::tuning().sm90_indexer_loss_kernel != 1) return false;
-  if (prm.dk_part != nullptr || !loss_kernel_serves(heads, dense, prm.topk, prm.head_groups))
+  const int32_t kernel = detail::tuning().sm90_indexer_loss_kernel;
+  if (kernel != 1 && kernel != 2) return false;
+  const int mode = !dense ? 0 : kernel;
+  if (prm.dk_part != nullptr || !loss_kernel_serves(heads, mode, prm.topk, prm.head_groups))
     return false;
   if (tokens == 0) return true;
-  if (dense)
-    launch_loss_mode<true>(prm, heads, tokens, stream);
+  if (mode == 0)
+    launch_loss_mode<0>(prm, heads, tokens, stream);
+  else if (mode == 1)
+    launch_loss_mode<1>(prm, heads, tokens, stream);
   else
-    launch_loss_mode<false>(prm, heads, tokens, stream);
+    launch_loss_mode<2>(prm, heads, tokens, stream);
   return true;
 }
 
