@@ -116,8 +116,8 @@ size_t loss_smem_bytes(int mode, int topk, int groups) {
 
 // Whether the wgmma loss kernel of `mode` (as loss_smem_bytes) serves a non-deterministic call of
 // H_I `heads` (the tuning aside): sparse with `topk` slots per row, or dense with `groups` head
-// groups of log A; its shared memory within 227 KB (sparse: topk <= ~12,000; dense: groups <=
-// ~680, with two tokens per CTA ~110 at H_I 64).
+// groups of log A; its shared memory within 227 KB (sparse: topk <= ~12,000; dense at H_I 64:
+// groups <= ~330, with two tokens per CTA ~110).
 bool loss_kernel_serves(int64_t heads, int mode, int topk, int groups) {
   if (heads != 16 && heads != 32 && heads != 64) return false;
   if (mode == 0 ? topk <= 0 : groups <= 0) return false;
