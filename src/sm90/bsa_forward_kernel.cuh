@@ -38,7 +38,8 @@
 //   WG1       |S0|sm0|        |[S1 PV0]|sm1 |        |[S2 PV1]|sm2 | ... |PVn|epilogue|
 //   tensor    |  S0  |  WG0   |  WG1   |    |  WG0   |  WG1   |    |
 //              [..] = the GEMMs one consumer issues back to back between its schedule barriers;
-//              smj  = mask (partial block only), online softmax, P -> 16-bit, O *= alpha.
+//              smj  = mask (partial block, or the token mask's band where it cuts the warp's
+//                     rows), online softmax, P -> 16-bit, O *= alpha.
 // Key-split mode: the same, with the lead on stages 0, 2, 4, ... and the other WG on 1, 3, 5, ...;
 // the schedule token starts the tile with the lead and must end it with the other WG (the next
 // lead): after an even number of [S PV] turns the lead passes it with an empty turn. A WG without
@@ -66,6 +67,13 @@
 // normalised O (fp32, straight from the fragments) and its LSE to the workspace, and
 // bsa_forward_combine.cu merges the splits into o and lse. Chosen automatically for bf16 when the
 // query blocks cannot fill the GPU (bsa_forward.cu, forward_splits).
+//
+// Token masks (FwdTraits::kMasked, separate instantiations; SPEC 4, docs/bsa.md "Token masks"):
+// producer and consumers walk the tile's block list filtered by the mask (VisibleCursor: a block
+// none of whose valid keys any row of the tile sees is dropped), each from the metadata, and pair
+// the filtered entries into stages; a tile with no visible block loads nothing and writes O = 0,
+// LSE = -inf. Each warp applies the band to a stage's scores (mask_band) only where it cuts the
+// warp's 16 rows or a block has padded keys.
 //
 // Numerics: scores s = <q, k> in fp32; x = s * scale * log2(e) folded into one FFMA with the row
 // maximum: p = 2^(s * scale_log2 - m). The running maximum m is taken over the raw scores (their
