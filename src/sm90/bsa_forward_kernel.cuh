@@ -327,7 +327,9 @@ __device__ __forceinline__ bool block_visible(const BsaFwdSm90Params& p, const T
   const int r0 = tc.m * kBlock;
   const int r1 = min(r0 + kBlock, p.Sq) - 1;
   const int k0 = k.blk * kBlock;
-  return k.valid > 0 && r1 >= r0 &&
+  // k0 >= 0: an entry outside the contract (a negative block) stays invisible to every walker
+  // (a visible entry's last valid key is >= 0: VisibleCursor's end marker is -1).
+  return k.valid > 0 && k0 >= 0 && r1 >= r0 &&
          classify_tile<int>(r0, r1, k0, k0 + k.valid - 1, p.mask_lo, p.mask_hi) !=
              MaskClass::kOutside;
 }
