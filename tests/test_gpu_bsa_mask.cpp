@@ -74,8 +74,6 @@ struct GpuMaskCase {
   bool forward_only = false;  // too long for the backward suites' CPU reference
 };
 
-void PrintTo(const GpuMaskCase& c, std::ostream* os) { *os << c.name; }
-
 constexpr sa_layout kBhsd = SA_LAYOUT_BHSD;
 constexpr sa_layout kBshd = SA_LAYOUT_BSHD;
 
