@@ -1,17 +1,22 @@
-// BSA token masks (SPEC 4) on the portable path (src/sm80), against the fp64 reference through
-// the public API (itself checked against a brute-force dense masked attention on the CPU,
-// test_bsa_mask.cpp). Skipped without a GPU.
+// BSA token masks (SPEC 4) on the portable path (src/sm80) and the Hopper forward (src/sm90),
+// against the fp64 reference through the public API (itself checked against a brute-force dense
+// masked attention on the CPU, test_bsa_mask.cpp). Skipped without a GPU.
 //
 //  * GpuBsaMaskForward: masks x layouts x block sizes x head dims, GQA/MQA, partial blocks,
 //    rows that see no key, blocks entirely outside the mask (dense lists under causal), rows of
-//    more than 128 listed blocks (the stager's chunks, some entirely hidden); NaN-poisoned
-//    outputs and guard regions (expect_bsa_forward_matches_reference).
+//    more than 128 listed blocks (the stager's chunks, some entirely hidden), rows with more than
+//    32 visible blocks (the Hopper kernel's 32-slot chunks); NaN-poisoned outputs and guard
+//    regions, o exactly 0 on rows that see no key (expect_bsa_forward_matches_reference). Each
+//    case runs on the portable path (its plain name) and, on an sm_90 device with the Hopper path
+//    built, on the sm90 forward (name + "Sm90").
 //  * GpuBsaMaskBackward: the same masks with automatic buckets, single owners, split rows
 //    (bucket 2: the fp32 workspace path) and deterministic mode; exact zeros for keys no query
 //    sees and rows that see no key.
 //  * GpuBsaMaskDeterministic: three runs, the same bytes.
-//  * GpuBsaMaskRouting: on an sm_90 device with the Hopper path built, AUTO runs a masked call on
-//    the portable path, and forcing sm90 with a mask is SA_ERROR_UNSUPPORTED naming options.mask.
+//  * GpuBsaMaskRouting: on an sm_90 device with the Hopper path built, AUTO runs a masked forward
+//    on the sm90 path and a masked backward on the portable path (forcing the sm90 backward with a
+//    mask is SA_ERROR_UNSUPPORTED naming options.mask); the portable backward, fed the sm90
+//    forward's o and lse, matches the reference backward of those same o and lse.
 #include <cstdint>
 #include <functional>
 #include <ostream>
@@ -66,9 +71,8 @@ struct GpuMaskCase {
   bool all_blocks = false;  // every row lists every block (K_max must be N_kv)
   BsaPatternSpec spec{};    // else a random pattern
   sa_dtype dtype = SA_DTYPE_BF16;
+  bool forward_only = false;  // too long for the backward suites' CPU reference
 };
-
-void PrintTo(const GpuMaskCase& c, std::ostream* os) { *os << c.name; }
 
 constexpr sa_layout kBhsd = SA_LAYOUT_BHSD;
 constexpr sa_layout kBshd = SA_LAYOUT_BSHD;
@@ -108,13 +112,40 @@ const GpuMaskCase kCases[] = {
     // More than 128 listed blocks, most hidden by a window: the stager walks hidden chunks.
     {"CausalWindowRowOf150BlocksBlock64D64", shape_of(1, 1, 1, 64 * 150, 64 * 150, 64, 64, 150),
      mask_spec(SA_MASK_CAUSAL_WINDOW, false, 0, 100), true},
+    // Rows of up to 65 (block 64) and 40 (block 128) visible blocks in a random order: the Hopper
+    // kernel's filtered walk crosses its 32-slot chunks with visible entries on both sides, and
+    // pairs them into block-64 stages across the chunk boundary.
+    {"CausalLongRowsBlock64D128GqaBshd", shape_of(1, 2, 1, 64 * 65 - 20, 64 * 65 - 20, 128, 64,
+                                                  65, kBshd),
+     mask_spec(SA_MASK_CAUSAL), true, {}, SA_DTYPE_BF16, true},
+    {"CausalLongRowsBlock128D64", shape_of(1, 2, 2, 128 * 40, 128 * 40, 64, 128, 40, kBhsd),
+     mask_spec(SA_MASK_CAUSAL), true, {}, SA_DTYPE_BF16, true},
 };
 
-class GpuBsaMaskForward : public ::testing::TestWithParam<GpuMaskCase> {};
+// A forward case on one implementation: the portable path, or the sm90 forward (run only on an
+// sm_90 device with the Hopper path built).
+struct GpuMaskFwdCase {
+  GpuMaskCase base;
+  sa_impl impl;
+  std::string name;
+};
+
+void PrintTo(const GpuMaskFwdCase& c, std::ostream* os) { *os << c.name; }
+
+std::vector<GpuMaskFwdCase> forward_cases() {
+  std::vector<GpuMaskFwdCase> out;
+  for (const GpuMaskCase& c : kCases) out.push_back({c, SA_IMPL_PORTABLE, c.name});
+  for (const GpuMaskCase& c : kCases) out.push_back({c, SA_IMPL_SM90, c.name + "Sm90"});
+  return out;
+}
+
+class GpuBsaMaskForward : public ::testing::TestWithParam<GpuMaskFwdCase> {};
 
 TEST_P(GpuBsaMaskForward, MatchesReference) {
   SA_SKIP_WITHOUT_GPU();
-  const GpuMaskCase& c = GetParam();
+  if (GetParam().impl == SA_IMPL_SM90 && (!SA_HAVE_SM90 || !device_is_sm90()))
+    GTEST_SKIP() << "needs an sm_90 device and the sm90 path";
+  const GpuMaskCase& c = GetParam().base;
   const BsaShape& s = c.shape;
   std::mt19937_64 rng(std::hash<std::string>{}(c.name));
   BsaPattern pat;
@@ -127,14 +158,14 @@ TEST_P(GpuBsaMaskForward, MatchesReference) {
   options.layout = s.layout;
   options.block_size = s.block;
   options.count = pat.has_count ? -1 : pat.fixed_count;
-  options.impl = SA_IMPL_PORTABLE;
+  options.impl = GetParam().impl;
   c.mask.apply(options);
   expect_bsa_forward_matches_reference(s, pat, t, options, 8,
                                        c.dtype == SA_DTYPE_FP16 ? 2e-3 : 1e-2);
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, GpuBsaMaskForward, ::testing::ValuesIn(kCases),
-                         [](const ::testing::TestParamInfo<GpuMaskCase>& i) {
+INSTANTIATE_TEST_SUITE_P(Cases, GpuBsaMaskForward, ::testing::ValuesIn(forward_cases()),
+                         [](const ::testing::TestParamInfo<GpuMaskFwdCase>& i) {
                            return i.param.name;
                          });
 
@@ -151,7 +182,7 @@ void PrintTo(const GpuMaskBwdCase& c, std::ostream* os) { *os << c.name; }
 std::vector<GpuMaskBwdCase> backward_cases() {
   std::vector<GpuMaskBwdCase> out;
   for (const GpuMaskCase& c : kCases) {
-    if (c.dtype != SA_DTYPE_BF16) continue;  // the portable backward is bf16
+    if (c.dtype != SA_DTYPE_BF16 || c.forward_only) continue;  // the portable backward: bf16
     out.push_back({c, 0, false, c.name + "BucketAuto"});
     out.push_back({c, kBsaBwdSingleOwner, false, c.name + "SingleOwner"});
     out.push_back({c, 2, false, c.name + "Bucket2"});
@@ -213,50 +244,61 @@ TEST(GpuBsaMaskDeterministic, BitwiseIdenticalOverThreeRuns) {
 }
 
 // ---- routing on Hopper -------------------------------------------------------------------------
-TEST(GpuBsaMaskRouting, AutoRunsPortableAndForcedSm90IsRefused) {
+// Runs the masked forward of p through AUTO on the device and replaces p's o and lse (the
+// reference's) by the GPU's; `used` gets the implementation that ran.
+::testing::AssertionResult gpu_forward_into(GpuBsaBwdProblem& p, sa_impl* used) {
+  DeviceTensor q(p.t.q, p.c.pad, 0), k(p.t.k, p.c.pad, 0), v(p.t.v, p.c.pad, 0),
+      o(p.t.o, p.c.pad, 0), lse(p.t.lse, 0, 0), index(p.pat.q2k_index, 0, 0);
+  HostTensor none_host(SA_DTYPE_INT32, {1});
+  DeviceTensor count(p.pat.has_count ? p.pat.q2k_count : none_host, 0, 0);
+  DeviceTensor block_len(p.pat.has_block_len ? p.pat.kv_block_len : none_host, 0, 0);
+  if (!(q.ok() && k.ok() && v.ok() && o.ok() && lse.ok() && index.ok() && count.ok() &&
+        block_len.ok()))
+    return ::testing::AssertionFailure() << "device copies failed";
+  sa_bsa_fwd_args a = bsa_fwd_args(q, k, v, o, lse, index, p.pat.has_count ? &count : nullptr,
+                                   p.pat.has_block_len ? &block_len : nullptr);
+  a.options = p.options();
+  a.options.impl = SA_IMPL_AUTO;
+  size_t bytes = 0;
+  if (sa_bsa_forward_workspace_size(&a, &bytes) != SA_OK)
+    return ::testing::AssertionFailure() << "workspace size: " << sa_last_error();
+  DeviceBuffer workspace(bytes);
+  if (!workspace.ok()) return ::testing::AssertionFailure() << "cudaMalloc failed";
+  sa_context ctx = sa_context_default();
+  ctx.workspace = workspace.get();
+  ctx.workspace_bytes = bytes;
+  ctx.impl_used = used;
+  if (sa_bsa_forward(&a, &ctx) != SA_OK)
+    return ::testing::AssertionFailure() << "sa_bsa_forward: " << sa_last_error();
+  const cudaError_t err = cudaDeviceSynchronize();
+  if (err != cudaSuccess)
+    return ::testing::AssertionFailure() << "kernel failed: " << cudaGetErrorString(err);
+  if (!o.download(p.t.o) || !lse.download(p.t.lse))
+    return ::testing::AssertionFailure() << "download failed";
+  return ::testing::AssertionSuccess();
+}
+
+TEST(GpuBsaMaskRouting, AutoForwardSm90BackwardPortable) {
   SA_SKIP_WITHOUT_GPU();
   if (!SA_HAVE_SM90 || !device_is_sm90()) GTEST_SKIP() << "needs an sm_90 device and the sm90 path";
-  const GpuMaskCase& c = kCases[0];
-  // Forward: AUTO runs (and must be the portable path); forced sm90 is refused by name.
-  {
-    const BsaShape& s = c.shape;
-    std::mt19937_64 rng(5);
-    BsaPattern pat;
-    list_all_blocks(s, pat, rng);
-    BsaTensors t = make_bsa_tensors(s, SA_DTYPE_BF16, rng);
-    sa_bsa_options options = sa_bsa_options_default();
-    options.block_size = s.block;
-    options.count = pat.fixed_count;
-    options.impl = SA_IMPL_PORTABLE;  // what AUTO must pick (checked below through impl_used)
-    c.mask.apply(options);
-    expect_bsa_forward_matches_reference(s, pat, t, options, 0, 1e-2);
-
-    DeviceTensor q(t.q, 0, 0), k(t.k, 0, 0), v(t.v, 0, 0), o(t.o, 0, 0), lse(t.lse, 0, 0),
-        index(pat.q2k_index, 0, 0);
-    ASSERT_TRUE(q.ok() && k.ok() && v.ok() && o.ok() && lse.ok() && index.ok());
-    sa_bsa_fwd_args a = bsa_fwd_args(q, k, v, o, lse, index);
-    a.options = options;
-    a.options.impl = SA_IMPL_AUTO;
-    sa_impl used = SA_IMPL_AUTO;
-    sa_context ctx = sa_context_default();
-    ctx.impl_used = &used;
-    ASSERT_EQ(sa_bsa_forward(&a, &ctx), SA_OK) << sa_last_error();
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(used, SA_IMPL_PORTABLE);
-    a.options.impl = SA_IMPL_SM90;
-    EXPECT_EQ(sa_bsa_forward(&a, &ctx), SA_ERROR_UNSUPPORTED);
-    EXPECT_NE(std::string(sa_last_error()).find("options.mask"), std::string::npos)
-        << sa_last_error();
-  }
-  // Backward: the same.
-  {
+  // Causal block 128 (dense lists: hidden, partial and inside blocks), causal_window block 128
+  // (random lists with partial blocks), causal block 64 with S_q > S_kv (rows that see no key).
+  for (const GpuMaskCase& c : {kCases[0], kCases[10], kCases[5]}) {
+    SCOPED_TRACE(c.name);
     GpuBsaBwdProblem p = make_problem({c, 0, false, c.name}, SA_IMPL_AUTO);
-    ASSERT_TRUE(p.forward());
+    // Forward: AUTO runs the sm90 kernel; its o and lse replace the reference's in p.
+    sa_impl used = SA_IMPL_AUTO;
+    ASSERT_TRUE(gpu_forward_into(p, &used));
+    EXPECT_EQ(used, SA_IMPL_SM90);
+    // Backward: AUTO runs the portable path on the sm90 forward's o and lse, and matches the
+    // reference backward of the same o and lse (one LSE convention: natural log, -inf for a row
+    // that sees no key).
     GpuBsaBwdDevice d(p);
     ASSERT_TRUE(d.ok());
     GpuBsaBwdGradients g;
     ASSERT_TRUE(run_bsa_backward(d, p, SA_IMPL_PORTABLE, &g));
     expect_bsa_backward_matches_reference(p, g);
+    // Forcing the sm90 backward with a mask is refused by name.
     sa_bsa_bwd_args a = d.args(p);
     a.options.impl = SA_IMPL_SM90;
     size_t bytes = 0;

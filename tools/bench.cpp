@@ -103,16 +103,27 @@ void time_subjects(std::vector<Subject*>& subjects, const BenchOptions& o) {
 
 
 // ---- FLOPs (BENCHMARKING.md: attended pairs only) ---------------------------------------------
+// Under --mask causal (S_q = S_kv, offset 0), the pairs (i, s) with s <= i of each listed block.
 double bsa_forward_flops(const BsaProblem& p) {
   const BsaShape& s = p.shape;
   double flops = 0;
   for (int64_t b = 0; b < s.B; ++b)
     for (int64_t h = 0; h < s.Hq; ++h)
       for (int64_t m = 0; m < s.Nq(); ++m) {
-        const int64_t q_tokens = std::min<int64_t>(s.block, s.S - m * s.block);
-        int64_t keys = 0;
-        for (int32_t i = 0; i < s.count(); ++i) keys += s.key_block_len(p.block_at(b, h, m, i));
-        flops += 4.0 * q_tokens * keys * s.D;
+        const int64_t q0 = m * s.block;
+        const int64_t q_tokens = std::min<int64_t>(s.block, s.S - q0);
+        double pairs = 0;
+        for (int32_t i = 0; i < s.row_count(m); ++i) {
+          const int64_t n = p.block_at(b, h, m, i);
+          const int64_t k0 = n * s.block, len = s.key_block_len(n);
+          if (s.mask == SA_MASK_NONE) {
+            pairs += static_cast<double>(q_tokens * len);
+            continue;
+          }
+          for (int64_t q = q0; q < q0 + q_tokens; ++q)  // keys [k0, min(k0 + len - 1, q)]
+            pairs += static_cast<double>(std::max<int64_t>(0, std::min(k0 + len - 1, q) - k0 + 1));
+        }
+        flops += 4.0 * pairs * s.D;
       }
   return flops;
 }
@@ -329,7 +340,9 @@ std::string bsa_shape_json(const BsaShape& s) {
   os << "{\"B\": " << s.B << ", \"H\": " << s.Hq << ", \"H_kv\": " << s.Hkv << ", \"S\": " << s.S
      << ", \"D\": " << s.D << ", \"block\": " << s.block << ", \"density\": "
      << static_cast<double>(s.count()) / s.Nkv() << ", \"layout\": \""
-     << (s.layout == SA_LAYOUT_BSHD ? "bshd" : "bhsd") << "\"}";
+     << (s.layout == SA_LAYOUT_BSHD ? "bshd" : "bhsd") << "\""
+     << (s.causal_blocks ? ", \"blocks\": \"causal\"" : "")
+     << (s.mask == SA_MASK_CAUSAL ? ", \"mask\": \"causal\"" : "") << "}";
   return os.str();
 }
 
@@ -417,6 +430,11 @@ std::vector<BenchVariant> parse_variants(const std::string& text) {
       } else if (key.rfind("tune.", 0) == 0 || key.rfind("env.", 0) == 0) {
         parse_tune(key, val, &v.tuning);
         v.tuned = true;
+      } else if (key == "mask") {
+        if (val == "none") v.mask = SA_MASK_NONE;
+        else if (val == "causal") v.mask = SA_MASK_CAUSAL;
+        else throw ToolError(kExitBadArgument, "--variants: mask must be none or causal, got '" +
+                                                   val + "'");
       } else if (key == "anchor") {
         if (val != "flashmla")
           throw ToolError(kExitBadArgument,
@@ -425,7 +443,8 @@ std::vector<BenchVariant> parse_variants(const std::string& text) {
       } else {
         throw ToolError(kExitBadArgument,
                         "--variants: unknown key '" + key +
-                            "' (impl=, bucket=, deterministic=, tune.NAME=, anchor=flashmla)");
+                            "' (impl=, bucket=, deterministic=, tune.NAME=, anchor=flashmla, "
+                            "mask=none|causal)");
       }
     }
     out.push_back(v);
@@ -441,6 +460,11 @@ int run_bench(const DemoOptions& demo, const BenchOptions& o) {
   std::cout << "sparse-attention bench on " << describe_device(dev) << ": " << o.warmup
             << " warm-up calls, 2 passes x " << o.rounds << " rounds x " << o.calls
             << " calls per variant, median round\n";
+  for (const BenchVariant& v : o.variants)
+    for (const std::string& op : demo.ops)
+      if (v.mask >= 0 && op != "bsa_fwd")
+        throw ToolError(kExitBadArgument, "--variants: mask= is bsa_fwd's, not " + op +
+                                              " (use --op bsa_fwd)");
   std::vector<std::string> records;
   int status = kExitPass;
   for (const std::string& op : demo.ops) {
@@ -448,6 +472,10 @@ int run_bench(const DemoOptions& demo, const BenchOptions& o) {
     OpSetup setup;
     setup.op = op;
     if (op == "bsa_fwd" || op == "bsa_bwd") {
+      if (op == "bsa_bwd" && (demo.bsa_causal_blocks || demo.bsa_mask != SA_MASK_NONE))
+        throw ToolError(kExitBadArgument,
+                        "--blocks causal and --mask are bsa_fwd's (the sampled backward check "
+                        "takes neither): use --op bsa_fwd");
       auto p = std::make_shared<BsaProblem>(make_bsa_problem(bsa_shape(demo, Target::kGpu), demo.seed));
       auto dv = std::make_shared<BsaViews>(bsa_views(*p, [&](HostTensor& t) { return arena.upload(t); }));
       std::cout << "[" << op << "] " << p->shape.describe() << "\n";
@@ -471,6 +499,7 @@ int run_bench(const DemoOptions& demo, const BenchOptions& o) {
         if (fwd) {
           auto a = std::make_shared<api::BsaForwardArgs>(bsa_forward_args(p->shape, *dv));
           apply(v, &a->options.impl, &a->options.bucket_size, &a->options.deterministic);
+          if (v.mask >= 0) a->options.mask = static_cast<sa_mask>(v.mask);
           s.run = [a](const sa_context& c) { return api::bsa_forward(*a, c); };
           s.workspace_size = [a](size_t* b) { return api::bsa_forward_workspace_size(*a, b); };
         } else {
@@ -489,7 +518,9 @@ int run_bench(const DemoOptions& demo, const BenchOptions& o) {
         check_call(s.run(context_of(s)), s.variant.label);
         synchronize();
         for (auto& x : outs) download(x.first, *x.second);
-        SampledComparison c = fwd ? bsa_forward_vs_reference(*p, demo.seed)
+        const sa_mask mask = s.variant.mask >= 0 ? static_cast<sa_mask>(s.variant.mask)
+                                                 : p->shape.mask;
+        SampledComparison c = fwd ? bsa_forward_vs_reference(*p, demo.seed, mask)
                                   : bsa_backward_vs_reference(*p, demo.seed);
         s.max_rel_l2 = worst(c.checks, &s.ok);
         report_failures(s, c.checks);

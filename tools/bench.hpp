@@ -34,6 +34,9 @@ struct BenchVariant {
   // "anchor=flashmla": not our library but FlashMLA's Hopper sparse prefill (dsa_fwd only;
   // flashmla_anchor.hpp) on the same tensors, checked against the same reference.
   std::string anchor;
+  // "mask=none|causal" (bsa_fwd only): options.mask of this variant instead of --mask's, checked
+  // against the reference with the same mask (an A/B of masked and unmasked runs of one list).
+  int mask = -1;  // -1: --mask's
 };
 
 struct BenchOptions {

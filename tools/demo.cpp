@@ -44,6 +44,8 @@ BsaShape bsa_shape(const DemoOptions& o, Target target) {
   s.density = o.density.value_or(s.density);
   s.layout = o.layout;
   s.dtype = o.dtype;
+  s.causal_blocks = o.bsa_causal_blocks;
+  s.mask = o.bsa_mask;
   return s;
 }
 

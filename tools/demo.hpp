@@ -52,6 +52,10 @@ struct DemoOptions {
   std::optional<int64_t> indexer_heads;  // H_I (64)
   bool causal = true;                    // k_start = 0, k_end = t + 1 (DeepSeek-V3.2 prefill)
   bool dense_loss = false;               // indexer_loss in dense mode (the warm-up stage)
+  // The bench's BSA forward only: the causal block pattern (BsaShape::causal_blocks) and
+  // options.mask.
+  bool bsa_causal_blocks = false;
+  sa_mask bsa_mask = SA_MASK_NONE;
 };
 
 // Defaults: small on the CPU (the whole CPU demo takes seconds), larger on the GPU.

@@ -46,7 +46,10 @@ std::string usage() {
      << "           bucket=, deterministic=, and the library's internal tuning:\n"
      << "           tune.fwd_splits=auto|1..16, tune.bwd_tail=auto|0..1024, tune.dsa_bwd=0..3,\n"
      << "           tune.dsa_fwd_pad=0|1, tune.topk=0..4, tune.ptopk=0..4,\n"
-     << "           tune.sm90_indexer_target=0..3, tune.sm90_indexer_loss_kernel=0..2\n"
+     << "           tune.sm90_indexer_target=0..3, tune.sm90_indexer_loss_kernel=0..2;
+"
+     << "           bsa_fwd: mask=none|causal
+"
      << "           (tools/bench.hpp));\n"
      << "           ',' joins keys, '/' separates variants; the first is the A/B\n"
      << "           anchor), --warmup N (10), --rounds N (5 per pass, 2 passes), --calls N\n"
@@ -76,6 +79,10 @@ std::string usage() {
   flag("--density X", "fraction of the KV blocks each query block attends, in (0, 1];");
   more("distinct, uniformly random blocks" + both(bc.density, bg.density));
   flag("--layout L", "bhsd | bshd (bhsd)");
+  flag("--blocks P", "bench, bsa_fwd only: random | causal (random). causal: query block m");
+  more("lists its diagonal block and round(density * m) distinct random earlier");
+  more("blocks (the MoBA pattern; per-row counts)");
+  flag("--mask M", "bench, bsa_fwd only: options.mask, none | causal (none)");
   os << " DSA (D_v = 512):\n";
   flag("--dsa-heads N", "H" + both(dc.H, dg.H));
   flag("--dsa-dqk N", "D_qk, 512 or 576" + both(dc.Dqk, dg.Dqk));
@@ -220,6 +227,15 @@ bool parse_demo(const std::vector<std::string>& args, DemoOptions* o, bool bench
       {"--loss-mode",
        [&](auto& f, auto& v) {
          o->dense_loss = parse_choice<bool>(f, v, {{"sparse", false}, {"dense", true}});
+       }},
+      {"--blocks",
+       [&](auto& f, auto& v) {
+         o->bsa_causal_blocks = parse_choice<bool>(f, v, {{"random", false}, {"causal", true}});
+       }},
+      {"--mask",
+       [&](auto& f, auto& v) {
+         o->bsa_mask = parse_choice<sa_mask>(f, v,
+                                             {{"none", SA_MASK_NONE}, {"causal", SA_MASK_CAUSAL}});
        }},
   };
   for (size_t i = 0; i < args.size(); ++i) {

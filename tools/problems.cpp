@@ -130,8 +130,15 @@ void check_dsa_size(const DsaShape& s, bool dense_oracle) {
 
 // ---- BSA ----------------------------------------------------------------------------------------
 int32_t BsaShape::count() const {
+  if (causal_blocks) return row_count(Nq() - 1);
   const int64_t c = std::llround(density * static_cast<double>(Nkv()));
   return static_cast<int32_t>(std::min<int64_t>(std::max<int64_t>(c, 1), Nkv()));
+}
+
+int32_t BsaShape::row_count(int64_t m) const {
+  if (!causal_blocks) return count();
+  const int64_t earlier = std::llround(density * static_cast<double>(m));
+  return static_cast<int32_t>(1 + std::min<int64_t>(std::max<int64_t>(earlier, 0), m));
 }
 
 int64_t BsaShape::key_block_len(int64_t n) const { return std::min<int64_t>(block, S - n * block); }
@@ -154,6 +161,10 @@ std::string BsaShape::describe() const {
      << static_cast<double>(count()) / Nkv() << " (" << count() << " of " << Nkv()
      << " KV blocks per query block)"
      << " layout=" << (layout == SA_LAYOUT_BSHD ? "bshd" : "bhsd") << " dtype=" << dtype_str(dtype);
+  if (causal_blocks)
+    os << " blocks=causal (diagonal + " << density << " of the earlier blocks; K_max " << count()
+       << ")";
+  if (mask != SA_MASK_NONE) os << " mask=" << (mask == SA_MASK_CAUSAL ? "causal" : "other");
   return os.str();
 }
 
@@ -183,10 +194,27 @@ BsaProblem make_bsa_problem(const BsaShape& s, uint64_t seed) {
 
   const int32_t count = s.count();
   p.q2k_index = HostTensor(SA_DTYPE_INT32, {s.B, s.Hq, s.Nq(), count});
-  std::vector<int32_t> pool(static_cast<size_t>(s.Nkv()));
-  std::iota(pool.begin(), pool.end(), 0);
-  for (int64_t row = 0; row < s.B * s.Hq * s.Nq(); ++row)
-    draw_distinct(pool, count, rng, p.q2k_index.i32() + row * count);
+  if (s.causal_blocks) {
+    // Row m: round(density * m) distinct random blocks of [0, m), then the diagonal m; the slots
+    // past the row's count hold block 0 (never read).
+    p.q2k_count = HostTensor(SA_DTYPE_INT32, {s.B, s.Hq, s.Nq()});
+    for (int64_t row = 0; row < s.B * s.Hq * s.Nq(); ++row) {
+      const int64_t m = row % s.Nq();
+      const int32_t n = s.row_count(m);
+      int32_t* out = p.q2k_index.i32() + row * count;
+      std::fill(out, out + count, 0);
+      std::vector<int32_t> earlier(static_cast<size_t>(m));
+      std::iota(earlier.begin(), earlier.end(), 0);
+      if (n > 1) draw_distinct(earlier, n - 1, rng, out);
+      out[n - 1] = static_cast<int32_t>(m);
+      p.q2k_count.i32()[row] = n;
+    }
+  } else {
+    std::vector<int32_t> pool(static_cast<size_t>(s.Nkv()));
+    std::iota(pool.begin(), pool.end(), 0);
+    for (int64_t row = 0; row < s.B * s.Hq * s.Nq(); ++row)
+      draw_distinct(pool, count, rng, p.q2k_index.i32() + row * count);
+  }
 
   p.o = HostTensor(s.dtype, s.physical(s.B, s.Hq, s.S, s.D));
   p.lse = HostTensor(SA_DTYPE_FP32, {s.B, s.Hq, s.S});
@@ -203,6 +231,7 @@ BsaViews bsa_views(BsaProblem& p, const Place& place) {
   v.k = place(p.k);
   v.v = place(p.v);
   v.q2k_index = place(p.q2k_index);
+  if (p.shape.causal_blocks) v.q2k_count = place(p.q2k_count);
   v.dout = place(p.dout);
   v.o = place(p.o);
   v.lse = place(p.lse);
@@ -216,7 +245,8 @@ sparse_attention::BsaOptions bsa_options(const BsaShape& s) {
   sparse_attention::BsaOptions o;
   o.layout = s.layout;
   o.block_size = s.block;  // passed through unchecked: the library says what it accepts
-  o.count = -1;            // every row reads all K_max = count entries
+  o.count = -1;            // every row reads all K_max = count entries (or its q2k_count)
+  o.mask = s.mask;         // S_q = S_kv: the default causal offset is 0
   return o;
 }
 
@@ -226,6 +256,7 @@ sparse_attention::BsaForwardArgs bsa_forward_args(const BsaShape& s, const BsaVi
   a.k = v.k;
   a.v = v.v;
   a.sparsity.q2k_index = v.q2k_index;
+  a.sparsity.q2k_count = v.q2k_count;
   a.o = v.o;
   a.lse = v.lse;
   a.options = bsa_options(s);
@@ -241,6 +272,7 @@ sparse_attention::BsaBackwardArgs bsa_backward_args(const BsaShape& s, const Bsa
   a.lse = v.lse;
   a.dout = v.dout;
   a.sparsity.q2k_index = v.q2k_index;
+  a.sparsity.q2k_count = v.q2k_count;
   a.dq = v.dq;
   a.dk = v.dk;
   a.dv = v.dv;

@@ -35,11 +35,18 @@ struct BsaShape {
   double density = 0.5;  // fraction of the KV blocks each query block attends
   sa_layout layout = SA_LAYOUT_BHSD;
   sa_dtype dtype = SA_DTYPE_BF16;
+  // Bench only (bsa_fwd): causal_blocks: query block m lists its diagonal block m and
+  // round(density * m) distinct random earlier blocks (the MoBA pattern; per-row counts in
+  // q2k_count, K_max = row_count(N_q - 1)); mask: options.mask (S_q = S_kv: offset 0).
+  bool causal_blocks = false;
+  sa_mask mask = SA_MASK_NONE;
 
   int64_t Nq() const { return S <= 0 || block <= 0 ? 0 : (S - 1) / block + 1; }
   int64_t Nkv() const { return Nq(); }
   int64_t group() const { return Hq / Hkv; }  // query heads per KV head
-  int32_t count() const;                      // KV blocks per query block, in [1, N_kv]
+  int32_t count() const;                      // KV blocks per query block, in [1, N_kv] (K_max)
+  int32_t row_count(int64_t m) const;         // blocks query block m lists (count() unless
+                                              // causal_blocks)
   int64_t key_block_len(int64_t n) const;     // valid keys of KV block n (the last one cut at S)
   // Physical shape of a logical [B, H, S, X] tensor in this layout.
   std::vector<int64_t> physical(int64_t B_, int64_t H, int64_t S_, int64_t X) const;
@@ -54,6 +61,7 @@ struct BsaProblem {
   BsaShape shape;
   HostTensor q, k, v, dout;  // inputs, uniform in [-1, 1], stored in shape.layout
   HostTensor q2k_index;      // [B, Hq, Nq, count] int32: distinct, uniformly random KV blocks
+  HostTensor q2k_count;      // [B, Hq, Nq] int32 row counts (causal_blocks only)
   HostTensor o, lse;         // forward outputs (the backward's inputs); NaN until computed
   HostTensor dq, dk, dv;     // backward outputs; NaN until computed
 
@@ -74,10 +82,12 @@ BsaProblem make_bsa_problem(const BsaShape& shape, uint64_t seed);
 
 struct BsaViews {
   sa_tensor q, k, v, q2k_index, dout, o, lse, dq, dk, dv;
+  sa_tensor q2k_count = sa_tensor_none();  // causal_blocks only
 };
 BsaViews bsa_views(BsaProblem& p, const Place& place);
-// Layout and block size of the shape; every row reads all K_max = count entries (count -1, no
-// q2k_count); scale 1/sqrt(D); the implementation the library picks.
+// Layout, block size and mask of the shape; every row reads all K_max = count entries (count -1,
+// no q2k_count) unless causal_blocks (q2k_count); scale 1/sqrt(D); the implementation the
+// library picks.
 sparse_attention::BsaOptions bsa_options(const BsaShape& s);
 sparse_attention::BsaForwardArgs bsa_forward_args(const BsaShape& s, const BsaViews& v);
 sparse_attention::BsaBackwardArgs bsa_backward_args(const BsaShape& s, const BsaViews& v);

@@ -78,6 +78,10 @@ struct Pair {
 
 // ---- BSA ----------------------------------------------------------------------------------------
 SampledComparison bsa_forward_vs_reference(BsaProblem& p, uint64_t seed) {
+  return bsa_forward_vs_reference(p, seed, p.shape.mask);
+}
+
+SampledComparison bsa_forward_vs_reference(BsaProblem& p, uint64_t seed, sa_mask mask) {
   const BsaShape& s = p.shape;
   std::mt19937_64 rng(seed);
   HostTensor want_o = nan_like(p.o), want_lse = nan_like(p.lse);
@@ -95,9 +99,18 @@ SampledComparison bsa_forward_vs_reference(BsaProblem& p, uint64_t seed) {
     a.k = s.slice(k, b, hk, 1, 0, s.S);
     a.v = s.slice(v, b, hk, 1, 0, s.S);
     a.sparsity.q2k_index = narrow(narrow(narrow(idx, 0, b, 1), 1, h, 1), 2, m, 1);
+    if (s.causal_blocks)
+      a.sparsity.q2k_count =
+          narrow(narrow(narrow(p.q2k_count.view(), 0, b, 1), 1, h, 1), 2, m, 1);
     a.o = s.slice(wo, b, h, 1, s0, ns);
     a.lse = lse_slice(wl, b, h, 1, s0, ns);
     a.options = bsa_options(s);
+    a.options.mask = mask;
+    if (mask != SA_MASK_NONE) {
+      // The sub-problem's queries start at token s0 of the whole (offset 0): its offset is s0.
+      a.options.causal_offset_given = 1;
+      a.options.causal_offset = s0;
+    }
     a.options.impl = SA_IMPL_REFERENCE;
     require(api::bsa_forward(a), "BSA forward, one query block");
     o.add(s.slice(got_o, b, h, 1, s0, ns), a.o);

@@ -34,7 +34,9 @@ struct SampledComparison {
 };
 
 // p holds the inputs and, in its output tensors, the GPU's results (downloaded).
+// mask: options.mask of the run compared (the bench's per-variant mask=; else the shape's).
 SampledComparison bsa_forward_vs_reference(BsaProblem& p, uint64_t seed);
+SampledComparison bsa_forward_vs_reference(BsaProblem& p, uint64_t seed, sa_mask mask);
 SampledComparison bsa_backward_vs_reference(BsaProblem& p, uint64_t seed);
 SampledComparison dsa_forward_vs_reference(DsaProblem& p, uint64_t seed);
 SampledComparison dsa_backward_vs_reference(DsaProblem& p, uint64_t seed);

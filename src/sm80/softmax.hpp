@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "common/device_math.cuh"
+#include "common/token_mask.cuh"  // mask_band (shared with the Hopper forward)
 #include "sm80/sm80_primitives.hpp"
 
 namespace sa::portable {
@@ -34,32 +35,6 @@ __device__ __forceinline__ void mask_key_columns(float (&s)[kMTiles][kNTiles][4]
 #pragma unroll
       for (int c = 0; c < 4; ++c)
         if (8 * j + col0 + (c & 1) >= valid) s[mi][j][c] = masked;
-}
-
-// The token mask's band on a warp's sub-tile of scores: s[mi][j][c] := mask unless its key column
-// col = 8j + 2t + (c & 1) is < valid and d = dbase + col - row lies in [lo, hi], where row =
-// 16 mi + 8 half + g is the row's offset from the warp's first row and dbase = (first key of the
-// sub-tile) - (the warp's first row): d is the key index minus the query index (SPEC 4's band).
-// Every d stays inside int32 when S_q, S_kv do (the portable path's limit).
-template <int kMTiles, int kNTiles>
-__device__ __forceinline__ void mask_band(float (&s)[kMTiles][kNTiles][4], int dbase, int lo,
-                                          int hi, int valid, float masked) {
-  const int lane = threadIdx.x % 32;
-  const int col0 = 2 * (lane % 4);
-  const int g = lane / 4;
-#pragma unroll
-  for (int mi = 0; mi < kMTiles; ++mi)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int d0 = dbase + col0 - (16 * mi + 8 * half + g);
-#pragma unroll
-      for (int j = 0; j < kNTiles; ++j)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int d = d0 + 8 * j + c;
-          if (d < lo || d > hi || col0 + 8 * j + c >= valid) s[mi][j][2 * half + c] = masked;
-        }
-    }
 }
 
 // acc[mi][j][c] *= factor[row slot of c].

@@ -1,7 +1,8 @@
 // Hopper BSA forward, host side: problem checks, TMA descriptors, launch configuration and the
 // instantiations of the kernel in bsa_forward_kernel.cuh: {block 64, 128} x {D 64, 128} x
 // {bf16, fp16}, plus the split-KV mode's four bf16 ones (chosen automatically when the query
-// blocks cannot fill the GPU; see forward_splits).
+// blocks cannot fill the GPU; see forward_splits), plus the token mask's eight (the same axes,
+// FwdTraits::kMasked; dense batches, no split-KV).
 #include "sm90/bsa_forward.hpp"
 
 #include <cuda.h>
@@ -27,9 +28,9 @@
 namespace sa::sm90 {
 namespace {
 
-template <int kBlock, int kHeadDim, class Element, bool kSplit = false>
+template <int kBlock, int kHeadDim, class Element, bool kSplit = false, bool kMasked = false>
 void launch(const BsaFwdSm90Params& params, cudaStream_t stream) {
-  using Traits = FwdTraits<kBlock, kHeadDim, Element, kSplit>;
+  using Traits = FwdTraits<kBlock, kHeadDim, Element, kSplit, kMasked>;
   // +1024: the kernel aligns its shared storage to 1024 bytes (128-byte swizzle atoms).
   constexpr size_t kSmem = sizeof(SharedStorage<Traits>) + 1024;
   auto* kernel = &bsa_forward_sm90_kernel<Traits>;
@@ -47,18 +48,18 @@ void launch(const BsaFwdSm90Params& params, cudaStream_t stream) {
   SA_CUDA_CHECK_LAUNCH();
 }
 
-template <class Element, bool kSplit = false>
+template <class Element, bool kSplit = false, bool kMasked = false>
 void launch_for(const BsaDims& d, const BsaFwdSm90Params& params, cudaStream_t stream) {
   if (d.block == 128) {
     if (d.D == 128)
-      launch<128, 128, Element, kSplit>(params, stream);
+      launch<128, 128, Element, kSplit, kMasked>(params, stream);
     else
-      launch<128, 64, Element, kSplit>(params, stream);
+      launch<128, 64, Element, kSplit, kMasked>(params, stream);
   } else {
     if (d.D == 128)
-      launch<64, 128, Element, kSplit>(params, stream);
+      launch<64, 128, Element, kSplit, kMasked>(params, stream);
     else
-      launch<64, 64, Element, kSplit>(params, stream);
+      launch<64, 64, Element, kSplit, kMasked>(params, stream);
   }
 }
 
@@ -85,10 +86,10 @@ int auto_splits(const BsaFwdProblem& p) {
 }
 
 // How many slices of each row's block list the forward runs as separate tiles (1: no split-KV).
-// bf16 only (its instantiations). The rule above, unless the internal tuning
+// bf16 without a token mask only (its instantiations). The rule above, unless the internal tuning
 // (Tuning::sm90_fwd_splits, set by the bench and tests only) names a count in [1, 16].
 int forward_splits(const BsaFwdProblem& p) {
-  if (p.dtype != SA_DTYPE_BF16) return 1;
+  if (p.dtype != SA_DTYPE_BF16 || p.meta.mask.on) return 1;
   const int32_t forced = detail::tuning().sm90_fwd_splits;
   const int n = forced <= 0 ? auto_splits(p) : forced;
   return std::clamp(n, 1, kMaxSplits);
@@ -106,11 +107,7 @@ size_t split_workspace_bytes(const BsaDims& d, int splits) {
 std::string bsa_forward_unsupported(const BsaFwdProblem& p) {
   const BsaDims& d = p.dims;
   std::ostringstream os;
-  // No token mask in the Hopper kernels yet: under AUTO a masked call goes to the portable path;
-  // a forced sm90 call is refused with this reason (docs/bsa.md, "Token masks").
-  if (p.meta.mask.on)
-    return "options.mask (a token mask) is not implemented by the sm90 forward yet; the portable "
-           "path serves it";
+  // Token masks: dense batches only (packed ones are refused before, in sm90_impl.cpp).
   if (p.dtype != SA_DTYPE_BF16 && p.dtype != SA_DTYPE_FP16) {
     os << "dtype " << dtype_name(p.dtype) << " (sm90 forward supports bf16, fp16)";
     return os.str();
@@ -173,6 +170,9 @@ void bsa_forward(const BsaFwdProblem& p, void* workspace, size_t workspace_bytes
   params.num_tiles = narrow_i32(d.B * d.Hq * d.Nq, "B * H_q * N_q");
   params.scale_log2 = scale_times_log2e(p.scale);
   params.masked_score = params.scale_log2 > 0.f ? -INFINITY : INFINITY;
+  // The band, clamped to [-S_q, S_kv] by validation: int32 (S_q, S_kv < 2^31 - 256 above).
+  params.mask_lo = narrow_i32(p.meta.mask.lo, "mask band lo");
+  params.mask_hi = narrow_i32(p.meta.mask.hi, "mask band hi");
 
   const int splits = forward_splits(p);
   if (splits > 1) {
@@ -204,6 +204,15 @@ void bsa_forward(const BsaFwdProblem& p, void* workspace, size_t workspace_bytes
     for (int i = 0; i < 3; ++i) c.lse_stride[i] = p.lse_stride[i];
     c.dtype = p.dtype;
     portable::bsa_forward_combine(c, stream);
+    return;
+  }
+  // A token mask runs its own instantiations (FwdTraits::kMasked); the default ones have no mask
+  // code.
+  if (p.meta.mask.on) {
+    if (p.dtype == SA_DTYPE_FP16)
+      launch_for<cutlass::half_t, false, true>(d, params, stream);
+    else
+      launch_for<cutlass::bfloat16_t, false, true>(d, params, stream);
     return;
   }
   if (p.dtype == SA_DTYPE_FP16)

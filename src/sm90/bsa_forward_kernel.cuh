@@ -38,7 +38,8 @@
 //   WG1       |S0|sm0|        |[S1 PV0]|sm1 |        |[S2 PV1]|sm2 | ... |PVn|epilogue|
 //   tensor    |  S0  |  WG0   |  WG1   |    |  WG0   |  WG1   |    |
 //              [..] = the GEMMs one consumer issues back to back between its schedule barriers;
-//              smj  = mask (partial block only), online softmax, P -> 16-bit, O *= alpha.
+//              smj  = mask (partial block, or the token mask's band where it cuts the warp's
+//                     rows), online softmax, P -> 16-bit, O *= alpha.
 // Key-split mode: the same, with the lead on stages 0, 2, 4, ... and the other WG on 1, 3, 5, ...;
 // the schedule token starts the tile with the lead and must end it with the other WG (the next
 // lead): after an even number of [S PV] turns the lead passes it with an empty turn. A WG without
@@ -67,6 +68,13 @@
 // bsa_forward_combine.cu merges the splits into o and lse. Chosen automatically for bf16 when the
 // query blocks cannot fill the GPU (bsa_forward.cu, forward_splits).
 //
+// Token masks (FwdTraits::kMasked, separate instantiations; SPEC 4, docs/bsa.md "Token masks"):
+// producer and consumers walk the tile's block list filtered by the mask (VisibleCursor: a block
+// none of whose valid keys any row of the tile sees is dropped), each from the metadata, and pair
+// the filtered entries into stages; a tile with no visible block loads nothing and writes O = 0,
+// LSE = -inf. Each warp applies the band to a stage's scores (mask_band) only where it cuts the
+// warp's 16 rows or a block has padded keys.
+//
 // Numerics: scores s = <q, k> in fp32; x = s * scale * log2(e) folded into one FFMA with the row
 // maximum: p = 2^(s * scale_log2 - m). The running maximum m is taken over the raw scores (their
 // minimum when the scale is negative). Padded keys (past block_len or S_kv) get the raw score that
@@ -87,6 +95,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "common/problem.hpp"
+#include "common/token_mask.cuh"
 #include "sm90/hopper_primitives.cuh"
 
 namespace sa::sm90 {
@@ -111,6 +120,9 @@ struct BsaFwdSm90Params {
   float* o_part;       // [num_splits, B, Hq, Sq, D] fp32: each split's normalised O
   float* lse_part;     // [num_splits, B, Hq, Sq] fp32: each split's LSE (-inf: no key)
   int32_t o_part_dim;  // D (the row length of o_part)
+  // Token mask (FwdTraits::kMasked instantiations only): key s visible to query i iff
+  // mask_lo <= s - i <= mask_hi (BsaMeta::mask, clamped to [-S_q, S_kv]: int32).
+  int32_t mask_lo, mask_hi;
 };
 
 // Warpgroup roles.
@@ -162,10 +174,16 @@ struct GmmaAtoms<128, cutlass::half_t> {
                                                           cute::SM90::GMMA::Major::MN>;
 };
 
-template <int kBlock_, int kHeadDim_, class Element_ = cutlass::bfloat16_t, bool kSplit_ = false>
+template <int kBlock_, int kHeadDim_, class Element_ = cutlass::bfloat16_t, bool kSplit_ = false,
+          bool kMasked_ = false>
 struct FwdTraits {
   using Element = Element_;  // bf16 or fp16
   static constexpr bool kSplit = kSplit_;  // split-KV mode (partial O and LSE to the workspace)
+  // A token mask (BsaFwdSm90Params::mask_lo / mask_hi): listed blocks entirely outside it are
+  // filtered out of the tile's list, partial stages get the band. The default instantiations
+  // contain no mask code.
+  static constexpr bool kMasked = kMasked_;
+  static_assert(!(kSplit && kMasked), "split-KV has no masked instantiation");
   static constexpr int kBlock = kBlock_;        // query rows per tile = keys per KV block
   static constexpr int kHeadDim = kHeadDim_;    // D = D_v
   // Block 64 runs in key-split mode: a stage holds two KV blocks (128 keys, so that the S GEMM,
@@ -295,6 +313,87 @@ __device__ __forceinline__ BlockKeys block_keys(const BsaFwdSm90Params& p, const
   return k;
 }
 
+// ---- token mask (FwdTraits::kMasked) ------------------------------------------------------------
+// The filtered block list: a listed block takes part in tile tc iff some row of the tile (rows <
+// S_q) sees some of its valid keys (classify_tile against the tile's rows and the block's valid
+// keys is not kOutside). Producer and consumers walk the same filtered sequence in slot order,
+// each deciding visibility from the metadata with this one function (no list handed over in
+// shared memory), and pair it into stages the same way: stage i holds filtered entries kPer i ..
+// kPer i + kPer - 1; when the filtered count is odd at block 64, the last stage's second block is
+// missing (all its keys masked), as in the unmasked kernel.
+template <int kBlock>
+__device__ __forceinline__ bool block_visible(const BsaFwdSm90Params& p, const TileCoord& tc,
+                                              const BlockKeys& k) {
+  const int r0 = tc.m * kBlock;
+  const int r1 = min(r0 + kBlock, p.Sq) - 1;
+  const int k0 = k.blk * kBlock;
+  // k0 >= 0: an entry outside the contract (a negative block) stays invisible to every walker
+  // (a visible entry's last valid key is >= 0: VisibleCursor's end marker is -1).
+  return k.valid > 0 && k0 >= 0 && r1 >= r0 &&
+         classify_tile<int>(r0, r1, k0, k0 + k.valid - 1, p.mask_lo, p.mask_hi) !=
+             MaskClass::kOutside;
+}
+
+// A warp's cursor over the filtered list of a tile's slots [lo, lo + n): 32 slots at a time, lane
+// i holding slot base + i as its last valid key (key0 + valid - 1: key0 = last & -kBlock, valid =
+// (last & (kBlock - 1)) + 1, one register), `left` the lanes of the chunk not yet taken that are
+// visible. Every lane of the warp calls every member (shuffles and ballots).
+template <int kBlock>
+struct VisibleCursor {
+  int base;       // first slot of the chunk, relative to lo
+  unsigned left;  // visible lanes not yet taken
+  int last;       // this lane's slot: its last valid key
+
+  __device__ __forceinline__ void load(const BsaFwdSm90Params& p, const TileCoord& tc,
+                                       const SlotRange& sr, int lane) {
+    bool vis = false;
+    last = 0;
+    if (base + lane < sr.n) {
+      const BlockKeys bk = block_keys<kBlock>(p, tc, sr.lo + base + lane);
+      vis = block_visible<kBlock>(p, tc, bk);
+      last = bk.blk * kBlock + bk.valid - 1;
+    }
+    left = __ballot_sync(0xffffffffu, vis);
+  }
+  // Starts at the first chunk; returns the filtered count of the whole range (later chunks are
+  // only counted, the first stays loaded).
+  __device__ __forceinline__ int start(const BsaFwdSm90Params& p, const TileCoord& tc,
+                                       const SlotRange& sr, int lane) {
+    base = 0;
+    load(p, tc, sr, lane);
+    int n = __popc(left);
+    if (sr.n > 32) {
+#pragma unroll 1
+      for (base = 32; base < sr.n; base += 32) {
+        load(p, tc, sr, lane);
+        n += __popc(left);
+      }
+      base = 0;
+      load(p, tc, sr, lane);  // the first chunk again
+    }
+    return n;
+  }
+  // The next filtered entry's last valid key, or -1 past the end.
+  __device__ __forceinline__ int next(const BsaFwdSm90Params& p, const TileCoord& tc,
+                                      const SlotRange& sr, int lane) {
+#pragma unroll 1
+    while (left == 0 && base + 32 < sr.n) {
+      base += 32;
+      load(p, tc, sr, lane);
+    }
+    const int src = __ffs(left) - 1;  // -1 (no lane) past the end
+    left &= left - 1;
+    const int got = __shfl_sync(0xffffffffu, last, src & 31);
+    return src < 0 ? -1 : got;
+  }
+};
+template <int kBlock>
+__device__ __forceinline__ int entry_key0(int last) { return last & -kBlock; }
+template <int kBlock>
+__device__ __forceinline__ int entry_valid(int last) {  // 0 for a missing entry (last = -1)
+  return last < 0 ? 0 : (last & (kBlock - 1)) + 1;
+}
+
 // ---- producer (warp 0) --------------------------------------------------------------------------
 // One stage of the K/V ring as the producer fills it: kBlocksPerStage KV blocks.
 template <class T>
@@ -371,6 +470,80 @@ __device__ __forceinline__ void producer_load_v(const BsaFwdSm90Params& p, Share
   if (lane == 0) mbarrier_arrive(&s.v_full[slot.stage]);
 }
 
+// The Q, K and V loads of one tile under a token mask ([P1]-[P3] over the filtered list): the
+// stages pair filtered entries (VisibleCursor); Q is loaded with the first stage, so that a tile
+// with no visible block loads nothing, like a tile with no block (the consumers count the same
+// filtered entries and write O = 0, LSE = -inf).
+template <class T>
+__device__ __forceinline__ void producer_tile_masked(const BsaFwdSm90Params& p, SharedStorage<T>& s,
+                                                     const TileCoord& tc, const SlotRange& sr,
+                                                     int hk, int lane, KvSlot<T>& next,
+                                                     uint32_t& pad_phase) {
+  constexpr int kBlock = T::kBlock;
+  constexpr int kPer = T::kBlocksPerStage;
+  VisibleCursor<kBlock> list;
+  list.base = 0;
+  list.load(p, tc, sr, lane);
+  // The ring slot of a stage from its blocks' last valid keys (the producer's registers are few:
+  // a stage is kept as those, and the previous stage's ring position is derived from `next`).
+  auto slot_of = [&](int last0, int last1, int stage, uint32_t phase) {
+    KvSlot<T> slot;
+    slot.stage = stage;
+    slot.phase = phase;
+#pragma unroll
+    for (int h = 0; h < kPer; ++h) {
+      const int last = h == 0 ? last0 : last1;
+      const int key0 = entry_key0<kBlock>(last), valid = entry_valid<kBlock>(last);
+      slot.key0[h] = key0;
+      slot.info[h] = valid | (valid < min(kBlock, p.Skv - key0) ? kPadFlag : 0);
+    }
+    return slot;
+  };
+  int prev0 = -1, prev1 = -1;  // the previous stage's blocks (-1: none yet)
+#pragma unroll 1
+  while (true) {
+    const int last0 = list.next(p, tc, sr, lane);
+    if (last0 < 0) break;
+    int last1 = last0;
+    if constexpr (kPer == 2) {
+      // A missing second block repeats the first (see producer_main).
+      last1 = list.next(p, tc, sr, lane);
+      if (last1 < 0) last1 = last0;
+    }
+    if (prev0 < 0) {
+      // [P1] Q, once the consumers are done with the previous tile's Q.
+      named_barrier_sync(id(NamedBarrier::kQueryEmpty), 32 + T::kConsumerThreads);
+      if (lane == 0) {
+        mbarrier_arrive_expect_tx(&s.q_full, T::kTileBytes);
+#pragma unroll
+        for (int pnl = 0; pnl < T::kPanels; ++pnl)
+          tma_load_4d(&p.tma_q, s.q + pnl * kBlock * 64, &s.q_full, pnl * 64, tc.m * kBlock,
+                      tc.h, tc.b);
+      }
+    }
+    // [P2] K of this stage, then V of the previous one (the ring position before `next`).
+    producer_load_k<T>(p, s, slot_of(last0, last1, next.stage, next.phase), hk, tc.b, lane);
+    static_assert(T::kStages == 2, "the previous stage is the other one");
+    if (prev0 >= 0)
+      producer_load_v<T>(p, s,
+                         slot_of(prev0, prev1, next.stage ^ 1,
+                                 next.phase ^ (next.stage == 0 ? 1u : 0u)),
+                         hk, tc.b, lane, pad_phase);
+    prev0 = last0;
+    prev1 = last1;
+    if (++next.stage == T::kStages) {
+      next.stage = 0;
+      next.phase ^= 1;
+    }
+  }
+  // [P3] V of the last stage.
+  if (prev0 >= 0)
+    producer_load_v<T>(p, s,
+                       slot_of(prev0, prev1, next.stage ^ 1,
+                               next.phase ^ (next.stage == 0 ? 1u : 0u)),
+                       hk, tc.b, lane, pad_phase);
+}
+
 template <class T>
 __device__ __forceinline__ void producer_main(const BsaFwdSm90Params& p, SharedStorage<T>& s) {
   constexpr int kBlock = T::kBlock;
@@ -391,6 +564,10 @@ __device__ __forceinline__ void producer_main(const BsaFwdSm90Params& p, SharedS
     const int count = sr.n;
     if (count <= 0) continue;  // the consumers write O = 0, LSE = -inf; nothing to load
     const int hk = tc.h / p.group;
+    if constexpr (T::kMasked) {
+      producer_tile_masked<T>(p, s, tc, sr, hk, lane, next, pad_phase);
+      continue;
+    }
 
     // [P1] Q, once the consumers are done with the previous tile's Q.
     named_barrier_sync(id(NamedBarrier::kQueryEmpty), 32 + T::kConsumerThreads);
@@ -641,7 +818,10 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
   for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
     const TileCoord tc = tile_coord<T>(p, tile);
     const SlotRange sr = tile_slots<T>(p, tc);
-    const int count = sr.n;
+    // Under a token mask: the filtered list (this warp's cursor over it, VisibleCursor).
+    VisibleCursor<kBlock> list;
+    int count = sr.n;
+    if constexpr (T::kMasked) count = list.start(p, tc, sr, lane);
     // Key-split mode: both warpgroups work on the tile's 64 rows and the tile's lead writes them.
     const int row0 = tc.m * kBlock + (kKeySplit ? 0 : wg * 64);  // first query row written
     const int tile_lead = lead_wg;
@@ -701,12 +881,61 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
         phase ^= 1u;
       }
     };
-    // Valid keys of stage i's blocks (a missing second block has none).
+    // Valid keys of stage i's blocks (a missing second block has none). Under a token mask, the
+    // stage's next filtered entries instead, as their last valid keys (entry_key0 / entry_valid;
+    // -1: missing): called once per stage of this warpgroup, in order; in key-split mode it then
+    // passes over the other warpgroup's stage i + 1.
     auto stage_valid = [&](int i, int& v0, int& v1) {
-      v0 = block_keys<kBlock>(p, tc, sr.lo + kPer * i).valid;
-      v1 = kBlock;
-      if constexpr (kPer == 2)
-        v1 = 2 * i + 1 < count ? block_keys<kBlock>(p, tc, sr.lo + 2 * i + 1).valid : 0;
+      if constexpr (T::kMasked) {
+        v0 = list.next(p, tc, sr, lane);
+        v1 = v0;
+        if constexpr (kPer == 2) {
+          v1 = list.next(p, tc, sr, lane);
+          list.next(p, tc, sr, lane);
+          list.next(p, tc, sr, lane);
+        }
+      } else {
+        v0 = block_keys<kBlock>(p, tc, sr.lo + kPer * i).valid;
+        v1 = kBlock;
+        if constexpr (kPer == 2)
+          v1 = 2 * i + 1 < count ? block_keys<kBlock>(p, tc, sr.lo + 2 * i + 1).valid : 0;
+      }
+    };
+    if constexpr (T::kMasked && kKeySplit) {
+      if (first == 1) {  // stage 0 is the lead's
+        list.next(p, tc, sr, lane);
+        list.next(p, tc, sr, lane);
+      }
+    }
+    // [C1b] / [C2b] The keys of a stage past each block's valid count get the losing score; under
+    // a token mask, a stage that the band cuts for this warp's 16 rows (or with padded keys) gets
+    // the band and the valid counts per element (mask_band), one that lies inside it nothing.
+    auto mask_stage = [&](int v0, int v1) {
+      if constexpr (T::kMasked) {
+        const int rb = row0 + 16 * warp_in_wg;  // this warp's first row
+        const int re = min(rb + 15, p.Sq - 1);
+        // A full block (last valid key = key0 + kBlock - 1) inside the band for these rows.
+        auto inside = [&](int last) {
+          return last >= 0 && (last & (kBlock - 1)) == kBlock - 1 &&
+                 classify_tile<int>(rb, re, last - (kBlock - 1), last, p.mask_lo, p.mask_hi) ==
+                     MaskClass::kInside;
+        };
+        bool all_inside = re >= rb && inside(v0);
+        if constexpr (kPer == 2) all_inside = all_inside && inside(v1);
+        if (!all_inside) {
+          // Block h of the stage is columns [h kBlock, (h + 1) kBlock): fragment words
+          // [h kBlock / 2, (h + 1) kBlock / 2), an mma-ordered [1][kBlock / 8][4] array.
+          using BlockFrag = float[1][kBlock / 8][4];
+          mask_band(*reinterpret_cast<BlockFrag*>(&tSrS(0)), entry_key0<kBlock>(v0) - rb,
+                    p.mask_lo, p.mask_hi, entry_valid<kBlock>(v0), masked);
+          if constexpr (kPer == 2)
+            mask_band(*reinterpret_cast<BlockFrag*>(&tSrS(kBlock / 2)),
+                      entry_key0<kBlock>(v1) - rb, p.mask_lo, p.mask_hi,
+                      entry_valid<kBlock>(v1), masked);
+        }
+      } else {
+        if (v0 < kBlock || v1 < kBlock) mask_columns<kBlock>(tSrS, v0, v1, masked);
+      }
     };
 
     RowStats st;
@@ -736,7 +965,7 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
       if (releaser) mbarrier_arrive(&s.k_empty[stage]);
       if (n_mine == 1)
         named_barrier_arrive(id(NamedBarrier::kQueryEmpty), 32 + T::kConsumerThreads);
-      if (valid0 < kBlock || valid1 < kBlock) mask_columns<kBlock>(tSrS, valid0, valid1, masked);
+      mask_stage(valid0, valid1);
       online_softmax(tSrS, st, scale_log2, alpha);
       convert_p(tSrS, tOrP);
       clear(tOrO);
@@ -760,8 +989,7 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
         if (releaser) mbarrier_arrive(&s.k_empty[stage]);
         if (j == n_mine - 1)
           named_barrier_arrive(id(NamedBarrier::kQueryEmpty), 32 + T::kConsumerThreads);
-        if (valid0 < kBlock || valid1 < kBlock)
-          mask_columns<kBlock>(tSrS, valid0, valid1, masked);
+        mask_stage(valid0, valid1);
         online_softmax(tSrS, st, scale_log2, alpha);
         warpgroup_wait<0>();  // P_{j-1} V_{j-1} is done: V stage and P registers are free
         warpgroup_fence_operand(tOrO);
