@@ -419,20 +419,37 @@ __device__ __forceinline__ void consumer_main(const ScoresParams& p, ScoresSmem<
     turn.other = static_cast<uint32_t>(ScoresBarrier::kTurn0) + (1 - wg);
     if (wg == 1) named_barrier_arrive(turn.other, 256);  // warpgroup 0 issues first
   }
+  // The rows this thread stores, once per CTA (its tokens are the CTA's): token 4 a + t4 of each
+  // group a of four (consume_key_tile's emit order), its output row, the keys it stores there
+  // ([0, S_kv), or the range alone with in_range_only; none past S_q) and its range. Per key
+  // then: one add, two compares for the store, two and a select for the value.
+  constexpr int kGroups = T::kTokensPerWg / 4;
+  const int t4 = threadIdx.x % 4;
+  float* row[kGroups];
+  int st_lo[kGroups], st_hi[kGroups], in_lo[kGroups], in_hi[kGroups];
+  CUTE_UNROLL
+  for (int a = 0; a < kGroups; ++a) {
+    const int64_t t = t_wg + 4 * a + t4;
+    const int2 rg = s_range[4 * a + t4];
+    const bool live = t < p.dims.Sq;
+    row[a] = p.out + (live ? t * p.out_ss : 0);
+    in_lo[a] = rg.x;
+    in_hi[a] = rg.y;
+    st_lo[a] = live ? (p.in_range_only ? rg.x : 0) : 0;
+    st_hi[a] = live ? (p.in_range_only ? rg.y : static_cast<int>(p.dims.Skv)) : 0;
+  }
 #pragma unroll 1
   for (int i = c.i_lo, n = 0; i < c.i_hi; ++i, ++n) {
-    const int64_t s0 = c.k0 + int64_t{i} * T::kTileKeys;
+    const int s0 = static_cast<int>(c.k0) + i * T::kTileKeys;  // S_kv < 2^31 (indexer limits)
     if constexpr (T::kTurns) turn.pass_on = wg == 0 || i + 1 < c.i_hi;
     // [4] Masked stores: row t, key s0 + key.
     consume_key_tile<T>(
         s, n, thr, tB, acc, s_w, negative,
         [&](int qi, int key, float v) {
-          const int64_t t = t_wg + qi, sk = s0 + key;
-          if (t < p.dims.Sq && sk < p.dims.Skv) {
-            const int2 rg = s_range[qi];
-            const bool in = sk >= rg.x && sk < rg.y;
-            if (in || !p.in_range_only) p.out[t * p.out_ss + sk] = in ? v : -INFINITY;
-          }
+          const int a = qi >> 2;  // qi = 4 a + t4
+          const int sk = s0 + key;
+          if (sk >= st_lo[a] && sk < st_hi[a])
+            row[a][sk] = sk >= in_lo[a] && sk < in_hi[a] ? v : -INFINITY;
         },
         turn);
   }
