@@ -1,8 +1,9 @@
 // The Hopper (sm_90a) fast path as the dispatcher sees it. Every kernel here has passed its GPU
 // tests on an H200; AUTO takes each one where it measured faster than the portable path
-// (bench/notes-archive), i.e. everywhere except the DSA backward's deterministic mode. Exception,
-// pending its first GPU run: the indexer loss's Hopper attention target (below), which AUTO
-// serves before it was tested or measured.
+// (bench/notes-archive), i.e. everywhere except the DSA backward's deterministic mode. Exceptions,
+// pending their first GPU run: the indexer loss's Hopper attention target (below) and the BSA
+// backward's token masks (bsa_backward_kernel.cuh, BwdTraits::kMask; dense batches), which AUTO
+// serves before they were tested or measured.
 // Compiled only with the Hopper objects (SA_HAVE_SM90): this file calls into src/sm90/*.cu.
 #if SA_HAVE_SM90
 #include <cuda_runtime_api.h>
