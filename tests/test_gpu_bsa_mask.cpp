@@ -1,4 +1,4 @@
-// BSA token masks (SPEC 4) on the portable path (src/sm80) and the Hopper forward (src/sm90),
+// BSA token masks (SPEC 4) on the portable path (src/sm80) and the Hopper kernels (src/sm90),
 // against the fp64 reference through the public API (itself checked against a brute-force dense
 // masked attention on the CPU, test_bsa_mask.cpp). Skipped without a GPU.
 //
@@ -11,12 +11,14 @@
 //    built, on the sm90 forward (name + "Sm90").
 //  * GpuBsaMaskBackward: the same masks with automatic buckets, single owners, split rows
 //    (bucket 2: the fp32 workspace path) and deterministic mode; exact zeros for keys no query
-//    sees and rows that see no key.
-//  * GpuBsaMaskDeterministic: three runs, the same bytes.
+//    sees and rows that see no key. Sm90MatchesReference: every backward case again with
+//    options.impl = sm90 (an sm_90 device and the Hopper path built, else skipped; K and V of
+//    padded keys := NaN): tiles the mask hides skipped, cut tiles banded, the second half of a
+//    128-row block dead on its own.
+//  * GpuBsaMaskDeterministic: three runs, the same bytes (portable; sm90 on an sm_90 device).
 //  * GpuBsaMaskRouting: on an sm_90 device with the Hopper path built, AUTO runs a masked forward
-//    on the sm90 path and a masked backward on the portable path (forcing the sm90 backward with a
-//    mask is SA_ERROR_UNSUPPORTED naming options.mask); the portable backward, fed the sm90
-//    forward's o and lse, matches the reference backward of those same o and lse.
+//    on the sm90 path; the backward under AUTO (sm90) and on the portable path, fed the sm90
+//    forward's o and lse, match the reference backward of those same o and lse.
 #include <cstdint>
 #include <functional>
 #include <ostream>
@@ -120,6 +122,15 @@ const GpuMaskCase kCases[] = {
      mask_spec(SA_MASK_CAUSAL), true, {}, SA_DTYPE_BF16, true},
     {"CausalLongRowsBlock128D64", shape_of(1, 2, 2, 128 * 40, 128 * 40, 64, 128, 40, kBhsd),
      mask_spec(SA_MASK_CAUSAL), true, {}, SA_DTYPE_BF16, true},
+    // Offsets that hide one 64-row half of a 128-row block from a KV block but not the other:
+    // -100 hides the first half of each diagonal block, +100 shows every key of the second half.
+    {"CausalNegativeOffsetBlock128D128GqaDense", shape_of(1, 4, 2, 300, 300, 128, 128, 3, kBhsd),
+     mask_spec(SA_MASK_CAUSAL, true, -100), true},
+    {"CausalPositiveOffsetBlock128D64MqaBshdDense",
+     shape_of(1, 4, 1, 384, 384, 64, 128, 3, kBshd), mask_spec(SA_MASK_CAUSAL, true, 100), true},
+    // A causal MoBA-like pattern (random lists with partial blocks, block 128).
+    {"CausalRandomPartialBlock128D128GqaBshd", shape_of(2, 4, 2, 520, 520, 128, 128, 3, kBshd),
+     mask_spec(SA_MASK_CAUSAL), false, spec_of(true, -1, true, true)},
 };
 
 // A forward case on one implementation: the portable path, or the sm90 forward (run only on an
@@ -192,6 +203,7 @@ std::vector<GpuMaskBwdCase> backward_cases() {
 }
 
 // The problem of a case: GpuBsaBwdProblem (gpu_test_util.hpp) with the case's pattern and mask.
+// sm90: K and V of padded keys := NaN (of the final pattern), as in the sm90 backward suite.
 GpuBsaBwdProblem make_problem(const GpuMaskBwdCase& c, sa_impl impl) {
   GpuBsaBwdCase bc = gpu_bsa_bwd_case(c.name, c.base.shape, c.base.spec, c.bucket,
                                       c.deterministic);
@@ -201,8 +213,11 @@ GpuBsaBwdProblem make_problem(const GpuMaskBwdCase& c, sa_impl impl) {
     std::mt19937_64 rng(std::hash<std::string>{}(c.name) + 1);
     list_all_blocks(c.base.shape, p.pat, rng);
   }
+  if (impl == SA_IMPL_SM90) poison_bsa_padded_keys(c.base.shape, p.pat, p.t);
   return p;
 }
+
+bool sm90_available() { return SA_HAVE_SM90 && device_is_sm90(); }
 
 class GpuBsaMaskBackward : public ::testing::TestWithParam<GpuMaskBwdCase> {};
 
@@ -217,30 +232,52 @@ TEST_P(GpuBsaMaskBackward, MatchesReference) {
   expect_bsa_backward_matches_reference(p, g);
 }
 
+TEST_P(GpuBsaMaskBackward, Sm90MatchesReference) {
+  SA_SKIP_WITHOUT_GPU();
+  if (!sm90_available()) GTEST_SKIP() << "needs an sm_90 device and the sm90 path";
+  GpuBsaBwdProblem p = make_problem(GetParam(), SA_IMPL_SM90);
+  ASSERT_TRUE(p.forward());
+  GpuBsaBwdDevice d(p);
+  ASSERT_TRUE(d.ok());
+  GpuBsaBwdGradients g;
+  ASSERT_TRUE(run_bsa_backward(d, p, SA_IMPL_SM90, &g));
+  expect_bsa_backward_matches_reference(p, g);
+}
+
 INSTANTIATE_TEST_SUITE_P(Cases, GpuBsaMaskBackward, ::testing::ValuesIn(backward_cases()),
                          [](const ::testing::TestParamInfo<GpuMaskBwdCase>& i) {
                            return i.param.name;
                          });
 
-TEST(GpuBsaMaskDeterministic, BitwiseIdenticalOverThreeRuns) {
-  SA_SKIP_WITHOUT_GPU();
-  for (const GpuMaskCase& c : {kCases[1], kCases[10]}) {
+void expect_mask_deterministic(sa_impl impl) {
+  for (const GpuMaskCase& c : {kCases[1], kCases[10], kCases[0]}) {
     SCOPED_TRACE(c.name);
-    GpuBsaBwdProblem p = make_problem({c, 0, true, c.name}, SA_IMPL_PORTABLE);
+    GpuBsaBwdProblem p = make_problem({c, 0, true, c.name}, impl);
     ASSERT_TRUE(p.forward());
     GpuBsaBwdDevice d(p);
     ASSERT_TRUE(d.ok());
     GpuBsaBwdGradients first;
-    ASSERT_TRUE(run_bsa_backward(d, p, SA_IMPL_PORTABLE, &first));
+    ASSERT_TRUE(run_bsa_backward(d, p, impl, &first));
     expect_bsa_backward_matches_reference(p, first);
     for (int run = 1; run < 3; ++run) {
       GpuBsaBwdGradients again;
-      ASSERT_TRUE(run_bsa_backward(d, p, SA_IMPL_PORTABLE, &again));
+      ASSERT_TRUE(run_bsa_backward(d, p, impl, &again));
       EXPECT_TRUE(bitwise_equal(again.dq, first.dq)) << "dq differs on run " << run;
       EXPECT_TRUE(bitwise_equal(again.dk, first.dk)) << "dk differs on run " << run;
       EXPECT_TRUE(bitwise_equal(again.dv, first.dv)) << "dv differs on run " << run;
     }
   }
+}
+
+TEST(GpuBsaMaskDeterministic, BitwiseIdenticalOverThreeRuns) {
+  SA_SKIP_WITHOUT_GPU();
+  expect_mask_deterministic(SA_IMPL_PORTABLE);
+}
+
+TEST(GpuBsaMaskDeterministic, Sm90BitwiseIdenticalOverThreeRuns) {
+  SA_SKIP_WITHOUT_GPU();
+  if (!sm90_available()) GTEST_SKIP() << "needs an sm_90 device and the sm90 path";
+  expect_mask_deterministic(SA_IMPL_SM90);
 }
 
 // ---- routing on Hopper -------------------------------------------------------------------------
@@ -278,7 +315,7 @@ TEST(GpuBsaMaskDeterministic, BitwiseIdenticalOverThreeRuns) {
   return ::testing::AssertionSuccess();
 }
 
-TEST(GpuBsaMaskRouting, AutoForwardSm90BackwardPortable) {
+TEST(GpuBsaMaskRouting, AutoRunsSm90ForwardAndBackward) {
   SA_SKIP_WITHOUT_GPU();
   if (!SA_HAVE_SM90 || !device_is_sm90()) GTEST_SKIP() << "needs an sm_90 device and the sm90 path";
   // Causal block 128 (dense lists: hidden, partial and inside blocks), causal_window block 128
@@ -290,21 +327,20 @@ TEST(GpuBsaMaskRouting, AutoForwardSm90BackwardPortable) {
     sa_impl used = SA_IMPL_AUTO;
     ASSERT_TRUE(gpu_forward_into(p, &used));
     EXPECT_EQ(used, SA_IMPL_SM90);
-    // Backward: AUTO runs the portable path on the sm90 forward's o and lse, and matches the
-    // reference backward of the same o and lse (one LSE convention: natural log, -inf for a row
-    // that sees no key).
+    // Backward: AUTO (the sm90 path for a dense masked batch) and the portable path, on the sm90
+    // forward's o and lse, each match the reference backward of the same o and lse (one LSE
+    // convention: natural log, -inf for a row that sees no key).
     GpuBsaBwdDevice d(p);
     ASSERT_TRUE(d.ok());
-    GpuBsaBwdGradients g;
-    ASSERT_TRUE(run_bsa_backward(d, p, SA_IMPL_PORTABLE, &g));
-    expect_bsa_backward_matches_reference(p, g);
-    // Forcing the sm90 backward with a mask is refused by name.
+    for (sa_impl impl : {SA_IMPL_AUTO, SA_IMPL_PORTABLE}) {
+      GpuBsaBwdGradients g;
+      ASSERT_TRUE(run_bsa_backward(d, p, impl, &g));
+      expect_bsa_backward_matches_reference(p, g);
+    }
     sa_bsa_bwd_args a = d.args(p);
     a.options.impl = SA_IMPL_SM90;
     size_t bytes = 0;
-    EXPECT_EQ(sa_bsa_backward_workspace_size(&a, &bytes), SA_ERROR_UNSUPPORTED);
-    EXPECT_NE(std::string(sa_last_error()).find("options.mask"), std::string::npos)
-        << sa_last_error();
+    EXPECT_EQ(sa_bsa_backward_workspace_size(&a, &bytes), SA_OK) << sa_last_error();
   }
 }
 

@@ -1,6 +1,7 @@
 // Hopper BSA backward, host side: problem checks, the kernel policy (CTA slots, tail order, TMA
 // descriptors, the launches) and the instantiations of bsa_backward_kernel.cuh:
-// {block 64, 128} x {D 64, 128}, bf16. The steps around them are the driver's
+// {block 64, 128} x {D 64, 128}, bf16, and the same four with the token mask (BwdTraits::kMask;
+// dense batches). The steps around them are the driver's
 // (cuda/bsa_backward_driver.hpp); Hopper-specific are step 3, the main kernel, and the dQ
 // conversion launched beside it (bsa_dq_convert.hpp).
 #include "sm90/bsa_backward.hpp"
@@ -17,6 +18,7 @@
 #include "common/cuda_check.hpp"
 #include "common/cuda_device.hpp"
 #include "common/host_numeric.hpp"
+#include "common/narrow.hpp"
 #include "common/tuning.hpp"
 #include "cuda/bsa_backward_driver.hpp"
 #include "cuda/bsa_backward_plan.hpp"
@@ -30,9 +32,9 @@ namespace sa::sm90 {
 namespace {
 
 // ---- the instantiations ------------------------------------------------------------------------
-template <int kBlock, int kHeadDim>
+template <int kBlock, int kHeadDim, bool kMask>
 struct Kernel {
-  using Traits = bwd::BwdTraits<kBlock, kHeadDim>;
+  using Traits = bwd::BwdTraits<kBlock, kHeadDim, kMask>;
   // +1024: the kernel aligns its shared storage to 1024 bytes (128-byte swizzle atoms).
   static constexpr size_t kSmem = sizeof(bwd::SharedStorage<Traits>) + 1024;
   // sm_90: 227 KB per block at most, 228 KB per SM with 1 KB reserved per CTA.
@@ -51,18 +53,21 @@ struct Kernel {
   }
 };
 
+template <bool kMask>
 void dispatch_main(const BsaBwdSm90Params& params, int block, int64_t D, int64_t max_items,
                    cudaStream_t stream) {
-  if (block == 128 && D == 128) return Kernel<128, 128>::launch(params, max_items, stream);
-  if (block == 128 && D == 64) return Kernel<128, 64>::launch(params, max_items, stream);
-  if (block == 64 && D == 128) return Kernel<64, 128>::launch(params, max_items, stream);
-  if (block == 64 && D == 64) return Kernel<64, 64>::launch(params, max_items, stream);
+  if (block == 128 && D == 128) return Kernel<128, 128, kMask>::launch(params, max_items, stream);
+  if (block == 128 && D == 64) return Kernel<128, 64, kMask>::launch(params, max_items, stream);
+  if (block == 64 && D == 128) return Kernel<64, 128, kMask>::launch(params, max_items, stream);
+  if (block == 64 && D == 64) return Kernel<64, 64, kMask>::launch(params, max_items, stream);
   SA_FAIL(SA_ERROR_INTERNAL, "sm90 bsa backward: no kernel for block " << block << ", D " << D);
 }
 
+// The same for a masked call: the mask adds no shared storage.
 size_t main_kernel_smem(int block, int64_t D) {
-  if (block == 128) return D == 128 ? Kernel<128, 128>::kSmem : Kernel<128, 64>::kSmem;
-  return D == 128 ? Kernel<64, 128>::kSmem : Kernel<64, 64>::kSmem;
+  if (block == 128)
+    return D == 128 ? Kernel<128, 128, false>::kSmem : Kernel<128, 64, false>::kSmem;
+  return D == 128 ? Kernel<64, 128, false>::kSmem : Kernel<64, 64, false>::kSmem;
 }
 
 // ---- the policy (cuda/bsa_backward_driver.hpp) --------------------------------------------------
@@ -100,7 +105,18 @@ bool launch_main_kernel(const BsaBwdProblem& p, const portable::BsaBwdPlan& plan
   params.item_order = map.item_order;  // the last waves' launch order (map step 6)
   params.tail_items = map.tail_items;
   params.dq_ready = buf.dq_ready;
-  if (map.max_items > 0) dispatch_main(params, d.block, d.D, map.max_items, stream);
+  // The token mask's band, clamped to [-S_q, S_kv] by validation (int32: S_q, S_kv < 2^31 - 256,
+  // bsa_backward_unsupported). A masked call runs the kMask instantiations; the others have no
+  // mask code.
+  const bool masked = p.meta.mask.on;
+  params.mask_lo = masked ? narrow_i32(p.meta.mask.lo, "mask band lo") : 0;
+  params.mask_hi = masked ? narrow_i32(p.meta.mask.hi, "mask band hi") : 0;
+  if (map.max_items > 0) {
+    if (masked)
+      dispatch_main<true>(params, d.block, d.D, map.max_items, stream);
+    else
+      dispatch_main<false>(params, d.block, d.D, map.max_items, stream);
+  }
   // The conversion beside the kernel waits for the kernel's dq_ready signals; without them (no
   // accumulator, no main kernel, or no SM count to size the grid) step 4 converts.
   const int sms = sm_count(p.device_index);
@@ -127,11 +143,11 @@ constexpr portable::bsa_bwd::KernelPolicy kPolicy = {
 std::string bsa_backward_unsupported(const BsaBwdProblem& p) {
   const BsaDims& d = p.dims;
   std::ostringstream os;
-  // No token mask in the Hopper kernels yet: under AUTO a masked call goes to the portable path;
-  // a forced sm90 call is refused with this reason (docs/bsa.md, "Token masks").
-  if (p.meta.mask.on)
-    return "options.mask (a token mask) is not implemented by the sm90 backward yet; the portable "
-           "path serves it";
+  // Token masks: dense batches only (packed ones are also refused before, in sm90_impl.cpp). The
+  // reverse map drops the block pairs the mask hides entirely; the kernel classifies each 64-row
+  // tile (bsa_backward_kernel.cuh, "Token masks").
+  if (p.meta.varlen())
+    return "packed batches (options.cu_seqlens_q/k) are not implemented by the sm90 backward";
   if (p.dtype != SA_DTYPE_BF16) {
     os << "dtype " << dtype_name(p.dtype) << " (sm90 backward supports bf16)";
     return os.str();

@@ -78,6 +78,17 @@
 //                  reducer bar.arrive empty -> wg bar.sync empty, stores, wg bar.arrive full ->
 //                  reducer bar.sync full, bulk reduction (reducer_main)
 //
+// Token masks (SPEC 4; key s visible to query i iff mask_lo <= s - i <= mask_hi; T::kMask, the
+// masked instantiations only, so the unmasked ones carry no mask code): the reverse map holds no
+// (query block, KV block) pair the mask hides entirely (reverse_map_gpu, BsaMeta::pair_outside).
+// Each 64-row tile is classified against the block's nominal keys [key0, min(key0 + kBlockN,
+// S_kv)) (the same rectangle pair_outside judges, so every entry keeps at least one live tile):
+// outside -> skipped like a tile wholly past S_q, by one predicate (tile_live) that the producer,
+// the reducer warp and the consumers' walk (next_live) all evaluate, so no stage, barrier phase or
+// bulk group is spent on it; partial -> [3] selects P^T = 0 where the band hides the pair (so
+// dS^T = P^T (dP^T - delta) = 0 there too, and dV, dK, dQ get nothing from it); inside -> no mask
+// math. Rows that see no key have lse2 = +inf (preprocess): P = exp2(min(-inf, 0)) = 0, no NaN.
+//
 // Memory safety: Q/dO rows >= S_q are zero (TMA fill) and have lse2 = +inf, delta = 0 (preprocess)
 // so their P, dS are exactly 0 (a tile wholly past S_q is skipped, never loaded); K rows >= valid
 // are zeroed in shared memory before any GEMM (they are the B operand of dQ); P and dS of padded
@@ -138,6 +149,9 @@ struct BsaBwdSm90Params {
   FastDivisor nq_div;  // entry / N_q = the entry's query head in the group
   float scale;       // softmax scale (dK factor; dQ is scaled by the conversion pass)
   float scale_log2;  // scale * log2(e)
+  // The token mask's band (T::kMask instantiations only): key s visible to query i iff
+  // mask_lo <= s - i <= mask_hi (meta.mask, clamped to [-S_q, S_kv] by validation).
+  int32_t mask_lo, mask_hi;
 };
 
 namespace bwd {
@@ -158,9 +172,10 @@ constexpr uint32_t kDqEmptyBarrier0 = 5;  // + wg: reducer -> wg: its staging ma
 constexpr uint32_t kDqFullBarrier0 = 7;   // + wg: wg -> reducer: its staging is written
 constexpr uint32_t kDqHandoffThreads = 128 + 32;
 
-template <int kBlockN_, int kHeadDim_>
+template <int kBlockN_, int kHeadDim_, bool kMask_ = false>
 struct BwdTraits {
   using Element = cutlass::bfloat16_t;
+  static constexpr bool kMask = kMask_;       // the token mask's tile classification and band
   static constexpr int kBlockN = kBlockN_;    // keys per CTA = the block size
   static constexpr int kBlockM = 64;          // query rows per tile
   static constexpr int kHeadDim = kHeadDim_;  // D = D_v
@@ -273,6 +288,29 @@ __device__ __forceinline__ void tile_rows(const BsaBwdSm90Params& p, const Item&
   entry_rows<T>(p, it, p.entries[it.begin + t / T::kTilesPerEntry], t, h, row0);
 }
 
+// The token mask's class of the tile at first query row row0 (< S_q) against the item's KV block,
+// judged on the block's nominal keys [key0, min(key0 + kBlockN, S_kv)), as the reverse map's
+// BsaMeta::pair_outside judges the whole block (padded keys < S_kv are selected away at [3]).
+// int32 throughout: rows < Sq_pad, keys < Skv_pad and the band in [-S_q, S_kv].
+template <class T>
+__device__ __forceinline__ MaskClass tile_mask_class(const BsaBwdSm90Params& p, const Item& it,
+                                                     int row0) {
+  const int r1 = min(row0 + T::kBlockM, p.Sq) - 1;
+  const int k1 = min(it.key0 + T::kBlockN, p.Skv) - 1;
+  return classify_tile<int>(row0, r1, it.key0, k1, p.mask_lo, p.mask_hi);
+}
+
+// Does the tile at first query row row0 add anything? Not when it lies wholly past S_q (only the
+// second half of a 128-row block can) or, with a token mask, when the mask hides it from the
+// whole KV block. The one test of the producer, the reducer warp and the consumers' walk: a tile
+// it rejects takes no Q / dO stage, no dQ hand-off and no GEMM.
+template <class T>
+__device__ __forceinline__ bool tile_live(const BsaBwdSm90Params& p, const Item& it, int row0) {
+  if (row0 >= p.Sq) return false;
+  if constexpr (T::kMask) return tile_mask_class<T>(p, it, row0) != MaskClass::kOutside;
+  return true;
+}
+
 // ---- producer (lane 0 of warp 0) ----------------------------------------------------------------
 template <class T>
 __device__ __forceinline__ void producer_main(const BsaBwdSm90Params& p, SharedStorage<T>& s,
@@ -296,7 +334,7 @@ __device__ __forceinline__ void producer_main(const BsaBwdSm90Params& p, SharedS
   for (int t = 0; t < it.num_tiles; ++t) {
     int h, row0;
     tile_rows<T>(p, it, t, h, row0);
-    if (row0 >= p.Sq) continue;  // a tile wholly past S_q (the consumers skip it too)
+    if (!tile_live<T>(p, it, row0)) continue;  // past S_q or masked out (the consumers skip it too)
     mbarrier_wait(&s.q_empty[stage], phase ^ 1);
     mbarrier_arrive_expect_tx(&s.q_full[stage], 2 * T::kQTileBytes);
     typename T::Element* q_dst = s.q + stage * T::kBlockM * T::kHeadDim;
@@ -314,8 +352,8 @@ __device__ __forceinline__ void producer_main(const BsaBwdSm90Params& p, SharedS
 }
 
 // ---- reducer (warp 1 of the producer warpgroup; T::kReducerWarp, with a dQ accumulator) --------
-// Per live tile (the consumers' walk: tiles wholly past S_q are skipped by both, by the same
-// test as the producer's), for each consumer warpgroup w, in this order:
+// Per live tile (tile_live: tiles wholly past S_q or masked out are skipped by the consumers and
+// the producer, by the same test), for each consumer warpgroup w, in this order:
 //   1. lane 0 waits (cp.async.bulk.wait_group.read) until w's reduction of the previous tile has
 //      read the staging (tile 0: none pending, the staging's initial "free"), then the warp
 //      bar.arrives on kDqEmptyBarrier0 + w (160: this warp's 32 + w's 128 threads, which bar.sync
@@ -341,7 +379,7 @@ __device__ __forceinline__ void reducer_main(const BsaBwdSm90Params& p, SharedSt
   for (int t = 0; t < it.num_tiles; ++t) {
     int h, row0;
     tile_rows<T>(p, it, t, h, row0);
-    if (row0 >= p.Sq) continue;  // a tile wholly past S_q (the consumers skip it too)
+    if (!tile_live<T>(p, it, row0)) continue;  // past S_q or masked out (the consumers skip it too)
     float* tile = p.dq_accum + ((static_cast<int64_t>(it.b) * p.Hq + h) * p.Sq_pad + row0) *
                                    T::kHeadDim;
 #pragma unroll
@@ -459,6 +497,11 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
   // Keys (rows of S^T) of this thread: frag key k_r = wg*64 + frag_row + 8 r is padded when
   // k_r >= valid.
   const int key_lim = it.valid - (wg * 64 + frag_row);
+  // The token mask (T::kMask): this warpgroup's nominal keys [band_k0, band_k1] (none when the
+  // block ends before them: every P^T is then 0 by key_lim alone).
+  [[maybe_unused]] const int band_k0 = it.key0 + wg * 64;
+  [[maybe_unused]] const int band_k1 = min(band_k0 + 64, p.Skv) - 1;
+  [[maybe_unused]] const bool band_keys_ok = band_k0 <= band_k1;
   const float scale_log2 = p.scale_log2;
   // Deterministic mode leaves dQ to the query-major pass (no accumulator): [6] and [7] skipped.
   const bool with_dq = p.dq_accum != nullptr;
@@ -473,20 +516,39 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
   static_assert(kTpe == 1 || kTpe == 2, "next_live skips only a 128-row block's second half");
   const int n_entries = it.num_tiles / kTpe;
   const auto load_entry = [&](int i) { return i < n_entries ? p.entries[it.begin + i] : 0; };
-  // The first tile after t that is not wholly past S_q (only the second half of a 128-row block
-  // can be, when the block is the last one) and its entry; num_tiles when none.
+  // The first live tile after tc (tile_live) and its entry; num_tiles when none. Without a mask
+  // only the second half of a 128-row block can be dead (past S_q, when the block is the last
+  // one). With a mask either half can be, but never both halves of an entry (the reverse map
+  // judges the same rectangle, and two halves' rectangles cover the block's), so the walk stays
+  // within e_cur and e_nxt; other entries (a map outside that contract) are read from global
+  // memory, so that the walk still agrees with the producer's and the reducer's.
   const auto next_live = [&](int tc, int e_cur, int e_nxt, int& e) {
-    int tn = tc + 1;
-    e = tn % kTpe == 0 ? e_nxt : e_cur;
-    if (kTpe == 2 && tn % 2 == 1) {
-      int hh, rr;
-      entry_rows<T>(p, it, e, tn, hh, rr);
-      if (rr >= p.Sq) {
-        ++tn;
-        e = e_nxt;
+    if constexpr (!T::kMask) {
+      int tn = tc + 1;
+      e = tn % kTpe == 0 ? e_nxt : e_cur;
+      if (kTpe == 2 && tn % 2 == 1) {
+        int hh, rr;
+        entry_rows<T>(p, it, e, tn, hh, rr);
+        if (rr >= p.Sq) {
+          ++tn;
+          e = e_nxt;
+        }
       }
+      return min(tn, it.num_tiles);
+    } else {
+      // tc = -1: the walk's start (e_cur = entry 0, e_nxt = entry 1).
+      const int cur = tc < 0 ? 0 : tc / kTpe;
+      int tn = tc + 1;
+#pragma unroll 1
+      for (; tn < it.num_tiles; ++tn) {
+        const int blk = tn / kTpe;
+        e = blk == cur ? e_cur : (blk == cur + 1 ? e_nxt : load_entry(blk));
+        int hh, rr;
+        entry_rows<T>(p, it, e, tn, hh, rr);
+        if (tile_live<T>(p, it, rr)) break;
+      }
+      return tn;
     }
-    return min(tn, it.num_tiles);
   };
   // This thread's value of the stats of the tile at (query head hh, first row rr): lse2
   // (wtid < 64) or delta of row wtid % 64.
@@ -499,8 +561,18 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
   const uint32_t stats_addr = smem_u32(&s.stats[wg][0][0]);
   constexpr uint32_t kStatsBufBytes = 2 * T::kBlockM * 4;
   int buf = 0;  // buffer of this tile's values
-  int t = 0, h = 0, row0 = 0;  // tile 0 is never wholly past S_q
+  int t = 0, h = 0, row0 = 0;  // without a mask, tile 0 is never wholly past S_q
   int e_cur = load_entry(0), e_nxt = load_entry(1);
+  if constexpr (T::kMask) {
+    // The first live tile (the token mask may hide the first half of block 0's rows). It lies in
+    // entry 0 or 1 (see next_live); entry 1 then becomes the current one.
+    int e0 = e_cur;
+    t = next_live(-1, e_cur, e_nxt, e0);
+    if (t / kTpe != 0) {
+      e_cur = e0;
+      e_nxt = load_entry(t / kTpe + 1);
+    }
+  }
   if (t < it.num_tiles) {
     entry_rows<T>(p, it, e_cur, t, h, row0);
     st_shared_u32(stats_addr + 4 * wtid, __float_as_uint(*stat_ptr(h, row0)));
@@ -619,15 +691,56 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
       warpgroup_wait<1>();
       warpgroup_fence_operand(tSrS);
     }
-    CUTE_UNROLL
-    for (int j = 0; j < kColPairs; ++j) {
-      const float2 l2 = kLse2Early ? l2v[j] : ld_shared_f32x2(lse2_cols + 32 * j);
+    // Element i = 4 j + u of this thread is key wg*64 + frag_row + 8 (u / 2) (valid below
+    // key_lim) and query row 8 j + frag_col + u % 2 of the tile. kBand (the token mask cuts or
+    // hides the warpgroup's 64 x 64 part of the tile): also 0 where the band hides the pair.
+    // With d_r = key - row of the thread's key row r = u / 2 and row 8 j + frag_col, and
+    // c = 8 j + u % 2, d = d_r - c, so lo <= d <= hi is band_lo[r] >= c && band_hi[r] >= -c
+    // (band_lo[r] = d_r - lo, band_hi[r] = hi - d_r, clamped to +-128 as c lies in [0, 63];
+    // band_lo[r] = -128 for a padded key): two compares with immediates per element, which
+    // replace key_lim's.
+    int band_lo[2] = {0, 0}, band_hi[2] = {0, 0};
+    const auto probabilities = [&](auto band_tag) {
+      constexpr bool kBand = decltype(band_tag)::value;
       CUTE_UNROLL
-      for (int u = 0; u < 4; ++u) {
-        const int i = 4 * j + u;
-        const float x = exp2_prob(fmaf(tSrS(i), scale_log2, -(u % 2 == 0 ? l2.x : l2.y)));
-        tSrS(i) = 8 * (u / 2) < key_lim ? x : 0.f;
+      for (int j = 0; j < kColPairs; ++j) {
+        const float2 l2 = kLse2Early ? l2v[j] : ld_shared_f32x2(lse2_cols + 32 * j);
+        CUTE_UNROLL
+        for (int u = 0; u < 4; ++u) {
+          const int i = 4 * j + u;
+          const float x = exp2_prob(fmaf(tSrS(i), scale_log2, -(u % 2 == 0 ? l2.x : l2.y)));
+          bool keep;
+          if constexpr (kBand) {
+            const int c = 8 * j + u % 2;  // a constant once unrolled
+            keep = band_lo[u / 2] >= c && band_hi[u / 2] >= -c;
+          } else {
+            keep = 8 * (u / 2) < key_lim;
+          }
+          tSrS(i) = keep ? x : 0.f;
+        }
       }
+    };
+    if constexpr (T::kMask) {
+      // Judged on this warpgroup's 64 keys (warpgroup-uniform): at block 128 a causal diagonal
+      // block's second half is inside for warpgroup 0, its first half hidden for warpgroup 1.
+      if (band_keys_ok && classify_tile<int>(row0, min(row0 + T::kBlockM, p.Sq) - 1, band_k0,
+                                             band_k1, p.mask_lo, p.mask_hi) != MaskClass::kInside) {
+        const auto clamp128 = [](int64_t x) {
+          return static_cast<int>(x < -128 ? -128 : (x > 128 ? 128 : x));
+        };
+        CUTE_UNROLL
+        for (int r = 0; r < 2; ++r) {
+          const int64_t d_r =
+              static_cast<int64_t>(it.key0 + wg * 64 + frag_row + 8 * r) - (row0 + frag_col);
+          band_lo[r] = 8 * r < key_lim ? clamp128(d_r - p.mask_lo) : -128;
+          band_hi[r] = clamp128(p.mask_hi - d_r);
+        }
+        probabilities(cute::true_type{});
+      } else {
+        probabilities(cute::false_type{});
+      }
+    } else {
+      probabilities(cute::false_type{});
     }
     convert_p(tSrS, tKVrP);
     // [4] issued before dP^T is waited for: the fp32 S^T dies here, so S^T and dP^T are never
@@ -743,7 +856,9 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     stage = stage_next;
     phase = phase_next;
     if (new_block) {
-      e_cur = e_nxt;
+      // With a mask the walk may pass over a dead entry only outside the map's contract
+      // (next_live); e_next is the new block's entry either way.
+      e_cur = T::kMask ? e_next : e_nxt;
       e_nxt = ahead < n_entries ? static_cast<int>(ld_shared_u32(ahead_addr)) : 0;
     }
     buf ^= 1;

@@ -2,8 +2,9 @@
 // tests on an H200; AUTO takes each one where it measured faster than the portable path
 // (bench/notes-archive), i.e. everywhere except the DSA backward's deterministic mode. Exceptions,
 // pending their first GPU run: the indexer loss's Hopper attention target (below) and the BSA
-// forward's token masks (bsa_forward_kernel.cuh, FwdTraits::kMasked), which AUTO serves before
-// they were tested or measured.
+// forward's and backward's token masks (bsa_forward_kernel.cuh, FwdTraits::kMasked;
+// bsa_backward_kernel.cuh, BwdTraits::kMask; dense batches), which AUTO serves before they were
+// tested or measured.
 // Compiled only with the Hopper objects (SA_HAVE_SM90): this file calls into src/sm90/*.cu.
 #if SA_HAVE_SM90
 #include <cuda_runtime_api.h>
