@@ -1,19 +1,23 @@
 // GPU tests of BSA packed batches (SPEC 4; skip without a GPU).
 //
-// The portable forward takes packed batches, gated: AUTO refuses them naming the gate, forced
-// SA_IMPL_PORTABLE runs them. Cases compare the forward against the fp64 reference on the same
-// packed problem (fp64 copies of the inputs): empty sequences, sequences shorter than a block,
-// partial blocks, S_q != S_kv per sequence, queries without keys, MHA / GQA / MQA, every mask,
-// rows of N_q_max past every sequence, NaN-poisoned outputs with NaN padding and guards that must
-// come back untouched. A captured graph replays with new cu_seqlens and metadata values (grids
-// depend on shapes only). The backward and the sm90 path still refuse by name.
+// The portable forward and the Hopper (sm90) forward take packed batches; AUTO prefers the sm90
+// one on an sm_90 device. Every case runs on both (the sm90 ones named + "Sm90", skipped unless
+// the device is sm_90 and the Hopper path is built), against the fp64 reference on the same
+// packed problem (fp64 copies of the inputs): empty sequences, one-token sequences, sequences
+// shorter than a block, partial blocks, S_q != S_kv per sequence, queries without keys, MHA / GQA
+// / MQA, every mask, block 64 and 128, rows of N_q_max past every sequence, rows listing more
+// than 32 blocks, NaN-poisoned outputs with NaN padding and guards that must come back
+// untouched. A captured graph replays with new cu_seqlens and metadata values (grids depend on
+// shapes only), on both forwards. The backward still refuses by name on every CUDA path.
 //
-// Filters: GpuBsaVarlen.* and GpuBsaVarlen/GpuBsaVarlenForward.*  (both match *GpuBsaVarlen*)
+// Filters: GpuBsaVarlen.* and GpuBsaVarlen/GpuBsaVarlenForward.*  (both match *GpuBsaVarlen*);
+// the sm90 cases alone: '*GpuBsaVarlen*Sm90*'.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <ostream>
 #include <random>
 #include <string>
 #include <vector>
@@ -23,6 +27,10 @@
 #include "sparse_attention/sparse_attention.h"
 #include "sparse_attention/sparse_attention.hpp"
 
+#ifndef SA_HAVE_SM90  // set by CMake like the library's
+#define SA_HAVE_SM90 0
+#endif
+
 namespace {
 
 namespace sa_cpp = sparse_attention;
@@ -31,6 +39,8 @@ using sa_test::DeviceTensor;
 using sa_test::HostTensor;
 using sa_test::Packed;
 using sa_test::VarlenCase;
+
+bool sm90_runs() { return SA_HAVE_SM90 && sa_test::device_is_sm90(); }
 
 // The device copies of a packed problem's forward tensors: q, k, v, o with `pad` NaN elements
 // past every row, o and lse followed by NaN guards.
@@ -150,14 +160,45 @@ std::vector<VarlenCase> forward_cases() {
   h.window_left = 30;
   h.window_right = 30;
   v.push_back(h);
+  // Block 128: empty and one-token sequences between long ones, causal (each sequence's own
+  // offset), GQA, and partial last blocks whose next rows belong to the next sequence.
+  v.push_back(gpu_case("gqa_mixed_causal_b128_d128", {1, 0, 300, 129, 1, 0, 255},
+                       {1, 5, 300, 129, 200, 0, 256}, 4, 2, 128, 128, SA_MASK_CAUSAL));
+  // Block 128 without a mask (the band [-sq, skv]), D 64, fp16, an empty last sequence.
+  VarlenCase n = gpu_case("mha_fp16_none_b128_d64", {130, 1, 256, 0}, {250, 3, 128, 0}, 2, 2, 64,
+                          128, SA_MASK_NONE);
+  n.dtype = SA_DTYPE_FP16;
+  v.push_back(n);
+  // Rows listing more than 32 KV blocks (the walkers' second chunk), block 64, causal, with an
+  // empty sequence before it and one token after it.
+  v.push_back(gpu_case("gqa_long_rows_causal_b64_d128", {0, 70, 1}, {64, 64 * 40 + 17, 1}, 4, 1,
+                       128, 64, SA_MASK_CAUSAL));
   return v;
 }
 
-class GpuBsaVarlenForward : public ::testing::TestWithParam<VarlenCase> {};
+// A forward case on one implementation: the portable forward, or the sm90 one (name + "Sm90").
+struct ImplCase {
+  VarlenCase c;
+  sa_impl impl;
+  std::string name;
+};
+void PrintTo(const ImplCase& c, std::ostream* os) { *os << c.name; }
 
-TEST_P(GpuBsaVarlenForward, PortableMatchesReference) {
+std::vector<ImplCase> impl_cases() {
+  std::vector<ImplCase> out;
+  for (const VarlenCase& c : forward_cases()) out.push_back({c, SA_IMPL_PORTABLE, c.name});
+  for (const VarlenCase& c : forward_cases()) out.push_back({c, SA_IMPL_SM90, c.name + "Sm90"});
+  return out;
+}
+
+class GpuBsaVarlenForward : public ::testing::TestWithParam<ImplCase> {};
+
+TEST_P(GpuBsaVarlenForward, MatchesReference) {
   SA_SKIP_WITHOUT_GPU();
-  const VarlenCase& c = GetParam();
+  const sa_impl impl = GetParam().impl;
+  if (impl == SA_IMPL_SM90 && !sm90_runs())
+    GTEST_SKIP() << "needs an sm_90 device and the sm90 path";
+  const VarlenCase& c = GetParam().c;
   std::mt19937_64 rng(std::hash<std::string>{}(c.name));
   Packed p(c, rng);
   DeviceForward d(p, 8);
@@ -165,21 +206,22 @@ TEST_P(GpuBsaVarlenForward, PortableMatchesReference) {
   ASSERT_TRUE(d.poison(nullptr));
   sa_cpp::BsaForwardArgs a;
   d.args(a, p, c);
-  a.options.impl = SA_IMPL_PORTABLE;
+  a.options.impl = impl;
   sa_impl used = SA_IMPL_AUTO;
   sa_context ctx = sa_context_default();
   ctx.impl_used = &used;
   ASSERT_EQ(sa_bsa_forward(&a, &ctx), SA_OK) << sa_last_error();
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_EQ(used, SA_IMPL_PORTABLE);
+  EXPECT_EQ(used, impl);
   expect_forward_matches(d, p, c);
 }
 
-INSTANTIATE_TEST_SUITE_P(GpuBsaVarlen, GpuBsaVarlenForward, ::testing::ValuesIn(forward_cases()),
-                         [](const ::testing::TestParamInfo<VarlenCase>& i) { return i.param.name; });
+INSTANTIATE_TEST_SUITE_P(GpuBsaVarlen, GpuBsaVarlenForward, ::testing::ValuesIn(impl_cases()),
+                         [](const ::testing::TestParamInfo<ImplCase>& i) { return i.param.name; });
 
-// Forced sm90 and every backward refuse by name, writing nothing; AUTO runs the portable forward.
-TEST(GpuBsaVarlen, AutoRunsThePortableForwardOtherPathsRefuseByName) {
+// AUTO runs the sm90 forward on an sm_90 device (else the portable one); forced sm90 with
+// options.validate and every backward refuse by name, writing nothing.
+TEST(GpuBsaVarlen, AutoPrefersSm90ForwardBackwardRefusesByName) {
   SA_SKIP_WITHOUT_GPU();
   const VarlenCase c = gpu_case("gate", {70, 60}, {70, 60}, 2, 2, 64, 64, SA_MASK_NONE);
   std::mt19937_64 rng(1);
@@ -191,10 +233,12 @@ TEST(GpuBsaVarlen, AutoRunsThePortableForwardOtherPathsRefuseByName) {
     sa_cpp::BsaForwardArgs a;
     d.args(a, p, c);
     a.options.impl = SA_IMPL_SM90;
+    a.options.validate = 1;
     const sa_cpp::Status st = sa_cpp::bsa_forward(a);
     EXPECT_EQ(st.code(), SA_ERROR_UNSUPPORTED) << st.to_string();
-    EXPECT_NE(st.message().find("packed batches (options.cu_seqlens_q/k)"), std::string::npos)
-        << st.message();
+    // Checked before the device: the same reason on every machine with the sm90 path built.
+    const char* why = SA_HAVE_SM90 ? "options.validate with packed batches" : "sm90";
+    EXPECT_NE(st.message().find(why), std::string::npos) << st.message();
   }
   HostTensor o(p.o.dtype(), p.o.shape());
   ASSERT_TRUE(d.o.download(o));
@@ -203,14 +247,21 @@ TEST(GpuBsaVarlen, AutoRunsThePortableForwardOtherPathsRefuseByName) {
     sa_cpp::BsaForwardArgs a;
     d.args(a, p, c);
     a.options.impl = SA_IMPL_AUTO;
-    const sa_cpp::Status st = sa_cpp::bsa_forward(a);
-    EXPECT_EQ(st.code(), SA_OK) << st.to_string();
+    sa_impl used = SA_IMPL_AUTO;
+    sa_context ctx = sa_context_default();
+    ctx.impl_used = &used;
+    ASSERT_EQ(sa_bsa_forward(&a, &ctx), SA_OK) << sa_last_error();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(used, sm90_runs() ? SA_IMPL_SM90 : SA_IMPL_PORTABLE);
+    expect_forward_matches(d, p, c);
   }
 
   // The backward: not implemented for packed batches on any CUDA path yet.
   DeviceTensor dout(p.dout, 0, 0), dq(p.dq, 0, 0), dk(p.dk, 0, 0), dv(p.dv, 0, 0);
   ASSERT_TRUE(dout.ok() && dq.ok() && dk.ok() && dv.ok());
-  for (sa_impl impl : {SA_IMPL_AUTO, SA_IMPL_PORTABLE}) {
+  std::vector<sa_impl> impls = {SA_IMPL_AUTO, SA_IMPL_PORTABLE};
+  if (SA_HAVE_SM90) impls.push_back(SA_IMPL_SM90);
+  for (sa_impl impl : impls) {
     SCOPED_TRACE(sa_impl_name(impl));
     sa_cpp::BsaForwardArgs f;
     d.args(f, p, c);
@@ -235,9 +286,15 @@ TEST(GpuBsaVarlen, AutoRunsThePortableForwardOtherPathsRefuseByName) {
 }
 
 // A graph captured on one set of offsets replays correctly with others of the same shapes: the
-// launch reads cu_seqlens on the device only.
-TEST(GpuBsaVarlen, GraphReplaysWithNewOffsets) {
+// launch reads cu_seqlens on the device only (the portable forward and the sm90 one, whose TMA
+// descriptors describe the packed tensors by shape).
+class GpuBsaVarlenGraph : public ::testing::TestWithParam<sa_impl> {};
+
+TEST_P(GpuBsaVarlenGraph, ReplaysWithNewOffsets) {
   SA_SKIP_WITHOUT_GPU();
+  const sa_impl impl = GetParam();
+  if (impl == SA_IMPL_SM90 && !sm90_runs())
+    GTEST_SKIP() << "needs an sm_90 device and the sm90 path";
   VarlenCase c = gpu_case("replay_a", {100, 60}, {80, 90}, 4, 2, 64, 64, SA_MASK_CAUSAL);
   std::mt19937_64 rng(5);
   Packed p(c, rng);
@@ -247,7 +304,7 @@ TEST(GpuBsaVarlen, GraphReplaysWithNewOffsets) {
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   sa_cpp::BsaForwardArgs a;
   d.args(a, p, c);
-  a.options.impl = SA_IMPL_PORTABLE;
+  a.options.impl = impl;
   sa_context ctx = sa_context_default();
   ctx.stream = stream;
   cudaGraph_t graph = nullptr;
@@ -278,5 +335,11 @@ TEST(GpuBsaVarlen, GraphReplaysWithNewOffsets) {
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
 }
+
+INSTANTIATE_TEST_SUITE_P(GpuBsaVarlen, GpuBsaVarlenGraph,
+                         ::testing::Values(SA_IMPL_PORTABLE, SA_IMPL_SM90),
+                         [](const ::testing::TestParamInfo<sa_impl>& i) {
+                           return std::string(i.param == SA_IMPL_SM90 ? "Sm90" : "Portable");
+                         });
 
 }  // namespace

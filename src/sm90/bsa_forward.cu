@@ -2,7 +2,8 @@
 // instantiations of the kernel in bsa_forward_kernel.cuh: {block 64, 128} x {D 64, 128} x
 // {bf16, fp16}, plus the split-KV mode's four bf16 ones (chosen automatically when the query
 // blocks cannot fill the GPU; see forward_splits), plus the token mask's eight (the same axes,
-// FwdTraits::kMasked; dense batches, no split-KV).
+// FwdTraits::kMasked; dense batches, no split-KV), plus the packed batches' eight (the same axes,
+// FwdTraits::kVarlen, on the masked kernel's filtered walk; with or without a mask, no split-KV).
 #include "sm90/bsa_forward.hpp"
 
 #include <cuda.h>
@@ -28,11 +29,13 @@
 namespace sa::sm90 {
 namespace {
 
-template <int kBlock, int kHeadDim, class Element, bool kSplit = false, bool kMasked = false>
+template <int kBlock, int kHeadDim, class Element, bool kSplit = false, bool kMasked = false,
+          bool kVarlen = false>
 void launch(const BsaFwdSm90Params& params, cudaStream_t stream) {
-  using Traits = FwdTraits<kBlock, kHeadDim, Element, kSplit, kMasked>;
+  using Traits = FwdTraits<kBlock, kHeadDim, Element, kSplit, kMasked, kVarlen>;
   // +1024: the kernel aligns its shared storage to 1024 bytes (128-byte swizzle atoms).
   constexpr size_t kSmem = sizeof(SharedStorage<Traits>) + 1024;
+  static_assert(kSmem <= 227 * 1024, "shared storage exceeds an sm_90 block's opt-in maximum");
   auto* kernel = &bsa_forward_sm90_kernel<Traits>;
   int device = 0;
   SA_CUDA_CHECK(cudaGetDevice(&device));
@@ -48,18 +51,18 @@ void launch(const BsaFwdSm90Params& params, cudaStream_t stream) {
   SA_CUDA_CHECK_LAUNCH();
 }
 
-template <class Element, bool kSplit = false, bool kMasked = false>
+template <class Element, bool kSplit = false, bool kMasked = false, bool kVarlen = false>
 void launch_for(const BsaDims& d, const BsaFwdSm90Params& params, cudaStream_t stream) {
   if (d.block == 128) {
     if (d.D == 128)
-      launch<128, 128, Element, kSplit, kMasked>(params, stream);
+      launch<128, 128, Element, kSplit, kMasked, kVarlen>(params, stream);
     else
-      launch<128, 64, Element, kSplit, kMasked>(params, stream);
+      launch<128, 64, Element, kSplit, kMasked, kVarlen>(params, stream);
   } else {
     if (d.D == 128)
-      launch<64, 128, Element, kSplit, kMasked>(params, stream);
+      launch<64, 128, Element, kSplit, kMasked, kVarlen>(params, stream);
     else
-      launch<64, 64, Element, kSplit, kMasked>(params, stream);
+      launch<64, 64, Element, kSplit, kMasked, kVarlen>(params, stream);
   }
 }
 
@@ -86,10 +89,11 @@ int auto_splits(const BsaFwdProblem& p) {
 }
 
 // How many slices of each row's block list the forward runs as separate tiles (1: no split-KV).
-// bf16 without a token mask only (its instantiations). The rule above, unless the internal tuning
-// (Tuning::sm90_fwd_splits, set by the bench and tests only) names a count in [1, 16].
+// bf16 dense batches without a token mask only (its instantiations). The rule above, unless the
+// internal tuning (Tuning::sm90_fwd_splits, set by the bench and tests only) names a count in
+// [1, 16].
 int forward_splits(const BsaFwdProblem& p) {
-  if (p.dtype != SA_DTYPE_BF16 || p.meta.mask.on) return 1;
+  if (p.dtype != SA_DTYPE_BF16 || p.meta.mask.on || p.meta.varlen()) return 1;
   const int32_t forced = detail::tuning().sm90_fwd_splits;
   const int n = forced <= 0 ? auto_splits(p) : forced;
   return std::clamp(n, 1, kMaxSplits);
@@ -107,7 +111,6 @@ size_t split_workspace_bytes(const BsaDims& d, int splits) {
 std::string bsa_forward_unsupported(const BsaFwdProblem& p) {
   const BsaDims& d = p.dims;
   std::ostringstream os;
-  // Token masks: dense batches only (packed ones are refused before, in sm90_impl.cpp).
   if (p.dtype != SA_DTYPE_BF16 && p.dtype != SA_DTYPE_FP16) {
     os << "dtype " << dtype_name(p.dtype) << " (sm90 forward supports bf16, fp16)";
     return os.str();
@@ -127,17 +130,26 @@ std::string bsa_forward_unsupported(const BsaFwdProblem& p) {
        << ")";
     return os.str();
   }
+  // Packed batches: N_q_max is the metadata's own dim; a query block's first row (m * block, int32
+  // in the kernel) must not wrap.
+  if (p.meta.varlen() && d.Nq > kMaxSeq / d.block) {
+    os << "N_q_max = " << d.Nq << " (sm90 forward supports N_q_max * block_size <= " << kMaxSeq
+       << ")";
+    return os.str();
+  }
   if (d.B > kMaxInt || d.Hq > kMaxInt || d.B * d.Hq * d.Nq > kMaxInt) {
     os << "B * H_q * N_q = " << d.B * d.Hq * d.Nq << " work tiles (sm90 forward supports at most "
        << kMaxInt << ")";
     return os.str();
   }
-  for (std::string why : {check_tma_tensor("q", p.q, d.B, d.Hq, d.Sq),
-                          check_tma_tensor("k", p.k, d.B, d.Hkv, d.Skv),
-                          check_tma_tensor("v", p.v, d.B, d.Hkv, d.Skv)}) {
+  // Packed batches: [T, H, D] tensors (sb = 0), described as one batch entry of T tokens.
+  const int64_t tensor_b = p.meta.varlen() ? 1 : d.B;
+  for (std::string why : {check_tma_tensor("q", p.q, tensor_b, d.Hq, d.Sq),
+                          check_tma_tensor("k", p.k, tensor_b, d.Hkv, d.Skv),
+                          check_tma_tensor("v", p.v, tensor_b, d.Hkv, d.Skv)}) {
     if (!why.empty()) return why;
   }
-  const std::string o = portable::check_tensor_addressing("o", p.o, d.B, d.Hq, d.Sq);
+  const std::string o = portable::check_tensor_addressing("o", p.o, tensor_b, d.Hq, d.Sq);
   if (!o.empty()) return o;
   if (p.lse == nullptr) return "lse is missing";
   return "";
@@ -155,9 +167,14 @@ void bsa_forward(const BsaFwdProblem& p, void* workspace, size_t workspace_bytes
 
   BsaFwdSm90Params params{};
   constexpr const char* kOp = "sm90 bsa_forward";
-  params.tma_q = make_tensor_map(kOp, "q", p.q, d.B, d.Hq, d.Sq, d.D, d.block, p.dtype);
-  params.tma_k = make_tensor_map(kOp, "k", p.k, d.B, d.Hkv, d.Skv, d.D, d.block, p.dtype);
-  params.tma_v = make_tensor_map(kOp, "v", p.v, d.B, d.Hkv, d.Skv, d.Dv, d.block, p.dtype);
+  // Packed batches: (D, T, H, 1), every sequence's rows at its offset along T (the kernel reads
+  // the offsets on the device; the descriptors depend on shapes only, so a captured graph replays
+  // with new cu_seqlens values).
+  const bool packed = p.meta.varlen();
+  const int64_t tensor_b = packed ? 1 : d.B;
+  params.tma_q = make_tensor_map(kOp, "q", p.q, tensor_b, d.Hq, d.Sq, d.D, d.block, p.dtype);
+  params.tma_k = make_tensor_map(kOp, "k", p.k, tensor_b, d.Hkv, d.Skv, d.D, d.block, p.dtype);
+  params.tma_v = make_tensor_map(kOp, "v", p.v, tensor_b, d.Hkv, d.Skv, d.Dv, d.block, p.dtype);
   params.o = p.o;
   params.lse = p.lse;
   for (int i = 0; i < 3; ++i) params.lse_stride[i] = p.lse_stride[i];
@@ -171,8 +188,11 @@ void bsa_forward(const BsaFwdProblem& p, void* workspace, size_t workspace_bytes
   params.scale_log2 = scale_times_log2e(p.scale);
   params.masked_score = params.scale_log2 > 0.f ? -INFINITY : INFINITY;
   // The band, clamped to [-S_q, S_kv] by validation: int32 (S_q, S_kv < 2^31 - 256 above).
-  params.mask_lo = narrow_i32(p.meta.mask.lo, "mask band lo");
-  params.mask_hi = narrow_i32(p.meta.mask.hi, "mask band hi");
+  // Packed batches: each sequence's own, computed in the kernel (TileSeq: BsaMeta::mask_of).
+  if (!packed) {
+    params.mask_lo = narrow_i32(p.meta.mask.lo, "mask band lo");
+    params.mask_hi = narrow_i32(p.meta.mask.hi, "mask band hi");
+  }
 
   const int splits = forward_splits(p);
   if (splits > 1) {
@@ -206,8 +226,16 @@ void bsa_forward(const BsaFwdProblem& p, void* workspace, size_t workspace_bytes
     portable::bsa_forward_combine(c, stream);
     return;
   }
-  // A token mask runs its own instantiations (FwdTraits::kMasked); the default ones have no mask
-  // code.
+  // Packed batches, with or without a mask, run their own instantiations (FwdTraits::kVarlen, on
+  // the masked kernel's walk); a token mask on a dense batch its own (FwdTraits::kMasked); the
+  // default ones have no mask or sequence code.
+  if (packed) {
+    if (p.dtype == SA_DTYPE_FP16)
+      launch_for<cutlass::half_t, false, true, true>(d, params, stream);
+    else
+      launch_for<cutlass::bfloat16_t, false, true, true>(d, params, stream);
+    return;
+  }
   if (p.meta.mask.on) {
     if (p.dtype == SA_DTYPE_FP16)
       launch_for<cutlass::half_t, false, true>(d, params, stream);

@@ -75,6 +75,17 @@
 // LSE = -inf. Each warp applies the band to a stage's scores (mask_band) only where it cuts the
 // warp's 16 rows or a block has padded keys.
 //
+// Packed (THD) batches (FwdTraits::kVarlen, separate instantiations on the masked walk; SPEC 4,
+// docs/bsa.md "Packed batches"): tile (b, h, m) is query block m of sequence b, the grid sized
+// B x H_q x N_q_max from shapes only. Each role reads the sequence from cu_seqlens on the device
+// at the tile's start (TileSeq: clamped offsets, the sequence's band); a query block past the
+// sequence's end loads and writes nothing. TMA describes q, k, v as (D, T, H, 1) and loads rows
+// q0 + m * kBlock and k0 + key0: rows past a sequence's end belong to the next sequence (or are
+// zero-filled past T) and are never stored (O and LSE rows < sq only) or attended (a block's
+// valid keys stop at skv; their V rows are zeroed like padding). Without a mask the band is
+// [-sq, skv], which every pair passes. The consumers keep the sequence in shared memory
+// (SharedSeq), not in registers.
+//
 // Numerics: scores s = <q, k> in fp32; x = s * scale * log2(e) folded into one FFMA with the row
 // maximum: p = 2^(s * scale_log2 - m). The running maximum m is taken over the raw scores (their
 // minimum when the scale is negative). Padded keys (past block_len or S_kv) get the raw score that
@@ -102,6 +113,9 @@ namespace sa::sm90 {
 
 // Everything the kernel reads; TMA descriptors first (64-byte aligned).
 struct BsaFwdSm90Params {
+  // Packed batches (FwdTraits::kVarlen): q [T_q, Hq, D], k / v [T_kv, Hkv, D] as dims
+  // (D, T, H, 1) (batch coordinate 0), o with sb = 0, lse [Hq, T_q] (lse_stride[0] = 0), Sq = T_q,
+  // Skv = T_kv and Nq = N_q_max; each tile reads its sequence from meta.cu_seqlens_q/k (TileSeq).
   CUtensorMap tma_q;  // q [B, Hq, Sq, D]: dims (D, Sq, Hq, B), box (64, kBlock, 1, 1), SW128
   CUtensorMap tma_k;  // k [B, Hkv, Skv, D]: dims (D, Skv, Hkv, B), same box
   CUtensorMap tma_v;  // v [B, Hkv, Skv, D]: dims (D, Skv, Hkv, B), same box
@@ -121,7 +135,8 @@ struct BsaFwdSm90Params {
   float* lse_part;     // [num_splits, B, Hq, Sq] fp32: each split's LSE (-inf: no key)
   int32_t o_part_dim;  // D (the row length of o_part)
   // Token mask (FwdTraits::kMasked instantiations only): key s visible to query i iff
-  // mask_lo <= s - i <= mask_hi (BsaMeta::mask, clamped to [-S_q, S_kv]: int32).
+  // mask_lo <= s - i <= mask_hi (BsaMeta::mask, clamped to [-S_q, S_kv]: int32). Unused by packed
+  // batches (each sequence's band is TileSeq's, from BsaMeta::mask_of).
   int32_t mask_lo, mask_hi;
 };
 
@@ -175,7 +190,7 @@ struct GmmaAtoms<128, cutlass::half_t> {
 };
 
 template <int kBlock_, int kHeadDim_, class Element_ = cutlass::bfloat16_t, bool kSplit_ = false,
-          bool kMasked_ = false>
+          bool kMasked_ = false, bool kVarlen_ = false>
 struct FwdTraits {
   using Element = Element_;  // bf16 or fp16
   static constexpr bool kSplit = kSplit_;  // split-KV mode (partial O and LSE to the workspace)
@@ -184,6 +199,12 @@ struct FwdTraits {
   // contain no mask code.
   static constexpr bool kMasked = kMasked_;
   static_assert(!(kSplit && kMasked), "split-KV has no masked instantiation");
+  // A packed (THD) batch: each tile's sequence from cu_seqlens (TileSeq). Packed tiles walk the
+  // masked kernel's filtered list with their sequence's band (a call without a mask: the band
+  // [-sq, skv], which every pair passes), so kVarlen implies kMasked: one instantiation per shape
+  // serves packed calls with and without a mask.
+  static constexpr bool kVarlen = kVarlen_;
+  static_assert(!kVarlen || kMasked, "packed tiles walk the filtered (masked) list");
   static constexpr int kBlock = kBlock_;        // query rows per tile = keys per KV block
   static constexpr int kHeadDim = kHeadDim_;    // D = D_v
   // Block 64 runs in key-split mode: a stage holds two KV blocks (128 keys, so that the S GEMM,
@@ -257,6 +278,10 @@ struct alignas(1024) SharedStorage {
   uint64_t v_pad;
   uint64_t xchg_full;   // key-split mode: the non-lead's 128 threads stored their state
   uint64_t xchg_empty;  // key-split mode: the lead's 128 threads loaded it
+  // Packed batches: each consumer warp's copy of its tile's sequence {sq, skv, lo, hi, q0}
+  // (SharedSeq, 8 words a warp, 16-byte vector accesses); one unused word otherwise (last, so that
+  // no other member moves).
+  alignas(16) int seq[T::kVarlen ? 8 * T::kConsumerWarps : 1];
 };
 
 struct TileCoord {
@@ -277,6 +302,124 @@ __device__ __forceinline__ TileCoord tile_coord(const BsaFwdSm90Params& p, int t
   c.b = bh / p.Hq;
   return c;
 }
+
+// ---- the tile's sequence (packed batches, FwdTraits::kVarlen) -----------------------------------
+// A tile's query rows, keys and band are its sequence's, in the sequence's local coordinates;
+// q0() / k0() place them on the tensors' token axis (TMA rows, O and LSE rows) and tma_b() is the
+// TMA boxes' batch coordinate.
+// Dense batches (TileSeq<false>): one sequence per batch entry, the call's own values, read from
+// the params where they are used, so that the dense instantiations compile as before.
+// Packed (TileSeq<true>): BsaMeta::seq of cu_seqlens, read on the device at the tile's start by
+// each role (offsets clamped into [0, T], so that no value moves an access out of bounds; no host
+// read, so a captured graph replays with new offsets), and the sequence's band BsaMeta::mask_of
+// (clamped to [-sq, skv]: int32), or without a mask [-sq, skv], which every pair of the sequence
+// passes. Query blocks past the sequence's end (the grid has N_q_max per sequence) do nothing.
+template <bool kVarlen>
+struct TileSeq {
+  static constexpr bool kPacked = false;
+  __device__ __forceinline__ static TileSeq of(const BsaFwdSm90Params&, int) { return {}; }
+  __device__ __forceinline__ int q0() const { return 0; }
+  __device__ __forceinline__ int k0() const { return 0; }
+  __device__ __forceinline__ int sq(const BsaFwdSm90Params& p) const { return p.Sq; }
+  __device__ __forceinline__ int skv(const BsaFwdSm90Params& p) const { return p.Skv; }
+  __device__ __forceinline__ int lo(const BsaFwdSm90Params& p) const { return p.mask_lo; }
+  __device__ __forceinline__ int hi(const BsaFwdSm90Params& p) const { return p.mask_hi; }
+  __device__ __forceinline__ int tma_b(int b) const { return b; }
+  // Does the query block starting at local row row0 lie past the sequence's end?
+  __device__ __forceinline__ bool past_end(int) const { return false; }
+};
+template <>
+struct TileSeq<true> {
+  static constexpr bool kPacked = true;
+  int q0_, sq_, k0_, skv_, lo_, hi_;
+  __device__ __forceinline__ static TileSeq of(const BsaFwdSm90Params& p, int b) {
+    BsaDims d;
+    d.Sq = p.Sq;
+    d.Skv = p.Skv;
+    const SeqSpan s = p.meta.seq(b, d);
+    TileSeq t;
+    t.q0_ = static_cast<int>(s.q0);
+    t.sq_ = static_cast<int>(s.sq);
+    t.k0_ = static_cast<int>(s.k0);
+    t.skv_ = static_cast<int>(s.skv);
+    if (p.meta.mask.on) {
+      const TokenMask m = p.meta.mask_of(s);
+      t.lo_ = static_cast<int>(m.lo);
+      t.hi_ = static_cast<int>(m.hi);
+    } else {
+      t.lo_ = -t.sq_;
+      t.hi_ = t.skv_;
+    }
+    return t;
+  }
+  __device__ __forceinline__ int q0() const { return q0_; }
+  __device__ __forceinline__ int k0() const { return k0_; }
+  __device__ __forceinline__ int sq(const BsaFwdSm90Params&) const { return sq_; }
+  __device__ __forceinline__ int skv(const BsaFwdSm90Params&) const { return skv_; }
+  __device__ __forceinline__ int lo(const BsaFwdSm90Params&) const { return lo_; }
+  __device__ __forceinline__ int hi(const BsaFwdSm90Params&) const { return hi_; }
+  __device__ __forceinline__ int tma_b(int) const { return 0; }
+  __device__ __forceinline__ bool past_end(int row0) const { return row0 >= sq_; }
+};
+
+// A consumer warp's view of its tile's sequence (packed batches): the words {sq, skv, lo, hi, q0}
+// that its lane 0 stored in shared memory at the tile's start (SharedStorage::seq, 8 words a
+// warp), loaded where used (values(): one 16-byte load), so that no register holds them, nor O
+// and LSE row pointers derived from q0, through the mainloop. The warp's address is formed inside
+// each access from %tid.x and the uniform base: every form of it that the compiler could see
+// (per warp, + 4 i per word) was hoisted out of the tile loop and held in a register, and the
+// block-64 D-128 consumer spilled. Only the warp's own lanes read its words (__syncwarp orders).
+struct SharedSeq {
+  static constexpr bool kPacked = true;
+  uint32_t base;  // shared address of SharedStorage::seq minus 32 * 4 (consumer warps are 4..11)
+  __device__ __forceinline__ TileSeq<true> values() const {
+    TileSeq<true> t;
+    asm volatile(
+        "{\n"
+        ".reg .u32 a;\n"
+        "mov.u32 a, %%tid.x;\n"
+        "shr.u32 a, a, 5;\n"
+        "mad.lo.u32 a, a, 32, %4;\n"
+        "ld.shared.v4.b32 {%0, %1, %2, %3}, [a];\n"
+        "}\n"
+        : "=r"(t.sq_), "=r"(t.skv_), "=r"(t.lo_), "=r"(t.hi_)
+        : "r"(base));
+    t.q0_ = t.k0_ = 0;  // not loaded (q0())
+    return t;
+  }
+  __device__ __forceinline__ int q0() const {
+    int v;
+    asm volatile(
+        "{\n"
+        ".reg .u32 a;\n"
+        "mov.u32 a, %%tid.x;\n"
+        "shr.u32 a, a, 5;\n"
+        "mad.lo.u32 a, a, 32, %1;\n"
+        "ld.shared.b32 %0, [a+16];\n"
+        "}\n"
+        : "=r"(v)
+        : "r"(base));
+    return v;
+  }
+  __device__ __forceinline__ void store(const TileSeq<true>& t) const {
+    asm volatile(
+        "{\n"
+        ".reg .u32 a;\n"
+        "mov.u32 a, %%tid.x;\n"
+        "shr.u32 a, a, 5;\n"
+        "mad.lo.u32 a, a, 32, %0;\n"
+        "st.shared.v4.b32 [a], {%1, %2, %3, %4};\n"
+        "st.shared.b32 [a+16], %5;\n"
+        "}\n" ::"r"(base),
+        "r"(t.sq_), "r"(t.skv_), "r"(t.lo_), "r"(t.hi_), "r"(t.q0_)
+        : "memory");
+  }
+};
+// The sequence's values where a walker uses several: a register TileSeq as it is, a consumer's
+// SharedSeq loaded once.
+template <class Seq>
+__device__ __forceinline__ const Seq& seq_values(const Seq& s) { return s; }
+__device__ __forceinline__ TileSeq<true> seq_values(const SharedSeq& s) { return s.values(); }
 
 // The slots [lo, lo + n) of the row's block list that tile `tc` walks: all of them, or in split-KV
 // mode the split's share (balanced: the splits' counts differ by at most one).
@@ -312,6 +455,22 @@ __device__ __forceinline__ BlockKeys block_keys(const BsaFwdSm90Params& p, const
     k.valid = min(static_cast<int>(p.meta.kv_block_len.at(tc.b, k.blk)), k.in_tensor);
   return k;
 }
+// The same for the tile's sequence: packed batches count the keys inside the sequence, skv - first
+// key (<= 0 for a block past its end; no kv_block_len). A dense batch's is the above (a separate
+// overload rather than a default argument, which changed the dense kernels' register allocation).
+template <int kBlock, class Seq>
+__device__ __forceinline__ BlockKeys block_keys(const BsaFwdSm90Params& p, const TileCoord& tc,
+                                                int j, const Seq& seq) {
+  if constexpr (Seq::kPacked) {
+    BlockKeys k;
+    k.blk = p.meta.q2k_index.at(tc.b, tc.h, tc.m, j);
+    k.in_tensor = min(kBlock, seq.skv(p) - k.blk * kBlock);
+    k.valid = k.in_tensor;
+    return k;
+  } else {
+    return block_keys<kBlock>(p, tc, j);
+  }
+}
 
 // ---- token mask (FwdTraits::kMasked) ------------------------------------------------------------
 // The filtered block list: a listed block takes part in tile tc iff some row of the tile (rows <
@@ -321,16 +480,16 @@ __device__ __forceinline__ BlockKeys block_keys(const BsaFwdSm90Params& p, const
 // shared memory), and pair it into stages the same way: stage i holds filtered entries kPer i ..
 // kPer i + kPer - 1; when the filtered count is odd at block 64, the last stage's second block is
 // missing (all its keys masked), as in the unmasked kernel.
-template <int kBlock>
+template <int kBlock, class Seq>
 __device__ __forceinline__ bool block_visible(const BsaFwdSm90Params& p, const TileCoord& tc,
-                                              const BlockKeys& k) {
+                                              const Seq& seq, const BlockKeys& k) {
   const int r0 = tc.m * kBlock;
-  const int r1 = min(r0 + kBlock, p.Sq) - 1;
+  const int r1 = min(r0 + kBlock, seq.sq(p)) - 1;
   const int k0 = k.blk * kBlock;
   // k0 >= 0: an entry outside the contract (a negative block) stays invisible to every walker
   // (a visible entry's last valid key is >= 0: VisibleCursor's end marker is -1).
   return k.valid > 0 && k0 >= 0 && r1 >= r0 &&
-         classify_tile<int>(r0, r1, k0, k0 + k.valid - 1, p.mask_lo, p.mask_hi) !=
+         classify_tile<int>(r0, r1, k0, k0 + k.valid - 1, seq.lo(p), seq.hi(p)) !=
              MaskClass::kOutside;
 }
 
@@ -344,42 +503,46 @@ struct VisibleCursor {
   unsigned left;  // visible lanes not yet taken
   int last;       // this lane's slot: its last valid key
 
+  template <class Seq>
   __device__ __forceinline__ void load(const BsaFwdSm90Params& p, const TileCoord& tc,
-                                       const SlotRange& sr, int lane) {
+                                       const Seq& seq_in, const SlotRange& sr, int lane) {
+    const auto& seq = seq_values(seq_in);
     bool vis = false;
     last = 0;
     if (base + lane < sr.n) {
-      const BlockKeys bk = block_keys<kBlock>(p, tc, sr.lo + base + lane);
-      vis = block_visible<kBlock>(p, tc, bk);
+      const BlockKeys bk = block_keys<kBlock>(p, tc, sr.lo + base + lane, seq);
+      vis = block_visible<kBlock>(p, tc, seq, bk);
       last = bk.blk * kBlock + bk.valid - 1;
     }
     left = __ballot_sync(0xffffffffu, vis);
   }
   // Starts at the first chunk; returns the filtered count of the whole range (later chunks are
   // only counted, the first stays loaded).
+  template <class Seq>
   __device__ __forceinline__ int start(const BsaFwdSm90Params& p, const TileCoord& tc,
-                                       const SlotRange& sr, int lane) {
+                                       const Seq& seq, const SlotRange& sr, int lane) {
     base = 0;
-    load(p, tc, sr, lane);
+    load(p, tc, seq, sr, lane);
     int n = __popc(left);
     if (sr.n > 32) {
 #pragma unroll 1
       for (base = 32; base < sr.n; base += 32) {
-        load(p, tc, sr, lane);
+        load(p, tc, seq, sr, lane);
         n += __popc(left);
       }
       base = 0;
-      load(p, tc, sr, lane);  // the first chunk again
+      load(p, tc, seq, sr, lane);  // the first chunk again
     }
     return n;
   }
   // The next filtered entry's last valid key, or -1 past the end.
+  template <class Seq>
   __device__ __forceinline__ int next(const BsaFwdSm90Params& p, const TileCoord& tc,
-                                      const SlotRange& sr, int lane) {
+                                      const Seq& seq, const SlotRange& sr, int lane) {
 #pragma unroll 1
     while (left == 0 && base + 32 < sr.n) {
       base += 32;
-      load(p, tc, sr, lane);
+      load(p, tc, seq, sr, lane);
     }
     const int src = __ffs(left) - 1;  // -1 (no lane) past the end
     left &= left - 1;
@@ -473,17 +636,20 @@ __device__ __forceinline__ void producer_load_v(const BsaFwdSm90Params& p, Share
 // The Q, K and V loads of one tile under a token mask ([P1]-[P3] over the filtered list): the
 // stages pair filtered entries (VisibleCursor); Q is loaded with the first stage, so that a tile
 // with no visible block loads nothing, like a tile with no block (the consumers count the same
-// filtered entries and write O = 0, LSE = -inf).
-template <class T>
+// filtered entries and write O = 0, LSE = -inf). Packed batches: the tile's sequence `seq` places
+// Q rows and keys on the token axis (q0, k0); keys of a block past skv are never valid, and the
+// V rows of the next sequence that its box loads are zeroed like padding (kPadFlag), so no value
+// of another sequence reaches O.
+template <class T, class Seq>
 __device__ __forceinline__ void producer_tile_masked(const BsaFwdSm90Params& p, SharedStorage<T>& s,
-                                                     const TileCoord& tc, const SlotRange& sr,
-                                                     int hk, int lane, KvSlot<T>& next,
-                                                     uint32_t& pad_phase) {
+                                                     const TileCoord& tc, const Seq& seq,
+                                                     const SlotRange& sr, int hk, int lane,
+                                                     KvSlot<T>& next, uint32_t& pad_phase) {
   constexpr int kBlock = T::kBlock;
   constexpr int kPer = T::kBlocksPerStage;
   VisibleCursor<kBlock> list;
   list.base = 0;
-  list.load(p, tc, sr, lane);
+  list.load(p, tc, seq, sr, lane);
   // The ring slot of a stage from its blocks' last valid keys (the producer's registers are few:
   // a stage is kept as those, and the previous stage's ring position is derived from `next`).
   auto slot_of = [&](int last0, int last1, int stage, uint32_t phase) {
@@ -493,7 +659,8 @@ __device__ __forceinline__ void producer_tile_masked(const BsaFwdSm90Params& p, 
 #pragma unroll
     for (int h = 0; h < kPer; ++h) {
       const int last = h == 0 ? last0 : last1;
-      const int key0 = entry_key0<kBlock>(last), valid = entry_valid<kBlock>(last);
+      // key0: the block's first key on the tensor's token axis (packed: + the sequence's k0).
+      const int key0 = seq.k0() + entry_key0<kBlock>(last), valid = entry_valid<kBlock>(last);
       slot.key0[h] = key0;
       slot.info[h] = valid | (valid < min(kBlock, p.Skv - key0) ? kPadFlag : 0);
     }
@@ -502,12 +669,12 @@ __device__ __forceinline__ void producer_tile_masked(const BsaFwdSm90Params& p, 
   int prev0 = -1, prev1 = -1;  // the previous stage's blocks (-1: none yet)
 #pragma unroll 1
   while (true) {
-    const int last0 = list.next(p, tc, sr, lane);
+    const int last0 = list.next(p, tc, seq, sr, lane);
     if (last0 < 0) break;
     int last1 = last0;
     if constexpr (kPer == 2) {
       // A missing second block repeats the first (see producer_main).
-      last1 = list.next(p, tc, sr, lane);
+      last1 = list.next(p, tc, seq, sr, lane);
       if (last1 < 0) last1 = last0;
     }
     if (prev0 < 0) {
@@ -517,18 +684,19 @@ __device__ __forceinline__ void producer_tile_masked(const BsaFwdSm90Params& p, 
         mbarrier_arrive_expect_tx(&s.q_full, T::kTileBytes);
 #pragma unroll
         for (int pnl = 0; pnl < T::kPanels; ++pnl)
-          tma_load_4d(&p.tma_q, s.q + pnl * kBlock * 64, &s.q_full, pnl * 64, tc.m * kBlock,
-                      tc.h, tc.b);
+          tma_load_4d(&p.tma_q, s.q + pnl * kBlock * 64, &s.q_full, pnl * 64,
+                      seq.q0() + tc.m * kBlock, tc.h, seq.tma_b(tc.b));
       }
     }
     // [P2] K of this stage, then V of the previous one (the ring position before `next`).
-    producer_load_k<T>(p, s, slot_of(last0, last1, next.stage, next.phase), hk, tc.b, lane);
+    producer_load_k<T>(p, s, slot_of(last0, last1, next.stage, next.phase), hk, seq.tma_b(tc.b),
+                       lane);
     static_assert(T::kStages == 2, "the previous stage is the other one");
     if (prev0 >= 0)
       producer_load_v<T>(p, s,
                          slot_of(prev0, prev1, next.stage ^ 1,
                                  next.phase ^ (next.stage == 0 ? 1u : 0u)),
-                         hk, tc.b, lane, pad_phase);
+                         hk, seq.tma_b(tc.b), lane, pad_phase);
     prev0 = last0;
     prev1 = last1;
     if (++next.stage == T::kStages) {
@@ -541,7 +709,7 @@ __device__ __forceinline__ void producer_tile_masked(const BsaFwdSm90Params& p, 
     producer_load_v<T>(p, s,
                        slot_of(prev0, prev1, next.stage ^ 1,
                                next.phase ^ (next.stage == 0 ? 1u : 0u)),
-                       hk, tc.b, lane, pad_phase);
+                       hk, seq.tma_b(tc.b), lane, pad_phase);
 }
 
 template <class T>
@@ -560,12 +728,16 @@ __device__ __forceinline__ void producer_main(const BsaFwdSm90Params& p, SharedS
 #pragma unroll 1
   for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
     const TileCoord tc = tile_coord<T>(p, tile);
+    // Packed: the tile's sequence; a query block past its end loads nothing (nor does it read its
+    // row of the metadata).
+    const TileSeq<T::kVarlen> seq = TileSeq<T::kVarlen>::of(p, tc.b);
+    if (seq.past_end(tc.m * kBlock)) continue;
     const SlotRange sr = tile_slots<T>(p, tc);
     const int count = sr.n;
     if (count <= 0) continue;  // the consumers write O = 0, LSE = -inf; nothing to load
     const int hk = tc.h / p.group;
     if constexpr (T::kMasked) {
-      producer_tile_masked<T>(p, s, tc, sr, hk, lane, next, pad_phase);
+      producer_tile_masked<T>(p, s, tc, seq, sr, hk, lane, next, pad_phase);
       continue;
     }
 
@@ -817,11 +989,28 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
 #pragma unroll 1
   for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
     const TileCoord tc = tile_coord<T>(p, tile);
-    const SlotRange sr = tile_slots<T>(p, tc);
+    // Packed: the tile's sequence, its values in this warp's words in shared memory (SharedSeq;
+    // dense batches read the params). A query block past the sequence's end reads no metadata
+    // and runs as a tile without blocks that has no row to write ([C0]; a `continue` here instead
+    // cost the block-64 D-128 consumer a 76-byte spill).
+    const TileSeq<T::kVarlen> tseq = TileSeq<T::kVarlen>::of(p, tc.b);
+    const bool past_end = tseq.past_end(tc.m * kBlock);
+    const auto seq = [&] {
+      if constexpr (T::kVarlen) {
+        const SharedSeq words{smem_u32(s.seq) - 32 * 4};
+        __syncwarp();  // the warp's lanes are done with the previous tile's words
+        if (lane == 0) words.store(tseq);
+        __syncwarp();
+        return words;
+      } else {
+        return tseq;
+      }
+    }();
+    const SlotRange sr = past_end ? SlotRange{0, 0} : tile_slots<T>(p, tc);
     // Under a token mask: the filtered list (this warp's cursor over it, VisibleCursor).
     VisibleCursor<kBlock> list;
     int count = sr.n;
-    if constexpr (T::kMasked) count = list.start(p, tc, sr, lane);
+    if constexpr (T::kMasked) count = list.start(p, tc, seq, sr, lane);
     // Key-split mode: both warpgroups work on the tile's 64 rows and the tile's lead writes them.
     const int row0 = tc.m * kBlock + (kKeySplit ? 0 : wg * 64);  // first query row written
     const int tile_lead = lead_wg;
@@ -830,6 +1019,14 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
     Element* o_head =
         static_cast<Element*>(p.o.data) + tc.b * p.o.sb + tc.h * p.o.sh;  // row 0, d 0
     float* lse_head = p.lse + tc.b * p.lse_stride[0] + tc.h * p.lse_stride[1];
+    // Packed: row 0 of the sequence (sb = lse_stride[0] = 0), added where rows are written.
+    auto to_sequence_rows = [&] {
+      if constexpr (T::kVarlen) {
+        const int64_t q0 = seq.q0();
+        o_head += q0 * p.o.ss;
+        lse_head += q0 * p.lse_stride[2];
+      }
+    };
 
     if (count <= 0) {
       if (!writer) continue;
@@ -846,15 +1043,18 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
         if (wtid < 64 && row0 + wtid < p.Sq) lse_rows[wtid] = -INFINITY;
       } else {
         // [C0] No block: O = 0, LSE = -inf for the rows < S_q.
+        if (past_end) continue;
+        to_sequence_rows();
+        const auto& rows = seq_values(seq);  // rows < rows.sq(p) are written
 #pragma unroll
         for (int it = 0; it < 64 * kChunks / 128; ++it) {
           const int idx = it * 128 + wtid;
           const int r = idx / kChunks, c = idx % kChunks;
-          if (row0 + r < p.Sq)
+          if (row0 + r < rows.sq(p))
             *reinterpret_cast<uint4*>(o_head + (row0 + r) * p.o.ss + c * 8) =
                 make_uint4(0u, 0u, 0u, 0u);
         }
-        if (wtid < 64 && row0 + wtid < p.Sq)
+        if (wtid < 64 && row0 + wtid < rows.sq(p))
           lse_head[(row0 + wtid) * p.lse_stride[2]] = -INFINITY;
       }
       continue;
@@ -887,12 +1087,12 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
     // passes over the other warpgroup's stage i + 1.
     auto stage_valid = [&](int i, int& v0, int& v1) {
       if constexpr (T::kMasked) {
-        v0 = list.next(p, tc, sr, lane);
+        v0 = list.next(p, tc, seq, sr, lane);
         v1 = v0;
         if constexpr (kPer == 2) {
-          v1 = list.next(p, tc, sr, lane);
-          list.next(p, tc, sr, lane);
-          list.next(p, tc, sr, lane);
+          v1 = list.next(p, tc, seq, sr, lane);
+          list.next(p, tc, seq, sr, lane);
+          list.next(p, tc, seq, sr, lane);
         }
       } else {
         v0 = block_keys<kBlock>(p, tc, sr.lo + kPer * i).valid;
@@ -903,8 +1103,8 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
     };
     if constexpr (T::kMasked && kKeySplit) {
       if (first == 1) {  // stage 0 is the lead's
-        list.next(p, tc, sr, lane);
-        list.next(p, tc, sr, lane);
+        list.next(p, tc, seq, sr, lane);
+        list.next(p, tc, seq, sr, lane);
       }
     }
     // [C1b] / [C2b] The keys of a stage past each block's valid count get the losing score; under
@@ -912,12 +1112,13 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
     // the band and the valid counts per element (mask_band), one that lies inside it nothing.
     auto mask_stage = [&](int v0, int v1) {
       if constexpr (T::kMasked) {
+        const auto& seq_v = seq_values(seq);
         const int rb = row0 + 16 * warp_in_wg;  // this warp's first row
-        const int re = min(rb + 15, p.Sq - 1);
+        const int re = min(rb + 15, seq_v.sq(p) - 1);
         // A full block (last valid key = key0 + kBlock - 1) inside the band for these rows.
         auto inside = [&](int last) {
           return last >= 0 && (last & (kBlock - 1)) == kBlock - 1 &&
-                 classify_tile<int>(rb, re, last - (kBlock - 1), last, p.mask_lo, p.mask_hi) ==
+                 classify_tile<int>(rb, re, last - (kBlock - 1), last, seq_v.lo(p), seq_v.hi(p)) ==
                      MaskClass::kInside;
         };
         bool all_inside = re >= rb && inside(v0);
@@ -927,10 +1128,10 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
           // [h kBlock / 2, (h + 1) kBlock / 2), an mma-ordered [1][kBlock / 8][4] array.
           using BlockFrag = float[1][kBlock / 8][4];
           mask_band(*reinterpret_cast<BlockFrag*>(&tSrS(0)), entry_key0<kBlock>(v0) - rb,
-                    p.mask_lo, p.mask_hi, entry_valid<kBlock>(v0), masked);
+                    seq_v.lo(p), seq_v.hi(p), entry_valid<kBlock>(v0), masked);
           if constexpr (kPer == 2)
             mask_band(*reinterpret_cast<BlockFrag*>(&tSrS(kBlock / 2)),
-                      entry_key0<kBlock>(v1) - rb, p.mask_lo, p.mask_hi,
+                      entry_key0<kBlock>(v1) - rb, seq_v.lo(p), seq_v.hi(p),
                       entry_valid<kBlock>(v1), masked);
         }
       } else {
@@ -1099,6 +1300,8 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
       continue;
     }
     named_barrier_sync(id(my_epilogue), 128);  // the previous tile's copy-out has read s_o
+    to_sequence_rows();
+    const auto& rows = seq_values(seq);  // rows < rows.sq(p) are written
     CUTE_UNROLL
     for (int i = 0; i < size(tOrO); i += 2) {
       const int r = (i / 2) % 2;
@@ -1112,15 +1315,20 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
       CUTE_UNROLL
       for (int r = 0; r < 2; ++r) {
         const int row = row0 + frag_row + 8 * r;
-        if (row < p.Sq) lse_head[row * p.lse_stride[2]] = lse[r];
+        if (row < rows.sq(p)) lse_head[row * p.lse_stride[2]] = lse[r];
       }
     }
     named_barrier_sync(id(my_epilogue), 128);
+    // Packed: the copy-out's thread index made opaque here, so that its per-thread row addresses
+    // are formed in the epilogue instead of being hoisted out of the tile loop (held through the
+    // mainloop, the block-64 D-128 consumer spilled them).
+    int out_tid = wtid;
+    if constexpr (T::kVarlen) asm volatile("" : "+r"(out_tid));
 #pragma unroll
     for (int it = 0; it < 64 * kChunks / 128; ++it) {
-      const int idx = it * 128 + wtid;
+      const int idx = it * 128 + out_tid;
       const int r = idx / kChunks, c = idx % kChunks;
-      if (row0 + r < p.Sq) {
+      if (row0 + r < rows.sq(p)) {
         const uint4 chunk =
             *reinterpret_cast<const uint4*>(s_o + r * T::kRowBytes + ((c ^ (r & 7)) << 4));
         *reinterpret_cast<uint4*>(o_head + (row0 + r) * p.o.ss + c * 8) = chunk;
