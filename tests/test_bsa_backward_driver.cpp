@@ -3,14 +3,18 @@
 // plan is the one the arch folders built before the driver owned it:
 //   make_bsa_backward_plan(p, auto bucket ? cta_slots(p) : 0, deterministic, !deterministic, tail)
 // field by field over a grid of shapes and options. CTA slots and tails are stubbed (no GPU).
+// Packed batches: the row layout of cuda/bsa_packed_rows.hpp (CPU) and the packed plan's sizes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <random>
+#include <vector>
 
 #include "common/problem.hpp"
 #include "cuda/bsa_backward_driver.hpp"
 #include "cuda/bsa_backward_plan.hpp"
+#include "cuda/bsa_packed_rows.hpp"
 #include "test_util.hpp"
 
 namespace sa_test {
@@ -97,6 +101,81 @@ TEST(BsaBackwardDriverPlan, SameAsTheArchPlansBeforeTheDriver) {
                         if (::testing::Test::HasFailure()) return;
                       }
   EXPECT_EQ(cases, 3 * 3 * 3 * 7 * 2 * 2 * 2 * 3 * 3 * 2 * 3);
+}
+
+// Every sequence's rows [0, sq + block - 1) (its tiles' rows, those past its end included) lie in
+// [0, packed_stat_rows), start 16-byte aligned, overlap no other sequence's, and map back to it
+// (packed_seq_of_stat_row); every token maps to its sequence (packed_seq_of_token). Random
+// lengths with empty and one-token sequences.
+TEST(BsaPackedRows, SequencesOwnDisjointAlignedRegions) {
+  std::mt19937_64 rng(38);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int32_t block = trial % 2 == 0 ? 64 : 128;
+    const int B = 1 + static_cast<int>(rng() % 12);
+    std::vector<int32_t> cu(static_cast<size_t>(B) + 1, 0);
+    for (int b = 0; b < B; ++b) {
+      const uint64_t kind = rng() % 4;
+      const int32_t len = kind == 0 ? 0 : kind == 1 ? 1 : static_cast<int32_t>(rng() % 300);
+      cu[static_cast<size_t>(b) + 1] = cu[static_cast<size_t>(b)] + len;
+    }
+    const int64_t T = cu.back();
+    if (T == 0) continue;
+    const int64_t rows = sa::portable::packed_stat_rows(T, B, block);
+    EXPECT_EQ(rows % 64, 0);
+    std::vector<int> owner(static_cast<size_t>(rows), -1);
+    for (int b = 0; b < B; ++b) {
+      const int64_t q0 = cu[static_cast<size_t>(b)], sq = cu[static_cast<size_t>(b) + 1] - q0;
+      const int64_t row0 = sa::portable::packed_stat_row0(b, q0, block);
+      ASSERT_EQ(row0 % 4, 0);
+      for (int64_t r = 0; r < sq + block - 1; ++r) {
+        ASSERT_LT(row0 + r, rows) << "b=" << b << " r=" << r;
+        ASSERT_EQ(owner[static_cast<size_t>(row0 + r)], -1) << "b=" << b << " r=" << r;
+        owner[static_cast<size_t>(row0 + r)] = b;
+        ASSERT_EQ(sa::portable::packed_seq_of_stat_row(cu.data(), 1, B, T, block, row0 + r), b);
+      }
+      for (int64_t t = q0; t < q0 + sq; ++t)
+        ASSERT_EQ(sa::portable::packed_seq_of_token(cu.data(), 1, B, T, t), b) << "t=" << t;
+    }
+  }
+}
+
+// The packed plan: [H_q, packed rows] stats and dQ accumulator, [H_kv, T_kv] dK/dV accumulators,
+// whatever cu_seqlens holds (it is never read on the host: the pointer only says "packed").
+TEST(BsaBackwardDriverPlan, PackedBatchesUseThePackedRowLayout) {
+  SA_SKIP_WITHOUT_GPU();  // the plan asks CUB for its scan's temporary bytes on the device
+  const bsa_bwd::KernelPolicy portable{"portable", false, &stub_slots, nullptr, nullptr, nullptr};
+  const int32_t fake_cu[1] = {0};
+  for (int32_t block : {64, 128})
+    for (int32_t bucket_size : {0, 2}) {
+      sa::BsaBwdProblem p;
+      sa::BsaDims& d = p.dims;
+      d.B = 7;
+      d.Hkv = 2;
+      d.Hq = 8;
+      d.Sq = 1000;  // T_q
+      d.Skv = 1500;  // T_kv
+      d.D = d.Dv = 128;
+      d.block = block;
+      d.Nq = 5;  // N_q_max
+      d.Nkv = (d.Skv + block - 1) / block;
+      d.Kmax = 4;
+      p.meta.cu_seqlens_q = fake_cu;
+      p.meta.cu_seqlens_k = fake_cu;
+      p.options.bucket_size = bucket_size;
+      g_slots = 132;
+      const BsaBwdPlan pl = bsa_bwd::plan(p, portable);
+      EXPECT_EQ(pl.Sq_pad, sa::portable::packed_stat_rows(d.Sq, d.B, block));
+      EXPECT_EQ(pl.Skv_pad, d.Skv);
+      EXPECT_GE(pl.delta - pl.lse2, static_cast<size_t>(d.Hq * pl.Sq_pad) * sizeof(float));
+      EXPECT_EQ(pl.dq_bytes, static_cast<size_t>(d.Hq * pl.Sq_pad * d.D) * sizeof(float) +
+                                 static_cast<size_t>(d.B * d.Hkv + 1) * sizeof(uint32_t));
+      if (bucket_size == 2) {
+        EXPECT_TRUE(pl.several_owners);
+      }
+      if (pl.several_owners) {
+        EXPECT_EQ(pl.dkv_bytes, static_cast<size_t>(d.Hkv * d.Skv * d.D) * sizeof(float));
+      }
+    }
 }
 
 }  // namespace

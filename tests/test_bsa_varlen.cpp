@@ -310,16 +310,14 @@ TEST(BsaVarlenErrors, CudaPathsRefuseByName) {
   Packed p(c, rng);
   sa_cpp::BsaForwardArgs a;
   p.fwd_args(a, c);
-  // The portable forward takes packed batches (GPU suite GpuBsaVarlen*), but these are CPU
-  // tensors.
+  // The portable forward and backward take packed batches (GPU suite GpuBsaVarlen*), but these
+  // are CPU tensors.
   a.options.impl = SA_IMPL_PORTABLE;
   expect_error(sa_cpp::bsa_forward(a), SA_ERROR_UNSUPPORTED, "needs CUDA tensors");
   sa_cpp::BsaBackwardArgs g;
   p.bwd_args(g, c);
-  g.options.impl = SA_IMPL_PORTABLE;
-  expect_error(sa_cpp::bsa_backward(g), SA_ERROR_UNSUPPORTED,
-               "packed batches (options.cu_seqlens_q/k) are not implemented by the portable "
-               "backward");
+  g.options.impl = SA_IMPL_PORTABLE;  // it takes packed batches too, but not CPU tensors
+  expect_error(sa_cpp::bsa_backward(g), SA_ERROR_UNSUPPORTED, "needs CUDA tensors");
   g.options.impl = SA_IMPL_SM90;
   expect_error(sa_cpp::bsa_backward(g), SA_ERROR_UNSUPPORTED, "sm90");
 }

@@ -1,17 +1,22 @@
 // GPU tests of BSA packed batches (SPEC 4; skip without a GPU).
 //
-// The portable forward and the Hopper (sm90) forward take packed batches; AUTO prefers the sm90
-// one on an sm_90 device. Every case runs on both (the sm90 ones named + "Sm90", skipped unless
-// the device is sm_90 and the Hopper path is built), against the fp64 reference on the same
-// packed problem (fp64 copies of the inputs): empty sequences, one-token sequences, sequences
-// shorter than a block, partial blocks, S_q != S_kv per sequence, queries without keys, MHA / GQA
-// / MQA, every mask, block 64 and 128, rows of N_q_max past every sequence, rows listing more
-// than 32 blocks, NaN-poisoned outputs with NaN padding and guards that must come back
-// untouched. A captured graph replays with new cu_seqlens and metadata values (grids depend on
-// shapes only), on both forwards. The backward still refuses by name on every CUDA path.
+// The portable and Hopper (sm90) forwards take packed batches (AUTO prefers the sm90 one on an
+// sm_90 device); the portable backward takes them too (AUTO runs it: the sm90 backward refuses by
+// name). Cases compare them against the fp64 reference on the same packed problem (fp64 copies
+// of the inputs): empty and one-token sequences, sequences shorter than a block, partial blocks,
+// S_q != S_kv per sequence, queries without keys (lse -inf: dq exactly 0), keys without queries
+// (dk = dv exactly 0), MHA / GQA / MQA, every mask, block 64 and 128, D 64 and 128, rows of
+// N_q_max past every sequence, rows listing more than 32 blocks, NaN-poisoned outputs with NaN
+// padding and guards that must come back untouched. Every forward case runs on both forwards
+// (the sm90 ones named + "Sm90", skipped unless the device is sm_90 and the Hopper path is
+// built). The backward runs each case with the automatic bucket, one owner per row, rows split
+// in groups of 2 (the fp32 dK/dV accumulators) and deterministic mode (bitwise equal over three
+// runs). Captured graphs replay with new cu_seqlens and metadata values (grids and workspace
+// depend on shapes only), on both forwards and the backward.
 //
-// Filters: GpuBsaVarlen.* and GpuBsaVarlen/GpuBsaVarlenForward.*  (both match *GpuBsaVarlen*);
-// the sm90 cases alone: '*GpuBsaVarlen*Sm90*'.
+// Filters: GpuBsaVarlen.*, GpuBsaVarlen/GpuBsaVarlenForward.* and
+// GpuBsaVarlen/GpuBsaVarlenBackward.*  (all match *GpuBsaVarlen*); the sm90 cases alone:
+// '*GpuBsaVarlen*Sm90*'.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -219,9 +224,10 @@ TEST_P(GpuBsaVarlenForward, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(GpuBsaVarlen, GpuBsaVarlenForward, ::testing::ValuesIn(impl_cases()),
                          [](const ::testing::TestParamInfo<ImplCase>& i) { return i.param.name; });
 
-// AUTO runs the sm90 forward on an sm_90 device (else the portable one); forced sm90 with
-// options.validate and every backward refuse by name, writing nothing.
-TEST(GpuBsaVarlen, AutoPrefersSm90ForwardBackwardRefusesByName) {
+// AUTO runs the sm90 forward on an sm_90 device (else the portable one) and the portable
+// backward; forced sm90 with options.validate, and the forced sm90 backward, refuse by name,
+// writing nothing.
+TEST(GpuBsaVarlen, AutoRunsSm90ForwardPortableBackward) {
   SA_SKIP_WITHOUT_GPU();
   const VarlenCase c = gpu_case("gate", {70, 60}, {70, 60}, 2, 2, 64, 64, SA_MASK_NONE);
   std::mt19937_64 rng(1);
@@ -256,7 +262,7 @@ TEST(GpuBsaVarlen, AutoPrefersSm90ForwardBackwardRefusesByName) {
     expect_forward_matches(d, p, c);
   }
 
-  // The backward: not implemented for packed batches on any CUDA path yet.
+  // The backward: AUTO and forced portable run the portable kernels, forced sm90 refuses.
   DeviceTensor dout(p.dout, 0, 0), dq(p.dq, 0, 0), dk(p.dk, 0, 0), dv(p.dv, 0, 0);
   ASSERT_TRUE(dout.ok() && dq.ok() && dk.ok() && dv.ok());
   std::vector<sa_impl> impls = {SA_IMPL_AUTO, SA_IMPL_PORTABLE};
@@ -278,10 +284,25 @@ TEST(GpuBsaVarlen, AutoPrefersSm90ForwardBackwardRefusesByName) {
     a.sparsity = f.sparsity;
     a.options = f.options;
     a.options.impl = impl;
-    const sa_cpp::Status st = sa_cpp::bsa_backward(a);
-    EXPECT_EQ(st.code(), SA_ERROR_UNSUPPORTED) << st.to_string();
-    EXPECT_NE(st.message().find("packed batches (options.cu_seqlens_q/k)"), std::string::npos)
-        << st.message();
+    if (impl == SA_IMPL_SM90) {
+      const sa_cpp::Status st = sa_cpp::bsa_backward(a);
+      EXPECT_EQ(st.code(), SA_ERROR_UNSUPPORTED) << st.to_string();
+      EXPECT_NE(st.message().find("packed batches (options.cu_seqlens_q/k)"), std::string::npos)
+          << st.message();
+      continue;
+    }
+    size_t bytes = 0;
+    ASSERT_EQ(sa_bsa_backward_workspace_size(&a, &bytes), SA_OK) << sa_last_error();
+    DeviceBuffer workspace(bytes);
+    ASSERT_TRUE(bytes == 0 || workspace.ok());
+    sa_impl used = SA_IMPL_AUTO;
+    sa_context ctx = sa_context_default();
+    ctx.workspace = workspace.get();
+    ctx.workspace_bytes = bytes;
+    ctx.impl_used = &used;
+    ASSERT_EQ(sa_bsa_backward(&a, &ctx), SA_OK) << sa_last_error();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(used, SA_IMPL_PORTABLE);
   }
 }
 
@@ -341,5 +362,289 @@ INSTANTIATE_TEST_SUITE_P(GpuBsaVarlen, GpuBsaVarlenGraph,
                          [](const ::testing::TestParamInfo<sa_impl>& i) {
                            return std::string(i.param == SA_IMPL_SM90 ? "Sm90" : "Portable");
                          });
+
+// ---- backward ----------------------------------------------------------------------------------
+// The device copies of a packed problem's backward tensors: inputs with `pad` NaN elements past
+// every row, outputs (dq, dk, dv) poisoned and followed by NaN guards.
+struct DeviceBackward {
+  DeviceTensor q, k, v, o, lse, dout, dq, dk, dv, cu_q, cu_k, index, count;
+  DeviceBackward(const Packed& p, int64_t pad)
+      : q(p.q, pad, 0), k(p.k, pad, 0), v(p.v, pad, 0), o(p.o, pad, 0), lse(p.lse, 0, 0),
+        dout(p.dout, pad, 0), dq(p.dq, pad, 64 * p.dq.shape()[2]),
+        dk(p.dk, pad, 64 * p.dk.shape()[2]), dv(p.dv, pad, 64 * p.dv.shape()[2]),
+        cu_q(p.cu_q, 0, 0), cu_k(p.cu_k, 0, 0), index(p.index, 0, 0), count(p.count, 0, 0) {}
+  bool ok() const {
+    return q.ok() && k.ok() && v.ok() && o.ok() && lse.ok() && dout.ok() && dq.ok() && dk.ok() &&
+           dv.ok() && cu_q.ok() && cu_k.ok() && index.ok() && count.ok();
+  }
+  // New input values of the same shapes (o and lse included).
+  bool upload(const Packed& p) {
+    return q.upload(p.q) && k.upload(p.k) && v.upload(p.v) && o.upload(p.o) &&
+           lse.upload(p.lse) && dout.upload(p.dout) && cu_q.upload(p.cu_q) &&
+           cu_k.upload(p.cu_k) && index.upload(p.index) && count.upload(p.count);
+  }
+  bool poison(cudaStream_t stream) {
+    return dq.poison(stream) && dk.poison(stream) && dv.poison(stream);
+  }
+  sa_bsa_bwd_args args(Packed& p, const VarlenCase& c) const {
+    sa_bsa_bwd_args a = sa_bsa_bwd_args_default();
+    p.bwd_args(a, c);
+    a.q = q.view();
+    a.k = k.view();
+    a.v = v.view();
+    a.o = o.view();
+    a.lse = lse.view();
+    a.dout = dout.view();
+    a.dq = dq.view();
+    a.dk = dk.view();
+    a.dv = dv.view();
+    a.sparsity.q2k_index = index.view();
+    a.sparsity.q2k_count = count.view();
+    a.options.cu_seqlens_q = cu_q.view();
+    a.options.cu_seqlens_k = cu_k.view();
+    return a;
+  }
+};
+
+// o (rounded to the case's dtype) and lse of the fp64 reference forward, into p.o and p.lse.
+void fill_forward(Packed& p, const VarlenCase& c) {
+  HostTensor o64, lse;
+  reference_forward(p, c, &o64, &lse);
+  for (int64_t i = 0; i < o64.numel(); ++i) p.o.set(i, o64.get(i));
+  for (int64_t i = 0; i < lse.numel(); ++i) p.lse.set(i, lse.get(i));
+}
+
+// The fp64 reference's dq, dk, dv on fp64 copies of the backward's inputs (o as the GPU sees it).
+void reference_backward(Packed& p, const VarlenCase& c, std::vector<double>* dq,
+                        std::vector<double>* dk, std::vector<double>* dv) {
+  HostTensor q64 = sa_test::to_fp64(p.q), k64 = sa_test::to_fp64(p.k),
+             v64 = sa_test::to_fp64(p.v), o64 = sa_test::to_fp64(p.o),
+             do64 = sa_test::to_fp64(p.dout);
+  HostTensor dq64(SA_DTYPE_FP64, p.dq.shape()), dk64(SA_DTYPE_FP64, p.dk.shape()),
+      dv64(SA_DTYPE_FP64, p.dv.shape());
+  sa_cpp::BsaBackwardArgs a;
+  p.bwd_args(a, c);
+  a.q = q64.view();
+  a.k = k64.view();
+  a.v = v64.view();
+  a.o = o64.view();
+  a.dout = do64.view();
+  a.dq = dq64.view();
+  a.dk = dk64.view();
+  a.dv = dv64.view();
+  a.options.impl = SA_IMPL_REFERENCE;
+  ASSERT_EQ(sa_bsa_backward(&a, nullptr), SA_OK) << sa_last_error();
+  *dq = dq64.to_double();
+  *dk = dk64.to_double();
+  *dv = dv64.to_double();
+}
+
+struct Gradients {
+  HostTensor dq, dk, dv;
+};
+
+// Downloads dq, dk, dv (failing when padding or guards were written).
+::testing::AssertionResult download(const DeviceBackward& d, const Packed& p, Gradients* g) {
+  g->dq = HostTensor(p.dq.dtype(), p.dq.shape());
+  g->dk = HostTensor(p.dk.dtype(), p.dk.shape());
+  g->dv = HostTensor(p.dv.dtype(), p.dv.shape());
+  ::testing::AssertionResult r = d.dq.download(g->dq);
+  if (!r) return r << " (dq)";
+  r = d.dk.download(g->dk);
+  if (!r) return r << " (dk)";
+  r = d.dv.download(g->dv);
+  if (!r) return r << " (dv)";
+  return ::testing::AssertionSuccess();
+}
+
+// Pass: no NaN; rel L2 of dq, dk, dv below 1e-2 (dq, dk against at least 1e-3 of dv's norm, as
+// in gpu_test_util.hpp: dS cancels to exactly 0 in fp64 where a row sees one key); dq exactly 0 in
+// rows with lse = -inf (no key); dk = dv = 0 exactly for every (key, KV head) the reference gives
+// a zero dv row (nobody attends it: keys of sequences without queries among them).
+void expect_backward_matches(const Gradients& g, Packed& p, const VarlenCase& c) {
+  std::vector<double> want_dq, want_dk, want_dv;
+  reference_backward(p, c, &want_dq, &want_dk, &want_dv);
+  const std::vector<double> dq = g.dq.to_double(), dk = g.dk.to_double(), dv = g.dv.to_double();
+  EXPECT_FALSE(sa_test::any_nan(dq)) << "NaN in dq";
+  EXPECT_FALSE(sa_test::any_nan(dk)) << "NaN in dk";
+  EXPECT_FALSE(sa_test::any_nan(dv)) << "NaN in dv";
+  const double floor = 1e-3 * sa_test::l2_norm(want_dv);
+  EXPECT_LT(sa_test::rel_l2_floor(dq, want_dq, floor), 1e-2) << "rel L2 of dq";
+  EXPECT_LT(sa_test::rel_l2_floor(dk, want_dk, floor), 1e-2) << "rel L2 of dk";
+  EXPECT_LT(sa_test::rel_l2_floor(dv, want_dv, floor), 1e-2) << "rel L2 of dv";
+  const int64_t D = c.D;
+  for (int64_t h = 0; h < c.Hq; ++h)
+    for (int64_t t = 0; t < p.Tq; ++t) {
+      if (p.lse.get(h * p.Tq + t) != -INFINITY) continue;
+      for (int64_t x = 0; x < D; ++x)
+        ASSERT_EQ(dq[static_cast<size_t>((t * c.Hq + h) * D + x)], 0.0)
+            << "dq of a row without keys, t=" << t << " h=" << h;
+    }
+  for (int64_t t = 0; t < p.Tkv; ++t)
+    for (int64_t hk = 0; hk < c.Hkv; ++hk) {
+      const size_t row = static_cast<size_t>((t * c.Hkv + hk) * D);
+      bool unattended = true;
+      for (int64_t x = 0; x < D && unattended; ++x) unattended = want_dv[row + x] == 0.0;
+      if (!unattended) continue;
+      for (int64_t x = 0; x < D; ++x) {
+        ASSERT_EQ(dk[row + x], 0.0) << "dk of an unattended key, t=" << t << " hk=" << hk;
+        ASSERT_EQ(dv[row + x], 0.0) << "dv of an unattended key, t=" << t << " hk=" << hk;
+      }
+    }
+}
+
+constexpr int32_t kSingleOwner = 1 << 30;  // a bucket no row reaches: one group per row
+
+struct VarlenBwdCase {
+  VarlenCase base;
+  int32_t bucket;  // options.bucket_size: 0 automatic, kSingleOwner, or a split size
+  bool deterministic;
+  std::string name;
+};
+void PrintTo(const VarlenBwdCase& c, std::ostream* os) { *os << c.name; }
+
+std::vector<VarlenBwdCase> backward_cases() {
+  std::vector<VarlenBwdCase> out;
+  for (const VarlenCase& c : forward_cases()) {
+    if (c.dtype != SA_DTYPE_BF16) continue;  // the portable backward is bf16
+    out.push_back({c, 0, false, c.name + "_bucket_auto"});
+    out.push_back({c, kSingleOwner, false, c.name + "_single_owner"});
+    out.push_back({c, 2, false, c.name + "_bucket2"});
+    out.push_back({c, 0, true, c.name + "_deterministic"});
+  }
+  // Many short sequences (most reverse rows past their sequence's end), one of one token.
+  VarlenCase many =
+      gpu_case("gqa_many_short_causal_b64_d64", {1, 9, 0, 30, 64, 3, 17, 2, 65, 40},
+               {1, 9, 5, 30, 64, 3, 0, 2, 65, 41}, 4, 2, 64, 64, SA_MASK_CAUSAL);
+  out.push_back({many, 0, false, many.name + "_bucket_auto"});
+  out.push_back({many, 3, false, many.name + "_bucket3"});
+  out.push_back({many, 0, true, many.name + "_deterministic"});
+  return out;
+}
+
+// One backward on the default stream with a queried workspace full of garbage; outputs poisoned.
+::testing::AssertionResult run_backward(DeviceBackward& d, Packed& p, const VarlenBwdCase& c,
+                                        Gradients* g) {
+  if (!d.poison(nullptr)) return ::testing::AssertionFailure() << "poison failed";
+  sa_bsa_bwd_args a = d.args(p, c.base);
+  a.options.bucket_size = c.bucket;
+  a.options.deterministic = c.deterministic ? 1 : 0;
+  a.options.impl = SA_IMPL_PORTABLE;
+  size_t bytes = 0;
+  if (sa_bsa_backward_workspace_size(&a, &bytes) != SA_OK)
+    return ::testing::AssertionFailure() << "workspace size: " << sa_last_error();
+  DeviceBuffer workspace(bytes);
+  if (bytes > 0 && (!workspace.ok() || cudaMemset(workspace.get(), 0xff, bytes) != cudaSuccess))
+    return ::testing::AssertionFailure() << "workspace";
+  sa_impl used = SA_IMPL_AUTO;
+  sa_context ctx = sa_context_default();
+  ctx.workspace = workspace.get();
+  ctx.workspace_bytes = bytes;
+  ctx.impl_used = &used;
+  if (sa_bsa_backward(&a, &ctx) != SA_OK)
+    return ::testing::AssertionFailure() << "sa_bsa_backward: " << sa_last_error();
+  const cudaError_t err = cudaDeviceSynchronize();
+  if (err != cudaSuccess)
+    return ::testing::AssertionFailure() << "kernel failed: " << cudaGetErrorString(err);
+  if (used != SA_IMPL_PORTABLE)
+    return ::testing::AssertionFailure() << "ran " << sa_impl_name(used);
+  return download(d, p, g);
+}
+
+class GpuBsaVarlenBackward : public ::testing::TestWithParam<VarlenBwdCase> {};
+
+TEST_P(GpuBsaVarlenBackward, PortableMatchesReference) {
+  SA_SKIP_WITHOUT_GPU();
+  const VarlenBwdCase& c = GetParam();
+  std::mt19937_64 rng(std::hash<std::string>{}(c.base.name));
+  Packed p(c.base, rng);
+  fill_forward(p, c.base);
+  DeviceBackward d(p, 8);
+  ASSERT_TRUE(d.ok());
+  Gradients g;
+  ASSERT_TRUE(run_backward(d, p, c, &g));
+  expect_backward_matches(g, p, c.base);
+  if (!c.deterministic) return;
+  for (int run = 1; run < 3; ++run) {
+    Gradients again;
+    ASSERT_TRUE(run_backward(d, p, c, &again));
+    EXPECT_TRUE(sa_test::bitwise_equal(again.dq, g.dq)) << "dq differs on run " << run;
+    EXPECT_TRUE(sa_test::bitwise_equal(again.dk, g.dk)) << "dk differs on run " << run;
+    EXPECT_TRUE(sa_test::bitwise_equal(again.dv, g.dv)) << "dv differs on run " << run;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(GpuBsaVarlen, GpuBsaVarlenBackward,
+                         ::testing::ValuesIn(backward_cases()),
+                         [](const ::testing::TestParamInfo<VarlenBwdCase>& i) {
+                           return i.param.name;
+                         });
+
+// A backward graph captured on one set of offsets replays correctly with others of the same
+// shapes (B, T_q, T_kv, N_q_max, K_max): grids and workspace depend on shapes only, cu_seqlens is
+// read on the device. Every bucket mode, and deterministic mode.
+TEST(GpuBsaVarlen, BackwardGraphReplaysWithNewOffsets) {
+  SA_SKIP_WITHOUT_GPU();
+  for (const auto& [bucket, deterministic] :
+       std::vector<std::pair<int32_t, bool>>{{0, false}, {kSingleOwner, false}, {2, false},
+                                             {0, true}}) {
+    SCOPED_TRACE("bucket " + std::to_string(bucket) + (deterministic ? " deterministic" : ""));
+    VarlenCase c = gpu_case("replay_a", {100, 60, 0}, {80, 90, 20}, 4, 2, 64, 64,
+                            SA_MASK_CAUSAL);
+    std::mt19937_64 rng(5);
+    Packed p(c, rng);
+    fill_forward(p, c);
+    DeviceBackward d(p, 8);
+    ASSERT_TRUE(d.ok());
+    cudaStream_t stream = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+    sa_bsa_bwd_args a = d.args(p, c);
+    a.options.bucket_size = bucket;
+    a.options.deterministic = deterministic ? 1 : 0;
+    a.options.impl = SA_IMPL_PORTABLE;
+    size_t bytes = 0;
+    ASSERT_EQ(sa_bsa_backward_workspace_size(&a, &bytes), SA_OK) << sa_last_error();
+    DeviceBuffer workspace(bytes);
+    ASSERT_TRUE(bytes == 0 || workspace.ok());
+    sa_context ctx = sa_context_default();
+    ctx.stream = stream;
+    ctx.workspace = workspace.get();
+    ctx.workspace_bytes = bytes;
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    const sa_status status = sa_bsa_backward(&a, &ctx);
+    const std::string error = status == SA_OK ? "" : sa_last_error();
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    ASSERT_EQ(status, SA_OK) << error;
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (int replay = 0; replay < 2; ++replay) {
+      SCOPED_TRACE("replay " + std::to_string(replay));
+      if (replay == 1) {
+        // Same B = 3, T_q = 160, T_kv = 190, N_q_max = 2 and K_max = 3; other offsets (the
+        // empty sequence moved, keys without queries, one key) and metadata.
+        c.name = "replay_b";
+        c.sq = {0, 32, 128};
+        c.skv = {1, 61, 128};
+        std::mt19937_64 rng_b(6);
+        p = Packed(c, rng_b);
+        ASSERT_EQ(p.Nq, 2);
+        ASSERT_EQ(p.Kmax, 3);
+        fill_forward(p, c);
+        ASSERT_TRUE(d.upload(p));
+      }
+      ASSERT_TRUE(d.poison(stream));
+      ASSERT_EQ(cudaMemsetAsync(workspace.get(), 0xff, bytes, stream), cudaSuccess);
+      ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      Gradients g;
+      ASSERT_TRUE(download(d, p, &g));
+      expect_backward_matches(g, p, c);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+}
 
 }  // namespace

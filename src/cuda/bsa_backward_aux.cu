@@ -9,50 +9,14 @@
 
 #include "common/cuda_check.hpp"
 #include "common/dq_tile_layout.hpp"
+#include "cuda/bsa_aux_pack8.cuh"
+#include "cuda/bsa_backward_aux_packed.hpp"
 
 namespace sa::portable {
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int kRowThreads = 8;  // preprocess: threads sharing one query row
-
-// 8 consecutive 16-bit elements -> float.
-__device__ __forceinline__ void load8(const void* src, bool bf16, float (&out)[8]) {
-  const uint4 raw = *static_cast<const uint4*>(src);
-  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const unsigned short lo = static_cast<unsigned short>(w[i] & 0xffffu);
-    const unsigned short hi = static_cast<unsigned short>(w[i] >> 16);
-    if (bf16) {
-      out[2 * i] = __bfloat162float(__ushort_as_bfloat16(lo));
-      out[2 * i + 1] = __bfloat162float(__ushort_as_bfloat16(hi));
-    } else {
-      out[2 * i] = __half2float(__ushort_as_half(lo));
-      out[2 * i + 1] = __half2float(__ushort_as_half(hi));
-    }
-  }
-}
-
-// scale * 8 floats -> 8 consecutive 16-bit elements.
-__device__ __forceinline__ void store8(void* dst, bool bf16, const float4& a, const float4& b,
-                                       float scale) {
-  const float f[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-  uint32_t w[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    unsigned short lo, hi;
-    if (bf16) {
-      lo = __bfloat16_as_ushort(__float2bfloat16_rn(f[2 * i] * scale));
-      hi = __bfloat16_as_ushort(__float2bfloat16_rn(f[2 * i + 1] * scale));
-    } else {
-      lo = __half_as_ushort(__float2half_rn(f[2 * i] * scale));
-      hi = __half_as_ushort(__float2half_rn(f[2 * i + 1] * scale));
-    }
-    w[i] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
-  }
-  *static_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
-}
 
 struct PreprocessArgs {
   Bhsd o, dout;
@@ -191,6 +155,9 @@ unsigned blocks_for(int64_t threads) {
 void launch_bwd_preprocess(const BsaBwdProblem& p, int64_t Sq_pad, float* lse2, float* delta,
                            float* dq_zero, uint32_t* u32_zero, int64_t u32_count,
                            cudaStream_t stream) {
+  if (p.meta.varlen())
+    return launch_bwd_preprocess_packed(p, Sq_pad, lse2, delta, dq_zero, u32_zero, u32_count,
+                                        stream);
   PreprocessArgs a{};
   a.dq_zero = dq_zero;
   a.u32_zero = u32_zero;
@@ -216,6 +183,10 @@ void launch_bwd_preprocess(const BsaBwdProblem& p, int64_t Sq_pad, float* lse2, 
 
 void launch_bwd_convert_dq(const BsaBwdProblem& p, int64_t Sq_pad, const float* dq_accum,
                            bool tiled, cudaStream_t stream) {
+  if (p.meta.varlen()) {
+    SA_CHECK(!tiled, SA_ERROR_INTERNAL, "bsa backward: no tiled dQ order for packed batches");
+    return launch_bwd_convert_dq_packed(p, Sq_pad, dq_accum, stream);
+  }
   ConvertDqArgs a{};
   a.dq = p.dq;
   a.acc = dq_accum;
@@ -234,6 +205,8 @@ void launch_bwd_convert_dq(const BsaBwdProblem& p, int64_t Sq_pad, const float* 
 void launch_bwd_convert_dkv(const BsaBwdProblem& p, int64_t Skv_pad, const float* dk_accum,
                             const float* dv_accum, const int32_t* row_groups,
                             cudaStream_t stream) {
+  if (p.meta.varlen())
+    return launch_bwd_convert_dkv_packed(p, Skv_pad, dk_accum, dv_accum, row_groups, stream);
   ConvertDkvArgs a{};
   a.dk = p.dk;
   a.dv = p.dv;

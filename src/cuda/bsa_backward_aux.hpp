@@ -1,6 +1,8 @@
 // The small kernels around the portable BSA backward's main kernel (bsa_backward.cu runs them):
 // preprocess (Delta and the log2-domain LSE) and the fp32 -> 16-bit conversions of the dQ and
 // several-owner dK/dV accumulators. All launch on `stream` and read no metadata value on the host.
+// Packed batches (p.meta.varlen()): each launcher hands over to bsa_backward_aux_packed.hpp's,
+// whose buffers are laid out as cuda/bsa_packed_rows.hpp says.
 #pragma once
 
 #include <cuda_runtime_api.h>

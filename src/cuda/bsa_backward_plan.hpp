@@ -2,7 +2,9 @@
 // bucket (one owner per KV tile unless the rows are too few to fill the GPU), and the carve-up of
 // the caller's workspace (LSE in log2 units, Delta, the fp32 dQ accumulator, the fp32 dK/dV
 // accumulators when some row has several owners, the reverse map). Shapes and the GPU's size
-// only: a captured graph replays with new metadata values.
+// only: a captured graph replays with new metadata values. Packed batches (meta.varlen()): the
+// per-head layouts of cuda/bsa_packed_rows.hpp (Sq_pad = packed_stat_rows(T_q, B, block) rows of
+// stats and dQ per head, Skv_pad = T_kv keys of dK/dV per KV head, no batch dimension).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -112,7 +112,10 @@ __device__ __forceinline__ int64_t global_warp() {
   return (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
 }
 
-// 2. Scatter: warp per forward row (b, h, m); lanes take its slots.
+// 2. Scatter: warp per forward row (b, h, m); lanes take its slots. Packed batches (kPacked):
+// only rows m < ceil(sq / block) of sequence b are read, entries outside its KV blocks are
+// skipped, and the mask is the sequence's (BsaMeta::seq, mask_of; cu_seqlens read here).
+template <bool kPacked>
 __global__ void __launch_bounds__(kThreads)
     scatter_kernel(BsaDims d, BsaMeta meta, uint32_t* __restrict__ bitmap, int32_t words_per_row) {
   const int64_t row = global_warp();
@@ -123,6 +126,15 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t b = row / (d.Nq * d.Hq);
   const int64_t group = d.group();
   const int64_t hk = h / group, hl = h % group;
+  SeqSpan span;
+  TokenMask seq_mask;
+  int64_t nkv = d.Nkv;
+  if constexpr (kPacked) {
+    span = meta.seq(b, d);
+    if (m * d.block >= span.sq) return;  // past the sequence's query blocks: never read
+    seq_mask = meta.mask_of(span);
+    nkv = (span.skv + d.block - 1) / d.block;
+  }
   // Counts outside [0, Kmax] break the contract; clamp so that no slot past the row is read.
   const int64_t count = min(max(static_cast<int64_t>(meta.count(b, h, m)), int64_t{0}), d.Kmax);
   const int64_t e = hl * d.Nq + m;  // this forward row's bit in every reverse row it reaches
@@ -130,15 +142,23 @@ __global__ void __launch_bounds__(kThreads)
   uint32_t* word = bitmap + (b * d.Hkv + hk) * d.Nkv * words_per_row + (e >> 5);
   for (int64_t slot = lane; slot < count; slot += kWarp) {
     const int32_t n = meta.q2k_index.at(b, h, m, slot);
-    if (n >= 0 && n < d.Nkv && !meta.pair_outside(m, n, d))
-      atomicOr(word + static_cast<int64_t>(n) * words_per_row, bit);
+    if constexpr (kPacked) {
+      if (n >= 0 && n < nkv && !BsaMeta::pair_outside(m, n, d.block, span, seq_mask))
+        atomicOr(word + static_cast<int64_t>(n) * words_per_row, bit);
+    } else {
+      if (n >= 0 && n < d.Nkv && !meta.pair_outside(m, n, d))
+        atomicOr(word + static_cast<int64_t>(n) * words_per_row, bit);
+    }
   }
 }
 
 // 3. Count: warp per reverse row; scan_in[r] = (groups << 32) | len, scan_in[num_rows] = 0.
+// Packed batches (kPacked): a row whose KV block starts at or past its sequence's end (Nkv bounds
+// every sequence's blocks) gets no group, hence no work item (its keys are not its sequence's).
+template <bool kPacked>
 __global__ void __launch_bounds__(kThreads)
     count_kernel(const uint32_t* __restrict__ bitmap, int64_t num_rows, int32_t words_per_row,
-                 int32_t bucket, Packed* __restrict__ scan_in) {
+                 int32_t bucket, Packed* __restrict__ scan_in, BsaDims d, BsaMeta meta) {
   if (blockIdx.x == 0 && threadIdx.x == 0) scan_in[num_rows] = 0;  // exclusive scan -> totals
   const int64_t r = global_warp();
   const int lane = threadIdx.x % kWarp;
@@ -149,7 +169,11 @@ __global__ void __launch_bounds__(kThreads)
   len = __reduce_add_sync(kFullMask, len);
   if (lane == 0) {
     const unsigned ubucket = static_cast<unsigned>(bucket);
-    const unsigned groups = len == 0 ? 1u : len / ubucket + (len % ubucket != 0 ? 1u : 0u);
+    unsigned groups = len == 0 ? 1u : len / ubucket + (len % ubucket != 0 ? 1u : 0u);
+    if constexpr (kPacked) {
+      const int64_t n = r % d.Nkv, b = r / (d.Nkv * d.Hkv);
+      if (n * d.block >= meta.seq(b, d).skv) groups = 0u;  // len is 0 there too
+    }
     scan_in[r] = (static_cast<Packed>(groups) << 32) | len;
   }
 }
@@ -282,14 +306,23 @@ ReverseMapDevice build_reverse_map_gpu(const BsaDims& d, const BsaMeta& meta, in
                                     sizeof(uint32_t),
                                 stream));
   // 2. Scatter the forward entries.
+  const bool packed = meta.varlen();
   if (d.Kmax > 0) {
-    scatter_kernel<<<grid_for_warps(d.B * d.Hq * d.Nq), kThreads, 0, stream>>>(
-        d, meta, bitmap, L.words_per_row);
+    if (packed)
+      scatter_kernel<true><<<grid_for_warps(d.B * d.Hq * d.Nq), kThreads, 0, stream>>>(
+          d, meta, bitmap, L.words_per_row);
+    else
+      scatter_kernel<false><<<grid_for_warps(d.B * d.Hq * d.Nq), kThreads, 0, stream>>>(
+          d, meta, bitmap, L.words_per_row);
     SA_CUDA_CHECK_LAUNCH();
   }
   // 3. Row lengths and groups.
-  count_kernel<<<grid_for_warps(L.num_rows), kThreads, 0, stream>>>(
-      bitmap, L.num_rows, L.words_per_row, L.bucket, scan_in);
+  if (packed)
+    count_kernel<true><<<grid_for_warps(L.num_rows), kThreads, 0, stream>>>(
+        bitmap, L.num_rows, L.words_per_row, L.bucket, scan_in, d, meta);
+  else
+    count_kernel<false><<<grid_for_warps(L.num_rows), kThreads, 0, stream>>>(
+        bitmap, L.num_rows, L.words_per_row, L.bucket, scan_in, d, meta);
   SA_CUDA_CHECK_LAUNCH();
   // 4. Offsets of entries and items.
   SA_CUDA_CHECK(cub::DeviceScan::ExclusiveSum(at_offset<void>(workspace, L.cub_temp), L.cub_bytes,

@@ -34,6 +34,12 @@
 // [0, Kmax], out-of-range entries are skipped, and a repeated entry is stored once (so the map is
 // that of the metadata with those fixes, which then differs from the CPU builder's).
 //
+// Packed batches (meta.varlen(), SPEC 4): rows r = (b * Hkv + hk) * Nkv + n with b the sequence
+// and n its local KV block (Nkv = ceil(T_kv / block) bounds every sequence's blocks); step 2 reads
+// only the query blocks inside each sequence, keeps entries inside its KV blocks and applies its
+// mask; step 3 gives rows past their sequence's end 0 groups (no work item, row_groups 0).
+// cu_seqlens is read on the device only.
+//
 // bucket <= 0 ("no split", one group per row): the CPU builder sets ReverseMap::bucket to the
 // longest row, which depends on the metadata values; this builder uses G * Nq (the longest row
 // possible) instead. Every row has one group either way, so row_groups and the work items are the

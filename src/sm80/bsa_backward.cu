@@ -24,8 +24,10 @@ namespace sa::portable {
 namespace {
 
 // ---- the instantiations ------------------------------------------------------------------------
-// Main kernel: block (= keys per CTA) 64 or 128 x D 64 or 128, bf16: 4 kernels (dispatch_main).
-// Deterministic dQ kernel: D 64 or 128, bf16: 2 kernels (dispatch_dq). The kernels are generic in
+// Main kernel: block (= keys per CTA) 64 or 128 x D 64 or 128 x dense or packed batches, bf16:
+// 8 kernels (dispatch_main). Deterministic dQ kernel: D 64 or 128 x dense or packed, bf16: 4
+// kernels (dispatch_dq). The packed axis is compile-time so that the dense kernels compile to the
+// code they had before packed batches (docs/decisions/portable.md). The kernels are generic in
 // the element type: fp16 is 6 more instantiations (branches in both dispatchers, SA_DTYPE_FP16
 // accepted in bsa_backward_unsupported), left out to keep the instantiation count down.
 using Bf16 = __nv_bfloat16;
@@ -43,9 +45,9 @@ void set_smem_attributes(Kernel* kernel, int bytes) {
                                      static_cast<int>(cudaSharedmemCarveoutMaxShared)));
 }
 
-template <int kBlock, int kHeadDim, class Element>
+template <int kBlock, int kHeadDim, class Element, bool kPacked>
 void launch_main(const BsaBwdParams& params, int64_t max_items, cudaStream_t stream) {
-  using Traits = BwdKernelTraits<kBlock, kHeadDim, Element>;
+  using Traits = BwdKernelTraits<kBlock, kHeadDim, Element, kPacked>;
   auto* kernel = &bsa_backward_kernel<Traits>;
   set_smem_attributes(kernel, Traits::kSmemBytes);
   kernel<<<static_cast<unsigned>(max_items), Traits::kNThreads, Traits::kSmemBytes, stream>>>(
@@ -53,40 +55,53 @@ void launch_main(const BsaBwdParams& params, int64_t max_items, cudaStream_t str
   SA_CUDA_CHECK_LAUNCH();
 }
 
-template <int kHeadDim, class Element>
+// Packed batches: N_q_max * block / 64 row tiles per sequence (shapes only; tiles past a
+// sequence's end exit).
+template <int kHeadDim, class Element, bool kPacked>
 void launch_dq(const BsaBwdParams& params, const BsaDims& d, cudaStream_t stream) {
-  using Traits = BwdDqKernelTraits<kHeadDim, Element>;
+  using Traits = BwdDqKernelTraits<kHeadDim, Element, kPacked>;
   auto* kernel = &bsa_backward_dq_kernel<Traits>;
   set_smem_attributes(kernel, Traits::kSmemBytes);
-  const dim3 grid(static_cast<unsigned>(ceil_div(d.Sq, Traits::kBlockM)),
+  const int64_t rows = kPacked ? d.Nq * d.block : d.Sq;
+  const dim3 grid(static_cast<unsigned>(ceil_div(rows, Traits::kBlockM)),
                   static_cast<unsigned>(d.Hq), static_cast<unsigned>(d.B));
   kernel<<<grid, Traits::kNThreads, Traits::kSmemBytes, stream>>>(params);
   SA_CUDA_CHECK_LAUNCH();
 }
 
+template <bool kPacked>
 void dispatch_main(const BsaBwdParams& params, int64_t max_items, cudaStream_t stream) {
   const int block = params.block;
   const int64_t D = params.dims.D;
-  if (block == 128 && D == 128) return launch_main<128, 128, Bf16>(params, max_items, stream);
-  if (block == 128 && D == 64) return launch_main<128, 64, Bf16>(params, max_items, stream);
-  if (block == 64 && D == 128) return launch_main<64, 128, Bf16>(params, max_items, stream);
-  if (block == 64 && D == 64) return launch_main<64, 64, Bf16>(params, max_items, stream);
+  if (block == 128 && D == 128)
+    return launch_main<128, 128, Bf16, kPacked>(params, max_items, stream);
+  if (block == 128 && D == 64)
+    return launch_main<128, 64, Bf16, kPacked>(params, max_items, stream);
+  if (block == 64 && D == 128)
+    return launch_main<64, 128, Bf16, kPacked>(params, max_items, stream);
+  if (block == 64 && D == 64) return launch_main<64, 64, Bf16, kPacked>(params, max_items, stream);
   SA_FAIL(SA_ERROR_INTERNAL, "bsa backward: no kernel for block " << block << ", D " << D);
 }
 
+template <bool kPacked>
 void dispatch_dq(const BsaBwdParams& params, cudaStream_t stream) {
-  if (params.dims.D == 128) return launch_dq<128, Bf16>(params, params.dims, stream);
-  if (params.dims.D == 64) return launch_dq<64, Bf16>(params, params.dims, stream);
+  if (params.dims.D == 128) return launch_dq<128, Bf16, kPacked>(params, params.dims, stream);
+  if (params.dims.D == 64) return launch_dq<64, Bf16, kPacked>(params, params.dims, stream);
   SA_FAIL(SA_ERROR_INTERNAL, "bsa backward: no dQ kernel for D " << params.dims.D);
 }
 
 // Dynamic shared memory of the main kernel for (block, D).
-int main_kernel_smem(int block, int64_t D) {
+// (Packed instantiations: the book holds the sequence too, 24 bytes more where there is a book.)
+template <bool kPacked>
+int main_kernel_smem_of(int block, int64_t D) {
   if (block == 128)
-    return D == 128 ? BwdKernelTraits<128, 128, Bf16>::kSmemBytes
-                    : BwdKernelTraits<128, 64, Bf16>::kSmemBytes;
-  return D == 128 ? BwdKernelTraits<64, 128, Bf16>::kSmemBytes
-                  : BwdKernelTraits<64, 64, Bf16>::kSmemBytes;
+    return D == 128 ? BwdKernelTraits<128, 128, Bf16, kPacked>::kSmemBytes
+                    : BwdKernelTraits<128, 64, Bf16, kPacked>::kSmemBytes;
+  return D == 128 ? BwdKernelTraits<64, 128, Bf16, kPacked>::kSmemBytes
+                  : BwdKernelTraits<64, 64, Bf16, kPacked>::kSmemBytes;
+}
+int main_kernel_smem(int block, int64_t D, bool packed) {
+  return packed ? main_kernel_smem_of<true>(block, D) : main_kernel_smem_of<false>(block, D);
 }
 
 // ---- the policy (cuda/bsa_backward_driver.hpp) --------------------------------------------------
@@ -105,7 +120,7 @@ int64_t cta_slots(const BsaBwdProblem& p) {
       device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, p.device_index);
   const int reserved =
       device_attribute(cudaDevAttrReservedSharedMemoryPerBlock, p.device_index);
-  const int per_cta = main_kernel_smem(d.block, d.D) + reserved;
+  const int per_cta = main_kernel_smem(d.block, d.D, p.meta.varlen()) + reserved;
   const int fit = std::max(1, smem_per_sm / per_cta);
   return static_cast<int64_t>(sms) * std::min(fit, d.block == 128 ? 1 : 2);
 }
@@ -140,7 +155,10 @@ bool launch_main_kernel(const BsaBwdProblem& p, const BsaBwdPlan& plan, const Bs
   // registers): no tail order (reverse map step 6) here.
   SA_CHECK(map.item_order == nullptr, SA_ERROR_INTERNAL,
            "portable bsa_backward: the reverse map has a tail order");
-  dispatch_main(params, map.max_items, stream);
+  if (p.meta.varlen())
+    dispatch_main<true>(params, map.max_items, stream);
+  else
+    dispatch_main<false>(params, map.max_items, stream);
   return false;
 }
 
@@ -155,7 +173,10 @@ constexpr bsa_bwd::KernelPolicy kPolicy = {
 // policy: its tiles and parameters are the portable main kernel's, and so are its limits.
 void bsa_bwd::query_major_dq(const BsaBwdProblem& p, const BsaBwdPlan& plan,
                              const BsaBwdBuffers& buf, cudaStream_t stream) {
-  dispatch_dq(problem_params(p, plan, buf), stream);
+  if (p.meta.varlen())
+    dispatch_dq<true>(problem_params(p, plan, buf), stream);
+  else
+    dispatch_dq<false>(problem_params(p, plan, buf), stream);
 }
 
 std::string bsa_bwd::query_major_dq_unsupported(const BsaBwdProblem& p) {
@@ -203,7 +224,8 @@ std::string bsa_backward_unsupported(const BsaBwdProblem& p) {
   if (p.lse == nullptr) return "lse is missing";
   // The main kernel's shared memory must fit the device (e.g. block 128, D 128 needs ~161 KB:
   // sm80, sm90 and newer; not the ~100 KB of sm86/sm89).
-  const std::string smem = smem_unsupported(p.device_index, main_kernel_smem(d.block, d.D));
+  const std::string smem =
+      smem_unsupported(p.device_index, main_kernel_smem(d.block, d.D, p.meta.varlen()));
   if (!smem.empty()) {
     os << "block " << d.block << ", D = " << d.D << ": " << smem;
     return os.str();

@@ -18,6 +18,11 @@
 //             [5] dQ += dS K                      (dS straight from the accumulators)
 //   epilogue  [6] dQ * scale -> 16-bit -> smem (Q's tile) -> 16-byte stores of rows < S_q
 //                 (zeros for a query block that lists no KV block)
+//
+// Packed batches (SPEC 4; kPacked): the grid has N_q_max * block / 64 row tiles per sequence
+// (shapes only); a CTA whose rows start at or past its sequence's end exits at once. Rows, keys
+// and the band are the sequence's (CtaSeq, kept in registers: this kernel has room), q0 / k0
+// added where q, dO, k, v, dq are addressed, the stats at packed_stat_row0 (bsa_packed_rows.hpp).
 #pragma once
 
 #include <cstdint>
@@ -26,9 +31,10 @@
 
 namespace sa::portable {
 
-template <int kHeadDim_, class Element_>
+template <int kHeadDim_, class Element_, bool kPacked_ = false>
 struct BwdDqKernelTraits {
   using Element = Element_;
+  static constexpr bool kPacked = kPacked_;
   static constexpr int kBlockM = 64;  // query rows per CTA
   static constexpr int kBlockN = 64;  // keys per K/V tile
   static constexpr int kHeadDim = kHeadDim_;
@@ -79,6 +85,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
   const int b = blockIdx.z;
   const int hk = h / p.group;
   const int m = r0 / p.block;           // query block
+  // The CTA's rows are [0, sq_lim) of its sequence (packed) or batch entry.
+  CtaSeq seq{};
+  int sq_lim = 0, mask_lo = 0, mask_hi = 0;  // packed only (dense: p.Sq and p's band)
+  if constexpr (Traits::kPacked) {
+    seq = cta_seq(p.meta, p.dims, b);
+    if (r0 >= seq.sq) return;  // CTA-uniform, before any barrier
+    sq_lim = seq.sq;
+    mask_lo = seq.mask_lo;
+    mask_hi = seq.mask_hi;
+  }
   const int count = p.meta.count(b, h, m);
 
   const int copy_row = tid / kRowChunks;
@@ -87,13 +103,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
 
   const Element* k_base = static_cast<const Element*>(p.k.data);
   const Element* v_base = static_cast<const Element*>(p.v.data);
-  const int64_t k_thread = b * p.k.sb + hk * p.k.sh + copy_row * p.k.ss + copy_chunk * 8;
-  const int64_t v_thread = b * p.v.sb + hk * p.v.sh + copy_row * p.v.ss + copy_chunk * 8;
+  int64_t k_thread = b * p.k.sb + hk * p.k.sh + copy_row * p.k.ss + copy_chunk * 8;
+  int64_t v_thread = b * p.v.sb + hk * p.v.sh + copy_row * p.v.ss + copy_chunk * 8;
+  if constexpr (Traits::kPacked) {  // sb is 0; the sequence's first key by the row
+    k_thread += static_cast<int64_t>(seq.k0) * p.k.ss;
+    v_thread += static_cast<int64_t>(seq.k0) * p.v.ss;
+  }
 
-  // KV block of a slot and its valid keys (never past S_kv).
+  // KV block of a slot and its valid keys (never past S_kv; packed: the sequence's, 0 past its
+  // end).
   auto block_at = [&](int slot, int& blk, int& len) {
     blk = p.meta.q2k_index.at(b, h, m, slot);
-    len = min(p.meta.block_len(b, blk, p.dims), p.Skv - blk * p.block);
+    if constexpr (Traits::kPacked)
+      len = cta_block_len(p.meta, p.dims, b, blk, seq);
+    else
+      len = min(p.meta.block_len(b, blk, p.dims), p.Skv - blk * p.block);
   };
   // Keys [key0, key0 + valid) -> stage; the rest zero-filled.
   auto load_kv_tile = [&](int key0, int valid, int stage) {
@@ -133,15 +157,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
     {
       const Element* q_base = static_cast<const Element*>(p.q.data);
       const Element* do_base = static_cast<const Element*>(p.dout.data);
+      if constexpr (Traits::kPacked) {
+        q_base += static_cast<int64_t>(seq.q0) * p.q.ss;
+        do_base += static_cast<int64_t>(seq.q0) * p.dout.ss;
+      }
 #pragma unroll
       for (int i = 0; i < kBlockM / kCopyRows; ++i) {
         const int r = r0 + copy_row + i * kCopyRows;
-        const bool ok = r < p.Sq;
+        const bool ok = r < (Traits::kPacked ? sq_lim : p.Sq);
         const Element* qs = ok ? q_base + (b * p.q.sb + h * p.q.sh + r * p.q.ss + copy_chunk * 8)
-                               : q_base;
+                               : static_cast<const Element*>(p.q.data);
         const Element* ds = ok ? do_base + (b * p.dout.sb + h * p.dout.sh + r * p.dout.ss +
                                             copy_chunk * 8)
-                               : do_base;
+                               : static_cast<const Element*>(p.dout.data);
         sm80::cp_async_16(s_q + copy_smem + i * kCopyRows * kRowBytes, qs, ok);
         sm80::cp_async_16(s_do + copy_smem + i * kCopyRows * kRowBytes, ds, ok);
       }
@@ -153,7 +181,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
     int next_block = 0, next_len = 0;  // slot + 1's, read one slot ahead
     if (count > 1) block_at(1, next_block, next_len);
 
-    const int64_t stats = (static_cast<int64_t>(b) * p.Hq + h) * p.Sq_pad + r0 + wrow + g;
+    int64_t stats;
+    if constexpr (Traits::kPacked)
+      stats = h * static_cast<int64_t>(p.Sq_pad) + packed_stat_row0(b, seq.q0, p.block) + r0 +
+              wrow + g;
+    else
+      stats = (static_cast<int64_t>(b) * p.Hq + h) * p.Sq_pad + r0 + wrow + g;
     const float lse2[2] = {p.lse2[stats], p.lse2[stats + 8]};
     const float delta[2] = {p.delta[stats], p.delta[stats + 8]};
 
@@ -180,8 +213,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
 
       // The token mask against the CTA's rows (CTA-uniform).
       const int tile_key0 = cur_block * p.block + sub * kBlockN;
-      const MaskClass cls = p.mask_on ? bwd_mask_class(p, r0, kBlockM, tile_key0, valid)
-                                      : MaskClass::kInside;
+      MaskClass cls = MaskClass::kInside;
+      if constexpr (Traits::kPacked) {
+        if (p.mask_on)
+          cls = bwd_mask_class_seq(seq, r0, kBlockM, tile_key0, valid);
+      } else {
+        cls = p.mask_on ? bwd_mask_class(p, r0, kBlockM, tile_key0, valid) : MaskClass::kInside;
+      }
       if (cls != MaskClass::kOutside) {
         // [3] S = Q K^T, dP = dO V^T.
         float s[kSTiles][4], dp[kSTiles][4];
@@ -227,7 +265,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
             if (8 * j + 2 * t4 + (c & 1) >= valid) x = 0.f;
             if (band) {
               const int d = dbase - 8 * half + 8 * j + (c & 1);
-              if (d < p.mask_lo || d > p.mask_hi) x = 0.f;
+              if constexpr (Traits::kPacked) {
+                if (d < mask_lo || d > mask_hi) x = 0.f;
+              } else {
+                if (d < p.mask_lo || d > p.mask_hi) x = 0.f;
+              }
             }
             s[j][c] = x * (dp[j][c] - delta[half]);
           }
@@ -283,10 +325,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 2)
   }
   __syncthreads();
   Element* dq = static_cast<Element*>(p.dq.data) + b * p.dq.sb + h * p.dq.sh;
+  if constexpr (Traits::kPacked) dq += static_cast<int64_t>(seq.q0) * p.dq.ss;
 #pragma unroll
   for (int i = 0; i < kBlockM / kCopyRows; ++i) {
     const int r = r0 + copy_row + i * kCopyRows;
-    if (r < p.Sq) {
+    if (r < (Traits::kPacked ? sq_lim : p.Sq)) {
       *reinterpret_cast<uint4*>(dq + r * p.dq.ss + copy_chunk * 8) =
           *reinterpret_cast<const uint4*>(smem + Traits::kOffQ + copy_smem +
                                           i * kCopyRows * kRowBytes);

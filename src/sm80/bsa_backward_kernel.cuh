@@ -47,6 +47,16 @@
 // that the mask hides from the whole KV block is skipped after its copies are issued ([2]), and
 // a tile the mask cuts applies the band per element at [5]; other tiles do no mask math.
 //
+// Packed batches (SPEC 4; the kPacked instantiations, Traits::kPacked): the item's row
+// (b, hk, n) is KV block n of sequence b, local to it; the sequence (CtaSeq, bsa_cta_seq.cuh,
+// read on the device from cu_seqlens) gives the rows' bound sq, the keys' bound skv, the band,
+// and the first tokens q0 / k0, added only where q, dO, k, v, dk, dv are addressed. The stats and
+// the dQ accumulator are [H_q, packed rows] (cuda/bsa_packed_rows.hpp: the sequence's rows start
+// at packed_stat_row0, and its padding rows are its own); the several-owner dK/dV accumulators
+// are [H_kv, T_kv] by the global key. With the book the sequence sits in it; without (block 64,
+// D 128, where shared memory is full) it is re-read from cu_seqlens where used. Dense
+// instantiations compile the code they did before packed batches (the branches are constexpr).
+//
 // Memory safety: Q/dO rows >= S_q and K/V rows >= valid are never read (cp.async zero fill).
 // Rows >= S_q have lse2 = +inf and delta = 0 (preprocess), so their P and dS are exactly 0;
 // padded keys get P = 0 explicitly, so their dK, dV are exactly 0 and, their K being zero, they
@@ -68,6 +78,8 @@
 
 #include "common/fast_divisor.hpp"
 #include "common/problem.hpp"
+#include "cuda/bsa_packed_rows.hpp"
+#include "sm80/bsa_cta_seq.cuh"
 #include "sm80/kernel_traits.hpp"
 #include "sm80/kv_tile_copy.cuh"
 #include "sm80/sm80_primitives.hpp"
@@ -79,6 +91,8 @@ namespace sa::portable {
 struct BsaBwdParams {
   Bhsd q, k, v, dout;        // [B, H, S, D] by BHSD-ordered element strides (k, v: H = H_kv)
   Bhsd dq, dk, dv;           // outputs (dq: deterministic dQ kernel only)
+  // Packed batches: B = 1 in the next five shapes, Sq_pad = packed_stat_rows(T_q, B, block)
+  // and Skv_pad = T_kv (cuda/bsa_packed_rows.hpp).
   const float* lse2;         // [B, H_q, Sq_pad]: lse * log2(e); +inf for rows without keys / past S_q
   const float* delta;        // [B, H_q, Sq_pad]: rowsum(dO * O); 0 past S_q
   float* dq_accum;           // [B, H_q, Sq_pad, D] fp32, zeroed; null: no dQ in the main kernel
@@ -109,6 +123,13 @@ __device__ __forceinline__ MaskClass bwd_mask_class(const BsaBwdParams& p, int r
   if (r1 < r0) return MaskClass::kOutside;
   return classify_tile<int>(r0, r1, k0, k0 + keys - 1, p.mask_lo, p.mask_hi);
 }
+// Packed batches: S_q and the band are the sequence's.
+__device__ __forceinline__ MaskClass bwd_mask_class_seq(const CtaSeq& s, int r0, int rows, int k0,
+                                                        int keys) {
+  const int r1 = min(r0 + rows, s.sq) - 1;
+  if (r1 < r0) return MaskClass::kOutside;
+  return classify_tile<int>(r0, r1, k0, k0 + keys - 1, s.mask_lo, s.mask_hi);
+}
 
 // Where a work item's query-head group starts: the Q and dO element offsets of (batch, first
 // query head of the group, row 0) and the group's first row of the stats (lse2, delta) and of the
@@ -117,9 +138,17 @@ struct BwdGroupBase {
   int64_t q, dout, stats;
 };
 
+// Packed batches: the sequence's first query token added to q and dO (whose sb is 0), its
+// first stats row (packed_stat_row0) to stats.
+template <bool kPacked = false>
 __device__ __forceinline__ BwdGroupBase bwd_group_base(const BsaBwdParams& p, int item_row) {
   const int b = item_row / (p.Nkv * p.Hkv);
   const int64_t h0 = static_cast<int64_t>((item_row / p.Nkv) % p.Hkv) * p.group;
+  if constexpr (kPacked) {
+    const SeqSpan s = p.meta.seq(b, p.dims);
+    return {s.q0 * p.q.ss + h0 * p.q.sh, s.q0 * p.dout.ss + h0 * p.dout.sh,
+            h0 * p.Sq_pad + packed_stat_row0(b, s.q0, p.block)};
+  }
   return {b * p.q.sb + h0 * p.q.sh, b * p.dout.sb + h0 * p.dout.sh,
           (static_cast<int64_t>(b) * p.Hq + h0) * p.Sq_pad};
 }
@@ -137,9 +166,15 @@ struct BwdTileBook {
   int32_t row0[2];       // per stage: the tile's first query row (the token mask's classification)
 };
 
-template <int kBlockN_, int kHeadDim_, class Element_>
+// Packed batches: the book also holds the item's sequence.
+struct BwdTileBookPacked : BwdTileBook {
+  CtaSeq seq;
+};
+
+template <int kBlockN_, int kHeadDim_, class Element_, bool kPacked_ = false>
 struct BwdKernelTraits {
   using Element = Element_;
+  static constexpr bool kPacked = kPacked_;   // packed (THD) batches: the sequence from cu_seqlens
   static constexpr int kBlockN = kBlockN_;     // keys per CTA: the block size, 64 or 128
   static constexpr int kBlockM = 64;           // query rows per Q tile
   static constexpr int kHeadDim = kHeadDim_;   // D == D_v
@@ -174,7 +209,8 @@ struct BwdKernelTraits {
   // SM's 228 KB exactly (56 more bytes would halve the CTAs per SM: measured -13%); there each
   // tile re-reads its entry and the item's row from the reverse map.
   static constexpr bool kBook = !(kBlockN == 64 && kHeadDim == 128);
-  static constexpr int kSmemBytes = kOffBook + (kBook ? static_cast<int>(sizeof(BwdTileBook)) : 0);
+  using Book = std::conditional_t<kPacked, BwdTileBookPacked, BwdTileBook>;
+  static constexpr int kSmemBytes = kOffBook + (kBook ? static_cast<int>(sizeof(Book)) : 0);
   // Block 128: 8 warps and ~160 KB (D = 128): one CTA per SM. Block 64: 4 warps, two per SM.
   static constexpr int kMinBlocksPerSm = kBlockN == 128 ? 1 : 2;
 
@@ -235,6 +271,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   constexpr int kCopyRows = Traits::kCopyRows;
   constexpr int kPRowBytes = Traits::kPRowBytes;
   constexpr int kQTileBytes = Traits::kQTileBytes;
+  constexpr bool kPacked = Traits::kPacked;
+  using Book = typename Traits::Book;
 
   const int item = blockIdx.x;
   if (item >= *p.num_items) return;
@@ -261,8 +299,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   const int hk = (row / p.Nkv) % p.Hkv;
   const int b = row / (p.Nkv * p.Hkv);
   const int key0 = n * kBlockN;
-  // Valid keys of the block (>= 1 by the contract; never past S_kv).
-  const int valid = min(p.meta.block_len(b, n, p.dims), p.Skv - key0);
+  // Valid keys of the block (>= 1 by the contract; never past S_kv). Packed: the sequence's,
+  // <= 0 for a block past its end (the reverse map gives such rows no work item).
+  CtaSeq seq0{};
+  int valid;
+  if constexpr (kPacked) {
+    seq0 = cta_seq(p.meta, p.dims, b);
+    valid = cta_block_len(p.meta, p.dims, b, n, seq0);
+  } else {
+    valid = min(p.meta.block_len(b, n, p.dims), p.Skv - key0);
+  }
 
   const Element* q_base = static_cast<const Element*>(p.q.data);
   const Element* do_base = static_cast<const Element*>(p.dout.data);
@@ -275,12 +321,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     const uint32_t copy_smem = swizzled_offset<kRowBytes>(copy_row, copy_chunk);
     const Element* k_base = static_cast<const Element*>(p.k.data);
     const Element* v_base = static_cast<const Element*>(p.v.data);
-    const Element* k_src = k_base + (b * p.k.sb + hk * p.k.sh +
-                                      static_cast<int64_t>(key0 + copy_row) * p.k.ss +
-                                      copy_chunk * 8);
-    const Element* v_src = v_base + (b * p.v.sb + hk * p.v.sh +
-                                      static_cast<int64_t>(key0 + copy_row) * p.v.ss +
-                                      copy_chunk * 8);
+    const Element* k_src;
+    const Element* v_src;
+    if constexpr (kPacked) {  // sb is 0; the sequence's first key comes in by the row
+      const int64_t kv_row = static_cast<int64_t>(seq0.k0) + key0 + copy_row;
+      k_src = k_base + (hk * p.k.sh + kv_row * p.k.ss + copy_chunk * 8);
+      v_src = v_base + (hk * p.v.sh + kv_row * p.v.ss + copy_chunk * 8);
+    } else {
+      k_src = k_base + (b * p.k.sb + hk * p.k.sh +
+                        static_cast<int64_t>(key0 + copy_row) * p.k.ss + copy_chunk * 8);
+      v_src = v_base + (b * p.v.sb + hk * p.v.sh +
+                        static_cast<int64_t>(key0 + copy_row) * p.v.ss + copy_chunk * 8);
+    }
     copy_kv_rows<kBlockN, kCopyRows, kRowBytes>(s_k + copy_smem, s_v + copy_smem, k_src, v_src,
                                                 p.k.ss, p.v.ss, k_base, v_base, copy_row, valid);
   }
@@ -288,7 +340,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   // Tile t's entry (hl * Nq + m) and its group's base offsets: from the book (Traits::kBook) or
   // re-read from the reverse map (L1 hits, through an opaque item index rather than kept in
   // registers across the main loop).
-  BwdTileBook& book = *reinterpret_cast<BwdTileBook*>(smem + Traits::kOffBook);
+  Book& book = *reinterpret_cast<Book*>(smem + Traits::kOffBook);
   auto tile_entry = [&](int t) {
     if constexpr (Traits::kBook) return book.entry[t & 1];
     const int it = sm80::opaque(static_cast<int>(blockIdx.x));
@@ -296,7 +348,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   };
   auto group_base = [&]() {
     if constexpr (Traits::kBook) return book.base;
-    return bwd_group_base(p, p.item_row[sm80::opaque(static_cast<int>(blockIdx.x))]);
+    return bwd_group_base<kPacked>(p, p.item_row[sm80::opaque(static_cast<int>(blockIdx.x))]);
+  };
+  // Packed: the item's sequence, from the book or re-read from cu_seqlens.
+  auto item_seq = [&]() {
+    if constexpr (kPacked && Traits::kBook) {
+      return book.seq;
+    } else {
+      const int r = p.item_row[sm80::opaque(static_cast<int>(blockIdx.x))];
+      return cta_seq(p.meta, p.dims, r / (p.Nkv * p.Hkv));
+    }
   };
   // Tile t's first stats row (= its first dQ accumulator row), its query head in the group (hl)
   // and its first query row (r0).
@@ -323,10 +384,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     const int64_t head_do = g.dout + hl * p.dout.sh + copy_chunk * 8;
     const uint32_t q_dst = s_q + stage * kQTileBytes + copy_smem;
     const uint32_t do_dst = s_do + stage * kQTileBytes + copy_smem;
+    int sq_lim;
+    if constexpr (kPacked)
+      sq_lim = item_seq().sq;
+    else
+      sq_lim = p.Sq;
 #pragma unroll
     for (int i = 0; i < kBlockM / kCopyRows; ++i) {
       const int r = r0 + copy_row + i * kCopyRows;
-      const bool ok = r < p.Sq;
+      const bool ok = r < sq_lim;
       const Element* qs = ok ? q_base + (head_q + r * p.q.ss) : q_base;
       const Element* ds = ok ? do_base + (head_do + r * p.dout.ss) : do_base;
       sm80::cp_async_16(q_dst + i * kCopyRows * kRowBytes, qs, ok);
@@ -365,14 +431,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     const int nb = r % p.Nkv;
     const int bb = r / (p.Nkv * p.Hkv);
     const int k0 = nb * kBlockN;
-    const int keys = min(p.meta.block_len(bb, nb, p.dims), p.Skv - k0);
-    return bwd_mask_class(p, tile_row0(t, stage), kBlockM, k0, keys);
+    if constexpr (kPacked) {
+      const CtaSeq cs = item_seq();
+      const int keys = cta_block_len(p.meta, p.dims, bb, nb, cs);
+      return bwd_mask_class_seq(cs, tile_row0(t, stage), kBlockM, k0, keys);
+    } else {
+      const int keys = min(p.meta.block_len(bb, nb, p.dims), p.Skv - k0);
+      return bwd_mask_class(p, tile_row0(t, stage), kBlockM, k0, keys);
+    }
   };
 
   // The book's per-item fields and tile 0's entry (later entries arrive by load_tile).
   if constexpr (Traits::kBook) {
     if (tid == 0 && num_tiles > 0) {
-      book.base = bwd_group_base(p, row);
+      if constexpr (kPacked) book.seq = seq0;
+      book.base = bwd_group_base<kPacked>(p, row);
       book.first_entry = begin;
       book.entry[0] = p.entries[begin];
     }
@@ -490,8 +563,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
       // kBand: key - query of (row 0, column 32 wn + 2 t4); key - query of (r, + 8 j + c) is
       // dbase - r + 8 j + c (within int32: S_q, S_kv fit int32).
       int dbase = 0;
-      if constexpr (kBand)
+      [[maybe_unused]] int band_lo = 0, band_hi = 0;  // packed: the sequence's band
+      if constexpr (kBand) {
         dbase = item_key0() - tile_row0(t, stage) + 32 * wn + 2 * t4;
+        if constexpr (kPacked) {
+          const CtaSeq cs = item_seq();
+          band_lo = cs.mask_lo;
+          band_hi = cs.mask_hi;
+        }
+      }
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi) {
 #pragma unroll
@@ -508,7 +588,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
               if (8 * j + c >= lim) x = 0.f;
               if constexpr (kBand) {
                 const int d = dbase - r + 8 * j + c;
-                if (d < p.mask_lo || d > p.mask_hi) x = 0.f;
+                if constexpr (kPacked) {
+                  if (d < band_lo || d > band_hi) x = 0.f;
+                } else {
+                  if (d < p.mask_lo || d > p.mask_hi) x = 0.f;
+                }
               }
               pr[c] = x;
               ds[c] = x * (dp[mi][j][2 * half + c] - dl);
@@ -655,6 +739,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
   const int out_warp = sm80::opaque(static_cast<int>(threadIdx.x)) / 32;
   const int e_g = out_lane >> 2, e_t4 = out_lane & 3;
   const int e_wn = out_warp % kWarpsN, e_wd = out_warp / kWarpsN;
+  // Packed: keys past the sequence's end belong to the next one (never written here); k0 comes
+  // in by the row.
+  int out_skv, out_k0 = 0;
+  if constexpr (kPacked) {
+    const CtaSeq cs = cta_seq(p.meta, p.dims, out_b);
+    out_skv = cs.skv;
+    out_k0 = cs.k0;
+  } else {
+    out_skv = p.Skv;
+  }
 
   if (p.row_groups[out_row] == 1) {
     // Single owner: dK * scale and dV straight to the caller's tensors.
@@ -680,9 +774,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     const int out_copy_row = out_tid / kRowChunks;
     const int out_copy_chunk = out_tid % kRowChunks;
     const uint32_t out_copy_smem = swizzled_offset<kRowBytes>(out_copy_row, out_copy_chunk);
-    const int rows = min(kBlockN, p.Skv - out_key0);  // padded keys included (zeros)
-    Element* dk = static_cast<Element*>(p.dk.data) + out_b * p.dk.sb + out_hk * p.dk.sh;
-    Element* dv = static_cast<Element*>(p.dv.data) + out_b * p.dv.sb + out_hk * p.dv.sh;
+    const int rows = min(kBlockN, out_skv - out_key0);  // padded keys included (zeros)
+    Element* dk = static_cast<Element*>(p.dk.data) + out_b * p.dk.sb + out_hk * p.dk.sh +
+                  static_cast<int64_t>(out_k0) * p.dk.ss;
+    Element* dv = static_cast<Element*>(p.dv.data) + out_b * p.dv.sb + out_hk * p.dv.sh +
+                  static_cast<int64_t>(out_k0) * p.dv.ss;
 #pragma unroll
     for (int i = 0; i < kBlockN / kCopyRows; ++i) {
       const int r = out_copy_row + i * kCopyRows;
@@ -697,8 +793,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinBlocksPerSm)
     }
   } else {
     // Several owners: add the unscaled fp32 partials of the valid keys into the workspace.
-    const int out_valid = min(p.meta.block_len(out_b, out_n, p.dims), p.Skv - out_key0);
-    const int64_t row_base = (static_cast<int64_t>(out_b) * p.Hkv + out_hk) * p.Skv_pad + out_key0;
+    int out_valid;
+    int64_t row_base;
+    if constexpr (kPacked) {
+      out_valid = min(kBlockN, out_skv - out_key0);
+      row_base = static_cast<int64_t>(out_hk) * p.Skv_pad + out_k0 + out_key0;
+    } else {
+      out_valid = min(p.meta.block_len(out_b, out_n, p.dims), p.Skv - out_key0);
+      row_base = (static_cast<int64_t>(out_b) * p.Hkv + out_hk) * p.Skv_pad + out_key0;
+    }
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi) {
 #pragma unroll
