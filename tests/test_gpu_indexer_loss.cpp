@@ -406,9 +406,33 @@ std::vector<LossCase> sm90_loss_cases() {
       {"HI64_H128_D576_K129_FiveStages", loss_shape(16, 400, 64, 128, 576), R::kCausal, 129},
       {"HI32_H128_D576_K416_ThirteenStages", loss_shape(12, 900, 32, 128, 576), R::kNone, 416,
        false},
+      // The Hopper loss kernel's edges (tuning sm90_indexer_loss_kernel = 1): a long list (65
+      // chunks of 64 keys, the last one partial; 66 KB of per-slot list in shared memory).
+      {"HI64_H64_D512_K4100_LongRows", loss_shape(4, 5000, 64, 64, 512), R::kNone, 4100},
       {"Dense_HI32_H192_D576_ThreeGroups", loss_shape(20, 150, 32, 192, 576), R::kCausal, 0,
        false, false, true, 1.f, 0.f, true},
       {"Dense_HI16_H128_D512_Packed_Skv77", loss_shape(24, 77, 16, 128, 512), R::kPacked, 0,
+       false, false, true, 1.f, 0.f, true},
+      // The Hopper loss kernel's dense edges (64-key chunks of contiguous rows, log A_g of a chunk
+      // copied to shared memory): ranges empty, of 1 and 2 keys, and of 200 = 3 x 64 + 8 keys
+      // (a partial tail chunk) at H_I 64; causal with S_q > S_kv: 30 empty rows, then every
+      // range size 1..70 (64 exactly: one full chunk; 65..70: a tail of 1..6 keys); five head
+      // groups of log A per key; one full chunk and nothing else (S_kv 64).
+      {"Dense_HI64_H128_D576_OddRanges_Skv200", loss_shape(30, 200, 64, 128, 576), R::kOdd, 0,
+       false, false, true, 1.f, 0.f, true},
+      {"Dense_HI32_H64_D512_Causal_Sq100_Skv70", loss_shape(100, 70, 32, 64, 512), R::kCausal,
+       0, false, false, true, 1.f, 0.f, true},
+      {"Dense_HI64_H300_D512_Packed_FiveGroups", loss_shape(16, 260, 64, 300, 512), R::kPacked,
+       0, false, false, true, 1.f, 0.f, true},
+      {"Dense_HI16_H64_D576_Full_Skv64", loss_shape(6, 64, 16, 64, 576), R::kNone, 0, false,
+       false, true, 1.f, 0.f, true},
+      {"Dense_HI64_H64_D512_Causal_LossOnly", loss_shape(40, 150, 64, 64, 512), R::kCausal, 0,
+       false, false, false, 1.f, 0.f, true},
+      // Odd S_q (two tokens per CTA: the last CTA's second token absent; with odd ranges, the
+      // last CTA has an empty row and an absent token, so nothing of it is live).
+      {"Dense_HI32_H128_D576_Causal_Sq37", loss_shape(37, 180, 32, 128, 576), R::kCausal, 0,
+       false, false, true, 1.f, 0.f, true},
+      {"Dense_HI64_H64_D512_OddRanges_Sq31", loss_shape(31, 150, 64, 64, 512), R::kOdd, 0,
        false, false, true, 1.f, 0.f, true},
   };
   cases.insert(cases.end(), more.begin(), more.end());
@@ -419,13 +443,26 @@ std::vector<LossCase> sm90_loss_cases() {
 class IndexerSm90Loss : public ::testing::TestWithParam<LossCase> {};
 
 // Both Hopper targets (Tuning::sm90_indexer_target): 0 Q in registers (the default), 3 Q in
-// shared memory.
+// shared memory; and the Hopper (wgmma) loss kernel forced (Tuning::sm90_indexer_loss_kernel = 1,
+// sm90/indexer_loss_kernel.cuh) with the default target: it serves the non-deterministic cases
+// of H_I 16 / 32 / 64, sparse and dense, the portable loss kernel the deterministic ones, so
+// every case must still match; and the same with dense mode's two tokens per CTA (tuning 2:
+// odd token counts leave the last CTA's second token absent; causal pairs differ by one key,
+// packed and odd ranges give pairs with disjoint ranges or one empty row).
 TEST_P(IndexerSm90Loss, MatchesReference) {
   SA_SKIP_UNLESS_SM90_PATH();
-  for (int32_t variant : {0, 3}) {
-    SCOPED_TRACE(variant == 0 ? "target: Q in registers" : "target: Q in shared memory");
+  struct Variant {
+    int32_t target, loss_kernel;
+    const char* name;
+  };
+  for (const Variant& v : {Variant{0, 0, "target: Q in registers"},
+                           Variant{3, 0, "target: Q in shared memory"},
+                           Variant{0, 1, "target: Q in registers, Hopper loss kernel"},
+                           Variant{0, 2, "target: Q in registers, Hopper loss kernel, pairs"}}) {
+    SCOPED_TRACE(v.name);
     sa::detail::Tuning t;
-    t.sm90_indexer_target = variant;
+    t.sm90_indexer_target = v.target;
+    t.sm90_indexer_loss_kernel = v.loss_kernel;
     sa::detail::ScopedTuning scope(t);
     check_loss_case(GetParam(), /*every_run_same=*/true);
   }
@@ -488,8 +525,8 @@ TEST(IndexerGpuLossRefusals, DeterministicDenseMode) {
 // Dense mode at S = 32768 (causal, H_I 64, attention H 16, D_qk 512): it runs with workspace far
 // below [S_q, S_kv] (the log A slices are capped), every output finite; sample rows' loss terms,
 // dq_I and dw match the reference run on that row alone (the same keys, so the same terms).
-TEST(IndexerGpuLossLarge, DenseS32768Causal) {
-  SA_SKIP_WITHOUT_GPU();
+// impl: the options' impl (the caller sets the tuning).
+void check_dense_s32768(sa_impl impl) {
   const int64_t S = 32768, HI = 64, DI = 128, H = 16, Dqk = 512;
   auto value = [](uint64_t i) {  // uniform [-1, 1) from a hash
     uint64_t z = i * 0x9e3779b97f4a7c15ull;
@@ -533,7 +570,7 @@ TEST(IndexerGpuLossLarge, DenseS32768Causal) {
   a.dk_I = dgk.view();
   a.dw = dgw.view();
   a.options = sa_indexer_options_default();
-  a.options.impl = SA_IMPL_PORTABLE;
+  a.options.impl = impl;
   size_t bytes = 0;
   ASSERT_EQ(sa_indexer_loss_workspace_size(&a, &bytes), SA_OK) << sa_last_error();
   EXPECT_LE(bytes, static_cast<size_t>(S * S));  // a quarter of [S_q, S_kv] fp32
@@ -592,6 +629,25 @@ TEST(IndexerGpuLossLarge, DenseS32768Causal) {
     for (int64_t i = 0; i < HI; ++i) got_w[static_cast<size_t>(i)] = gw.get(t * HI + i);
     EXPECT_LT(rel_l2(got_q, rgq.to_double()), 1e-2) << "dq_I of row " << t;
     EXPECT_LT(rel_l2(got_w, rgw.to_double()), 1e-2) << "dw of row " << t;
+  }
+}
+
+TEST(IndexerGpuLossLarge, DenseS32768Causal) {
+  SA_SKIP_WITHOUT_GPU();
+  check_dense_s32768(SA_IMPL_PORTABLE);
+}
+
+// The same on the Hopper path with the Hopper loss kernel forced, one token per CTA (tuning 1)
+// and two (tuning 2): 8 slices of 4096 tokens (the loss kernel's tok_begin and log A's first
+// token past 0).
+TEST(IndexerSm90LossLarge, DenseS32768CausalHopperLossKernel) {
+  SA_SKIP_UNLESS_SM90_PATH();
+  for (int32_t kernel : {1, 2}) {
+    SCOPED_TRACE(kernel == 1 ? "one token per CTA" : "two tokens per CTA");
+    sa::detail::Tuning t;
+    t.sm90_indexer_loss_kernel = kernel;
+    sa::detail::ScopedTuning scope(t);
+    check_dense_s32768(SA_IMPL_SM90);
   }
 }
 

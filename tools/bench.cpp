@@ -374,11 +374,14 @@ void parse_tune(const std::string& key, const std::string& val, sa::detail::Tuni
     t->portable_indexer_topk = tune_int(key, val, 0, 4);
   } else if (key == "tune.sm90_indexer_target") {
     t->sm90_indexer_target = tune_int(key, val, 0, 3);
+  } else if (key == "tune.sm90_indexer_loss_kernel") {
+    t->sm90_indexer_loss_kernel = tune_int(key, val, 0, 2);
   } else {
     throw ToolError(kExitBadArgument,
                     "--variants: unknown tuning key '" + key +
                         "' (tune.fwd_splits=, tune.bwd_tail=, tune.dsa_bwd=, tune.dsa_fwd_pad=, "
-                        "tune.topk=, tune.ptopk=, tune.sm90_indexer_target=)");
+                        "tune.topk=, tune.ptopk=, tune.sm90_indexer_target=, "
+                        "tune.sm90_indexer_loss_kernel=)");
   }
 }
 

@@ -41,6 +41,13 @@ struct Tuning {
   // Q-in-registers target (= 0), 3 the Hopper target with Q in shared memory
   // (sm90/indexer_target_kernel.cuh).
   int32_t sm90_indexer_target = 0;
+  // Hopper indexer loss, the loss kernel (sm90/indexer_loss.cu): 0 the default, the portable loss
+  // kernel (cuda/indexer_loss_kernel.cuh) until the Hopper one is verified on a GPU; 1 the Hopper
+  // (wgmma) loss kernel (sm90/indexer_loss_kernel.cuh) where it serves the call (sparse or dense
+  // mode, not deterministic, H_I 16 / 32 / 64), the portable one elsewhere; 2 as 1, with dense
+  // mode's two tokens per CTA (loss_sm90_pair_kernel). Only with
+  // sm90_indexer_target != 1 (1 runs the portable entry).
+  int32_t sm90_indexer_loss_kernel = 0;
 };
 
 // The tuning of the calls made on this thread (the defaults unless set_tuning changed them).

@@ -7,7 +7,8 @@
 // Sparse mode, launches on the caller's stream:
 //   1. target   log A_g[g, t, i] for every active slot                   (workspace)
 //   2. memset   dk accumulator [S_kv, 128] fp32 = 0                      (gradients only)
-//   3. loss     S_q CTAs: the row losses -> workspace (and loss_per_token), dq_I, dw; dk rows
+//   3. loss     S_q CTAs (the arch's LossLaunch where it serves the call, else the portable
+//               kernel; both modes): the row losses -> workspace (and loss_per_token), dq_I, dw; dk rows
 //               as fp32 reductions into the accumulator
 //   4. convert  dk_I = the accumulator in bf16, every element
 //   5. total    loss = the row losses summed in a fixed order (one CTA)
@@ -311,7 +312,8 @@ void loss_run(const IndexerLossProblem& p, void* workspace, size_t workspace_byt
       tp.tok_begin = t0;
       o.target(tp, true, tokens, p.device_index, stream);
       lp.la_tok0 = lp.tok_begin = t0;
-      launch_loss<true>(d.HI, lp, tokens, stream);
+      if (o.loss == nullptr || !o.loss(lp, true, d.HI, tokens, stream))
+        launch_loss<true>(d.HI, lp, tokens, stream);
     }
   } else {
     // Sparse mode: 1. the target of every token, then 3. (in slices when deterministic).
@@ -321,7 +323,8 @@ void loss_run(const IndexerLossProblem& p, void* workspace, size_t workspace_byt
     o.target(tp, false, d.Sq, p.device_index, stream);
     if (!plan.deterministic) {
       lp.tok_begin = 0;
-      launch_loss<false>(d.HI, lp, d.Sq, stream);
+      if (o.loss == nullptr || !o.loss(lp, false, d.HI, d.Sq, stream))
+        launch_loss<false>(d.HI, lp, d.Sq, stream);
     } else {
       auto* keys_in = reinterpret_cast<uint32_t*>(base + plan.keys_in);
       auto* keys_out = reinterpret_cast<uint32_t*>(base + plan.keys_out);

@@ -51,8 +51,20 @@ struct TargetParams {
 using TargetLaunch = void (*)(const TargetParams& prm, bool dense, int64_t tokens, int device,
                               cudaStream_t stream);
 
+struct LossParams;  // indexer_loss_kernel.cuh: the loss kernel's arguments
+
+// An arch's loss kernel (step 3 of indexer_loss_driver.cu) without deterministic partial rows
+// (prm.dk_part null), sparse or `dense` (a slice's launch): launches it over `tokens` tokens from
+// prm.tok_begin on and returns true, or launches nothing and returns false when it does not serve
+// this call (H_I `heads`, prm.topk, prm.head_groups, its tuning); the driver then launches the
+// portable loss kernel. The same contract and outputs as the portable kernel (loss_rows,
+// loss_per_token, dq_I, dw, dk_acc).
+using LossLaunch = bool (*)(const LossParams& prm, bool dense, int64_t heads, int64_t tokens,
+                            cudaStream_t stream);
+
 struct LossDriverOptions {
   TargetLaunch target = nullptr;
+  LossLaunch loss = nullptr;  // null: the portable loss kernel everywhere
   int target_smem_bytes = 0;  // shared memory per block the target needs at least
   const char* path = "";      // the path, for errors ("portable indexer loss", ...)
 };

@@ -83,6 +83,7 @@ struct LossParams {
   float* dk_acc;   // [S_kv, 128] fp32 accumulator (reductions); null in deterministic mode
   float* dk_part;  // deterministic (sparse): [(t - tok_begin) * topk + slot, 128]; else null
   int64_t tok_begin;  // the token of CTA 0
+  int64_t tok_end;    // one past the launch's last token (set by the Hopper pair kernel's launch)
 };
 
 template <int kHeads_>
@@ -121,18 +122,28 @@ struct LossConfig {
                 "G rows: odd multiples of 16 bytes modulo 128 (conflict-free .trans)");
 };
 
-// Sum (op = +) or max over the CTA of one value per thread, in a fixed order: every thread gets
-// the result. red: kThreads fp32 of shared memory, free on entry and on return.
-template <int kThreads, bool kMax>
+// This thread's index among the kT threads of its token: the CTA's (kTokens 1), or one of
+// kTokens groups of kT consecutive threads (the Hopper pair kernel, a warpgroup per token).
+template <int kT, int kTokens>
+__device__ __forceinline__ int token_thread() {
+  if constexpr (kTokens == 1)
+    return static_cast<int>(threadIdx.x);
+  else
+    return static_cast<int>(threadIdx.x % kT);
+}
+
+// Sum (op = +) or max over the kThreads threads of a token (token_thread) of one value per
+// thread, in a fixed order: every thread of the token gets the result. red: kThreads fp32 of
+// shared memory per token (the token's own), free on entry and on return. Every thread of the
+// CTA calls it (CTA barriers).
+template <int kThreads, bool kMax, int kTokens = 1>
 __device__ __forceinline__ float block_reduce(float v, float* red) {
-  red[threadIdx.x] = v;
+  const int i = token_thread<kThreads, kTokens>();
+  red[i] = v;
   __syncthreads();
 #pragma unroll
   for (int off = kThreads / 2; off > 0; off /= 2) {
-    if (static_cast<int>(threadIdx.x) < off) {
-      const float o = red[threadIdx.x + off];
-      red[threadIdx.x] = kMax ? fmaxf(red[threadIdx.x], o) : red[threadIdx.x] + o;
-    }
+    if (i < off) red[i] = kMax ? fmaxf(red[i], red[i + off]) : red[i] + red[i + off];
     __syncthreads();
   }
   const float r = red[0];
@@ -171,38 +182,228 @@ __device__ __forceinline__ void warp_logits(uint32_t k_stage, uint32_t q_base, f
     for (int c = 0; c < 4; ++c) acc[nt][c] *= scale;
 }
 
-// log A of (token, position): the head groups' parts added in log space, in group order.
-__device__ __forceinline__ float log_a_at(const LossParams& p, int64_t tok, int64_t pos) {
-  const float* src = p.log_a + (tok - p.la_tok0) * p.la_ts + pos;
+// log A from its head groups' parts src[g * gs], g < groups, added in log space in group order
+// (src: the workspace, or a copy of it in shared memory, sm90/indexer_loss_kernel.cuh).
+__device__ __forceinline__ float log_a_combine(const float* src, int64_t gs, int groups) {
   float la = -INFINITY;
-  for (int hg = 0; hg < p.head_groups; ++hg) {
-    const float v = src[hg * p.la_gs];
+  for (int hg = 0; hg < groups; ++hg) {
+    const float v = src[hg * gs];
     const float m = fmaxf(la, v);
     la = m == -INFINITY ? -INFINITY : m + log1pf(expf(fminf(la, v) - m));
   }
   return la;
 }
 
-// I of this thread's two rows (g, g + 8) from the scaled logits: each thread's columns, then the
-// quad (every lane of the quad gets the sum).
-template <class Cfg>
-__device__ __forceinline__ void row_scores(const float (&acc)[Cfg::kNt][4], const float* s_w,
-                                           float (&row)[2]) {
+// log A of (token, position) from the workspace.
+__device__ __forceinline__ float log_a_at(const LossParams& p, int64_t tok, int64_t pos) {
+  return log_a_combine(p.log_a + (tok - p.la_tok0) * p.la_ts + pos, p.la_gs, p.head_groups);
+}
+
+// I of this thread's two rows (g, g + 8) from the scaled logits a(nt, c) (n8 tile nt of heads,
+// c: rows g (0, 1), g + 8 (2, 3) x heads 8 nt + 2 t4 (+1), the mma.sync C layout, which is also
+// the wgmma m64nN one: sm90/indexer_loss_kernel.cuh): each thread's columns, then the quad (every
+// lane of the quad gets the sum).
+template <int kNt, class Acc>
+__device__ __forceinline__ void quad_row_scores(Acc a, const float* s_w, float (&row)[2]) {
   const int t4 = threadIdx.x & 3;
   row[0] = row[1] = 0.f;
 #pragma unroll
-  for (int nt = 0; nt < Cfg::kNt; ++nt) {
+  for (int nt = 0; nt < kNt; ++nt) {
     const float2 wv = *reinterpret_cast<const float2*>(s_w + 8 * nt + 2 * t4);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      row[i] = fmaf(fmaxf(acc[nt][2 * i], 0.f), wv.x, row[i]);
-      row[i] = fmaf(fmaxf(acc[nt][2 * i + 1], 0.f), wv.y, row[i]);
+      row[i] = fmaf(fmaxf(a(nt, 2 * i), 0.f), wv.x, row[i]);
+      row[i] = fmaf(fmaxf(a(nt, 2 * i + 1), 0.f), wv.y, row[i]);
     }
   }
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     row[i] += __shfl_xor_sync(0xffffffffu, row[i], 1);
     row[i] += __shfl_xor_sync(0xffffffffu, row[i], 2);
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void row_scores(const float (&acc)[Cfg::kNt][4], const float* s_w,
+                                           float (&row)[2]) {
+  quad_row_scores<Cfg::kNt>([&](int nt, int c) { return acc[nt][c]; }, s_w, row);
+}
+
+// ---- The row math both loss kernels share (this one and sm90/indexer_loss_kernel.cuh). -------
+// Every sum over a row is per thread in a fixed order, then block_reduce: the same bits on every
+// run. kT: the threads of one token, kTokens: tokens per CTA (token_thread: 1 here, 2 in the
+// Hopper pair kernel); where a function holds a barrier, every thread of the CTA calls it.
+
+// [a] sparse: the slots i of row tok in K_t (IndexerMeta::slot_in_loss), compacted in slot order
+// into s_key, s_slot and s_la (log A); returns |K_t|. on_outside(i) runs for each active slot
+// (SPEC 2's rule) outside K_t (deterministic mode: its zero partial row). s_count: kT / 32 int32.
+template <int kT, class OnOutside>
+__device__ __forceinline__ int compact_slots(const LossParams& p, int64_t tok, int32_t* s_key,
+                                             int32_t* s_slot, float* s_la, int* s_count,
+                                             OnOutside on_outside) {
+  constexpr int kWarps = kT / 32;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const uint32_t lt = (1u << lane) - 1u;
+  const IndexerDims& d = p.dims;
+  int n = 0;
+  for (int base = 0; base < p.topk; base += kT) {
+    const int i = base + tid;
+    bool in = false, active = false;
+    int32_t key = -1;
+    if (i < p.topk) {
+      const bool before_len =
+          p.meta.topk_length.data == nullptr || i < p.meta.topk_length.at(tok);
+      key = p.meta.topk_idx.at(tok, i);
+      active = before_len && key >= 0 && key < d.Skv;
+      in = active && p.meta.slot_in_loss(tok, i, d);
+    }
+    const uint32_t mask = __ballot_sync(0xffffffffu, in);
+    if (lane == 0) s_count[warp] = __popc(mask);
+    __syncthreads();
+    int pos = n + __popc(mask & lt);
+    int total = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      if (w < warp) pos += s_count[w];
+      total += s_count[w];
+    }
+    if (in) {
+      s_key[pos] = key;
+      s_slot[pos] = i;
+      s_la[pos] = log_a_at(p, tok, i);
+    }
+    if (active && !in) on_outside(i);
+    n += total;
+    __syncthreads();  // s_count is rewritten by the next round
+  }
+  return n;
+}
+
+// [b] log Z_A = logsumexp over positions [0, n) of la_of(i) (sparse: the list; dense: the
+// workspace), -inf when no position has target mass.
+template <int kT, int kTokens = 1, class LaOf>
+__device__ __forceinline__ float row_log_z_a(int n, LaOf la_of, float* red) {
+  const int tid = token_thread<kT, kTokens>();
+  float m_loc = -INFINITY;
+  for (int i = tid; i < n; i += kT) m_loc = fmaxf(m_loc, la_of(i));
+  const float m_a = block_reduce<kT, true, kTokens>(m_loc, red);
+  float z_loc = 0.f;
+  if (m_a != -INFINITY)
+    for (int i = tid; i < n; i += kT) z_loc += expf(la_of(i) - m_a);
+  const float z_a = block_reduce<kT, false, kTokens>(z_loc, red);
+  return m_a == -INFINITY ? -INFINITY : m_a + logf(z_a);
+}
+
+// An empty row (empty K_t or no target mass): loss 0; with gradients, dq_I and dw rows 0.
+template <int kT, int kHeads, int kTokens = 1>
+__device__ __forceinline__ void write_empty_row(const LossParams& p, int64_t tok) {
+  const int tid = token_thread<kT, kTokens>();
+  if (tid == 0) {
+    p.loss_rows[tok] = 0.f;
+    if (p.loss_per_token != nullptr) p.loss_per_token[tok * p.lpt_s] = 0.f;
+  }
+  if (!p.grads) return;
+  for (int e = tid; e < kHeads * 64; e += kT) {
+    const int j = e / 64, c = 2 * (e % 64);
+    *reinterpret_cast<uint32_t*>(p.dq_I + tok * p.dq_ss + j * p.dq_sh + c) = 0u;
+  }
+  for (int j = tid; j < kHeads; j += kT) p.dw[tok * p.dw_ss + j * p.dw_sh] = 0.f;
+}
+
+// The row's loss (coeff included) to loss_rows and loss_per_token.
+template <int kT, int kTokens = 1>
+__device__ __forceinline__ void write_row_loss(const LossParams& p, int64_t tok, float loss) {
+  if (token_thread<kT, kTokens>() == 0) {
+    p.loss_rows[tok] = loss;
+    if (p.loss_per_token != nullptr) p.loss_per_token[tok * p.lpt_s] = loss;
+  }
+}
+
+// [d] sparse: log Z_I from I of the list (s_val), the row's loss coeff sum p (log p - log r)
+// (p = 0 terms: 0), and dI = coeff (r - p) in place of I.
+template <int kT>
+__device__ __forceinline__ float sparse_row_loss(int n, const float* s_la, float* s_val,
+                                                 float log_za, float coeff, float* red) {
+  const int tid = threadIdx.x;
+  float m_loc = -INFINITY;
+  for (int i = tid; i < n; i += kT) m_loc = fmaxf(m_loc, s_val[i]);
+  const float m_i = block_reduce<kT, true>(m_loc, red);
+  float z_loc = 0.f;
+  for (int i = tid; i < n; i += kT) z_loc += expf(s_val[i] - m_i);
+  const float log_zi = m_i + logf(block_reduce<kT, false>(z_loc, red));
+  float term = 0.f;
+  for (int i = tid; i < n; i += kT) {
+    const float lp = s_la[i] - log_za, lr = s_val[i] - log_zi;
+    const float pr = expf(lp);
+    if (pr > 0.f) term += pr * (lp - lr);
+    s_val[i] = coeff * (expf(lr) - pr);
+  }
+  return coeff * block_reduce<kT, false>(term, red);
+}
+
+// Dense pass 1, one thread's keys: an online logsumexp of I, and with p = exp(lp), lp = log A -
+// log Z_A, the sums of p (log p - I) and of p (p = 0 terms: 0).
+struct DenseRowSums {
+  float m = -INFINITY, z = 0.f;  // running max of I and sum exp(I - m)
+  float pl = 0.f, ps = 0.f;      // sum p (log p - I), sum p
+  __device__ __forceinline__ void add(float i_val, float lp) {
+    if (i_val > m) {
+      z = z * expf(m - i_val) + 1.f;  // m = -inf: 0 * 0 + 1
+      m = i_val;
+    } else if (i_val != -INFINITY) {
+      z += expf(i_val - m);
+    }
+    const float pr = expf(lp);
+    if (pr > 0.f) {
+      pl = fmaf(pr, lp - i_val, pl);
+      ps += pr;
+    }
+  }
+};
+
+// [d] dense: log Z_I (to *log_zi) and the row's loss, coeff (sum p (log p - I) + log Z_I sum p).
+template <int kT, int kTokens = 1>
+__device__ __forceinline__ float dense_row_loss(const DenseRowSums& s, float coeff, float* red,
+                                                float* log_zi) {
+  const float m_i = block_reduce<kT, true, kTokens>(s.m, red);
+  const float z =
+      block_reduce<kT, false, kTokens>(s.m == -INFINITY ? 0.f : s.z * expf(s.m - m_i), red);
+  *log_zi = m_i + logf(z);
+  const float pl = block_reduce<kT, false, kTokens>(s.pl, red);
+  const float ps = block_reduce<kT, false, kTokens>(s.ps, red);
+  return coeff * fmaf(*log_zi, ps, pl);
+}
+
+// Dense pass 2: dI = coeff (r - p) of a key from its I and log A.
+__device__ __forceinline__ float dense_di(float coeff, float i_val, float log_zi, float la,
+                                          float log_za) {
+  return coeff * (expf(i_val - log_zi) - expf(la - log_za));
+}
+
+// [f] dw_j = the sum over the token's threads of their dw partials dw_acc[nt][e] (head 8 nt +
+// 2 t4 + e): the 8 rows of a warp by shuffles, then the warps in order through s_dw (kT / 32 x
+// kHeads fp32); `store` false: nothing written (the barrier still taken).
+template <int kT, int kHeads, int kTokens = 1>
+__device__ __forceinline__ void store_dw(const float (&dw_acc)[kHeads / 8][2], float* s_dw,
+                                         const LossParams& p, int64_t tok, bool store = true) {
+  const int tid = token_thread<kT, kTokens>(), lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < kHeads / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float v = dw_acc[nt][e];
+#pragma unroll
+      for (int off = 4; off < 32; off *= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+      if (g == 0) s_dw[warp * kHeads + 8 * nt + 2 * t4 + e] = v;
+    }
+  __syncthreads();
+  if (!store) return;
+  for (int j = tid; j < kHeads; j += kT) {
+    float v = 0.f;
+#pragma unroll
+    for (int w = 0; w < kT / 32; ++w) v += s_dw[w * kHeads + j];
+    p.dw[tok * p.dw_ss + j * p.dw_sh] = v;
   }
 }
 
@@ -217,7 +418,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2) loss_kernel(const LossParams
   uint8_t* smem = dsa::dynamic_smem();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3, x = lane & 7;
-  const uint32_t lt = (1u << lane) - 1u;
   const int64_t tok = p.tok_begin + blockIdx.x;
   const IndexerDims& d = p.dims;
   const int slots = (p.topk + kT - 1) / kT * kT;
@@ -248,67 +448,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2) loss_kernel(const LossParams
   if (kDense) {
     begin = p.meta.range_begin(tok, d);
     n = static_cast<int>(p.meta.range_size(tok, d));
-  }
-  for (int base = 0; !kDense && base < p.topk; base += kT) {
-    const int i = base + tid;
-    bool in = false, active = false;
-    int32_t key = -1;
-    if (i < p.topk) {
-      const bool before_len =
-          p.meta.topk_length.data == nullptr || i < p.meta.topk_length.at(tok);
-      key = p.meta.topk_idx.at(tok, i);
-      active = before_len && key >= 0 && key < d.Skv;
-      in = active && p.meta.slot_in_loss(tok, i, d);
-    }
-    const uint32_t mask = __ballot_sync(0xffffffffu, in);
-    if (lane == 0) s_count[warp] = __popc(mask);
-    __syncthreads();
-    int pos = n + __popc(mask & lt);
-    int total = 0;
-#pragma unroll
-    for (int w = 0; w < Cfg::kWarps; ++w) {
-      if (w < warp) pos += s_count[w];
-      total += s_count[w];
-    }
-    if (in) {
-      s_key[pos] = key;
-      s_slot[pos] = i;
-      s_la[pos] = log_a_at(p, tok, i);
-    }
-    if (det && p.grads && active && !in) zero_part_row(i);
-    n += total;
-    __syncthreads();  // s_count is rewritten by the next round
+  } else {
+    n = compact_slots<kT>(p, tok, s_key, s_slot, s_la, s_count, [&](int i) {
+      if (det && p.grads) zero_part_row(i);
+    });
   }
 
-  // [b] log Z_A.
-  // log A of position i: sparse from the list, dense from the workspace.
+  // [b] log Z_A: log A of position i, sparse from the list, dense from the workspace.
   auto la_of = [&](int i) { return kDense ? log_a_at(p, tok, i) : s_la[i]; };
-  float m_loc = -kInf;
-  for (int i = tid; i < n; i += kT) m_loc = fmaxf(m_loc, la_of(i));
-  const float m_a = block_reduce<kT, true>(m_loc, s_red);
-  float z_loc = 0.f;
-  if (m_a != -kInf)
-    for (int i = tid; i < n; i += kT) z_loc += expf(la_of(i) - m_a);
-  const float z_a = block_reduce<kT, false>(z_loc, s_red);
-  const float log_za = m_a == -kInf ? -kInf : m_a + logf(z_a);
-
-  auto write_dq_zero_and_dw_zero = [&]() {
-    for (int e = tid; e < kHeads * 64; e += kT) {
-      const int j = e / 64, c = 2 * (e % 64);
-      *reinterpret_cast<uint32_t*>(p.dq_I + tok * p.dq_ss + j * p.dq_sh + c) = 0u;
-    }
-    for (int j = tid; j < kHeads; j += kT) p.dw[tok * p.dw_ss + j * p.dw_sh] = 0.f;
-  };
+  const float log_za = row_log_z_a<kT>(n, la_of, s_red);
   if (n == 0 || log_za == -kInf) {
-    if (tid == 0) {
-      p.loss_rows[tok] = 0.f;
-      if (p.loss_per_token != nullptr) p.loss_per_token[tok * p.lpt_s] = 0.f;
-    }
-    if (p.grads) {
-      write_dq_zero_and_dw_zero();
-      if (det)
-        for (int i = tid; i < n; i += kT) zero_part_row(s_slot[i]);
-    }
+    write_empty_row<kT, kHeads>(p, tok);
+    if (det && p.grads)
+      for (int i = tid; i < n; i += kT) zero_part_row(s_slot[i]);
     return;
   }
 
@@ -340,8 +492,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2) loss_kernel(const LossParams
   dsa::cp_async_commit();
 
   // Pass 1: I of every position of K_t (dense: folded into running sums, one lane per quad).
-  float run_m = -kInf, run_z = 0.f;  // dense: online logsumexp of I
-  float sum_pl = 0.f, sum_p = 0.f;   // dense: sum p (log p - I), sum p
+  DenseRowSums sums;  // dense
   for (int chunk = 0; chunk < n_chunks; ++chunk) {
     const int stage = chunk & 1;
     dsa::cp_async_wait_all();
@@ -362,52 +513,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2) loss_kernel(const LossParams
         s_val[pos] = row[i];
         continue;
       }
-      if (row[i] > run_m) {
-        run_z = run_z * expf(run_m - row[i]) + 1.f;  // run_m = -inf: 0 * 0 + 1
-        run_m = row[i];
-      } else if (row[i] != -kInf) {
-        run_z += expf(row[i] - run_m);
-      }
-      const float lp = log_a_at(p, tok, pos) - log_za;
-      const float pr = expf(lp);
-      if (pr > 0.f) {
-        sum_pl = fmaf(pr, lp - row[i], sum_pl);
-        sum_p += pr;
-      }
+      sums.add(row[i], log_a_at(p, tok, pos) - log_za);
     }
   }
   __syncthreads();
 
   // [d] log Z_I, the row's loss (sparse: and dI).
-  float log_zi, row_loss;
-  if (!kDense) {
-    m_loc = -kInf;
-    for (int i = tid; i < n; i += kT) m_loc = fmaxf(m_loc, s_val[i]);
-    const float m_i = block_reduce<kT, true>(m_loc, s_red);
-    z_loc = 0.f;
-    for (int i = tid; i < n; i += kT) z_loc += expf(s_val[i] - m_i);
-    log_zi = m_i + logf(block_reduce<kT, false>(z_loc, s_red));
-    float term = 0.f;
-    for (int i = tid; i < n; i += kT) {
-      const float lp = s_la[i] - log_za, lr = s_val[i] - log_zi;
-      const float pr = expf(lp);
-      if (pr > 0.f) term += pr * (lp - lr);
-      s_val[i] = p.coeff * (expf(lr) - pr);
-    }
-    row_loss = p.coeff * block_reduce<kT, false>(term, s_red);
-  } else {
-    // sum p (log p - log r) = sum p (log p - I) + log Z_I sum p.
-    const float m_i = block_reduce<kT, true>(run_m, s_red);
-    const float z = block_reduce<kT, false>(run_m == -kInf ? 0.f : run_z * expf(run_m - m_i), s_red);
-    log_zi = m_i + logf(z);
-    const float pl = block_reduce<kT, false>(sum_pl, s_red);
-    const float ps = block_reduce<kT, false>(sum_p, s_red);
-    row_loss = p.coeff * fmaf(log_zi, ps, pl);
-  }
-  if (tid == 0) {
-    p.loss_rows[tok] = row_loss;
-    if (p.loss_per_token != nullptr) p.loss_per_token[tok * p.lpt_s] = row_loss;
-  }
+  float log_zi = 0.f;
+  const float row_loss = kDense ? dense_row_loss<kT>(sums, p.coeff, s_red, &log_zi)
+                                : sparse_row_loss<kT>(n, s_la, s_val, log_za, p.coeff, s_red);
+  write_row_loss<kT>(p, tok, row_loss);
   if (!p.grads) return;
 
   // [e] Pass 2: gradients.
@@ -443,7 +558,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2) loss_kernel(const LossParams
       pos[i] = chunk * kChunk + 16 * warp + g + 8 * i;
       di[i] = 0.f;
       if (pos[i] < n) {
-        di[i] = kDense ? p.coeff * (expf(row[i] - log_zi) - expf(log_a_at(p, tok, pos[i]) - log_za))
+        di[i] = kDense ? dense_di(p.coeff, row[i], log_zi, log_a_at(p, tok, pos[i]), log_za)
                        : s_val[pos[i]];
       }
     }
@@ -538,22 +653,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2) loss_kernel(const LossParams
       *reinterpret_cast<uint32_t*>(row + 8 * nt) =
           pack2<__nv_bfloat16>(dq[nt][2 * i] * f, dq[nt][2 * i + 1] * f);
   }
-#pragma unroll
-  for (int nt = 0; nt < Cfg::kNt; ++nt)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      float v = dw_acc[nt][e];
-#pragma unroll
-      for (int off = 4; off < 32; off *= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-      if (g == 0) s_dw[warp * kHeads + 8 * nt + 2 * t4 + e] = v;
-    }
-  __syncthreads();
-  for (int j = tid; j < kHeads; j += kT) {
-    float v = 0.f;
-#pragma unroll
-    for (int w = 0; w < Cfg::kWarps; ++w) v += s_dw[w * kHeads + j];
-    p.dw[tok * p.dw_ss + j * p.dw_sh] = v;
-  }
+  store_dw<kT, kHeads>(dw_acc, s_dw, p, tok);
 }
 
 }  // namespace sa::portable::indexer

@@ -2,7 +2,12 @@
 // loss kernel, deterministic mode, dense slices) with the wgmma attention target of
 // indexer_target_rs_kernel.cuh (Q in registers, RS; the default: 1.07x the SS kernel on an H100,
 // session 35), or with the internal tuning sm90_indexer_target = 3 of indexer_target_kernel.cuh
-// (Q in shared memory, SS); one CTA per (token, pair of 64-head groups), D_qk 512 or 576.
+// (Q in shared memory, SS); one CTA per (token, pair of 64-head groups), D_qk 512 or 576. The loss
+// kernel (the driver's step 3) is the portable one unless the internal tuning
+// sm90_indexer_loss_kernel = 1 asks for the wgmma one (indexer_loss_kernel.cuh: sparse and dense
+// mode, not deterministic, H_I 16 / 32 / 64, its shared memory within 227 KB; NOT YET RUN ON A
+// GPU), injected as the driver's LossLaunch; the driver launches the portable kernel where it
+// declines.
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -11,12 +16,14 @@
 #include "common/tuning.hpp"
 #include "cuda/indexer_loss_driver.hpp"
 #include "sm90/indexer.hpp"
+#include "sm90/indexer_loss_kernel.cuh"
 #include "sm90/indexer_target_kernel.cuh"
 #include "sm90/indexer_target_rs_kernel.cuh"
 
 namespace sa::sm90 {
 namespace {
 
+using portable::indexer::LossParams;
 using portable::indexer::TargetParams;
 using indexer::TargetRsTraits;
 using indexer::TargetTraits;
@@ -73,9 +80,105 @@ void launch_target(const TargetParams& prm, bool dense, int64_t tokens, int /*de
   }
 }
 
+template <int kHeads, bool kDense>
+void launch_loss_for(const LossParams& prm, int64_t tokens, cudaStream_t stream) {
+  using T = loss::LossTraits<kHeads>;
+  auto* kernel = &loss::loss_sm90_kernel<T, kDense>;
+  const int smem = kDense ? T::dense_smem_bytes(prm.head_groups) : T::smem_bytes(prm.topk);
+  SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  kernel<<<static_cast<unsigned>(tokens), T::kThreads, smem, stream>>>(prm);
+  SA_CUDA_CHECK_LAUNCH();
+}
+
+// Dense mode, two tokens per CTA (loss_sm90_pair_kernel): the token past the last is absent.
+template <int kHeads>
+void launch_loss_pair_for(const LossParams& prm, int64_t tokens, cudaStream_t stream) {
+  using T = loss::LossTraits<kHeads>;
+  using P = loss::PairTraits<T>;
+  auto* kernel = &loss::loss_sm90_pair_kernel<T>;
+  const int smem = P::smem_bytes(prm.head_groups);
+  SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  LossParams q = prm;
+  q.tok_end = prm.tok_begin + tokens;
+  kernel<<<static_cast<unsigned>((tokens + 1) / 2), 2 * T::kThreads, smem, stream>>>(q);
+  SA_CUDA_CHECK_LAUNCH();
+}
+
+// mode: 0 sparse, 1 dense, 2 dense with two tokens per CTA.
+template <int kHeads>
+size_t loss_smem_bytes(int mode, int topk, int groups) {
+  using T = loss::LossTraits<kHeads>;
+  const int bytes = mode == 0   ? T::smem_bytes(topk)
+                    : mode == 1 ? T::dense_smem_bytes(groups)
+                                : loss::PairTraits<T>::smem_bytes(groups);
+  return static_cast<size_t>(bytes);
+}
+
+// Whether the wgmma loss kernel of `mode` (as loss_smem_bytes) serves a non-deterministic call of
+// H_I `heads` (the tuning aside): sparse with `topk` slots per row, or dense with `groups` head
+// groups of log A; its shared memory within 227 KB (sparse: topk <= ~12,000; dense at H_I 64:
+// groups <= ~330, with two tokens per CTA ~110).
+bool loss_kernel_serves(int64_t heads, int mode, int topk, int groups) {
+  if (heads != 16 && heads != 32 && heads != 64) return false;
+  if (mode == 0 ? topk <= 0 : groups <= 0) return false;
+  size_t smem = 0;
+  switch (heads) {
+    case 16:
+      smem = loss_smem_bytes<16>(mode, topk, groups);
+      break;
+    case 32:
+      smem = loss_smem_bytes<32>(mode, topk, groups);
+      break;
+    default:
+      smem = loss_smem_bytes<64>(mode, topk, groups);
+      break;
+  }
+  return smem <= kMaxSmemSm90;
+}
+
+// kMode: 0 sparse, 1 dense, 2 dense with two tokens per CTA.
+template <int kMode>
+void launch_loss_mode(const LossParams& prm, int64_t heads, int64_t tokens, cudaStream_t stream) {
+  switch (heads) {
+    case 16:
+      if constexpr (kMode == 2) launch_loss_pair_for<16>(prm, tokens, stream);
+      else launch_loss_for<16, kMode == 1>(prm, tokens, stream);
+      break;
+    case 32:
+      if constexpr (kMode == 2) launch_loss_pair_for<32>(prm, tokens, stream);
+      else launch_loss_for<32, kMode == 1>(prm, tokens, stream);
+      break;
+    default:
+      if constexpr (kMode == 2) launch_loss_pair_for<64>(prm, tokens, stream);
+      else launch_loss_for<64, kMode == 1>(prm, tokens, stream);
+      break;
+  }
+}
+
+// portable::indexer::LossLaunch: the wgmma loss kernel under tuning sm90_indexer_loss_kernel = 1
+// or 2 (2: dense mode with two tokens per CTA) where it serves the call (sparse or dense, not
+// deterministic); false (nothing launched: the driver's portable kernel) elsewhere.
+bool launch_loss(const LossParams& prm, bool dense, int64_t heads, int64_t tokens,
+                 cudaStream_t stream) {
+  const int32_t kernel = detail::tuning().sm90_indexer_loss_kernel;
+  if (kernel != 1 && kernel != 2) return false;
+  const int mode = !dense ? 0 : kernel;
+  if (prm.dk_part != nullptr || !loss_kernel_serves(heads, mode, prm.topk, prm.head_groups))
+    return false;
+  if (tokens == 0) return true;
+  if (mode == 0)
+    launch_loss_mode<0>(prm, heads, tokens, stream);
+  else if (mode == 1)
+    launch_loss_mode<1>(prm, heads, tokens, stream);
+  else
+    launch_loss_mode<2>(prm, heads, tokens, stream);
+  return true;
+}
+
 portable::indexer::LossDriverOptions driver_options() {
   portable::indexer::LossDriverOptions o;
   o.target = &launch_target;
+  o.loss = &launch_loss;
   o.target_smem_bytes = static_cast<int>(
       std::max(std::max(kSmem576, kSmem512), std::max(kSmemRs576, kSmemRs512)));
   o.path = "sm90 indexer loss";
