@@ -445,6 +445,12 @@ def visible_pairs(dense, block):
     return (dense.sum().item() - on_diag) * block * block + on_diag * block * (block + 1) // 2
 
 
+def causal_mask_mod(b, h, q_idx, kv_idx):
+    """FlexAttention's causal mask_mod (a named module-level function: Inductor's generated code
+    failed to import with an inline lambda on the GPU machine's torch, session 36)."""
+    return q_idx >= kv_idx
+
+
 def flex_causal_block_mask(dense, S, block):
     """A FlexAttention BlockMask of the same lists: the diagonal blocks partial (a causal
     mask_mod), the earlier ones full."""
@@ -460,8 +466,8 @@ def flex_causal_block_mask(dense, S, block):
         return num.contiguous(), idx
     pn, pi = lists(part)
     fn_, fi = lists(full)
-    return BlockMask.from_kv_blocks(pn, pi, fn_, fi, BLOCK_SIZE=block,
-                                    mask_mod=lambda b, h, q, kv: q >= kv, seq_lengths=(S, S))
+    return BlockMask.from_kv_blocks(pn, pi, fn_, fi, BLOCK_SIZE=block, mask_mod=causal_mask_mod,
+                                    seq_lengths=(S, S))
 
 
 def bench_bsa_mask(pattern, block, S, ops, H=32, D=128, seed=0):

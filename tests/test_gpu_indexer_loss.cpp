@@ -406,7 +406,7 @@ std::vector<LossCase> sm90_loss_cases() {
       {"HI64_H128_D576_K129_FiveStages", loss_shape(16, 400, 64, 128, 576), R::kCausal, 129},
       {"HI32_H128_D576_K416_ThirteenStages", loss_shape(12, 900, 32, 128, 576), R::kNone, 416,
        false},
-      // The Hopper loss kernel's edges (tuning sm90_indexer_loss_kernel = 1): a long list (65
+      // The Hopper loss kernel's edges: a long list (65
       // chunks of 64 keys, the last one partial; 66 KB of per-slot list in shared memory).
       {"HI64_H64_D512_K4100_LongRows", loss_shape(4, 5000, 64, 64, 512), R::kNone, 4100},
       {"Dense_HI32_H192_D576_ThreeGroups", loss_shape(20, 150, 32, 192, 576), R::kCausal, 0,
@@ -443,22 +443,23 @@ std::vector<LossCase> sm90_loss_cases() {
 class IndexerSm90Loss : public ::testing::TestWithParam<LossCase> {};
 
 // Both Hopper targets (Tuning::sm90_indexer_target): 0 Q in registers (the default), 3 Q in
-// shared memory; and the Hopper (wgmma) loss kernel forced (Tuning::sm90_indexer_loss_kernel = 1,
-// sm90/indexer_loss_kernel.cuh) with the default target: it serves the non-deterministic cases
-// of H_I 16 / 32 / 64, sparse and dense, the portable loss kernel the deterministic ones, so
-// every case must still match; and the same with dense mode's two tokens per CTA (tuning 2:
-// odd token counts leave the last CTA's second token absent; causal pairs differ by one key,
-// packed and odd ranges give pairs with disjoint ranges or one empty row).
+// shared memory, each with the portable loss kernel (Tuning::sm90_indexer_loss_kernel = 3); the
+// Hopper (wgmma) loss kernel (sm90/indexer_loss_kernel.cuh) with the default target, one token
+// per CTA (tuning 1): it serves the non-deterministic cases of H_I 16 / 32 / 64, sparse and
+// dense, the portable loss kernel the deterministic ones, so every case must still match; and
+// the default (tuning 0 = 2: dense mode's two tokens per CTA; odd token counts leave the last
+// CTA's second token absent; causal pairs differ by one key, packed and odd ranges give pairs
+// with disjoint ranges or one empty row).
 TEST_P(IndexerSm90Loss, MatchesReference) {
   SA_SKIP_UNLESS_SM90_PATH();
   struct Variant {
     int32_t target, loss_kernel;
     const char* name;
   };
-  for (const Variant& v : {Variant{0, 0, "target: Q in registers"},
-                           Variant{3, 0, "target: Q in shared memory"},
+  for (const Variant& v : {Variant{0, 3, "target: Q in registers, portable loss kernel"},
+                           Variant{3, 3, "target: Q in shared memory, portable loss kernel"},
                            Variant{0, 1, "target: Q in registers, Hopper loss kernel"},
-                           Variant{0, 2, "target: Q in registers, Hopper loss kernel, pairs"}}) {
+                           Variant{0, 0, "default: Hopper loss kernel, pairs in dense mode"}}) {
     SCOPED_TRACE(v.name);
     sa::detail::Tuning t;
     t.sm90_indexer_target = v.target;

@@ -3,11 +3,10 @@
 // indexer_target_rs_kernel.cuh (Q in registers, RS; the default: 1.07x the SS kernel on an H100,
 // session 35), or with the internal tuning sm90_indexer_target = 3 of indexer_target_kernel.cuh
 // (Q in shared memory, SS); one CTA per (token, pair of 64-head groups), D_qk 512 or 576. The loss
-// kernel (the driver's step 3) is the portable one unless the internal tuning
-// sm90_indexer_loss_kernel = 1 asks for the wgmma one (indexer_loss_kernel.cuh: sparse and dense
-// mode, not deterministic, H_I 16 / 32 / 64, its shared memory within 227 KB; NOT YET RUN ON A
-// GPU), injected as the driver's LossLaunch; the driver launches the portable kernel where it
-// declines.
+// kernel (the driver's step 3) is the wgmma one (indexer_loss_kernel.cuh: sparse and dense mode,
+// not deterministic, H_I 16 / 32 / 64, its shared memory within 227 KB; dense mode with two
+// tokens per CTA), injected as the driver's LossLaunch; the driver launches the portable kernel
+// where it declines and under the internal tuning sm90_indexer_loss_kernel = 3.
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -155,12 +154,14 @@ void launch_loss_mode(const LossParams& prm, int64_t heads, int64_t tokens, cuda
   }
 }
 
-// portable::indexer::LossLaunch: the wgmma loss kernel under tuning sm90_indexer_loss_kernel = 1
-// or 2 (2: dense mode with two tokens per CTA) where it serves the call (sparse or dense, not
-// deterministic); false (nothing launched: the driver's portable kernel) elsewhere.
+// portable::indexer::LossLaunch: the wgmma loss kernel (tuning sm90_indexer_loss_kernel 0 / 2:
+// dense mode with two tokens per CTA; 1: one token per CTA) where it serves the call (sparse or
+// dense, not deterministic); false (nothing launched: the driver's portable kernel) elsewhere
+// and under tuning 3.
 bool launch_loss(const LossParams& prm, bool dense, int64_t heads, int64_t tokens,
                  cudaStream_t stream) {
-  const int32_t kernel = detail::tuning().sm90_indexer_loss_kernel;
+  int32_t kernel = detail::tuning().sm90_indexer_loss_kernel;
+  if (kernel == 0) kernel = 2;
   if (kernel != 1 && kernel != 2) return false;
   const int mode = !dense ? 0 : kernel;
   if (prm.dk_part != nullptr || !loss_kernel_serves(heads, mode, prm.topk, prm.head_groups))

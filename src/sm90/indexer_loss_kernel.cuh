@@ -3,9 +3,10 @@
 // (cuda/indexer_loss_kernel.cuh, [a] .. [f]; its row math, the list compaction, log Z_A, the
 // empty row, the sparse and dense loss, dI and dw are that file's functions, called by both
 // kernels), with the four indexer GEMMs per chunk on wgmma instead of mma.sync + ldmatrix.
-// DRAFT, NOT RUN ON A GPU: selected only by the internal tuning
-// Tuning::sm90_indexer_loss_kernel = 1 (sm90/indexer_loss.cu decides, the portable kernel serves
-// everything else).
+// The default since session 36 (tests, memcheck and racecheck pass on an H100; 1.075x the
+// portable loss kernel's whole sparse call, 1.105x dense with two tokens per CTA:
+// docs/indexer_decisions.md); sm90/indexer_loss.cu decides where it serves, the portable kernel
+// serves everything else and the internal tuning Tuning::sm90_indexer_loss_kernel = 3.
 //
 // Dense mode: K_t is the range [begin, begin + n), so a chunk is 64 consecutive k_I rows (the
 // same 16-byte cp.async per row, the tail chunk's rows past n zero-filled and masked out of I, G,
