@@ -280,6 +280,56 @@ __device__ __forceinline__ void store_dq(const Frag& dq, const LossParams& p, in
   }
 }
 
+// [c] q_I of token `tok` (two K-major 128-byte-swizzled panels at `sq`) and its w (s_w), by the
+// `kCopiers` threads `thread` of the token's warpgroup(s), each copying the 16-byte chunks
+// cp_chunk (= thread & 15, as the caller's k_I gather) of its rows; zeros for a token that is not
+// live.
+template <class T, int kCopiers>
+__device__ __forceinline__ void load_q_and_w(const LossParams& p, int64_t tok, bool live,
+                                             uint32_t sq, float* s_w, int thread, int cp_chunk) {
+  const __nv_bfloat16* q_tok = p.q_I + (live ? tok : 0) * p.qi_ss;
+  for (int r = thread >> 4; r < T::kHeads; r += kCopiers / 16)
+    cp_async_16_zfill(sq + (cp_chunk >> 3) * T::kQPanelBytes + swz(r, cp_chunk & 7),
+                      q_tok + r * p.qi_sh + cp_chunk * 8, live ? 16 : 0);
+  for (int j = thread; j < T::kHeads; j += kCopiers)
+    s_w[j] = live ? p.w[tok * p.w_ss + j * p.w_sh] : 0.f;
+}
+
+// A chunk's 64 k_I rows into `stage` of the ring at `sk` by the CTA's `kCopiers` threads:
+// position pos of the chunk is key key_of(pos) when pos < n, else a zero-filled row.
+template <class T, int kCopiers, class KeyOf>
+__device__ __forceinline__ void gather_k_rows(const LossParams& p, uint32_t sk, int chunk,
+                                              int stage, int n, KeyOf key_of, int thread) {
+  const int cp_chunk = thread & 15;  // 16-byte chunk of a 256-byte row: panel cp_chunk / 8
+  CUTE_UNROLL
+  for (int i = 0; i < T::kChunk / (kCopiers / 16); ++i) {
+    const int r = (thread >> 4) + i * (kCopiers / 16);
+    const int pos = chunk * T::kChunk + r;
+    const bool valid = pos < n;
+    const __nv_bfloat16* src = valid ? p.k_I + key_of(pos) * p.ki_ss + cp_chunk * 8 : p.k_I;
+    cp_async_16_zfill(sk + stage * T::kStageBytes + (cp_chunk >> 3) * T::kPanelBytes +
+                          swz(r, cp_chunk & 7),
+                      src, valid ? 16 : 0);
+  }
+}
+
+// Every thread's cp.async data (and, in pass 2, G) visible to the wgmma (async proxy) of the
+// whole CTA.
+__device__ __forceinline__ void landed_barrier() {
+  cp_async_wait_all();
+  fence_proxy_async_shared();
+  __syncthreads();
+}
+
+// The fp32 reductions of row i (g + 8 i of the warp's 16; m64n64 C layout) of a dK fragment's
+// 64 columns into the accumulator row `dst`.
+template <class Frag>
+__device__ __forceinline__ void reduce_dk_row(const Frag& dk, int i, float* dst) {
+  CUTE_UNROLL
+  for (int nt = 0; nt < 8; ++nt)
+    red_add_f32x2(dst + 8 * nt, dk(4 * nt + 2 * i), dk(4 * nt + 2 * i + 1));
+}
+
 template <class T, bool kDense>
 __global__ void __launch_bounds__(T::kThreads, 2) loss_sm90_kernel(const __grid_constant__ LossParams p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -333,14 +383,7 @@ __global__ void __launch_bounds__(T::kThreads, 2) loss_sm90_kernel(const __grid_
 
   // [c] q_I (two K-major panels) and w of the token; chunk 0 of the k_I rows (dense: and of
   // log A_g).
-  const int cp_chunk = tid & 15;  // 16-byte chunk of a 256-byte row: panel cp_chunk / 8
-  {
-    const __nv_bfloat16* q_tok = p.q_I + tok * p.qi_ss;
-    for (int r = tid >> 4; r < kHeads; r += kT / 16)
-      cp_async_16_zfill(sq + (cp_chunk >> 3) * T::kQPanelBytes + swz(r, cp_chunk & 7),
-                        q_tok + r * p.qi_sh + cp_chunk * 8, 16);
-    for (int j = tid; j < kHeads; j += kT) s_w[j] = p.w[tok * p.w_ss + j * p.w_sh];
-  }
+  load_q_and_w<T, kT>(p, tok, true, sq, s_w, tid, tid & 15);
   const int n_chunks = (n + kChunk - 1) / kChunk;
   // The key of position i of K_t: dense keys are contiguous, so a chunk is 64 consecutive rows.
   auto key_of = [&](int i) {
@@ -351,16 +394,7 @@ __global__ void __launch_bounds__(T::kThreads, 2) loss_sm90_kernel(const __grid_
   // copies: a token's row of the workspace has no alignment; positions past |K_t| not copied,
   // never read).
   auto gather = [&](int chunk, int stage) {
-    CUTE_UNROLL
-    for (int i = 0; i < kChunk / (kT / 16); ++i) {
-      const int r = (tid >> 4) + i * (kT / 16);
-      const int pos = chunk * kChunk + r;
-      const bool valid = pos < n;
-      const __nv_bfloat16* src = valid ? p.k_I + key_of(pos) * p.ki_ss + cp_chunk * 8 : p.k_I;
-      cp_async_16_zfill(sk + stage * T::kStageBytes + (cp_chunk >> 3) * T::kPanelBytes +
-                            swz(r, cp_chunk & 7),
-                        src, valid ? 16 : 0);
-    }
+    gather_k_rows<T, kT>(p, sk, chunk, stage, n, key_of, tid);
     if constexpr (kDense) {
       const float* la_row = p.log_a + (tok - p.la_tok0) * p.la_ts + chunk * kChunk;
       for (int e = tid; e < p.head_groups * kChunk; e += kT) {
@@ -374,13 +408,6 @@ __global__ void __launch_bounds__(T::kThreads, 2) loss_sm90_kernel(const __grid_
   // log A of row r of the chunk in `stage` (dense), from the copied parts.
   auto chunk_la = [&](int stage, int r) {
     return log_a_combine(s_lag + stage * p.head_groups * kChunk + r, kChunk, p.head_groups);
-  };
-  // Every thread's cp.async data (and, in pass 2, G) visible to the wgmma (async proxy) of the
-  // whole warpgroup.
-  auto landed_barrier = [&]() {
-    cp_async_wait_all();
-    fence_proxy_async_shared();
-    __syncthreads();
   };
   gather(0, 0);
   cp_async_commit();
@@ -495,13 +522,8 @@ __global__ void __launch_bounds__(T::kThreads, 2) loss_sm90_kernel(const __grid_
       warpgroup_fence_operand(dk);
       warpgroup_fence_operand(tAg);
       CUTE_UNROLL
-      for (int i = 0; i < 2; ++i) {
-        if (pos[i] >= n) continue;
-        float* dst = p.dk_acc + key_of(pos[i]) * 128 + 64 * half + 2 * t4;
-        CUTE_UNROLL
-        for (int nt = 0; nt < 8; ++nt)
-          red_add_f32x2(dst + 8 * nt, dk(4 * nt + 2 * i), dk(4 * nt + 2 * i + 1));
-      }
+      for (int i = 0; i < 2; ++i)
+        if (pos[i] < n) reduce_dk_row(dk, i, p.dk_acc + key_of(pos[i]) * 128 + 64 * half + 2 * t4);
     }
     fence_proxy_async_shared();
     __syncthreads();  // G of every warp in shared memory, visible to the async proxy
@@ -629,27 +651,10 @@ __global__ void __launch_bounds__(2 * T::kThreads, 1)
 
   // [c] q_I and w of the token (zeros when not live), chunk 0 of the span's k_I rows and each
   // live token's log A_g of them.
-  const int cp_chunk = tid & 15;
-  {
-    const __nv_bfloat16* q_tok = p.q_I + (live ? tok : 0) * p.qi_ss;
-    for (int r = wtid >> 4; r < kHeads; r += kT / 16)
-      cp_async_16_zfill(sq + (cp_chunk >> 3) * T::kQPanelBytes + swz(r, cp_chunk & 7),
-                        q_tok + r * p.qi_sh + cp_chunk * 8, live ? 16 : 0);
-    for (int j = wtid; j < kHeads; j += kT) s_w[j] = live ? p.w[tok * p.w_ss + j * p.w_sh] : 0.f;
-  }
+  load_q_and_w<T, kT>(p, tok, live, sq, s_w, wtid, tid & 15);
   const int n_chunks = (ns + kChunk - 1) / kChunk;
   auto gather = [&](int chunk, int stage) {
-    CUTE_UNROLL
-    for (int i = 0; i < kChunk / (2 * kT / 16); ++i) {
-      const int r = (tid >> 4) + i * (2 * kT / 16);
-      const int pos = chunk * kChunk + r;
-      const bool valid = pos < ns;
-      const __nv_bfloat16* src =
-          valid ? p.k_I + (span_b + pos) * p.ki_ss + cp_chunk * 8 : p.k_I;
-      cp_async_16_zfill(sk + stage * T::kStageBytes + (cp_chunk >> 3) * T::kPanelBytes +
-                            swz(r, cp_chunk & 7),
-                        src, valid ? 16 : 0);
-    }
+    gather_k_rows<T, 2 * kT>(p, sk, chunk, stage, ns, [&](int pos) { return span_b + pos; }, tid);
     for (int e = wtid; e < p.head_groups * kChunk; e += kT) {
       const int hg = e / kChunk, r = e % kChunk;
       const int64_t key = span_b + chunk * kChunk + r;
@@ -661,11 +666,6 @@ __global__ void __launch_bounds__(2 * T::kThreads, 1)
   auto chunk_la = [&](int stage, int r) {
     return log_a_combine(s_lag + (stage * 2 + wg) * p.head_groups * kChunk + r, kChunk,
                          p.head_groups);
-  };
-  auto landed_barrier = [&]() {
-    cp_async_wait_all();
-    fence_proxy_async_shared();
-    __syncthreads();
   };
   gather(0, 0);
   cp_async_commit();
@@ -781,11 +781,7 @@ __global__ void __launch_bounds__(2 * T::kThreads, 1)
     for (int i = 0; i < 2; ++i) {
       const int r = 16 * warp + g + 8 * i;
       const int64_t key = span_b + chunk * kChunk + r;
-      if (!either(key)) continue;
-      float* dst = p.dk_acc + key * 128 + 64 * wg + 2 * t4;
-      CUTE_UNROLL
-      for (int nt = 0; nt < 8; ++nt)
-        red_add_f32x2(dst + 8 * nt, dk(4 * nt + 2 * i), dk(4 * nt + 2 * i + 1));
+      if (either(key)) reduce_dk_row(dk, i, p.dk_acc + key * 128 + 64 * wg + 2 * t4);
     }
     warpgroup_wait<0>();
     warpgroup_fence_operand(dq);
