@@ -503,11 +503,15 @@ def bench_bsa_mask(pattern, block, S, ops, H=32, D=128, seed=0):
     from torch.nn.attention.flex_attention import flex_attention
     flex = torch.compile(flex_attention)
     bm = flex_causal_block_mask(dense, S, block)
+    # Flex's default tiles (128 rows / keys) must divide the BlockMask's block: block 64 names
+    # 64-wide tiles for the forward and both backward passes.
+    kopt = None if block >= 128 else {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_M1": 32,
+                                      "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32}
     qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, v))
-    out_f = flex(qq, kk, vv, block_mask=bm, scale=scale)
+    out_f = flex(qq, kk, vv, block_mask=bm, scale=scale, kernel_options=kopt)
     for op, flop_per_pair, ours_fn, unmasked_fn, flex_fn in (
             ("bsa_fwd", 4.0 * D, fwd(causal), fwd(0),
-             lambda: flex(q, k, v, block_mask=bm, scale=scale)),
+             lambda: flex(q, k, v, block_mask=bm, scale=scale, kernel_options=kopt)),
             ("bsa_bwd", 10.0 * D, bwd(causal, o, lse), bwd(0, o_u, lse_u),
              lambda: torch.autograd.grad(out_f, (qq, kk, vv), do, retain_graph=True))):
         if op not in ops:

@@ -27,7 +27,13 @@ def shape_label(op, s):
         attn = f" H{s['H']} Dqk{s['D_qk']}" if "H" in s else ""
         return f"S{s['S']} H_I{s['H_I']}{k}{attn}{causal}"
     if op.startswith("bsa"):
-        return f"S{s['S']} H{s['H']} D{s['D']} b{s['block']} {round(100 * s['density'], 1)}%"
+        extra = ""
+        if s.get("mask") or s.get("pattern"):
+            extra += f" {s.get('pattern', '')} mask={s.get('mask', 'none')}".replace("  ", " ")
+        if s.get("varlen"):
+            extra += " packed"
+        return (f"S{s['S']} H{s['H']} D{s['D']} b{s['block']} {round(100 * s['density'], 1)}%"
+                f"{extra}")
     tl = " len" if s.get("topk_length") else ""
     return f"S{s['S']} H{s['H']} Dqk{s['D_qk']} k{s['topk']}{tl}"
 
@@ -43,12 +49,15 @@ def table(records):
                   "rel L2 | vs fp64: ours / anchor | source |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
+            # Issue 38's ratios (bench/anchors.py --plan mask) ride in the impl column.
+            ratio = next((f" ({k.replace('_', ' ')} {r[k]:.3f})" for k in
+                          ("rate_vs_unmasked", "rate_vs_one_sequence") if r.get(k) is not None), "")
             err = r.get("max_rel_l2")
             f64 = r.get("fp64_rel_l2") or {}
             f64_txt = "-" if not f64 else " / ".join(
                 "-" if f64.get(k) is None else format(f64[k], ".1e") for k in ("ours", "anchor"))
             # A bench A/B names its variant (impl and tuning); anchors.py records their impl.
-            impl = r.get("variant") or r["impl"]
+            impl = (r.get("variant") or r["impl"]) + ratio
             lines.append(
                 f"| {shape_label(op, r['shape'])} | {impl} | {r['ms']:.4f} | "
                 f"{r['tflops']:.1f} | {r.get('anchor') or '-'} | "
