@@ -22,6 +22,10 @@
 //              Block 128 with dQ (kReducerWarp): warp 1 is the reducer (reducer_main): it issues
 //              every dQ bulk reduction and waits for it, in a named-barrier hand-off with each
 //              consumer warpgroup; warps 2 and 3 exit.
+//              Tuning variant kTuneStatsWarp: warp 2 is the loader (loader_main): it walks the
+//              tiles and brings each live tile's lse2 / delta (bulk copies), query head, first
+//              row and mask bits into a ring (StatsRing) on mbarriers; the consumers' walk,
+//              cp.async and stats barriers go away. kTuneFullBlocks: no padded-key selects.
 //   kConsumer0 warpgroup 1 (and kConsumer1, warpgroup 2, when kBlockN = 128; setmaxnreg up): each
 //              owns 64 keys of the block. All GEMMs are computed "transposed" (keys as M) so that
 //              P^T and dS^T come out of the accumulators in the A-operand register layout:
@@ -73,6 +77,8 @@
 //   named barrier 3 + wg (the 128 threads of warpgroup wg): the stats / entry cp.async visible
 //                  (sync_async_copies; with the reducer warp, its kDqEmpty hand-off instead);
 //                  block 64: the dQ staging is written; single-owner epilogue: dK / dV staged
+//   ring.full[i] / ring.empty[i] (kTuneStatsWarp): loader -> consumers (1 arrival + 512 bytes) /
+//                  consumers -> loader (every consumer thread), StatsRing
 //   named barriers kDqEmptyBarrier0 + wg / kDqFullBarrier0 + wg (5 + wg / 7 + wg; 160 threads:
 //                  warpgroup wg and the reducer warp; block 128 with dQ): the dQ staging hand-off,
 //                  reducer bar.arrive empty -> wg bar.sync empty, stores, wg bar.arrive full ->
@@ -784,7 +790,8 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
       }
       cp_async_commit();
     };
-    if constexpr (!kEarlyS) run_head();
+    // (T::kStatsWarp without early S: at the end of the tile instead, the only use of t_next.)
+    if constexpr (!kEarlyS && !T::kStatsWarp) run_head();
     // The stage of tile t_next.
     const int stage_next = stage + 1 == T::kStages ? 0 : stage + 1;
     const uint32_t phase_next = stage + 1 == T::kStages ? phase ^ 1 : phase;
@@ -995,6 +1002,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
     }
+    if constexpr (!kEarlyS && T::kStatsWarp) run_head();
     stage = stage_next;
     phase = phase_next;
     if (!T::kStatsWarp && new_block) {
