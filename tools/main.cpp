@@ -46,7 +46,7 @@ std::string usage() {
      << "           bucket=, deterministic=, and the library's internal tuning:\n"
      << "           tune.fwd_splits=auto|1..16, tune.bwd_tail=auto|0..1024, tune.dsa_bwd=0..3,\n"
      << "           tune.dsa_fwd_pad=0|1, tune.topk=0..4, tune.ptopk=0..4,\n"
-     << "           tune.sm90_indexer_target=0..3, tune.sm90_indexer_loss_kernel=0..3\n"
+     << "           tune.sm90_indexer_target=0..3, tune.sm90_indexer_loss_kernel=0..4\n"
      << "           (tools/bench.hpp));\n"
      << "           ',' joins keys, '/' separates variants; the first is the A/B\n"
      << "           anchor), --warmup N (10), --rounds N (5 per pass, 2 passes), --calls N\n"

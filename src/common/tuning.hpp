@@ -47,7 +47,8 @@ struct Tuning {
   // 2 as 1, with dense mode's two tokens per CTA (loss_sm90_pair_kernel); 3 the portable loss
   // kernel (cuda/indexer_loss_kernel.cuh) everywhere. Only with sm90_indexer_target != 1 (1 runs
   // the portable entry). H100, session 36: 1 against 3 sparse S 4096 1.075x, dense S 8192
-  // 1.061x; 2 dense 1.105x.
+  // 1.061x; 2 dense 1.105x. 4 as 2 with dense mode's pipelined kernel (loss_sm90_pipe_kernel,
+  // sm90/indexer_loss_pipe_kernel.cuh; not yet run on a GPU); sparse mode as 1.
   int32_t sm90_indexer_loss_kernel = 0;
 };
 
