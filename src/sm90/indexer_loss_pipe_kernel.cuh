@@ -26,10 +26,11 @@
 //     E1(c) = I, the online sums (t4 = 0 lanes, keys of the token's range), release(c)
 //   [d] dense_online_row_loss: log Z_I, log Z_A, the loss; q_w
 //   pass 2 (one accumulator of each kind):
-//     G1(0); wait; E2(0) |; dK(0)
-//     chunk c: G1(c+1); dQ(c); wait dK(c); R(c)      [G1(c+1), dQ(c)]
-//              wait G1(c+1); E2(c+1) |; dK(c+1)      [dQ(c)]
-//              wait dQ(c); release(c)                [dK(c+1)]
+//     G1(0); wait; E2(0) |
+//     chunk c: dK(c); wait dQ(c-1); release(c-1)    [dK(c)]
+//              G1(c+1); dQ(c); wait dK(c); R(c)      [G1(c+1), dQ(c)]
+//              wait G1(c+1); E2(c+1) |               [dQ(c)]
+//     (the last chunk: dK(c); dQ(c); R(c); wait all; release(c))
 //     E2(c) = I, dI, G -> the G ring slot c % 2, dw; fence.proxy.async; the barrier (both tokens'
 //     G of chunk c visible before either warpgroup's dK(c))
 //
@@ -38,12 +39,14 @@
 // R of both warpgroups interleaved on the SM's four schedulers.
 //
 // Shared-memory reuse: a k_I stage and its log A are released after the chunk's dQ retired
-// (pass 2) or its E1 (pass 1). The G ring slot c % 2 is rewritten by E2(c + 2), after the barrier
-// of chunk c + 1, which each warpgroup reaches only after its dK(c) and dQ(c) retired.
+// (pass 2) or its E1 (pass 1). Warpgroup w's panel of G ring slot c % 2 is rewritten by its
+// E2(c + 2) in body c + 1: its own dQ(c) retired at that body's start, and both warpgroups' dK(c)
+// (which read both panels) retired before they reached the barrier of E2(c + 1).
 //
 // Registers (H_I 64, per consumer thread): dq^T 64, G1 accumulator 32 (two in pass 1), dK 32, dw
 // 16, the rest (addresses, dI, ring state): ptxas (CUTLASS 4.2, CUDA 13.0) allocates R0..R178 in
-// the consumer region (setmaxnreg 232) and R0..R37 in the producer's (40); no spills, no C75xx.
+// the consumer region (setmaxnreg 232; H_I 32 / 16: R123 / R101) and R0..R37 in the producer's
+// (40); no spills, no C75xx.
 // Shared memory (bytes from a 1024-aligned base; H_I 64, 2 head groups, 6 stages): q_I 2 x
 // 16,384, q_w 2 x 16,384, k_I ring 6 x 16,384, G ring 2 x 2 x 8,192, w / scratch / dw / ranges /
 // barriers ~3.7 KB, log A ring 6 x 2 x 256, log A_g ring 6 x 2 x groups x 256, + 1,024 slack:
@@ -175,7 +178,8 @@ __device__ __forceinline__ void pipe_producer(const LossParams& p, uint8_t* smem
   const int64_t rb = sp.range_b(w), re = rb + sp.range_n(w);
   const float* const la_tok = p.log_a + (sp.t0 + w - p.la_tok0) * p.la_ts;
   auto chunk_of = [&](int k) { return k < sp.n_chunks ? k : k - sp.n_chunks; };
-  // Chunk j's copies have landed (this thread's): its log A, then the arrival.
+  // Chunk j's copies have landed (this thread's): its log A, then the arrival (the consumers also
+// fence after their wait: the order of the kernels' landed_barrier on both sides).
   auto publish = [&](int j) {
     const int stage = j % kStages;
     const int64_t key = sp.begin + chunk_of(j) * kChunk + r;
@@ -184,6 +188,7 @@ __device__ __forceinline__ void pipe_producer(const LossParams& p, uint8_t* smem
                                s_lag + (stage * 2 + w) * groups * kChunk + r, kChunk, groups)
                          : -INFINITY;
     s_la[(stage * 2 + w) * kChunk + r] = la;
+    fence_proxy_async_shared();  // this thread's landed k_I rows, for the consumers' wgmma
     mbarrier_arrive(&full[stage]);
   };
 #pragma unroll 1
