@@ -6,8 +6,9 @@
 // kernel (the driver's step 3) is the wgmma one (indexer_loss_kernel.cuh: sparse and dense mode,
 // not deterministic, H_I 16 / 32 / 64, its shared memory within 227 KB; dense mode with two
 // tokens per CTA; under the internal tuning sm90_indexer_loss_kernel = 4, dense mode's
-// pipelined pair kernel of indexer_loss_pipe_kernel.cuh), injected as the driver's LossLaunch; the driver launches the portable kernel
-// where it declines and under the internal tuning sm90_indexer_loss_kernel = 3.
+// pipelined pair kernel of indexer_loss_pipe_kernel.cuh), injected as the driver's LossLaunch;
+// the driver launches the portable kernel where it declines and under the internal tuning
+// sm90_indexer_loss_kernel = 3.
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -180,15 +181,17 @@ void launch_loss_mode(const LossParams& prm, int64_t heads, int64_t tokens, cuda
 
 // portable::indexer::LossLaunch: the wgmma loss kernel (tuning sm90_indexer_loss_kernel 0 / 2:
 // dense mode with two tokens per CTA; 1: one token per CTA; 4: dense mode's pipelined pair
-// kernel) where it serves the call (sparse or dense, not deterministic; sparse mode is the one
-// token per CTA kernel under 1, 2 and 4); false (nothing launched: the driver's portable kernel)
-// elsewhere and under tuning 3.
+// kernel, the pair kernel where its shared memory does not fit) where it serves the call
+// (sparse or dense, not deterministic; sparse mode is the one token per CTA kernel under 1, 2
+// and 4); false (nothing launched: the driver's portable kernel) elsewhere and under tuning 3.
 bool launch_loss(const LossParams& prm, bool dense, int64_t heads, int64_t tokens,
                  cudaStream_t stream) {
   int32_t kernel = detail::tuning().sm90_indexer_loss_kernel;
   if (kernel == 0) kernel = 2;
   if (kernel != 1 && kernel != 2 && kernel != 4) return false;
-  const int mode = !dense ? 0 : kernel == 4 ? 3 : kernel;
+  int mode = !dense ? 0 : kernel == 4 ? 3 : kernel;
+  // The pipelined kernel's six log A_g stages hold fewer head groups: the pair kernel beyond.
+  if (mode == 3 && !loss_kernel_serves(heads, mode, prm.topk, prm.head_groups)) mode = 2;
   if (prm.dk_part != nullptr || !loss_kernel_serves(heads, mode, prm.topk, prm.head_groups))
     return false;
   if (tokens == 0) return true;
