@@ -58,7 +58,7 @@ struct BenchOptions {
 //   tune.sm90_indexer_target=0..3 Hopper indexer loss: 0 the Hopper attention target (Q in
 //                                registers; default), 1 the portable target (the portable
 //                                loss entry), 2 = 0, 3 the Hopper target with Q in shared memory
-//   tune.sm90_indexer_loss_kernel=0..4 Hopper indexer loss kernel: 0 the default (= 2), 1 the
+//   tune.sm90_indexer_loss_kernel=0..4 Hopper indexer loss kernel: 0 the default (= 4), 1 the
 //                                wgmma one (sm90/indexer_loss_kernel.cuh; sparse or dense, not
 //                                deterministic, H_I 16/32/64; the portable one elsewhere), 2 as 1
 //                                with two tokens per CTA in dense mode, 3 the portable loss kernel,

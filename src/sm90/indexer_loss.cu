@@ -4,9 +4,8 @@
 // session 35), or with the internal tuning sm90_indexer_target = 3 of indexer_target_kernel.cuh
 // (Q in shared memory, SS); one CTA per (token, pair of 64-head groups), D_qk 512 or 576. The loss
 // kernel (the driver's step 3) is the wgmma one (indexer_loss_kernel.cuh: sparse and dense mode,
-// not deterministic, H_I 16 / 32 / 64, its shared memory within 227 KB; dense mode with two
-// tokens per CTA; under the internal tuning sm90_indexer_loss_kernel = 4, dense mode's
-// pipelined pair kernel of indexer_loss_pipe_kernel.cuh), injected as the driver's LossLaunch;
+// not deterministic, H_I 16 / 32 / 64, its shared memory within 227 KB; dense mode's pipelined
+// pair kernel of indexer_loss_pipe_kernel.cuh, two tokens per CTA), injected as the driver's LossLaunch;
 // the driver launches the portable kernel where it declines and under the internal tuning
 // sm90_indexer_loss_kernel = 3.
 #include <algorithm>
@@ -179,15 +178,15 @@ void launch_loss_mode(const LossParams& prm, int64_t heads, int64_t tokens, cuda
   }
 }
 
-// portable::indexer::LossLaunch: the wgmma loss kernel (tuning sm90_indexer_loss_kernel 0 / 2:
-// dense mode with two tokens per CTA; 1: one token per CTA; 4: dense mode's pipelined pair
-// kernel, the pair kernel where its shared memory does not fit) where it serves the call
+// portable::indexer::LossLaunch: the wgmma loss kernel (tuning sm90_indexer_loss_kernel 0 / 4:
+// dense mode's pipelined pair kernel, the pair kernel where its shared memory does not fit;
+// 2: dense mode with two tokens per CTA; 1: one token per CTA) where it serves the call
 // (sparse or dense, not deterministic; sparse mode is the one token per CTA kernel under 1, 2
 // and 4); false (nothing launched: the driver's portable kernel) elsewhere and under tuning 3.
 bool launch_loss(const LossParams& prm, bool dense, int64_t heads, int64_t tokens,
                  cudaStream_t stream) {
   int32_t kernel = detail::tuning().sm90_indexer_loss_kernel;
-  if (kernel == 0) kernel = 2;
+  if (kernel == 0) kernel = 4;
   if (kernel != 1 && kernel != 2 && kernel != 4) return false;
   int mode = !dense ? 0 : kernel == 4 ? 3 : kernel;
   // The pipelined kernel's six log A_g stages hold fewer head groups: the pair kernel beyond.
