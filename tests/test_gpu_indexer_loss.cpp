@@ -446,10 +446,11 @@ class IndexerSm90Loss : public ::testing::TestWithParam<LossCase> {};
 // shared memory, each with the portable loss kernel (Tuning::sm90_indexer_loss_kernel = 3); the
 // Hopper (wgmma) loss kernel (sm90/indexer_loss_kernel.cuh) with the default target, one token
 // per CTA (tuning 1): it serves the non-deterministic cases of H_I 16 / 32 / 64, sparse and
-// dense, the portable loss kernel the deterministic ones, so every case must still match; and
-// the default (tuning 0 = 2: dense mode's two tokens per CTA; odd token counts leave the last
-// CTA's second token absent; causal pairs differ by one key, packed and odd ranges give pairs
-// with disjoint ranges or one empty row).
+// dense, the portable loss kernel the deterministic ones, so every case must still match;
+// tuning 2 (dense mode's two tokens per CTA; odd token counts leave the last CTA's second token
+// absent; causal pairs differ by one key, packed and odd ranges give pairs with disjoint ranges
+// or one empty row); and the default (tuning 0 = 4: dense mode's pipelined pair kernel,
+// sm90/indexer_loss_pipe_kernel.cuh: the same pairs, log Z_A from pass 1's online sums).
 TEST_P(IndexerSm90Loss, MatchesReference) {
   SA_SKIP_UNLESS_SM90_PATH();
   struct Variant {
@@ -459,7 +460,8 @@ TEST_P(IndexerSm90Loss, MatchesReference) {
   for (const Variant& v : {Variant{0, 3, "target: Q in registers, portable loss kernel"},
                            Variant{3, 3, "target: Q in shared memory, portable loss kernel"},
                            Variant{0, 1, "target: Q in registers, Hopper loss kernel"},
-                           Variant{0, 0, "default: Hopper loss kernel, pairs in dense mode"}}) {
+                           Variant{0, 2, "Hopper loss kernel, pairs in dense mode"},
+                           Variant{0, 0, "default: Hopper loss kernel, pipelined pairs"}}) {
     SCOPED_TRACE(v.name);
     sa::detail::Tuning t;
     t.sm90_indexer_target = v.target;
@@ -638,13 +640,15 @@ TEST(IndexerGpuLossLarge, DenseS32768Causal) {
   check_dense_s32768(SA_IMPL_PORTABLE);
 }
 
-// The same on the Hopper path with the Hopper loss kernel forced, one token per CTA (tuning 1)
-// and two (tuning 2): 8 slices of 4096 tokens (the loss kernel's tok_begin and log A's first
-// token past 0).
+// The same on the Hopper path with the Hopper loss kernel forced, one token per CTA (tuning 1),
+// two (tuning 2) and two pipelined (tuning 4): 8 slices of 4096 tokens (the loss kernel's
+// tok_begin and log A's first token past 0).
 TEST(IndexerSm90LossLarge, DenseS32768CausalHopperLossKernel) {
   SA_SKIP_UNLESS_SM90_PATH();
-  for (int32_t kernel : {1, 2}) {
-    SCOPED_TRACE(kernel == 1 ? "one token per CTA" : "two tokens per CTA");
+  for (int32_t kernel : {1, 2, 4}) {
+    SCOPED_TRACE(kernel == 1   ? "one token per CTA"
+                 : kernel == 2 ? "two tokens per CTA"
+                               : "two tokens per CTA, pipelined");
     sa::detail::Tuning t;
     t.sm90_indexer_loss_kernel = kernel;
     sa::detail::ScopedTuning scope(t);

@@ -392,7 +392,7 @@ void parse_tune(const std::string& key, const std::string& val, sa::detail::Tuni
   } else if (key == "tune.sm90_indexer_target") {
     t->sm90_indexer_target = tune_int(key, val, 0, 3);
   } else if (key == "tune.sm90_indexer_loss_kernel") {
-    t->sm90_indexer_loss_kernel = tune_int(key, val, 0, 3);
+    t->sm90_indexer_loss_kernel = tune_int(key, val, 0, 4);
   } else {
     throw ToolError(kExitBadArgument,
                     "--variants: unknown tuning key '" + key +

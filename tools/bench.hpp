@@ -64,10 +64,12 @@ struct BenchOptions {
 //   tune.sm90_indexer_target=0..3 Hopper indexer loss: 0 the Hopper attention target (Q in
 //                                registers; default), 1 the portable target (the portable
 //                                loss entry), 2 = 0, 3 the Hopper target with Q in shared memory
-//   tune.sm90_indexer_loss_kernel=0..3 Hopper indexer loss kernel: 0 the default (= 2), 1 the
+//   tune.sm90_indexer_loss_kernel=0..4 Hopper indexer loss kernel: 0 the default (= 4), 1 the
 //                                wgmma one (sm90/indexer_loss_kernel.cuh; sparse or dense, not
 //                                deterministic, H_I 16/32/64; the portable one elsewhere), 2 as 1
-//                                with two tokens per CTA in dense mode, 3 the portable loss kernel
+//                                with two tokens per CTA in dense mode, 3 the portable loss kernel,
+//                                4 as 2 with dense mode's pipelined kernel
+//                                (sm90/indexer_loss_pipe_kernel.cuh)
 // The former spellings env.SA_TUNE_SM90_{FWD_SPLITS,BWD_TAIL,DSA_BWD,DSA_FWD_PAD}=VALUE are
 // accepted for the same keys.
 std::vector<BenchVariant> parse_variants(const std::string& text);

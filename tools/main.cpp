@@ -47,7 +47,7 @@ std::string usage() {
      << "           tune.fwd_splits=auto|1..16, tune.bwd_tail=auto|0..1024,\n"
      << "           tune.sm90_bsa_bwd_stats=0|1, tune.sm90_bsa_bwd_full=0|1, tune.dsa_bwd=0..3,\n"
      << "           tune.dsa_fwd_pad=0|1, tune.topk=0..4, tune.ptopk=0..4,\n"
-     << "           tune.sm90_indexer_target=0..3, tune.sm90_indexer_loss_kernel=0..3;\n"
+     << "           tune.sm90_indexer_target=0..3, tune.sm90_indexer_loss_kernel=0..4;\n"
      << "           bsa_fwd: mask=none|causal\n"
      << "           (tools/bench.hpp));\n"
      << "           ',' joins keys, '/' separates variants; the first is the A/B\n"

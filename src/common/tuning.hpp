@@ -48,13 +48,15 @@ struct Tuning {
   // Q-in-registers target (= 0), 3 the Hopper target with Q in shared memory
   // (sm90/indexer_target_kernel.cuh).
   int32_t sm90_indexer_target = 0;
-  // Hopper indexer loss, the loss kernel (sm90/indexer_loss.cu): 0 the default = 2; 1 the Hopper
+  // Hopper indexer loss, the loss kernel (sm90/indexer_loss.cu): 0 the default = 4; 1 the Hopper
   // (wgmma) loss kernel (sm90/indexer_loss_kernel.cuh) with one token per CTA where it serves the
   // call (sparse or dense mode, not deterministic, H_I 16 / 32 / 64), the portable one elsewhere;
   // 2 as 1, with dense mode's two tokens per CTA (loss_sm90_pair_kernel); 3 the portable loss
   // kernel (cuda/indexer_loss_kernel.cuh) everywhere. Only with sm90_indexer_target != 1 (1 runs
   // the portable entry). H100, session 36: 1 against 3 sparse S 4096 1.075x, dense S 8192
-  // 1.061x; 2 dense 1.105x.
+  // 1.061x; 2 dense 1.105x. 4 (the default) as 2 with dense mode's pipelined kernel
+  // (loss_sm90_pipe_kernel, sm90/indexer_loss_pipe_kernel.cuh; H100, session 37: dense S 8192
+  // 1.23x tuning 2); sparse mode as 1.
   int32_t sm90_indexer_loss_kernel = 0;
 };
 

@@ -132,22 +132,28 @@ __device__ __forceinline__ int token_thread() {
     return static_cast<int>(threadIdx.x % kT);
 }
 
+// The barrier of the row functions below: the CTA's (every kernel but the Hopper pipelined one,
+// whose producer warpgroup takes no part: sm90/indexer_loss_pipe_kernel.cuh's ConsumerBarrier).
+struct CtaBarrier {
+  __device__ __forceinline__ static void sync() { __syncthreads(); }
+};
+
 // Sum (op = +) or max over the kThreads threads of a token (token_thread) of one value per
 // thread, in a fixed order: every thread of the token gets the result. red: kThreads fp32 of
-// shared memory per token (the token's own), free on entry and on return. Every thread of the
-// CTA calls it (CTA barriers).
-template <int kThreads, bool kMax, int kTokens = 1>
+// shared memory per token (the token's own), free on entry and on return. Every thread that
+// Bar synchronizes calls it (CtaBarrier: every thread of the CTA).
+template <int kThreads, bool kMax, int kTokens = 1, class Bar = CtaBarrier>
 __device__ __forceinline__ float block_reduce(float v, float* red) {
   const int i = token_thread<kThreads, kTokens>();
   red[i] = v;
-  __syncthreads();
+  Bar::sync();
 #pragma unroll
   for (int off = kThreads / 2; off > 0; off /= 2) {
     if (i < off) red[i] = kMax ? fmaxf(red[i], red[i + off]) : red[i] + red[i + off];
-    __syncthreads();
+    Bar::sync();
   }
   const float r = red[0];
-  __syncthreads();
+  Bar::sync();
   return r;
 }
 
@@ -374,6 +380,56 @@ __device__ __forceinline__ float dense_row_loss(const DenseRowSums& s, float coe
   return coeff * fmaf(*log_zi, ps, pl);
 }
 
+// Dense pass 1 with log Z_A not yet known (the Hopper pipelined kernel, which has no [b]):
+// DenseRowSums's online logsumexp of I, and one of log A with the sum of (log A - I) on the same
+// reference: ma = the running max of log A, za = sum exp(log A - ma), s1 = sum exp(log A - ma)
+// (log A - I). Then sum_s p = 1 and sum_s p (log p - I) = s1 / za - log Z_A (keys with log A =
+// -inf: p = 0, not folded).
+struct DenseOnlineSums {
+  float m = -INFINITY, z = 0.f;               // running max of I and sum exp(I - m)
+  float ma = -INFINITY, za = 0.f, s1 = 0.f;  // the same of log A, and sum exp(la - ma)(la - I)
+  __device__ __forceinline__ void add(float i_val, float la) {
+    if (i_val > m) {
+      z = z * expf(m - i_val) + 1.f;  // m = -inf: 0 * 0 + 1
+      m = i_val;
+    } else if (i_val != -INFINITY) {
+      z += expf(i_val - m);
+    }
+    if (la > ma) {
+      const float f = expf(ma - la);  // ma = -inf: 0
+      za = fmaf(za, f, 1.f);
+      s1 = fmaf(s1, f, la - i_val);
+      ma = la;
+    } else if (la != -INFINITY) {
+      const float e = expf(la - ma);
+      za += e;
+      s1 = fmaf(e, la - i_val, s1);
+    }
+  }
+};
+
+// [b] and [d] dense from DenseOnlineSums: log Z_I (to *log_zi), log Z_A (to *log_za; -inf: no
+// target mass, an empty row) and the row's loss coeff (s1 / za - log Z_A + log Z_I). The five
+// reductions run unconditionally (Bar may span two tokens).
+template <int kT, int kTokens = 1, class Bar = CtaBarrier>
+__device__ __forceinline__ float dense_online_row_loss(const DenseOnlineSums& s, float coeff,
+                                                       float* red, float* log_zi, float* log_za) {
+  const float m_i = block_reduce<kT, true, kTokens, Bar>(s.m, red);
+  const float z =
+      block_reduce<kT, false, kTokens, Bar>(s.m == -INFINITY ? 0.f : s.z * expf(s.m - m_i), red);
+  *log_zi = m_i + logf(z);
+  const float m_a = block_reduce<kT, true, kTokens, Bar>(s.ma, red);
+  const float f = s.ma == -INFINITY ? 0.f : expf(s.ma - m_a);
+  const float za = block_reduce<kT, false, kTokens, Bar>(s.za * f, red);
+  const float s1 = block_reduce<kT, false, kTokens, Bar>(s.s1 * f, red);
+  if (m_a == -INFINITY) {
+    *log_za = -INFINITY;
+    return 0.f;
+  }
+  *log_za = m_a + logf(za);
+  return coeff * (s1 / za - *log_za + *log_zi);
+}
+
 // Dense pass 2: dI = coeff (r - p) of a key from its I and log A.
 __device__ __forceinline__ float dense_di(float coeff, float i_val, float log_zi, float la,
                                           float log_za) {
@@ -383,7 +439,7 @@ __device__ __forceinline__ float dense_di(float coeff, float i_val, float log_zi
 // [f] dw_j = the sum over the token's threads of their dw partials dw_acc[nt][e] (head 8 nt +
 // 2 t4 + e): the 8 rows of a warp by shuffles, then the warps in order through s_dw (kT / 32 x
 // kHeads fp32); `store` false: nothing written (the barrier still taken).
-template <int kT, int kHeads, int kTokens = 1>
+template <int kT, int kHeads, int kTokens = 1, class Bar = CtaBarrier>
 __device__ __forceinline__ void store_dw(const float (&dw_acc)[kHeads / 8][2], float* s_dw,
                                          const LossParams& p, int64_t tok, bool store = true) {
   const int tid = token_thread<kT, kTokens>(), lane = tid & 31, warp = tid >> 5;
@@ -397,7 +453,7 @@ __device__ __forceinline__ void store_dw(const float (&dw_acc)[kHeads / 8][2], f
       for (int off = 4; off < 32; off *= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
       if (g == 0) s_dw[warp * kHeads + 8 * nt + 2 * t4 + e] = v;
     }
-  __syncthreads();
+  Bar::sync();
   if (!store) return;
   for (int j = tid; j < kHeads; j += kT) {
     float v = 0.f;

@@ -78,6 +78,13 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
   } while (done == 0);
 }
 
+// cp.async completions of the executing thread arrive on `bar` (its expected count not
+// incremented: the barrier counts one arrival per producer thread).
+__device__ __forceinline__ void cp_async_mbarrier_arrive_noinc(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar))
+               : "memory");
+}
+
 // ---- named barriers (bar.sync / bar.arrive; `threads` a multiple of 32) ------------------------
 __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");

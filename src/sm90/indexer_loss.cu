@@ -4,9 +4,10 @@
 // session 35), or with the internal tuning sm90_indexer_target = 3 of indexer_target_kernel.cuh
 // (Q in shared memory, SS); one CTA per (token, pair of 64-head groups), D_qk 512 or 576. The loss
 // kernel (the driver's step 3) is the wgmma one (indexer_loss_kernel.cuh: sparse and dense mode,
-// not deterministic, H_I 16 / 32 / 64, its shared memory within 227 KB; dense mode with two
-// tokens per CTA), injected as the driver's LossLaunch; the driver launches the portable kernel
-// where it declines and under the internal tuning sm90_indexer_loss_kernel = 3.
+// not deterministic, H_I 16 / 32 / 64, its shared memory within 227 KB; dense mode's pipelined
+// pair kernel of indexer_loss_pipe_kernel.cuh, two tokens per CTA), injected as the driver's LossLaunch;
+// the driver launches the portable kernel where it declines and under the internal tuning
+// sm90_indexer_loss_kernel = 3.
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -16,6 +17,7 @@
 #include "cuda/indexer_loss_driver.hpp"
 #include "sm90/indexer.hpp"
 #include "sm90/indexer_loss_kernel.cuh"
+#include "sm90/indexer_loss_pipe_kernel.cuh"
 #include "sm90/indexer_target_kernel.cuh"
 #include "sm90/indexer_target_rs_kernel.cuh"
 
@@ -103,20 +105,35 @@ void launch_loss_pair_for(const LossParams& prm, int64_t tokens, cudaStream_t st
   SA_CUDA_CHECK_LAUNCH();
 }
 
-// mode: 0 sparse, 1 dense, 2 dense with two tokens per CTA.
+// Dense mode, two tokens per CTA, pipelined (loss_sm90_pipe_kernel): as launch_loss_pair_for.
+template <int kHeads>
+void launch_loss_pipe_for(const LossParams& prm, int64_t tokens, cudaStream_t stream) {
+  using T = loss::LossTraits<kHeads>;
+  using L = loss::PipeTraits<T>;
+  auto* kernel = &loss::loss_sm90_pipe_kernel<T>;
+  const int smem = L::smem_bytes(prm.head_groups);
+  SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  LossParams q = prm;
+  q.tok_end = prm.tok_begin + tokens;
+  kernel<<<static_cast<unsigned>((tokens + 1) / 2), L::kThreads, smem, stream>>>(q);
+  SA_CUDA_CHECK_LAUNCH();
+}
+
+// mode: 0 sparse, 1 dense, 2 dense with two tokens per CTA, 3 the same pipelined.
 template <int kHeads>
 size_t loss_smem_bytes(int mode, int topk, int groups) {
   using T = loss::LossTraits<kHeads>;
   const int bytes = mode == 0   ? T::smem_bytes(topk)
                     : mode == 1 ? T::dense_smem_bytes(groups)
-                                : loss::PairTraits<T>::smem_bytes(groups);
+                    : mode == 2 ? loss::PairTraits<T>::smem_bytes(groups)
+                                : loss::PipeTraits<T>::smem_bytes(groups);
   return static_cast<size_t>(bytes);
 }
 
 // Whether the wgmma loss kernel of `mode` (as loss_smem_bytes) serves a non-deterministic call of
 // H_I `heads` (the tuning aside): sparse with `topk` slots per row, or dense with `groups` head
 // groups of log A; its shared memory within 227 KB (sparse: topk <= ~12,000; dense at H_I 64:
-// groups <= ~330, with two tokens per CTA ~110).
+// groups <= ~330, with two tokens per CTA ~110, pipelined 9: its six log A_g stages).
 bool loss_kernel_serves(int64_t heads, int mode, int topk, int groups) {
   if (heads != 16 && heads != 32 && heads != 64) return false;
   if (mode == 0 ? topk <= 0 : groups <= 0) return false;
@@ -135,35 +152,45 @@ bool loss_kernel_serves(int64_t heads, int mode, int topk, int groups) {
   return smem <= kMaxSmemSm90;
 }
 
-// kMode: 0 sparse, 1 dense, 2 dense with two tokens per CTA.
+// kMode: 0 sparse, 1 dense, 2 dense with two tokens per CTA, 3 the same pipelined.
+template <int kMode, int kHeads>
+void launch_loss_heads(const LossParams& prm, int64_t tokens, cudaStream_t stream) {
+  if constexpr (kMode == 3)
+    launch_loss_pipe_for<kHeads>(prm, tokens, stream);
+  else if constexpr (kMode == 2)
+    launch_loss_pair_for<kHeads>(prm, tokens, stream);
+  else
+    launch_loss_for<kHeads, kMode == 1>(prm, tokens, stream);
+}
+
 template <int kMode>
 void launch_loss_mode(const LossParams& prm, int64_t heads, int64_t tokens, cudaStream_t stream) {
   switch (heads) {
     case 16:
-      if constexpr (kMode == 2) launch_loss_pair_for<16>(prm, tokens, stream);
-      else launch_loss_for<16, kMode == 1>(prm, tokens, stream);
+      launch_loss_heads<kMode, 16>(prm, tokens, stream);
       break;
     case 32:
-      if constexpr (kMode == 2) launch_loss_pair_for<32>(prm, tokens, stream);
-      else launch_loss_for<32, kMode == 1>(prm, tokens, stream);
+      launch_loss_heads<kMode, 32>(prm, tokens, stream);
       break;
     default:
-      if constexpr (kMode == 2) launch_loss_pair_for<64>(prm, tokens, stream);
-      else launch_loss_for<64, kMode == 1>(prm, tokens, stream);
+      launch_loss_heads<kMode, 64>(prm, tokens, stream);
       break;
   }
 }
 
-// portable::indexer::LossLaunch: the wgmma loss kernel (tuning sm90_indexer_loss_kernel 0 / 2:
-// dense mode with two tokens per CTA; 1: one token per CTA) where it serves the call (sparse or
-// dense, not deterministic); false (nothing launched: the driver's portable kernel) elsewhere
-// and under tuning 3.
+// portable::indexer::LossLaunch: the wgmma loss kernel (tuning sm90_indexer_loss_kernel 0 / 4:
+// dense mode's pipelined pair kernel, the pair kernel where its shared memory does not fit;
+// 2: dense mode with two tokens per CTA; 1: one token per CTA) where it serves the call
+// (sparse or dense, not deterministic; sparse mode is the one token per CTA kernel under 1, 2
+// and 4); false (nothing launched: the driver's portable kernel) elsewhere and under tuning 3.
 bool launch_loss(const LossParams& prm, bool dense, int64_t heads, int64_t tokens,
                  cudaStream_t stream) {
   int32_t kernel = detail::tuning().sm90_indexer_loss_kernel;
-  if (kernel == 0) kernel = 2;
-  if (kernel != 1 && kernel != 2) return false;
-  const int mode = !dense ? 0 : kernel;
+  if (kernel == 0) kernel = 4;
+  if (kernel != 1 && kernel != 2 && kernel != 4) return false;
+  int mode = !dense ? 0 : kernel == 4 ? 3 : kernel;
+  // The pipelined kernel's six log A_g stages hold fewer head groups: the pair kernel beyond.
+  if (mode == 3 && !loss_kernel_serves(heads, mode, prm.topk, prm.head_groups)) mode = 2;
   if (prm.dk_part != nullptr || !loss_kernel_serves(heads, mode, prm.topk, prm.head_groups))
     return false;
   if (tokens == 0) return true;
@@ -171,8 +198,10 @@ bool launch_loss(const LossParams& prm, bool dense, int64_t heads, int64_t token
     launch_loss_mode<0>(prm, heads, tokens, stream);
   else if (mode == 1)
     launch_loss_mode<1>(prm, heads, tokens, stream);
-  else
+  else if (mode == 2)
     launch_loss_mode<2>(prm, heads, tokens, stream);
+  else
+    launch_loss_mode<3>(prm, heads, tokens, stream);
   return true;
 }
 

@@ -184,11 +184,12 @@ __device__ __forceinline__ void wg_row_scores(const Frag& acc, const float* s_w,
                                              row);
 }
 
-// GEMM1 of the chunk in k_stage: acc = scale_I k_I q_I^T (64 keys x H_I); wtid: the thread's
-// index in its warpgroup.
+// GEMM1 of the chunk in k_stage, acc = k_I q_I^T (64 keys x H_I), appended as one wgmma batch
+// (arrive, issue, commit; the caller waits, then scale_acc); wtid: the thread's index in its
+// warpgroup.
 template <class T, class Frag>
-__device__ __forceinline__ void gemm1(typename T::Element* k_stage, typename T::Element* q,
-                                      float scale, Frag& acc, int wtid) {
+__device__ __forceinline__ void gemm1_issue(typename T::Element* k_stage, typename T::Element* q,
+                                            Frag& acc, int wtid) {
   using namespace cute;
   typename T::Mma1 mma;
   auto thr = mma.get_thread_slice(wtid);
@@ -200,10 +201,23 @@ __device__ __forceinline__ void gemm1(typename T::Element* k_stage, typename T::
   warpgroup_arrive();
   gemm_ss(mma, tA, tB, acc, true);
   warpgroup_commit_batch();
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(acc);
+}
+
+// After GEMM1's batch retired: acc *= scale_I.
+template <class Frag>
+__device__ __forceinline__ void scale_acc(Frag& acc, float scale) {
+  cute::warpgroup_fence_operand(acc);
   CUTE_UNROLL
-  for (int i = 0; i < size(acc); ++i) acc(i) *= scale;
+  for (int i = 0; i < cute::size(acc); ++i) acc(i) *= scale;
+}
+
+// GEMM1 waited for: acc = scale_I k_I q_I^T.
+template <class T, class Frag>
+__device__ __forceinline__ void gemm1(typename T::Element* k_stage, typename T::Element* q,
+                                      float scale, Frag& acc, int wtid) {
+  gemm1_issue<T>(k_stage, q, acc, wtid);
+  cute::warpgroup_wait<0>();
+  scale_acc(acc, scale);
 }
 
 // Pass 2, after GEMM1 (rows g, g + 8 of warp `warp` of the warpgroup): G = dI [a > 0] in bf16
@@ -580,6 +594,47 @@ struct PairTraits {
   }
 };
 
+// q_w = scale_I w_j q_I[t, j] in bf16 of one token: from its q_I panels at q_src (K-major, two
+// 128-byte-swizzled panels) to its panel of each half at qw_dst (half h at qw_dst + h 2
+// kQPanelBytes: the [half][token] panels of the pair's dK B operand), by the token's 128 threads.
+template <class T>
+__device__ __forceinline__ void store_q_w(const LossParams& p, const uint8_t* q_src,
+                                          uint8_t* qw_dst, const float* s_w, int wtid) {
+  for (int e = wtid; e < T::kHeads * 16; e += T::kThreads) {
+    const int j = e >> 4, ch = e & 15;
+    const uint32_t at = swz(j, ch & 7);
+    const uint4 v = *reinterpret_cast<const uint4*>(q_src + (ch >> 3) * T::kQPanelBytes + at);
+    const float f = p.scale_I * s_w[j];
+    uint4 o;
+    const uint32_t* vi = reinterpret_cast<const uint32_t*>(&v);
+    uint32_t* oi = reinterpret_cast<uint32_t*>(&o);
+    CUTE_UNROLL
+    for (int k = 0; k < 4; ++k) {
+      const float2 x = unpack_bf16x2(vi[k]);
+      oi[k] = pack2<__nv_bfloat16>(x.x * f, x.y * f);
+    }
+    *reinterpret_cast<uint4*>(qw_dst + (ch >> 3) * 2 * T::kQPanelBytes + at) = o;
+  }
+}
+
+// The pair's dK of 64 columns, dk = [G_0 | G_1] [q_w,0 ; q_w,1] (K = 2 H_I), appended as one
+// wgmma batch: A = both tokens' G at g_el (PairTraits::LayoutG2), B = both tokens' q_w panels of
+// this warpgroup's half at qw_el (PairTraits::LayoutQw).
+template <class T, class Mma, class Thr, class Frag>
+__device__ __forceinline__ void pair_dk_issue(Mma& mma2, Thr& thr2, typename T::Element* g_el,
+                                              typename T::Element* qw_el, Frag& dk) {
+  using namespace cute;
+  using L = PairTraits<T>;
+  Tensor sG2 = make_tensor(make_smem_ptr(fresh_ptr(g_el)), typename L::LayoutG2{});
+  Tensor sQw = make_tensor(make_smem_ptr(fresh_ptr(qw_el)), typename L::LayoutQw{});
+  Tensor tA = thr2.partition_fragment_A(sG2);  // (MMA, 1, 2 H_I / 16)
+  Tensor tB = thr2.partition_fragment_B(sQw);  // (MMA, 1, 2 H_I / 16)
+  warpgroup_fence_operand(dk);
+  warpgroup_arrive();
+  gemm_ss(mma2, tA, tB, dk, true);
+  warpgroup_commit_batch();
+}
+
 // ---- Dense mode, two tokens per CTA (tuning sm90_indexer_loss_kernel = 2) ----------------------
 // Tokens t0 = tok_begin + 2 blockIdx.x and t0 + 1 (absent past tok_end), warpgroup w on token
 // t0 + w; both on the same chunks of the span [min begin, max end) of the live tokens' ranges (a
@@ -708,25 +763,8 @@ __global__ void __launch_bounds__(2 * T::kThreads, 1)
   // [e] Pass 2. q_w = scale_I w_j q_I[t, j] in bf16, [half][token] panels (the dK B operand).
   gather(0, 0);
   cp_async_commit();
-  {
-    const uint8_t* q_src = smem + L::kQOff + wg * T::kQBytes;
-    uint8_t* qw_dst = smem + L::kQwOff + wg * T::kQPanelBytes;
-    for (int e = wtid; e < kHeads * 16; e += kT) {
-      const int j = e >> 4, ch = e & 15;
-      const uint32_t at = swz(j, ch & 7);
-      const uint4 v = *reinterpret_cast<const uint4*>(q_src + (ch >> 3) * T::kQPanelBytes + at);
-      const float f = p.scale_I * s_w[j];
-      uint4 o;
-      const uint32_t* vi = reinterpret_cast<const uint32_t*>(&v);
-      uint32_t* oi = reinterpret_cast<uint32_t*>(&o);
-      CUTE_UNROLL
-      for (int k = 0; k < 4; ++k) {
-        const float2 x = unpack_bf16x2(vi[k]);
-        oi[k] = pack2<__nv_bfloat16>(x.x * f, x.y * f);
-      }
-      *reinterpret_cast<uint4*>(qw_dst + (ch >> 3) * 2 * T::kQPanelBytes + at) = o;
-    }
-  }
+  store_q_w<T>(p, smem + L::kQOff + wg * T::kQBytes, smem + L::kQwOff + wg * T::kQPanelBytes,
+               s_w, wtid);
   typename L::Mma2 mma2;
   typename T::Mma3 mma3;
   auto thr2 = mma2.get_thread_slice(wtid);
@@ -764,16 +802,7 @@ __global__ void __launch_bounds__(2 * T::kThreads, 1)
     // dK columns [64 wg, +64) of the pair (K = 2 H_I), then this token's dQ^T, one batch each;
     // the dK reductions run while the dQ batch is in flight.
     Tensor dk = partition_fragment_C(mma2, Shape<typename T::N64, typename T::D64>{});
-    {
-      Tensor sG2 = make_tensor(make_smem_ptr(fresh_ptr(g_el)), typename L::LayoutG2{});
-      Tensor sQw = make_tensor(make_smem_ptr(fresh_ptr(qw_el)), typename L::LayoutQw{});
-      Tensor tA = thr2.partition_fragment_A(sG2);  // (MMA, 1, 2 H_I / 16)
-      Tensor tB = thr2.partition_fragment_B(sQw);  // (MMA, 1, 2 H_I / 16)
-      warpgroup_fence_operand(dk);
-      warpgroup_arrive();
-      gemm_ss(mma2, tA, tB, dk, true);
-      warpgroup_commit_batch();
-    }
+    pair_dk_issue<T>(mma2, thr2, g_el, qw_el, dk);
     dq_issue<T>(mma3, thr3, k_el(stage), fresh_ptr(g_el) + wg * (L::kGPanelBytes / 2), dq);
     warpgroup_wait<1>();
     warpgroup_fence_operand(dk);

@@ -131,13 +131,6 @@ constexpr size_t target_smem_bytes() {
   return sizeof(TargetStorage<T>) + 1024;  // + the slack that aligns the dynamic base
 }
 
-// cp.async completions of the executing thread arrive on `bar` (its expected count not
-// incremented: the barrier counts one arrival per producer thread).
-__device__ __forceinline__ void cp_async_mbarrier_arrive_noinc(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar))
-               : "memory");
-}
-
 // The same pointer through a volatile move: values derived from it cannot be hoisted out of the
 // loop that computes them.
 template <class E>

@@ -1,0 +1,457 @@
+// The pipelined Hopper indexer loss kernel, dense mode (SPEC 5; internal tuning
+// sm90_indexer_loss_kernel = 4; sparse mode under that tuning runs loss_sm90_kernel): the dense
+// pair kernel's work split and math (two tokens per CTA on the same 64-key chunks of the span of
+// their ranges, warpgroup w on token t0 + w; GEMM1, the pair dK with K = 2 H_I, dQ^T, the
+// shared row functions), with the loads moved to a producer warpgroup and each consumer's GEMMs
+// in flight while its epilogue and dk reductions run. Why, with the arithmetic and the
+// prediction: docs/indexer_decisions.md, "The pipelined sm90 loss kernel".
+//
+// Roles (384 threads, one CTA per SM, setmaxnreg 40 / 232):
+//   warpgroup 0, producer: every chunk of pass 1, then (gradients) every chunk of pass 2, into a
+//     kStages ring: the 64 k_I rows (gather_k_rows, 16-byte cp.async; the chunk's rows are
+//     consecutive) and each token's log A_g of the chunk's keys (4-byte cp.async), combined by
+//     the producer into one log A per (token, key) once landed (kLag chunks later), then
+//     full[stage] (128 arrivals); it waits for empty[stage] (256 consumer arrivals) before
+//     refilling. Ring index k: pass 1 chunk c is k = c, pass 2 chunk c is k = n_chunks + c; stage
+//     k % kStages, phase (k / kStages) & 1.
+//   warpgroups 1, 2, consumers of tokens t0, t0 + 1. No [b] sweep: pass 1 folds log A into the
+//     online sums beside I (DenseOnlineSums), so log Z_A comes with log Z_I after pass 1.
+//
+// Consumer timeline (G1 = GEMM1 of a chunk, dK = the pair's dK of this warpgroup's 64 columns,
+// dQ = this token's dQ^T, E = epilogue, R = the chunk's dk reductions, | = the consumers' named
+// barrier, [x, y] = batches in flight while the code on the left runs):
+//
+//   pass 1 (chunk_loop, two accumulators):
+//     G1(0) | wait G1(0); G1(1); E1(0) [G1(1)] ; wait G1(1); G1(2); E1(1) [G1(2)] ; ...
+//     E1(c) = I, the online sums (t4 = 0 lanes, keys of the token's range), release(c)
+//   [d] dense_online_row_loss: log Z_I, log Z_A, the loss; q_w
+//   pass 2 (one accumulator of each kind):
+//     G1(0); wait; E2(0) |
+//     chunk c: dK(c); wait dQ(c-1); release(c-1)    [dK(c)]
+//              G1(c+1); dQ(c); wait dK(c); R(c)      [G1(c+1), dQ(c)]
+//              wait G1(c+1); E2(c+1) |               [dQ(c)]
+//     (the last chunk: dK(c); dQ(c); R(c); wait all; release(c))
+//     E2(c) = I, dI, G -> the G ring slot c % 2, dw; fence.proxy.async; the barrier (both tokens'
+//     G of chunk c visible before either warpgroup's dK(c))
+//
+// So the tensor pipe holds at least one batch of each consumer while that consumer runs E2 or R:
+// per pair-chunk 1,536 tensor cycles (6 batches of 256: G1, dK, dQ per warpgroup) against E2 and
+// R of both warpgroups interleaved on the SM's four schedulers.
+//
+// Shared-memory reuse: a k_I stage and its log A are released after the chunk's dQ retired
+// (pass 2) or its E1 (pass 1). Warpgroup w's panel of G ring slot c % 2 is rewritten by its
+// E2(c + 2) in body c + 1: its own dQ(c) retired at that body's start, and both warpgroups' dK(c)
+// (which read both panels) retired before they reached the barrier of E2(c + 1).
+//
+// Registers (H_I 64, per consumer thread): dq^T 64, G1 accumulator 32 (two in pass 1), dK 32, dw
+// 16, the rest (addresses, dI, ring state): ptxas (CUTLASS 4.2, CUDA 13.0) allocates R0..R178 in
+// the consumer region (setmaxnreg 232; H_I 32 / 16: R123 / R101) and R0..R37 in the producer's
+// (40); no spills, no C75xx.
+// Shared memory (bytes from a 1024-aligned base; H_I 64, 2 head groups, 6 stages): q_I 2 x
+// 16,384, q_w 2 x 16,384, k_I ring 6 x 16,384, G ring 2 x 2 x 8,192, w / scratch / dw / ranges /
+// barriers ~3.7 KB, log A ring 6 x 2 x 256, log A_g ring 6 x 2 x groups x 256, + 1,024 slack:
+// 210,560 bytes at 2 groups (one CTA per SM, as the registers of 384 threads require anyway).
+#pragma once
+
+#include <cstdint>
+
+#include "sm90/indexer_loss_kernel.cuh"
+#include "sm90/indexer_target_kernel.cuh"  // chunk_loop
+
+namespace sa::sm90::loss {
+
+// Named barriers of the pipelined kernel (0 is __syncthreads, taken only before the roles split).
+enum class PipeBarrier : uint32_t {
+  kConsumers = 1,  // both consumer warpgroups (256 threads): row reductions, the G ring, q_w
+};
+
+// The shared row functions' barrier (portable::indexer::CtaBarrier's place) over the consumers.
+struct ConsumerBarrier {
+  __device__ __forceinline__ static void sync() {
+    named_barrier_sync(static_cast<uint32_t>(PipeBarrier::kConsumers), 256);
+  }
+};
+
+template <class T>
+struct PipeTraits {
+  using Pair = PairTraits<T>;
+  static constexpr int kStages = 6;
+  static constexpr int kThreads = 384;
+  static constexpr int kProducerThreads = 128;
+  static constexpr int kConsumerThreads = 256;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  static_assert(kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <=
+                    setmaxnreg_pool(kThreads, 1),
+                "register split exceeds the CTA's register pool");
+  static constexpr int kQOff = 0;                                   // q_I, [token]
+  static constexpr int kQwOff = kQOff + 2 * T::kQBytes;             // q_w, [half][token] panels
+  static constexpr int kKOff = kQwOff + 2 * T::kQBytes;             // k_I ring, [stage]
+  static constexpr int kGOff = kKOff + kStages * T::kStageBytes;    // G ring, [slot][token]
+  static constexpr int kGSlotBytes = 2 * Pair::kGPanelBytes;
+  static constexpr int kWOff = kGOff + 2 * kGSlotBytes;             // w, [token][H_I] fp32
+  static constexpr int kRedOff = kWOff + 2 * T::kHeads * 4;         // [token][128] fp32
+  static constexpr int kDwOff = kRedOff + 2 * T::kThreads * 4;      // [token][warp][H_I] fp32
+  static constexpr int kRangeOff = kDwOff + 2 * T::kWarps * T::kHeads * 4;  // [token][2] int64
+  static constexpr int kBarOff = kRangeOff + 32;                    // full[kStages], empty[]
+  static constexpr int kLaOff = kBarOff + 2 * kStages * 8;  // log A, [stage][token][64] fp32
+  static constexpr int kLagOff = kLaOff + kStages * 2 * T::kChunk * 4;  // log A_g, [stage][token]
+                                                                        // [group][64] fp32
+  // The producer publishes chunk k - kLag after issuing chunk k's copies (below).
+  static constexpr int kLag = 2;
+  static_assert(kStages >= kLag + 2, "a consumer waiting for chunk j has released j - 2 only");
+  static_assert(kQwOff % 1024 == 0 && kKOff % 1024 == 0 && kGOff % 1024 == 0 &&
+                    kGSlotBytes % 1024 == 0 && Pair::kGPanelBytes % 1024 == 0,
+                "swizzled tiles on 1024 bytes");
+  static_assert(kRangeOff % 8 == 0 && kBarOff % 8 == 0, "int64 ranges and mbarriers aligned");
+  static constexpr int smem_bytes(int groups) {
+    return kLagOff + kStages * 2 * groups * T::kChunk * 4 + 1024;
+  }
+};
+
+// The CTA's two tokens and the span of their ranges (every thread computes it: the producer
+// streams its chunks without waiting for the consumers' [b]).
+struct PipeSpan {
+  int64_t t0;          // token of warpgroup 1; t0 + 1 of warpgroup 2 (absent at tok_end)
+  int64_t rb0, rb1;    // range begin of each token
+  int rn0, rn1;        // range size (0: absent or empty)
+  int64_t begin;       // the span [begin, begin + n)
+  int n, n_chunks;
+  // Token w's range (selects, not an indexed array: no local memory).
+  __device__ __forceinline__ int64_t range_b(int w) const { return w == 0 ? rb0 : rb1; }
+  __device__ __forceinline__ int range_n(int w) const { return w == 0 ? rn0 : rn1; }
+};
+
+template <class T>
+__device__ __forceinline__ PipeSpan pipe_span(const LossParams& p) {
+  PipeSpan sp;
+  sp.t0 = p.tok_begin + 2 * int64_t{blockIdx.x};
+  int64_t b = INT64_MAX, e = INT64_MIN;
+  int64_t rb[2] = {0, 0};
+  int rn[2] = {0, 0};
+  CUTE_UNROLL
+  for (int w = 0; w < 2; ++w) {
+    const int64_t tok = sp.t0 + w;
+    if (tok < p.tok_end) {
+      rb[w] = p.meta.range_begin(tok, p.dims);
+      rn[w] = static_cast<int>(p.meta.range_size(tok, p.dims));
+    }
+    if (rn[w] > 0) {
+      b = b < rb[w] ? b : rb[w];
+      e = e > rb[w] + rn[w] ? e : rb[w] + rn[w];
+    }
+  }
+  sp.rb0 = rb[0];
+  sp.rb1 = rb[1];
+  sp.rn0 = rn[0];
+  sp.rn1 = rn[1];
+  sp.begin = b;
+  sp.n = e > b ? static_cast<int>(e - b) : 0;
+  sp.n_chunks = (sp.n + T::kChunk - 1) / T::kChunk;
+  return sp;
+}
+
+// ---- producer (warpgroup 0, 128 threads) --------------------------------------------------------
+// Ring index k (chunk c of pass 1 or 2): wait for empty[stage], copy the chunk's k_I rows
+// (gather_k_rows) and, thread t, the log A_g of key t % 64 of token t / 64 (when in its range) as
+// one cp.async group; then publish chunk k - kLag: wait for its group (cp.async.wait_group kLag),
+// combine its key's log A_g into log A (log_a_combine: the consumers' loop, the same fp32
+// operations) in s_la, arrive on full[its stage] (128 arrivals, release). One log A per key
+// instead of every consumer warp combining its rows: per pair-chunk ~4 producer warp-instructions
+// per key and group instead of ~15 consumer warp-instructions per row and group.
+template <class T>
+__device__ __forceinline__ void pipe_producer(const LossParams& p, uint8_t* smem,
+                                              const PipeSpan& sp) {
+  using L = PipeTraits<T>;
+  constexpr int kChunk = T::kChunk;
+  constexpr int kStages = L::kStages;
+  static_assert(L::kProducerThreads == 2 * kChunk, "a producer thread per (token, key)");
+  const int t = threadIdx.x;  // 0..127
+  const int w = t / kChunk, r = t % kChunk;
+  const uint32_t sk = smem_u32(smem + L::kKOff);
+  float* const s_la = reinterpret_cast<float*>(smem + L::kLaOff);
+  float* const s_lag = reinterpret_cast<float*>(smem + L::kLagOff);
+  uint64_t* const full = reinterpret_cast<uint64_t*>(smem + L::kBarOff);
+  uint64_t* const empty = full + kStages;
+  const int groups = p.head_groups;
+  const int total = (p.grads ? 2 : 1) * sp.n_chunks;
+  const int64_t rb = sp.range_b(w), re = rb + sp.range_n(w);
+  const float* const la_tok = p.log_a + (sp.t0 + w - p.la_tok0) * p.la_ts;
+  auto chunk_of = [&](int k) { return k < sp.n_chunks ? k : k - sp.n_chunks; };
+  // Chunk j's copies have landed (this thread's): its log A, then the arrival (the consumers also
+// fence after their wait: the order of the kernels' landed_barrier on both sides).
+  auto publish = [&](int j) {
+    const int stage = j % kStages;
+    const int64_t key = sp.begin + chunk_of(j) * kChunk + r;
+    const float la = key >= rb && key < re
+                         ? portable::indexer::log_a_combine(
+                               s_lag + (stage * 2 + w) * groups * kChunk + r, kChunk, groups)
+                         : -INFINITY;
+    s_la[(stage * 2 + w) * kChunk + r] = la;
+    fence_proxy_async_shared();  // this thread's landed k_I rows, for the consumers' wgmma
+    mbarrier_arrive(&full[stage]);
+  };
+#pragma unroll 1
+  for (int k = 0; k < total; ++k) {
+    const int stage = k % kStages;
+    const int c = chunk_of(k);
+    // The stage's previous use released (use 0: at once).
+    mbarrier_wait(&empty[stage], ((k / kStages) & 1) ^ 1);
+    gather_k_rows<T, L::kProducerThreads>(p, sk, c, stage, sp.n,
+                                          [&](int pos) { return sp.begin + pos; }, t);
+    const int64_t key = sp.begin + c * kChunk + r;
+    if (key >= rb && key < re)
+      for (int hg = 0; hg < groups; ++hg)
+        cp_async_4(smem_u32(s_lag + ((stage * 2 + w) * groups + hg) * kChunk + r),
+                   la_tok + hg * p.la_gs + (key - rb));
+    cp_async_commit();
+    if (k >= L::kLag) {
+      cp_async_wait<L::kLag>();
+      publish(k - L::kLag);
+    }
+  }
+  cp_async_wait<0>();
+  for (int j = total > L::kLag ? total - L::kLag : 0; j < total; ++j) publish(j);
+}
+
+// ---- consumers (warpgroups 1, 2; wg 0 / 1 here) -------------------------------------------------
+template <class T>
+__device__ __forceinline__ void pipe_consumer(const LossParams& p, uint8_t* smem,
+                                              const PipeSpan& sp, int wg) {
+  using namespace cute;
+  using Element = typename T::Element;
+  using namespace portable::indexer;
+  using L = PipeTraits<T>;
+  using P = PairTraits<T>;
+  using Bar = ConsumerBarrier;
+  constexpr int kT = T::kThreads;  // per token
+  constexpr int kChunk = T::kChunk;
+  constexpr int kHeads = T::kHeads;
+  constexpr int kStages = L::kStages;
+  const int wtid = threadIdx.x % kT;
+  const int lane = wtid & 31, warp = wtid >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int64_t tok = sp.t0 + wg;
+  const bool present = tok < p.tok_end;
+  const int n_chunks = sp.n_chunks;
+  float* const s_w = reinterpret_cast<float*>(smem + L::kWOff) + wg * kHeads;
+  float* const s_red = reinterpret_cast<float*>(smem + L::kRedOff) + wg * kT;
+  float* const s_dw = reinterpret_cast<float*>(smem + L::kDwOff) + wg * T::kWarps * kHeads;
+  int64_t* const s_range = reinterpret_cast<int64_t*>(smem + L::kRangeOff);  // [2][begin, end]
+  const float* const s_la = reinterpret_cast<const float*>(smem + L::kLaOff);
+  uint64_t* const full = reinterpret_cast<uint64_t*>(smem + L::kBarOff);
+  uint64_t* const empty = full + kStages;
+  const uint32_t sq = smem_u32(smem + L::kQOff + wg * T::kQBytes);
+
+  // [c] q_I and w of the token (zeros when absent), visible to both consumers' wgmma.
+  load_q_and_w<T, kT>(p, tok, present, sq, s_w, wtid, wtid & 15);
+  cp_async_commit();
+  cp_async_wait_all();
+  fence_proxy_async_shared();
+  Bar::sync();
+
+  Element* const q_el = reinterpret_cast<Element*>(smem + L::kQOff) + wg * (T::kQBytes / 2);
+  auto k_el = [&](int k) {
+    return fresh_ptr(reinterpret_cast<Element*>(smem + L::kKOff)) +
+           (k % kStages) * (T::kStageBytes / 2);
+  };
+  // Ring index k landed (the cp.async data visible to this thread, then to its async proxy).
+  auto wait_full = [&](int k) {
+    mbarrier_wait(&full[k % kStages], static_cast<uint32_t>(k / kStages) & 1u);
+    fence_proxy_async_shared();
+  };
+  auto release = [&](int k) { mbarrier_arrive(&empty[k % kStages]); };
+  auto chunk_la = [&](int k, int r) { return s_la[((k % kStages) * 2 + wg) * kChunk + r]; };
+  const int64_t raw_b = sp.range_b(wg), raw_e = raw_b + sp.range_n(wg);
+  auto key_at = [&](int c, int r) { return sp.begin + c * kChunk + r; };
+
+  typename T::Mma1 mma1;
+  using FragA = decltype(partition_fragment_C(mma1, Shape<typename T::N64, typename T::HT>{}));
+
+  // Pass 1 (ring indices 0 .. n_chunks - 1): I and log A of the token's keys into the sums.
+  DenseOnlineSums sums;
+  {
+    FragA acc0 = partition_fragment_C(mma1, Shape<typename T::N64, typename T::HT>{});
+    FragA acc1 = partition_fragment_C(mma1, Shape<typename T::N64, typename T::HT>{});
+    clear(acc0);  // defined before the first batch (no phi copies of undefined values later)
+    clear(acc1);
+    warpgroup_fence_operand(acc0);
+    warpgroup_fence_operand(acc1);
+    auto issue = [&](auto, auto& acc, int c) {
+      wait_full(c);
+      gemm1_issue<T>(k_el(c), q_el, acc, wtid);
+    };
+    auto retire = [&](auto, auto& acc, int) {
+      warpgroup_wait<0>();  // only this chunk's batch is in flight here
+      scale_acc(acc, p.scale_I);
+    };
+    auto epilogue = [&](auto, auto& acc, int c) {
+      float row[2];
+      wg_row_scores<T>(acc, s_w, row);
+      CUTE_UNROLL
+      for (int i = 0; i < 2; ++i) {
+        const int r = 16 * warp + g + 8 * i;
+        const int64_t key = key_at(c, r);
+        if (t4 == 0 && key >= raw_b && key < raw_e) sums.add(row[i], chunk_la(c, r));
+      }
+      release(c);
+    };
+    indexer::chunk_loop(n_chunks, acc0, acc1, issue, retire, epilogue);
+  }
+
+  // [b] + [d] log Z_I, log Z_A and the row's loss; an empty row (no range or no target mass).
+  float log_zi = 0.f, log_za = 0.f;
+  const float row_loss = dense_online_row_loss<kT, 2, Bar>(sums, p.coeff, s_red, &log_zi, &log_za);
+  const bool live = present && sp.range_n(wg) > 0 && log_za != -INFINITY;
+  if (live)
+    write_row_loss<kT, 2>(p, tok, row_loss);
+  else if (present)
+    write_empty_row<kT, kHeads, 2>(p, tok);
+  if (!p.grads) return;
+
+  // [e] Pass 2 (ring indices n_chunks + c). The live ranges of both tokens; q_w of this token.
+  if (wtid == 0) {
+    s_range[2 * wg] = live ? raw_b : INT64_MAX;
+    s_range[2 * wg + 1] = live ? raw_e : INT64_MIN;
+  }
+  store_q_w<T>(p, smem + L::kQOff + wg * T::kQBytes, smem + L::kQwOff + wg * T::kQPanelBytes,
+               s_w, wtid);
+  Bar::sync();
+  const int64_t b0 = s_range[0], e0 = s_range[1], b1 = s_range[2], e1 = s_range[3];
+  const int64_t my_b = wg == 0 ? b0 : b1, my_e = wg == 0 ? e0 : e1;  // empty when not live
+  auto mine = [&](int64_t key) { return key >= my_b && key < my_e; };
+  auto either = [&](int64_t key) { return (key >= b0 && key < e0) || (key >= b1 && key < e1); };
+
+  typename P::Mma2 mma2;
+  typename T::Mma3 mma3;
+  auto thr2 = mma2.get_thread_slice(wtid);
+  auto thr3 = mma3.get_thread_slice(wtid);
+  Tensor dq = partition_fragment_C(mma3, Shape<typename T::D128, typename T::HT>{});
+  clear(dq);
+  float dw_acc[T::kNt][2];
+  CUTE_UNROLL
+  for (int nt = 0; nt < T::kNt; ++nt) dw_acc[nt][0] = dw_acc[nt][1] = 0.f;
+  auto g_slot = [&](int c) {  // both tokens' G of chunk c
+    return fresh_ptr(reinterpret_cast<Element*>(smem + L::kGOff)) +
+           (c & 1) * (L::kGSlotBytes / 2);
+  };
+  Element* const qw_el = reinterpret_cast<Element*>(smem + L::kQwOff + wg * 2 * T::kQPanelBytes);
+  FragA acc = partition_fragment_C(mma1, Shape<typename T::N64, typename T::HT>{});
+  Tensor dk = partition_fragment_C(mma2, Shape<typename T::N64, typename T::D64>{});
+  const int k0 = n_chunks;
+
+  // E2(c): acc holds G1(c) (retired), a = scale_I acc (a copy: no instruction but a wgmma
+  // defines accumulator registers while a batch is in flight). dI, G -> slot c % 2, dw; then
+  // both tokens' G visible.
+  auto epilogue2 = [&](int c) {
+    warpgroup_fence_operand(acc);
+    FragA a = make_fragment_like(acc);
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc); ++i) a(i) = acc(i) * p.scale_I;
+    float row[2], di[2];
+    wg_row_scores<T>(a, s_w, row);
+    CUTE_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      const int r = 16 * warp + g + 8 * i;
+      di[i] = mine(key_at(c, r))
+                  ? dense_di(p.coeff, row[i], log_zi, chunk_la(k0 + c, r), log_za)
+                  : 0.f;
+    }
+    int no_rs_operand = 0;
+    g_epilogue<T, false>(a, di, s_w, p.scale_I, dw_acc, no_rs_operand,
+                         smem_u32(g_slot(c)) + wg * P::kGPanelBytes, warp);
+    fence_proxy_async_shared();
+    Bar::sync();
+  };
+
+  // R(c): the dk reductions of chunk c (dK(c) retired), keys of either live range.
+  auto reduce_chunk = [&](int c) {
+    warpgroup_fence_operand(dk);
+    CUTE_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      const int64_t key = key_at(c, 16 * warp + g + 8 * i);
+      if (either(key)) reduce_dk_row(dk, i, p.dk_acc + key * 128 + 64 * wg + 2 * t4);
+    }
+  };
+
+  clear(acc);
+  clear(dk);
+  warpgroup_fence_operand(acc);
+  warpgroup_fence_operand(dk);
+  wait_full(k0);
+  gemm1_issue<T>(k_el(k0), q_el, acc, wtid);
+  warpgroup_wait<0>();
+  epilogue2(0);
+  // Chunk c's body issues dK(c) and reads it, issues G1(c + 1) and reads it (E2(c + 1)): the
+  // accumulators a body reads come from batches it issued (ptxas then keeps the batches in
+  // flight: no C7514); only dQ(c), whose registers nothing but wgmma touches, crosses the loop's
+  // back edge. Every chunk but the last; the wait counts are immediates.
+#pragma unroll 1
+  for (int c = 0; c + 1 < n_chunks; ++c) {
+    pair_dk_issue<T>(mma2, thr2, g_slot(c), qw_el, dk);
+    warpgroup_wait<1>();  // dQ(c - 1); dK(c) in flight
+    warpgroup_fence_operand(dq);
+    if (c > 0) release(k0 + c - 1);
+    wait_full(k0 + c + 1);
+    gemm1_issue<T>(k_el(k0 + c + 1), q_el, acc, wtid);
+    dq_issue<T>(mma3, thr3, k_el(k0 + c), g_slot(c) + wg * (P::kGPanelBytes / 2), dq);
+    warpgroup_wait<2>();  // dK(c); G1(c + 1), dQ(c) in flight
+    reduce_chunk(c);
+    warpgroup_wait<1>();  // G1(c + 1); dQ(c) in flight
+    epilogue2(c + 1);
+  }
+  {
+    const int c = n_chunks - 1;
+    pair_dk_issue<T>(mma2, thr2, g_slot(c), qw_el, dk);
+    warpgroup_wait<1>();  // dQ(c - 1); dK(c) in flight
+    warpgroup_fence_operand(dq);
+    if (c > 0) release(k0 + c - 1);
+    dq_issue<T>(mma3, thr3, k_el(k0 + c), g_slot(c) + wg * (P::kGPanelBytes / 2), dq);
+    warpgroup_wait<1>();  // dK(c); dQ(c) in flight
+    reduce_chunk(c);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(dq);
+    release(k0 + c);
+  }
+
+  // [f]
+  if (live) store_dq<T>(dq, p, tok, s_w, warp);
+  store_dw<kT, kHeads, 2, Bar>(dw_acc, s_dw, p, tok, live);
+}
+
+// Dense mode, two tokens per CTA, pipelined (tuning sm90_indexer_loss_kernel = 4).
+template <class T>
+__global__ void __launch_bounds__(PipeTraits<T>::kThreads, 1)
+    loss_sm90_pipe_kernel(const __grid_constant__ LossParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = PipeTraits<T>;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* const smem = reinterpret_cast<uint8_t*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+  const PipeSpan sp = pipe_span<T>(p);
+  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+  if (sp.n_chunks == 0) {  // no key in either range: empty rows (CTA-uniform)
+    if (wg > 0 && sp.t0 + wg - 1 < p.tok_end)
+      portable::indexer::write_empty_row<T::kThreads, T::kHeads, 2>(p, sp.t0 + wg - 1);
+    return;
+  }
+  if (threadIdx.x == 0) {
+    uint64_t* const full = reinterpret_cast<uint64_t*>(smem + L::kBarOff);
+    for (int b = 0; b < L::kStages; ++b) {
+      mbarrier_init(&full[b], L::kProducerThreads);
+      mbarrier_init(&full[L::kStages + b], L::kConsumerThreads);
+    }
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+  if (wg == 0) {
+    setmaxnreg_dec<L::kProducerRegs>();
+    pipe_producer<T>(p, smem, sp);
+  } else {
+    setmaxnreg_inc<L::kConsumerRegs>();
+    pipe_consumer<T>(p, smem, sp, wg - 1);
+  }
+#endif
+}
+
+}  // namespace sa::sm90::loss
