@@ -66,8 +66,10 @@ struct Sm90BwdVariant {
   const char* name;
   bool stats, full;
 };
-constexpr Sm90BwdVariant kSm90BwdVariants[] = {
-    {"stats", true, false}, {"full", false, true}, {"stats+full", true, true}};
+constexpr Sm90BwdVariant kSm90BwdVariants[] = {{"none", false, false},
+                                                {"stats", true, false},
+                                                {"full", false, true},
+                                                {"stats+full", true, true}};
 
 sa::detail::Tuning variant_tuning(const Sm90BwdVariant& v) {
   sa::detail::Tuning t;

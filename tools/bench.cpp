@@ -378,9 +378,9 @@ void parse_tune(const std::string& key, const std::string& val, sa::detail::Tuni
   } else if (key == "tune.bwd_tail" || key == "env.SA_TUNE_SM90_BWD_TAIL") {
     t->sm90_bwd_tail = tune_int(key, val, 0, 1024, &defaults.sm90_bwd_tail);
   } else if (key == "tune.sm90_bsa_bwd_stats") {
-    t->sm90_bsa_bwd_stats = tune_int(key, val, 0, 1) != 0;
+    t->sm90_bsa_bwd_stats = tune_int(key, val, 0, 1);
   } else if (key == "tune.sm90_bsa_bwd_full") {
-    t->sm90_bsa_bwd_full = tune_int(key, val, 0, 1) != 0;
+    t->sm90_bsa_bwd_full = tune_int(key, val, 0, 1);
   } else if (key == "tune.dsa_bwd" || key == "env.SA_TUNE_SM90_DSA_BWD") {
     t->sm90_dsa_bwd_bits = tune_int(key, val, 0, 3);
   } else if (key == "tune.dsa_fwd_pad" || key == "env.SA_TUNE_SM90_DSA_FWD_PAD") {

@@ -55,8 +55,10 @@ static_assert(Kernel<128, 128, true, bwd::kTuneStatsWarp | bwd::kTuneFullBlocks>
 int main_kernel_variant(const BsaBwdProblem& p) {
   const detail::Tuning& t = detail::tuning();
   int tune = 0;
-  if (t.sm90_bsa_bwd_stats) tune |= bwd::kTuneStatsWarp;
-  if (t.sm90_bsa_bwd_full && p.meta.kv_block_len.data == nullptr && p.dims.Skv % p.dims.block == 0)
+  const bool rule = p.dims.block == 128;  // the default: both at block 128 (Tuning)
+  if (t.sm90_bsa_bwd_stats < 0 ? rule : t.sm90_bsa_bwd_stats != 0) tune |= bwd::kTuneStatsWarp;
+  const bool full = t.sm90_bsa_bwd_full < 0 ? rule : t.sm90_bsa_bwd_full != 0;
+  if (full && p.meta.kv_block_len.data == nullptr && p.dims.Skv % p.dims.block == 0)
     tune |= bwd::kTuneFullBlocks;
   return tune;
 }
