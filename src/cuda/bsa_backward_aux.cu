@@ -15,8 +15,7 @@
 namespace sa::portable {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kRowThreads = 8;  // preprocess: threads sharing one query row
+constexpr int kThreads = kAuxThreads;
 
 struct PreprocessArgs {
   Bhsd o, dout;
@@ -39,48 +38,21 @@ __global__ void __launch_bounds__(kThreads) bwd_preprocess_kernel(const Preproce
   const int sub = threadIdx.x % kRowThreads;
   if (gtid < a.u32_count) a.u32_zero[gtid] = 0u;
   if (row >= a.rows) return;  // the row's threads leave together
-  // After the row's loads are issued (the stores could alias them as far as the compiler knows).
-  const auto zero_dq_row = [&]() {
-    if (a.dq_zero == nullptr) return;
-    float4* z = reinterpret_cast<float4*>(a.dq_zero + row * a.Dq);
-    for (int c = sub; c < a.Dq / 4; c += kRowThreads) z[c] = make_float4(0.f, 0.f, 0.f, 0.f);
-  };
   const int s = static_cast<int>(row % a.Sq_pad);
   const int64_t bh = row / a.Sq_pad;
   const int h = static_cast<int>(bh % a.Hq);
   const int64_t b = bh / a.Hq;
   if (s >= a.Sq) {
-    if (sub == 0) {
-      a.lse2[row] = INFINITY;
-      a.delta[row] = 0.f;
-    }
-    zero_dq_row();
+    padding_row_stats(a.lse2 + row, a.delta + row, sub);
+    zero_dq_row(a.dq_zero, row, a.Dq, sub);
     return;
   }
-  // The row's lse first, beside its O / dO loads (issued after the reduction, it cost every row
-  // a second DRAM round trip).
   const float l =
       sub == 0 ? a.lse[b * a.lse_stride[0] + h * a.lse_stride[1] + s * a.lse_stride[2]] : 0.f;
   const uint8_t* o = static_cast<const uint8_t*>(a.o.data) + 2 * a.o.offset(b, h, s, 0);
   const uint8_t* d = static_cast<const uint8_t*>(a.dout.data) + 2 * a.dout.offset(b, h, s, 0);
-  float sum = 0.f;
-#pragma unroll 2
-  for (int c = sub; c < a.D / 8; c += kRowThreads) {
-    float x[8], y[8];
-    load8(o + 16 * c, a.bf16, x);
-    load8(d + 16 * c, a.bf16, y);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) sum = fmaf(x[i], y[i], sum);
-  }
-  zero_dq_row();
-  const unsigned group_mask = 0xffu << (threadIdx.x % 32 / kRowThreads * kRowThreads);
-#pragma unroll
-  for (int step = 1; step < kRowThreads; step *= 2)
-    sum += __shfl_xor_sync(group_mask, sum, step);
-  if (sub == 0) {
-    a.lse2[row] = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
-    a.delta[row] = sum;
-  }
+  preprocess_row(o, d, a.D, a.bf16, sub, l, a.lse2 + row, a.delta + row,
+                 [&] { zero_dq_row(a.dq_zero, row, a.Dq, sub); });
 }
 
 struct ConvertDqArgs {
@@ -133,21 +105,11 @@ __global__ void __launch_bounds__(kThreads) bwd_convert_dkv_kernel(const Convert
   for (int i = threadIdx.x; i < keys * per_row; i += kThreads) {
     const int j = key0 + i / per_row;
     const int c = i % per_row;
-    const int64_t at = ((b * a.Hkv + hk) * a.Skv_pad + j) * a.D + 8 * c;
-    const float4* k = reinterpret_cast<const float4*>(a.dk_acc + at);
-    const float4* v = reinterpret_cast<const float4*>(a.dv_acc + at);
-    store8(static_cast<uint8_t*>(a.dk.data) + 2 * a.dk.offset(b, hk, j, 8 * c), a.bf16, k[0],
-           k[1], a.scale);
-    store8(static_cast<uint8_t*>(a.dv.data) + 2 * a.dv.offset(b, hk, j, 8 * c), a.bf16, v[0],
-           v[1], 1.f);
+    convert_kv_chunk(a.dk_acc, a.dv_acc, ((b * a.Hkv + hk) * a.Skv_pad + j) * a.D + 8 * c,
+                     static_cast<uint8_t*>(a.dk.data) + 2 * a.dk.offset(b, hk, j, 8 * c),
+                     static_cast<uint8_t*>(a.dv.data) + 2 * a.dv.offset(b, hk, j, 8 * c), a.bf16,
+                     a.scale);
   }
-}
-
-unsigned blocks_for(int64_t threads) {
-  const int64_t blocks = (threads + kThreads - 1) / kThreads;
-  SA_CHECK(blocks <= 0x7fffffff, SA_ERROR_UNSUPPORTED,
-           "bsa backward: grid of " << blocks << " blocks is too large");
-  return static_cast<unsigned>(blocks);
 }
 
 }  // namespace
@@ -177,7 +139,7 @@ void launch_bwd_preprocess(const BsaBwdProblem& p, int64_t Sq_pad, float* lse2, 
   a.bf16 = p.dtype == SA_DTYPE_BF16;
   SA_CHECK(a.u32_count <= a.rows * kRowThreads, SA_ERROR_INTERNAL,
            "bsa backward preprocess: " << a.u32_count << " counters to zero, more than threads");
-  bwd_preprocess_kernel<<<blocks_for(a.rows * kRowThreads), kThreads, 0, stream>>>(a);
+  bwd_preprocess_kernel<<<aux_blocks_for(a.rows * kRowThreads), kThreads, 0, stream>>>(a);
   SA_CUDA_CHECK_LAUNCH();
 }
 
@@ -198,7 +160,7 @@ void launch_bwd_convert_dq(const BsaBwdProblem& p, int64_t Sq_pad, const float* 
   a.scale = p.scale;
   a.bf16 = p.dtype == SA_DTYPE_BF16;
   a.tiled = tiled;
-  bwd_convert_dq_kernel<<<blocks_for(a.chunks), kThreads, 0, stream>>>(a);
+  bwd_convert_dq_kernel<<<aux_blocks_for(a.chunks), kThreads, 0, stream>>>(a);
   SA_CUDA_CHECK_LAUNCH();
 }
 

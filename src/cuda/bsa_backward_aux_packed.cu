@@ -4,8 +4,6 @@
 // (B + 1 int32, cached), so that nothing depends on offsets on the host.
 #include "cuda/bsa_backward_aux_packed.hpp"
 
-#include <cmath>
-
 #include "common/cuda_check.hpp"
 #include "cuda/bsa_aux_pack8.cuh"
 #include "cuda/bsa_packed_rows.hpp"
@@ -13,8 +11,7 @@
 namespace sa::portable {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kRowThreads = 8;  // preprocess: threads sharing one query row
+constexpr int kThreads = kAuxThreads;
 
 struct PackedPreprocessArgs {
   Bhsd o, dout;  // [T_q, H_q, D] (sb = 0)
@@ -41,11 +38,6 @@ __global__ void __launch_bounds__(kThreads)
   const int sub = threadIdx.x % kRowThreads;
   if (gtid < a.u32_count) a.u32_zero[gtid] = 0u;
   if (row >= a.rows) return;  // the row's threads leave together
-  const auto zero_dq_row = [&]() {
-    if (a.dq_zero == nullptr) return;
-    float4* z = reinterpret_cast<float4*>(a.dq_zero + row * a.Dq);
-    for (int c = sub; c < a.Dq / 4; c += kRowThreads) z[c] = make_float4(0.f, 0.f, 0.f, 0.f);
-  };
   const int64_t x = row % a.Sq_pad;
   const int64_t h = row / a.Sq_pad;
   const int32_t seq = packed_seq_of_stat_row(a.meta.cu_seqlens_q, a.meta.cu_stride_q,
@@ -54,35 +46,16 @@ __global__ void __launch_bounds__(kThreads)
   const SeqSpan sp = a.meta.seq(seq, a.dims);
   const int64_t local = x - packed_stat_row0(seq, sp.q0, a.dims.block);
   if (local < 0 || local >= sp.sq) {
-    if (sub == 0) {
-      a.lse2[row] = INFINITY;
-      a.delta[row] = 0.f;
-    }
-    zero_dq_row();
+    padding_row_stats(a.lse2 + row, a.delta + row, sub);
+    zero_dq_row(a.dq_zero, row, a.Dq, sub);
     return;
   }
   const int64_t t = sp.q0 + local;  // the global token
   const float l = sub == 0 ? a.lse[h * a.lse_stride[1] + t * a.lse_stride[2]] : 0.f;
   const uint8_t* o = static_cast<const uint8_t*>(a.o.data) + 2 * a.o.offset(0, h, t, 0);
   const uint8_t* d = static_cast<const uint8_t*>(a.dout.data) + 2 * a.dout.offset(0, h, t, 0);
-  float sum = 0.f;
-#pragma unroll 2
-  for (int c = sub; c < a.D / 8; c += kRowThreads) {
-    float xo[8], yd[8];
-    load8(o + 16 * c, a.bf16, xo);
-    load8(d + 16 * c, a.bf16, yd);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) sum = fmaf(xo[i], yd[i], sum);
-  }
-  zero_dq_row();
-  const unsigned group_mask = 0xffu << (threadIdx.x % 32 / kRowThreads * kRowThreads);
-#pragma unroll
-  for (int step = 1; step < kRowThreads; step *= 2)
-    sum += __shfl_xor_sync(group_mask, sum, step);
-  if (sub == 0) {
-    a.lse2[row] = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
-    a.delta[row] = sum;
-  }
+  preprocess_row(o, d, a.D, a.bf16, sub, l, a.lse2 + row, a.delta + row,
+                 [&] { zero_dq_row(a.dq_zero, row, a.Dq, sub); });
 }
 
 struct PackedConvertDqArgs {
@@ -153,21 +126,11 @@ __global__ void __launch_bounds__(kThreads)
   for (int i = threadIdx.x; i < keys * per_row; i += kThreads) {
     const int64_t j = key0 + i / per_row;
     const int c = i % per_row;
-    const int64_t at = (static_cast<int64_t>(hk) * a.Skv_pad + j) * a.D + 8 * c;
-    const float4* k = reinterpret_cast<const float4*>(a.dk_acc + at);
-    const float4* v = reinterpret_cast<const float4*>(a.dv_acc + at);
-    store8(static_cast<uint8_t*>(a.dk.data) + 2 * a.dk.offset(0, hk, j, 8 * c), a.bf16, k[0],
-           k[1], a.scale);
-    store8(static_cast<uint8_t*>(a.dv.data) + 2 * a.dv.offset(0, hk, j, 8 * c), a.bf16, v[0],
-           v[1], 1.f);
+    convert_kv_chunk(a.dk_acc, a.dv_acc, (static_cast<int64_t>(hk) * a.Skv_pad + j) * a.D + 8 * c,
+                     static_cast<uint8_t*>(a.dk.data) + 2 * a.dk.offset(0, hk, j, 8 * c),
+                     static_cast<uint8_t*>(a.dv.data) + 2 * a.dv.offset(0, hk, j, 8 * c), a.bf16,
+                     a.scale);
   }
-}
-
-unsigned blocks_for(int64_t threads) {
-  const int64_t blocks = (threads + kThreads - 1) / kThreads;
-  SA_CHECK(blocks <= 0x7fffffff, SA_ERROR_UNSUPPORTED,
-           "bsa backward: grid of " << blocks << " blocks is too large");
-  return static_cast<unsigned>(blocks);
 }
 
 }  // namespace
@@ -194,7 +157,7 @@ void launch_bwd_preprocess_packed(const BsaBwdProblem& p, int64_t Sq_pad, float*
   a.dims = p.dims;
   SA_CHECK(a.u32_count <= a.rows * kRowThreads, SA_ERROR_INTERNAL,
            "bsa backward preprocess: " << a.u32_count << " counters to zero, more than threads");
-  bwd_preprocess_packed_kernel<<<blocks_for(a.rows * kRowThreads), kThreads, 0, stream>>>(a);
+  bwd_preprocess_packed_kernel<<<aux_blocks_for(a.rows * kRowThreads), kThreads, 0, stream>>>(a);
   SA_CUDA_CHECK_LAUNCH();
 }
 
@@ -210,7 +173,7 @@ void launch_bwd_convert_dq_packed(const BsaBwdProblem& p, int64_t Sq_pad, const 
   a.bf16 = p.dtype == SA_DTYPE_BF16;
   a.meta = p.meta;
   a.dims = p.dims;
-  bwd_convert_dq_packed_kernel<<<blocks_for(a.chunks), kThreads, 0, stream>>>(a);
+  bwd_convert_dq_packed_kernel<<<aux_blocks_for(a.chunks), kThreads, 0, stream>>>(a);
   SA_CUDA_CHECK_LAUNCH();
 }
 
