@@ -51,6 +51,8 @@ struct BenchOptions {
 //   tune.bwd_tail=auto|0..1024   Hopper BSA backward: last work items launched longest first
 //   tune.dsa_bwd=0..3            Hopper DSA backward variant bits (1 late K release, 2 per-row
 //                                index loads)
+//   tune.sm90_dsa_bwd_groups=0|1 Hopper DSA backward at H 8 / 16 / 32: 1 token groups (the
+//                                default), 0 one token per item, heads padded to 64
 //   tune.dsa_fwd_pad=0|1         Hopper DSA forward at H 16 on the padded 64-row kernel
 //   tune.topk=0..4               Hopper indexer top-k: default, fused, two passes with the radix
 //                                select staged / unstaged, two passes with the candidates kernel

@@ -11,6 +11,14 @@
 //   3. convert  dkv = dkv_acc in kv's dtype, every element (rows no slot selects become 0)
 //   4. d_sink   per head, the terms summed in a fixed order; zeros without a sink
 //
+// Token groups (cuda/dsa_token_groups.hpp; a policy with token_groups, H in {8, 16, 32}, not
+// deterministic, token-major rows): step 2 becomes
+//   2g. unions  build_token_groups: per group of G = 64 / H tokens, the sorted union of their
+//               active keys with each token's multiplicity, and its length
+//   2.  main    the policy's kernel over ceil(S_q / G) items of 64 rows (token, head), each
+//               walking its group's union, its rows addressed as one token of 64 heads; dynamic
+//               items (the counter), as the unions differ in length
+//
 // Deterministic mode (options.deterministic). fp32 reductions add in arrival order, so dkv would
 // differ in its last bits from run to run. Instead, tokens are processed in slices of T tokens
 // (T such that the slice's partial rows take at most kPartialBytesCap), each slice:
@@ -74,6 +82,9 @@ struct KernelPolicy {
   AccColumns reduce_columns = AccColumns::kNatural;  // column order of its reductions into
                                                      // dkv_acc (outside deterministic mode)
   MainKernelLaunch launch = nullptr;
+  // The kernel takes token groups (prm.group_len non-null; heads_per_cta must be 64): run uses
+  // them where token_groups_eligible(p), and the plan makes room for them.
+  bool token_groups = false;
 };
 
 // Byte offsets of the workspace parts from a 256-byte aligned base, and the sizes they derive
@@ -88,8 +99,11 @@ struct WorkspacePlan {
   size_t cub_bytes = 0;        // the sort's scratch
   size_t acc = 0;              // fp32 dkv accumulator [S_kv, D_qk]
   size_t terms = 0;            // d_sink terms [H, S_q] (with p.d_sink)
-  bool counter = false;        // a uint32 work-item counter (with topk_length: a persistent
-  size_t counter_at = 0;       // kernel takes items of different lengths from it)
+  bool counter = false;        // a uint32 work-item counter (with topk_length or token groups:
+  size_t counter_at = 0;       // a persistent kernel takes items of different lengths from it)
+  int group_tokens = 0;        // token groups: G (0: none), the entries per group and the
+  int64_t group_cap = 0;       // unions (cuda/dsa_token_groups.hpp)
+  size_t group_keys = 0, group_mult = 0, group_len = 0;
   size_t part = 0;             // deterministic: partial rows [slice, groups, topk, D_qk] fp32
   size_t keys_in = 0, keys_out = 0, vals_in = 0, vals_out = 0;  // deterministic: the sort's
   size_t cub = 0;                                               // items and scratch
@@ -100,6 +114,10 @@ struct WorkspacePlan {
 // pins deterministic mode's token slice (tests), 0 takes as many tokens as keep a slice's partial
 // rows within 2 GiB. Deterministic mode asks CUB for its sort's scratch on the current device.
 WorkspacePlan plan_workspace(const DsaBwdProblem& p, int heads_per_cta, int64_t slice_tokens = 0);
+// The same for `kernel`'s policy: with kernel.token_groups and token_groups_eligible(p), room
+// for the unions and the item counter after the parts above.
+WorkspacePlan plan_workspace(const DsaBwdProblem& p, const KernelPolicy& kernel,
+                             int64_t slice_tokens = 0);
 
 // Device workspace bytes of run(p, ..., kernel, slice_tokens).
 size_t workspace_bytes(const DsaBwdProblem& p, const KernelPolicy& kernel,

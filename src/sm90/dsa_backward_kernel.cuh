@@ -134,8 +134,14 @@ __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint
 // 2048, and none loses 8% with topk_length: warpgroup 1's longer chain ends every item). D_qk
 // 512: none (+0.6-3.1% over two at topk 2048, equal with topk_length). One piece measured
 // slower than both at both sizes (bench/notes-archive, session 20).
-template <int kDqk_>
+//
+// kTokenGroups_: the token-group mode (cuda/dsa_token_groups.hpp; H in {8, 16, 32}): an item is a
+// group of G = 64 / H tokens, its 64 rows (token, head) addressed as one token of 64 heads (the
+// driver scales the token strides by G), its keys the group's union, each key's probability
+// multiplied by the multiplicity of the row's token (0: the token did not select it).
+template <int kDqk_, bool kTokenGroups_ = false>
 struct DsaBwdTraits : DsaCta<kDqk_> {
+  static constexpr bool kTokenGroups = kTokenGroups_;
   static constexpr int kWg0Pieces = kDqk_ == 576 ? 2 : 0;
   using Base = DsaCta<kDqk_>;
   using Element = typename Base::Element;
@@ -176,7 +182,10 @@ struct alignas(1024) SharedStorage {
   Element k_rope[T::kPanelElems];
   Element p[T::kPanelElems];   // P [head][key], bf16
   Element ds[T::kPanelElems];  // dS' [head][key], bf16
-  float bias[2][64];           // per chunk parity: 0 for an active slot, -inf otherwise
+  union {
+    float bias[2][64];         // per chunk parity: 0 for an active slot, -inf otherwise
+    uint32_t mult[2][64];      // token groups: per chunk parity, the entry's multiplicities
+  };                           // (G fields of 32 / G bits; 0 past the union)
   int32_t kidx[2][64];         // per chunk parity: the slot's kv row, -1 when inactive
   float dpart[2][64];          // per consumer warpgroup: its half of each row's delta
   uint64_t kv_full;            // producer (128 arrivals) -> consumers: the chunk's rows landed
@@ -185,6 +194,12 @@ struct alignas(1024) SharedStorage {
                                // item's last [5] is done), the next item's may land
   ItemHandoff items;           // dynamic items (with topk_length; persistent_items.cuh)
 };
+
+// Token groups: the rows of group `tok` that exist (64 but in the last group: S_q H - 64 tok).
+template <class T>
+__device__ __forceinline__ int group_rows(const Params& p, int64_t tok) {
+  return static_cast<int>(min(int64_t{T::kHeads}, p.sq * p.H - int64_t{T::kHeads} * tok));
+}
 
 // ---- producer (warpgroup 0) ---------------------------------------------------------------------
 // The gather pieces are the forward's (dsa_common.cuh). One work item (token tok, heads h0 ..
@@ -210,7 +225,21 @@ __device__ __forceinline__ void producer_item(const Params& p, SharedStorage<T>&
       s.bias[buf][row] = active ? 0.f : -INFINITY;
       s.kidx[buf][row] = active ? jr : -1;
     };
-    if ((p.tune & kTuneRowIndex) == 0) {
+    if constexpr (T::kTokenGroups) {
+      // The group's union (every entry active: the builder keeps active keys only), indices and
+      // multiplicities read lane-parallel; the multiplicities stored by their lanes.
+      const int64_t at = tok * p.group_cap;
+      const int32_t j = chunk_slot_index(p.group_keys + at, 1, n_slots, c, warp, lane);
+      const int slot = c * T::kBlockN + 16 * warp + lane % 16;
+      const uint32_t m = lane < 16 && slot < n_slots ? p.group_mult[at + slot] : 0u;
+      mbarrier_wait(&s.kv_empty, (g & 1) ^ 1);
+      if (lane < 16) s.mult[buf][16 * warp + lane] = m;
+      gather_chunk<T::kRope>(smem_u32(s.k_nope), smem_u32(s.k_rope), kv, p.kv_ss, p.skv,
+                             ShuffledRowIndex{j}, warp, lane,
+                             [&](int row, bool active, int32_t jr) {
+                               s.kidx[buf][row] = active ? jr : -1;
+                             });
+    } else if ((p.tune & kTuneRowIndex) == 0) {
       const int32_t j = chunk_slot_index(idx_row, p.idx_si, n_slots, c, warp, lane);
       mbarrier_wait(&s.kv_empty, (g & 1) ^ 1);
       gather_chunk<T::kRope>(smem_u32(s.k_nope), smem_u32(s.k_rope), kv, p.kv_ss, p.skv,
@@ -226,12 +255,13 @@ __device__ __forceinline__ void producer_item(const Params& p, SharedStorage<T>&
     }
     if (c == 0) {
       // [P0] Q and dO of the item's heads; with head padding (the last group of an H that is not
-      // a multiple of 64) the rows past H are zero-filled, not read.
+      // a multiple of 64) the rows past H are zero-filled, not read (token groups: the rows past
+      // S_q H, in the last group).
       mbarrier_wait(&s.qdo_empty, qdo_phase ^ 1);
       qdo_phase ^= 1;
       const DsaElement* q_tok = static_cast<const DsaElement*>(p.q) + tok * p.q_ss;
       const DsaElement* do_tok = static_cast<const DsaElement*>(p.dout) + tok * p.do_ss;
-      const int rows = p.H - h0;
+      const int rows = T::kTokenGroups ? group_rows<T>(p, tok) : p.H - h0;
       if (rows >= T::kHeads) {
         gather_head_rows<T::kRope>(smem_u32(s.q_nope), smem_u32(s.q_rope), q_tok, p.q_sh, h0,
                                    warp, lane);
@@ -265,7 +295,10 @@ __device__ __forceinline__ void for_each_item(const Params& p, SharedStorage<T>&
                                const uint32_t groups = static_cast<uint32_t>(p.head_groups);
                                const int64_t tok = p.tok_begin + i / groups;
                                const int h0 = static_cast<int>(i % groups) * T::kHeads;
-                               const int n_slots = dsa_active_slots(p.len, p.len_s, p.topk, tok);
+                               const int n_slots =
+                                   T::kTokenGroups
+                                       ? p.group_len[i]
+                                       : dsa_active_slots(p.len, p.len_s, p.topk, tok);
                                f(tok, h0, n_slots, g0);
                                g0 += static_cast<uint32_t>((n_slots + T::kBlockN - 1) /
                                                            T::kBlockN);
@@ -338,8 +371,21 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
   // item, this took ~11% of the consumers' time at topk 512.) An item without chunks needs no
   // delta (its d_sink term is 0).
   // Head padding: rows frag_row + 8 r >= rows are heads past H (zero Q and dO): L2 = +inf makes
-  // their P and dS' exactly 0, and nothing of theirs is read or stored.
-  const int rows = min(T::kHeads, p.H - h0);
+  // their P and dS' exactly 0, and nothing of theirs is read or stored. Token groups: row R is
+  // (token 64 tok / H + R / H, head R % H), the rows past S_q H are the padding, and a row's
+  // multiplicity of an entry is field R / H (mult_shift[r], mult_mask) of its word.
+  const int rows = T::kTokenGroups ? group_rows<T>(p, tok) : min(T::kHeads, p.H - h0);
+  const int h_log2 = 31 - __clz(p.H);  // token groups: H is a power of two
+  int mult_shift[2] = {0, 0};
+  uint32_t mult_mask = 0u;
+  if constexpr (T::kTokenGroups) {
+    const int field_bits = p.H / 2;  // 32 / G
+    mult_mask = (1u << field_bits) - 1u;
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) mult_shift[r] = ((frag_row + 8 * r) >> h_log2) * field_bits;
+  }
+  // The head of row R (its sink and d_sink term): R % H with token groups, else h0 + R.
+  auto head_of = [&](int row) { return T::kTokenGroups ? (row & (p.H - 1)) : h0 + row; };
   float l2[2], delta[2] = {0.f, 0.f};
   const float kInf = INFINITY;
   CUTE_UNROLL
@@ -348,7 +394,8 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
     l2[r] = kInf;
     if (frag_row + 8 * r < rows) {
       const float lse = p.lse[tok * p.lse_ss + h * p.lse_sh];
-      const float sink = p.sink != nullptr ? p.sink[h * p.sink_s] : -kInf;
+      const float sink =
+          p.sink != nullptr ? p.sink[head_of(frag_row + 8 * r) * p.sink_s] : -kInf;
       l2[r] = portable::dsa_bwd::row_log2_normalizer(lse, sink);
     }
   }
@@ -416,6 +463,7 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
   const float scale = p.scale;
   const bool releaser = lane < T::kReleaseLanes;
   bool saw_active = false;
+  uint32_t saw_mult = 0u;  // token groups: the OR of the item's multiplicity words
   clear(tQrdQ);
   clear(tRrdQ);
   // Shared addresses (explicit ld/st.shared: generic pointers into these tiles compiled to
@@ -448,7 +496,7 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
   };
   auto reduce_piece = [&](int c, int buf, int panel, auto& acc) {
     warpgroup_fence_operand(acc);
-    if (p.deterministic) {
+    if (!T::kTokenGroups && p.deterministic) {
       // The kv rows of this thread's fragment rows frag_row + 8 r.
       int32_t j[2];
       CUTE_UNROLL
@@ -559,11 +607,17 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
       gemm_ss(mma_sdp, tSrQn, tSrKn, tSrS, true);
       if constexpr (T::kRope) gemm_ss(mma_sdp, tSrQr, tSrKr, tSrS, false);
       warpgroup_commit_batch();
-      saw_active |=
-          __any_sync(0xffffffffu, s.bias[buf][lane] == 0.f || s.bias[buf][32 + lane] == 0.f);
+      if constexpr (T::kTokenGroups) {
+        saw_mult |= __reduce_or_sync(0xffffffffu, s.mult[buf][lane] | s.mult[buf][32 + lane]);
+      } else {
+        saw_active |=
+            __any_sync(0xffffffffu, s.bias[buf][lane] == 0.f || s.bias[buf][32 + lane] == 0.f);
+      }
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
-      // P in bf16 pairs (kept for dS' and stored once the tiles are free).
+      // P in bf16 pairs (kept for dS' and stored once the tiles are free). Token groups: P =
+      // the multiplicity of the row's token times the slot-wise probability (0 when the token
+      // did not select the key).
       const uint32_t bias = smem_u32(s.bias[buf]) + 4 * (2 * (lane % 4));  // + 4 key
       uint32_t p_pk[16];
       CUTE_UNROLL
@@ -572,8 +626,14 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
         float pv[2];
         CUTE_UNROLL
         for (int e = 0; e < 2; ++e) {
-          const float off = ld_shared_f32(bias + 4 * (8 * (i / 4) + e)) - l2[r];
-          pv[e] = exp2_prob(fmaf(tSrS(i + e), scale_log2, off));
+          if constexpr (T::kTokenGroups) {
+            const uint32_t w = ld_shared_u32(bias + 4 * (8 * (i / 4) + e));
+            const float m = static_cast<float>((w >> mult_shift[r]) & mult_mask);
+            pv[e] = m * exp2_prob(fmaf(tSrS(i + e), scale_log2, -l2[r]));
+          } else {
+            const float off = ld_shared_f32(bias + 4 * (8 * (i / 4) + e)) - l2[r];
+            pv[e] = exp2_prob(fmaf(tSrS(i + e), scale_log2, off));
+          }
         }
         p_pk[i / 2] = pack_bf16x2(pv[0], pv[1]);
       }
@@ -709,14 +769,25 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
   if (p.sink_terms != nullptr && wg == 0 && lane % 4 == 0) {
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) {
-      if (frag_row + 8 * r >= rows) continue;
-      const int h = h0 + frag_row + 8 * r;
-      float term = 0.f;
-      if (saw_active && p.sink != nullptr) {
-        const float lse = p.lse[tok * p.lse_ss + h * p.lse_sh];
-        if (lse < kInf) term = -portable::dsa_bwd::sink_share(lse, p.sink[h * p.sink_s]) * delta[r];
+      const int row = frag_row + 8 * r;
+      if (row >= rows) continue;
+      const int h = h0 + row;
+      // The row's token and head (token groups: the group's token row / H, head row % H), and
+      // whether the token has an active slot.
+      int64_t t = tok;
+      bool saw = saw_active;
+      if constexpr (T::kTokenGroups) {
+        t = (int64_t{T::kHeads} * tok + row) >> h_log2;
+        saw = ((saw_mult >> mult_shift[r]) & mult_mask) != 0u;
       }
-      p.sink_terms[h * p.sq + tok] = term;
+      const int head = head_of(row);
+      float term = 0.f;
+      if (saw && p.sink != nullptr) {
+        const float lse = p.lse[tok * p.lse_ss + h * p.lse_sh];
+        if (lse < kInf)
+          term = -portable::dsa_bwd::sink_share(lse, p.sink[head * p.sink_s]) * delta[r];
+      }
+      p.sink_terms[head * p.sq + t] = term;
     }
   }
 }

@@ -1,0 +1,74 @@
+// Token groups of the DSA backward (issue 33): for H in {8, 16, 32} a main kernel of 64 query rows
+// per work item can take G = 64 / H consecutive tokens instead of one token padded to 64 heads.
+// Rows r = (token t0 + g, head h), r = g H + h, are 64 contiguous rows of q, dout, out, dq and lse
+// (token-major), and the item walks the sorted union of its tokens' active keys (SPEC 2's rule)
+// instead of one token's slots: each union key's dkv row is reduced once for the G tokens.
+//
+// The union, per group b (built on the device by build_token_groups, one CTA per group):
+//   keys[b * cap + e]   the e-th entry's kv row, ascending in e (a key split over several
+//                       entries, see below, sits in consecutive entries)
+//   mult[b * cap + e]   the entry's multiplicities: field g (bits [g B, g B + B), B = 32 / G) is
+//                       how many active slots of token t0 + g hold the key (0: none)
+//   len[b]              the group's entries (0 for a group without active slots)
+// A key whose multiplicity for some token exceeds a field's maximum M = 2^B - 1 (only possible at
+// G 8, M = 15, for a row that repeats one key 16 times or more) takes ceil(c / M) entries, entry
+// k carrying min(M, max(0, c_g - k M)) for each token: the entries add up to the multiplicities.
+// A row of token g then sees the key's probability multiplied by its field (SPEC 2: repeated
+// indices count once each), and field 0 makes the key's P and dS exactly 0 for that token.
+//
+// cap bounds the entries of any group: at most the group's active slots (every entry carries a
+// slot of some token) and at most the distinct keys plus the splits, S_kv + ceil(G topk / M).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/problem.hpp"
+
+namespace sa::portable::dsa_bwd {
+
+// The rows of one work item of the kernels that take token groups.
+constexpr int kGroupRows = 64;
+
+// G for H, or 0 when H takes no token groups (H must divide 64 with G <= 8, and be below 64).
+constexpr int group_tokens(int64_t H) {
+  return (H == 8 || H == 16 || H == 32) ? static_cast<int>(kGroupRows / H) : 0;
+}
+
+// Bits of one token's multiplicity field, and the largest multiplicity a field holds.
+constexpr int group_field_bits(int G) { return 32 / G; }
+constexpr uint32_t group_field_max(int G) {
+  return group_field_bits(G) >= 32 ? 0xffffffffu : (1u << group_field_bits(G)) - 1u;
+}
+
+// Entries per group (see the top of this file); G = group_tokens(H) > 0.
+int64_t group_capacity(int64_t skv, int64_t topk, int G);
+
+// Whether p can run with token groups: H in {8, 16, 32}, not deterministic, and q, dout, out, dq
+// and lse token-major with their heads contiguous in rows (token stride = H x head stride), so
+// that a group's 64 rows are those of one "token" of 64 heads.
+bool token_groups_eligible(const DsaBwdProblem& p);
+
+struct TokenGroupArgs {
+  const int32_t* idx;  // [S_q, topk] at t * idx_ss + i * idx_si
+  const int32_t* len;  // [S_q] at t * len_s; may be null
+  int64_t idx_ss, idx_si, len_s;
+  int64_t sq, skv;
+  int32_t topk;
+  int G;               // tokens per group: 2, 4 or 8
+  int64_t cap;         // entries per group (group_capacity)
+  int32_t* keys;       // [ceil(S_q / G), cap]
+  uint32_t* mult;      // [ceil(S_q / G), cap]
+  int32_t* entries;    // [ceil(S_q / G)]
+};
+
+// Builds every group's union on `stream` (device current); writes entries[b] for every group and
+// keys / mult for e < entries[b] only.
+void build_token_groups(const TokenGroupArgs& a, cudaStream_t stream);
+
+// Dynamic shared memory of build_token_groups' CTA (for the tests' and the planner's record).
+size_t token_group_smem_bytes();
+
+}  // namespace sa::portable::dsa_bwd
