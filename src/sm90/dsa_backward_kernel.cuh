@@ -384,8 +384,6 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) mult_shift[r] = ((frag_row + 8 * r) >> h_log2) * field_bits;
   }
-  // The head of row R (its sink and d_sink term): R % H with token groups, else h0 + R.
-  auto head_of = [&](int row) { return T::kTokenGroups ? (row & (p.H - 1)) : h0 + row; };
   float l2[2], delta[2] = {0.f, 0.f};
   const float kInf = INFINITY;
   CUTE_UNROLL
@@ -394,8 +392,9 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
     l2[r] = kInf;
     if (frag_row + 8 * r < rows) {
       const float lse = p.lse[tok * p.lse_ss + h * p.lse_sh];
-      const float sink =
-          p.sink != nullptr ? p.sink[head_of(frag_row + 8 * r) * p.sink_s] : -kInf;
+      // The row's head: h, or (frag_row + 8 r) % H with token groups.
+      const int head = T::kTokenGroups ? ((frag_row + 8 * r) & (p.H - 1)) : h;
+      const float sink = p.sink != nullptr ? p.sink[head * p.sink_s] : -kInf;
       l2[r] = portable::dsa_bwd::row_log2_normalizer(lse, sink);
     }
   }
@@ -769,18 +768,18 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
   if (p.sink_terms != nullptr && wg == 0 && lane % 4 == 0) {
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) {
-      const int row = frag_row + 8 * r;
-      if (row >= rows) continue;
-      const int h = h0 + row;
-      // The row's token and head (token groups: the group's token row / H, head row % H), and
-      // whether the token has an active slot.
+      if (frag_row + 8 * r >= rows) continue;
+      const int h = h0 + frag_row + 8 * r;
+      // The row's token and head, and whether the token has an active slot (token groups: row
+      // R = frag_row + 8 r is token 64 tok / H + R / H, head R % H).
       int64_t t = tok;
+      int head = h;
       bool saw = saw_active;
       if constexpr (T::kTokenGroups) {
-        t = (int64_t{T::kHeads} * tok + row) >> h_log2;
+        t = (int64_t{T::kHeads} * tok + h) >> h_log2;
+        head = h & (p.H - 1);
         saw = ((saw_mult >> mult_shift[r]) & mult_mask) != 0u;
       }
-      const int head = head_of(row);
       float term = 0.f;
       if (saw && p.sink != nullptr) {
         const float lse = p.lse[tok * p.lse_ss + h * p.lse_sh];
