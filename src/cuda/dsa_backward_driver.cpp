@@ -105,6 +105,7 @@ WorkspacePlan plan_workspace(const DsaBwdProblem& p, const KernelPolicy& kernel,
     plan.group_keys = take(items * plan.group_cap * 4);
     plan.group_mult = take(items * plan.group_cap * 4);
     plan.group_len = take(items * 4);
+    plan.group_present = take(items * 4);
   }
   plan.total = at + kAlign;  // the caller's pointer may be aligned to less
   return plan;
@@ -158,10 +159,12 @@ void run(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes, cudaSt
     groups.keys = reinterpret_cast<int32_t*>(base + plan.group_keys);
     groups.mult = reinterpret_cast<uint32_t*>(base + plan.group_mult);
     groups.entries = reinterpret_cast<int32_t*>(base + plan.group_len);
+    groups.present = reinterpret_cast<uint32_t*>(base + plan.group_present);
     build_token_groups(groups, stream);
     prm.group_keys = groups.keys;
     prm.group_mult = groups.mult;
     prm.group_len = groups.entries;
+    prm.group_present = groups.present;
     prm.group_cap = plan.group_cap;
     // A group is one "token" of 64 heads (token_groups_eligible: token stride = H x head stride).
     prm.q_ss *= G;

@@ -103,7 +103,7 @@ struct WorkspacePlan {
   size_t counter_at = 0;       // a persistent kernel takes items of different lengths from it)
   int group_tokens = 0;        // token groups: G (0: none), the entries per group and the
   int64_t group_cap = 0;       // unions (cuda/dsa_token_groups.hpp)
-  size_t group_keys = 0, group_mult = 0, group_len = 0;
+  size_t group_keys = 0, group_mult = 0, group_len = 0, group_present = 0;
   size_t part = 0;             // deterministic: partial rows [slice, groups, topk, D_qk] fp32
   size_t keys_in = 0, keys_out = 0, vals_in = 0, vals_out = 0;  // deterministic: the sort's
   size_t cub = 0;                                               // items and scratch

@@ -48,9 +48,10 @@ struct DsaBwdParams {
   // q, out, dout, dq and lse with the group as their "token" (q_ss = G x the token stride, ...;
   // rows past S_q H are padding) and head_groups = 1. All null / 0 without token groups.
   const int32_t* group_keys;   // [items, group_cap]: the union's kv rows, ascending
-  const uint32_t* group_mult;  // [items, group_cap]: per entry, G fields of 32 / G bits: token
-                               // g's multiplicity of the key
+  const uint32_t* group_mult;  // [items, group_cap]: per entry, G 4-bit fields: token g's
+                               // multiplicity of the key
   const int32_t* group_len;    // [items]: the union's entries
+  const uint32_t* group_present;  // [items]: field g nonzero when token g has an active slot
   int64_t group_cap;
 };
 

@@ -8,7 +8,7 @@ namespace sa::portable::dsa_bwd {
 
 int64_t group_capacity(int64_t skv, int64_t topk, int G) {
   const int64_t slots = G * topk;
-  const int64_t M = group_field_max(G);
+  const int64_t M = kGroupFieldMax;
   return std::max<int64_t>(1, std::min<int64_t>(slots, skv + (slots + M - 1) / M));
 }
 

@@ -26,8 +26,10 @@ __global__ void __launch_bounds__(kThreads) token_groups_kernel(const TokenGroup
   __shared__ typename Scan::TempStorage scan;
   const int G = a.G;
   const int W = kCounterWords / G;
-  const int B = group_field_bits(G);
-  const uint32_t M = group_field_max(G);
+  constexpr int B = kGroupFieldBits;
+  constexpr uint32_t M = kGroupFieldMax;
+  __shared__ uint32_t present;
+  if (threadIdx.x == 0) present = 0u;  // ordered before its atomics by the first __syncthreads
   const int64_t b = blockIdx.x;
   const int64_t t0 = b * G;
   const int tokens = static_cast<int>(min<int64_t>(G, a.sq - t0));
@@ -35,6 +37,7 @@ __global__ void __launch_bounds__(kThreads) token_groups_kernel(const TokenGroup
   uint32_t* const mult = a.mult + b * a.cap;
   const int tid = threadIdx.x;
   int emitted = 0;  // the same in every thread
+  uint32_t seen = 0u;  // the OR of this thread's words
 #pragma unroll 1
   for (int64_t w0 = 0; w0 < a.skv; w0 += W) {
     const int wn = static_cast<int>(min<int64_t>(W, a.skv - w0));
@@ -76,12 +79,18 @@ __global__ void __launch_bounds__(kThreads) token_groups_kernel(const TokenGroup
           if (g < G && c[g] > done) word |= min(M, c[g] - done) << (B * g);
         keys[emitted + at + e] = static_cast<int32_t>(w0 + k);
         mult[emitted + at + e] = word;
+        seen |= word;
       }
       emitted += total;
       __syncthreads();  // the scan's storage is reused; [1] of the next window rewrites cnt
     }
   }
-  if (tid == 0) a.entries[b] = emitted;
+  if (seen != 0u) atomicOr(&present, seen);
+  __syncthreads();
+  if (tid == 0) {
+    a.entries[b] = emitted;
+    a.present[b] = present;
+  }
 }
 
 }  // namespace

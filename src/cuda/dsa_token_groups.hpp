@@ -7,12 +7,15 @@
 // The union, per group b (built on the device by build_token_groups, one CTA per group):
 //   keys[b * cap + e]   the e-th entry's kv row, ascending in e (a key split over several
 //                       entries, see below, sits in consecutive entries)
-//   mult[b * cap + e]   the entry's multiplicities: field g (bits [g B, g B + B), B = 32 / G) is
-//                       how many active slots of token t0 + g hold the key (0: none)
+//   mult[b * cap + e]   the entry's multiplicities: field g (bits [4 g, 4 g + 4)) is how many
+//                       active slots of token t0 + g hold the key (0: none)
 //   len[b]              the group's entries (0 for a group without active slots)
-// A key whose multiplicity for some token exceeds a field's maximum M = 2^B - 1 (only possible at
-// G 8, M = 15, for a row that repeats one key 16 times or more) takes ceil(c / M) entries, entry
-// k carrying min(M, max(0, c_g - k M)) for each token: the entries add up to the multiplicities.
+//   present[b]          the OR of the group's mult words: field g is nonzero when token t0 + g
+//                       has an active slot
+// A key whose multiplicity for some token exceeds a field's maximum M = 15 (a row that repeats
+// one key 16 times or more) takes ceil(c / M) entries, entry k carrying min(M, max(0, c_g - k M))
+// for each token: the entries add up to the multiplicities. (Fixed 4-bit fields keep the
+// kernel's extraction a shift and a constant mask.)
 // A row of token g then sees the key's probability multiplied by its field (SPEC 2: repeated
 // indices count once each), and field 0 makes the key's P and dS exactly 0 for that token.
 //
@@ -38,10 +41,8 @@ constexpr int group_tokens(int64_t H) {
 }
 
 // Bits of one token's multiplicity field, and the largest multiplicity a field holds.
-constexpr int group_field_bits(int G) { return 32 / G; }
-constexpr uint32_t group_field_max(int G) {
-  return group_field_bits(G) >= 32 ? 0xffffffffu : (1u << group_field_bits(G)) - 1u;
-}
+constexpr int kGroupFieldBits = 4;
+constexpr uint32_t kGroupFieldMax = (1u << kGroupFieldBits) - 1u;
 
 // Entries per group (see the top of this file); G = group_tokens(H) > 0.
 int64_t group_capacity(int64_t skv, int64_t topk, int G);
@@ -62,10 +63,11 @@ struct TokenGroupArgs {
   int32_t* keys;       // [ceil(S_q / G), cap]
   uint32_t* mult;      // [ceil(S_q / G), cap]
   int32_t* entries;    // [ceil(S_q / G)]
+  uint32_t* present;   // [ceil(S_q / G)]
 };
 
-// Builds every group's union on `stream` (device current); writes entries[b] for every group and
-// keys / mult for e < entries[b] only.
+// Builds every group's union on `stream` (device current); writes entries[b] and present[b] for
+// every group and keys / mult for e < entries[b] only.
 void build_token_groups(const TokenGroupArgs& a, cudaStream_t stream);
 
 // Dynamic shared memory of build_token_groups' CTA (for the tests' and the planner's record).

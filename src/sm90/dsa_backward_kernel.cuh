@@ -86,6 +86,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "cuda/dsa_backward_params.cuh"
+#include "cuda/dsa_token_groups.hpp"
 #include "sm90/dsa_common.cuh"
 #include "sm90/hopper_primitives.cuh"
 #include "sm90/persistent_items.cuh"
@@ -185,7 +186,7 @@ struct alignas(1024) SharedStorage {
   union {
     float bias[2][64];         // per chunk parity: 0 for an active slot, -inf otherwise
     uint32_t mult[2][64];      // token groups: per chunk parity, the entry's multiplicities
-  };                           // (G fields of 32 / G bits; 0 past the union)
+  };                           // (G 4-bit fields; 0 past the union)
   int32_t kidx[2][64];         // per chunk parity: the slot's kv row, -1 when inactive
   float dpart[2][64];          // per consumer warpgroup: its half of each row's delta
   uint64_t kv_full;            // producer (128 arrivals) -> consumers: the chunk's rows landed
@@ -373,16 +374,15 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
   // Head padding: rows frag_row + 8 r >= rows are heads past H (zero Q and dO): L2 = +inf makes
   // their P and dS' exactly 0, and nothing of theirs is read or stored. Token groups: row R is
   // (token 64 tok / H + R / H, head R % H), the rows past S_q H are the padding, and a row's
-  // multiplicity of an entry is field R / H (mult_shift[r], mult_mask) of its word.
+  // multiplicity of an entry is 4-bit field R / H (at mult_shift[r]) of its word.
   const int rows = T::kTokenGroups ? group_rows<T>(p, tok) : min(T::kHeads, p.H - h0);
   const int h_log2 = 31 - __clz(p.H);  // token groups: H is a power of two
+  constexpr uint32_t kMultMask = portable::dsa_bwd::kGroupFieldMax;
   int mult_shift[2] = {0, 0};
-  uint32_t mult_mask = 0u;
   if constexpr (T::kTokenGroups) {
-    const int field_bits = p.H / 2;  // 32 / G
-    mult_mask = (1u << field_bits) - 1u;
     CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) mult_shift[r] = ((frag_row + 8 * r) >> h_log2) * field_bits;
+    for (int r = 0; r < 2; ++r)
+      mult_shift[r] = ((frag_row + 8 * r) >> h_log2) * portable::dsa_bwd::kGroupFieldBits;
   }
   float l2[2], delta[2] = {0.f, 0.f};
   const float kInf = INFINITY;
@@ -462,7 +462,6 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
   const float scale = p.scale;
   const bool releaser = lane < T::kReleaseLanes;
   bool saw_active = false;
-  uint32_t saw_mult = 0u;  // token groups: the OR of the item's multiplicity words
   clear(tQrdQ);
   clear(tRrdQ);
   // Shared addresses (explicit ld/st.shared: generic pointers into these tiles compiled to
@@ -606,9 +605,7 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
       gemm_ss(mma_sdp, tSrQn, tSrKn, tSrS, true);
       if constexpr (T::kRope) gemm_ss(mma_sdp, tSrQr, tSrKr, tSrS, false);
       warpgroup_commit_batch();
-      if constexpr (T::kTokenGroups) {
-        saw_mult |= __reduce_or_sync(0xffffffffu, s.mult[buf][lane] | s.mult[buf][32 + lane]);
-      } else {
+      if constexpr (!T::kTokenGroups) {  // (token groups: the builder's present words)
         saw_active |=
             __any_sync(0xffffffffu, s.bias[buf][lane] == 0.f || s.bias[buf][32 + lane] == 0.f);
       }
@@ -627,7 +624,7 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
         for (int e = 0; e < 2; ++e) {
           if constexpr (T::kTokenGroups) {
             const uint32_t w = ld_shared_u32(bias + 4 * (8 * (i / 4) + e));
-            const float m = static_cast<float>((w >> mult_shift[r]) & mult_mask);
+            const float m = static_cast<float>((w >> mult_shift[r]) & kMultMask);
             pv[e] = m * exp2_prob(fmaf(tSrS(i + e), scale_log2, -l2[r]));
           } else {
             const float off = ld_shared_f32(bias + 4 * (8 * (i / 4) + e)) - l2[r];
@@ -778,7 +775,7 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
       if constexpr (T::kTokenGroups) {
         t = (int64_t{T::kHeads} * tok + h) >> h_log2;
         head = h & (p.H - 1);
-        saw = ((saw_mult >> mult_shift[r]) & mult_mask) != 0u;
+        saw = ((p.group_present[tok] >> mult_shift[r]) & kMultMask) != 0u;
       }
       float term = 0.f;
       if (saw && p.sink != nullptr) {
