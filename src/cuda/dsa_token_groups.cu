@@ -32,7 +32,7 @@ __global__ void __launch_bounds__(kThreads) token_groups_kernel(const TokenGroup
   if (threadIdx.x == 0) present = 0u;  // ordered before its atomics by the first __syncthreads
   const int64_t b = blockIdx.x;
   const int64_t t0 = b * G;
-  const int tokens = static_cast<int>(min<int64_t>(G, a.sq - t0));
+  const int tokens = static_cast<int>(min(int64_t{G}, a.sq - t0));
   int32_t* const keys = a.keys + b * a.cap;
   uint32_t* const mult = a.mult + b * a.cap;
   const int tid = threadIdx.x;
@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(kThreads) token_groups_kernel(const TokenGroup
   uint32_t seen = 0u;  // the OR of this thread's words
 #pragma unroll 1
   for (int64_t w0 = 0; w0 < a.skv; w0 += W) {
-    const int wn = static_cast<int>(min<int64_t>(W, a.skv - w0));
+    const int wn = static_cast<int>(min(int64_t{W}, a.skv - w0));
     // [1]
     for (int i = tid; i < G * W; i += kThreads) cnt[i] = 0u;
     __syncthreads();
