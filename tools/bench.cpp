@@ -365,7 +365,7 @@ void parse_tune(const std::string& key, const std::string& val, sa::detail::Tuni
   } else if (key == "tune.bwd_tail" || key == "env.SA_TUNE_SM90_BWD_TAIL") {
     t->sm90_bwd_tail = tune_int(key, val, 0, 1024, &defaults.sm90_bwd_tail);
   } else if (key == "tune.dsa_bwd" || key == "env.SA_TUNE_SM90_DSA_BWD") {
-    t->sm90_dsa_bwd_bits = tune_int(key, val, 0, 3);
+    t->sm90_dsa_bwd_bits = tune_int(key, val, 0, 7);
   } else if (key == "tune.sm90_dsa_bwd_groups") {
     t->sm90_dsa_bwd_groups = tune_int(key, val, 0, 1);
   } else if (key == "tune.dsa_fwd_pad" || key == "env.SA_TUNE_SM90_DSA_FWD_PAD") {

@@ -49,8 +49,9 @@ struct BenchOptions {
 // Keys: impl=, bucket=, deterministic=, anchor=flashmla, and the tuning keys
 //   tune.fwd_splits=auto|1..16   Hopper BSA forward split-KV slices (1: never split)
 //   tune.bwd_tail=auto|0..1024   Hopper BSA backward: last work items launched longest first
-//   tune.dsa_bwd=0..3            Hopper DSA backward variant bits (1 late K release, 2 per-row
-//                                index loads)
+//   tune.dsa_bwd=0..7            Hopper DSA backward variant bits (1 late K release, 2 per-row
+//                                index loads, 4 token groups walk their unions from the first
+//                                key)
 //   tune.sm90_dsa_bwd_groups=0|1 Hopper DSA backward at H 8 / 16 / 32: 1 token groups (the
 //                                default), 0 one token per item, heads padded to 64
 //   tune.dsa_fwd_pad=0|1         Hopper DSA forward at H 16 on the padded 64-row kernel

@@ -44,7 +44,7 @@ std::string usage() {
      << "  bench    time our implementations on the GPU (BENCHMARKING.md method) with the\n"
      << "           demo's problem flags plus: --variants \"impl=portable/impl=sm90\" (keys impl=,\n"
      << "           bucket=, deterministic=, and the library's internal tuning:\n"
-     << "           tune.fwd_splits=auto|1..16, tune.bwd_tail=auto|0..1024, tune.dsa_bwd=0..3,\n"
+     << "           tune.fwd_splits=auto|1..16, tune.bwd_tail=auto|0..1024, tune.dsa_bwd=0..7,\n"
      << "           tune.sm90_dsa_bwd_groups=0|1, tune.dsa_fwd_pad=0|1, tune.topk=0..4,\n"
      << "           tune.ptopk=0..4,\n"
      << "           tune.sm90_indexer_target=0..3, tune.sm90_indexer_loss_kernel=0..3\n"

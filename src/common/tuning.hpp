@@ -18,7 +18,8 @@ struct Tuning {
   // (its step 6). -1: two waves of CTAs; 0: item order; at most portable::kMaxTailItems.
   int32_t sm90_bwd_tail = -1;
   // Hopper DSA backward variant bits (sm90/dsa_backward_kernel.cuh, kTune*): 1 releases the K
-  // stage late, 2 loads each row's index inside the gather loop. 0: the default kernel.
+  // stage late, 2 loads each row's index inside the gather loop (not with token groups), 4 token
+  // groups walk their unions from the first key instead of a rotated start. 0: the default.
   int32_t sm90_dsa_bwd_bits = 0;
   // Hopper DSA backward at H 8, 16, 32 (not deterministic): 1 token groups (G = 64 / H tokens
   // per 64-row work item over the union of their keys, cuda/dsa_token_groups.hpp), 0 one token

@@ -61,7 +61,8 @@ void launch(const dsa_bwd::Params& params, int64_t grid, cudaStream_t stream) {
 // Variant bits (dsa_backward_kernel.cuh, kTune*) from the internal tuning
 // (Tuning::sm90_dsa_bwd_bits, set by the bench and tests only); 0: the default kernel.
 int32_t tune_bits() {
-  constexpr int32_t kKnown = dsa_bwd::kTuneLateRelease | dsa_bwd::kTuneRowIndex;
+  constexpr int32_t kKnown =
+      dsa_bwd::kTuneLateRelease | dsa_bwd::kTuneRowIndex | dsa_bwd::kTuneGroupsInOrder;
   return detail::tuning().sm90_dsa_bwd_bits & kKnown;
 }
 

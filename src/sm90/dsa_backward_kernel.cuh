@@ -123,7 +123,9 @@ using Params = portable::dsa_bwd::DsaBwdParams;
 // pieces: 2.8-4.0% slower at D_qk 576, 4.8-8.2% at 512), its staged dQ epilogue (then bit 4),
 // session 9's per-fragment reductions (then bit 64: 11% slower), and a butterfly of 1 or 0
 // stages (4 rows x 64 B: -3 to -5%; 8 rows x 32 B: -21 to -30%).
-constexpr int32_t kTuneLateRelease = 1, kTuneRowIndex = 2;
+//   kTuneGroupsInOrder  token groups: every item walks its union from its first key (without
+//                     the bit, item i starts at chunk i % n_chunks, see producer_item)
+constexpr int32_t kTuneLateRelease = 1, kTuneRowIndex = 2, kTuneGroupsInOrder = 4;
 
 // Named barriers (id 0 is __syncthreads): kPdsFree, kPdsReady and kItem over the 256 consumer
 // threads, kWg0 over warpgroup 0.
@@ -216,6 +218,11 @@ __device__ __forceinline__ void producer_item(const Params& p, SharedStorage<T>&
   const int n_chunks = (n_slots + T::kBlockN - 1) / T::kBlockN;
   const DsaElement* kv = static_cast<const DsaElement*>(p.kv);
   const int32_t* idx_row = p.idx + tok * p.idx_ss;
+  int rot = 0;  // token groups: the union chunk the walk starts at (below)
+  if constexpr (T::kTokenGroups) {
+    if ((p.tune & kTuneGroupsInOrder) == 0 && n_chunks > 0)
+      rot = static_cast<int>(static_cast<uint32_t>(tok) % static_cast<uint32_t>(n_chunks));
+  }
 #pragma unroll 1
   for (int c = 0; c < n_chunks; ++c) {
     const uint32_t g = g0 + static_cast<uint32_t>(c);
@@ -228,10 +235,16 @@ __device__ __forceinline__ void producer_item(const Params& p, SharedStorage<T>&
     };
     if constexpr (T::kTokenGroups) {
       // The group's union (every entry active: the builder keeps active keys only), indices and
-      // multiplicities read lane-parallel; the multiplicities stored by their lanes.
+      // multiplicities read lane-parallel; the multiplicities stored by their lanes. The union
+      // is in key order, so the item starts its walk at union chunk (item % n_chunks) and wraps
+      // around: the CTAs, which run neighbouring items at the same time, then reduce into
+      // different dkv rows instead of all into the lowest keys at once (a prediction against
+      // same-line reduction contention; kTuneGroupsInOrder walks from the first chunk). Only
+      // the order of the chunks changes: the consumers read each chunk's rows from kidx / mult.
       const int64_t at = tok * p.group_cap;
-      const int32_t j = chunk_slot_index(p.group_keys + at, 1, n_slots, c, warp, lane);
-      const int slot = c * T::kBlockN + 16 * warp + lane % 16;
+      const int cu = c + rot < n_chunks ? c + rot : c + rot - n_chunks;
+      const int32_t j = chunk_slot_index(p.group_keys + at, 1, n_slots, cu, warp, lane);
+      const int slot = cu * T::kBlockN + 16 * warp + lane % 16;
       const uint32_t m = lane < 16 && slot < n_slots ? p.group_mult[at + slot] : 0u;
       mbarrier_wait(&s.kv_empty, (g & 1) ^ 1);
       if (lane < 16) s.mult[buf][16 * warp + lane] = m;
