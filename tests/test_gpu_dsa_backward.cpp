@@ -605,6 +605,29 @@ TEST(Sm90DsaBackwardTuned, MatchesReference) {
   }
 }
 
+// Token groups with Tuning::sm90_dsa_bwd_bits 5 (4: every item walks its union from the first
+// key instead of a rotated start; 1: the late K release): the same results on three group cases.
+TEST(Sm90DsaBackwardTuned, TokenGroupsInOrderMatchReference) {
+  SA_SKIP_WITHOUT_GPU();
+  SA_SKIP_UNLESS_SM90();
+  const char* const names[] = {"H32_D576_K64_GroupsOddTokensEverything",
+                               "H8_D576_K96_GroupsMultiplicityOver15",
+                               "H32_D512_K48_GroupsManyItems"};
+  sa::detail::Tuning t;
+  t.sm90_dsa_bwd_bits = 5;
+  const sa::detail::ScopedTuning tune(t);
+  int found = 0;
+  for (const GpuDsaBwdCase& p : sm90_dsa_bwd_cases()) {
+    for (const char* name : names) {
+      if (p.name != name) continue;
+      ++found;
+      SCOPED_TRACE(p.name + " tune 5");
+      ASSERT_NO_FATAL_FAILURE(expect_case_matches(p, {Variant::kSm90}));
+    }
+  }
+  EXPECT_EQ(found, static_cast<int>(std::size(names)));
+}
+
 // AUTO picks the Hopper backward on an sm_90 device, and the portable one in deterministic mode
 // (expect_case_matches checks impl_used).
 TEST(Sm90DsaBackwardDispatch, AutoPicksTheHopperBackwardExceptDeterministic) {

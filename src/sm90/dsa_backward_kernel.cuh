@@ -10,7 +10,10 @@
 //
 // Work split: a work item is one (query token t, group of 64 heads) (as the Hopper forward and
 // the portable backward; any H: the rows of the last group past H are padding, zero Q and dO
-// with L2 = +inf, so that their P and dS' are 0 and add nothing to dKV), and the kernel is
+// with L2 = +inf, so that their P and dS' are 0 and add nothing to dKV), or with token groups
+// (H 8, 16, 32; DsaBwdTraits::kTokenGroups) G = 64 / H consecutive tokens on the 64 rows,
+// walking the sorted union of their keys with P scaled per row by its token's multiplicity of
+// the key (cuda/dsa_token_groups.hpp: the union's builder and format), and the kernel is
 // persistent: at most one CTA per SM walks items b,
 // b + gridDim.x, ... (with topk_length, items of different lengths: the items after the first
 // from a counter, persistent_items.cuh). The K stage, its barriers and the bias / kidx buffers
