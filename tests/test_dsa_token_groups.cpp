@@ -78,6 +78,17 @@ TEST(DsaTokenGroups, HeadCountsThatTakeGroups) {
   for (int64_t H : {1, 2, 4, 12, 24, 48, 64, 80, 128}) EXPECT_EQ(group_tokens(H), 0) << H;
 }
 
+// Long sequences take several slices of groups, each within kGroupUnionBytesCap.
+TEST(DsaTokenGroups, UnionsComeInSlicesWithinTheCap) {
+  const sa::DsaBwdProblem p =
+      contiguous_problem(131072, 131072, 16, 576, 2048, true, false, false);
+  const WorkspacePlan plan = plan_workspace(p, groups_policy());
+  const int64_t per_group = plan.group_cap * 8 + 8;
+  EXPECT_EQ(plan.group_cap, 8192);
+  EXPECT_LE(plan.group_slice * per_group, sa::portable::dsa_bwd::kGroupUnionBytesCap);
+  EXPECT_EQ(plan.group_slice, 6554);  // 32,768 groups in 5 equal slices (at most 8,191 each)
+}
+
 TEST(DsaTokenGroups, CapacityBoundsEveryUnion) {
   // min(G topk, S_kv + ceil(G topk / 15)), at least 1.
   EXPECT_EQ(group_capacity(4096, 2048, 2), 4096);          // G topk
@@ -123,7 +134,9 @@ TEST(DsaTokenGroups, WorkspacePlan) {
     const WorkspacePlan plain = plan_workspace(p, 64);
     const WorkspacePlan plan = plan_workspace(p, groups_policy());
     const int G = group_tokens(c.H);
+    // One slice of all groups: the unions fit kGroupUnionBytesCap at these sizes.
     const int64_t items = (c.Sq + G - 1) / G;
+    EXPECT_EQ(plan.group_slice, items);
     EXPECT_EQ(plain.group_tokens, 0);
     EXPECT_EQ(plan.group_tokens, G);
     EXPECT_EQ(plan.group_cap, group_capacity(c.Skv, c.topk, G));
@@ -142,6 +155,9 @@ TEST(DsaTokenGroups, WorkspacePlan) {
     at += align256(items * 4);
     EXPECT_EQ(plan.total, at + 256);
     EXPECT_GE(plan.total, plain.total);
+    // Pinned slices (slice_tokens: max(1, slice_tokens / G) groups).
+    EXPECT_EQ(plan_workspace(p, groups_policy(), 5).group_slice, std::min<int64_t>(
+                                                                     items, std::max(1, 5 / G)));
     // A policy without token groups plans as the heads-per-CTA overload.
     KernelPolicy padded = groups_policy();
     padded.token_groups = false;
@@ -242,11 +258,17 @@ TEST_P(DsaTokenGroupsGpu, UnionsMatchTheHost) {
   a.topk = static_cast<int32_t>(c.topk);
   a.G = G;
   a.cap = cap;
-  a.keys = d_keys;
-  a.mult = d_mult;
-  a.entries = d_entries;
-  a.present = d_present;
-  sa::portable::dsa_bwd::build_token_groups(a, nullptr);
+  // Two slices (the driver's slices of groups): [0, half) and [half, items), each into its rows.
+  const int64_t half = items / 2;
+  for (int64_t first : {int64_t{0}, half}) {
+    a.first = first;
+    a.groups = first == 0 ? half : items - half;
+    a.keys = d_keys + first * cap;
+    a.mult = d_mult + first * cap;
+    a.entries = d_entries + first;
+    a.present = d_present + first;
+    sa::portable::dsa_bwd::build_token_groups(a, nullptr);
+  }
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   std::vector<int32_t> keys(static_cast<size_t>(items * cap)), entries(static_cast<size_t>(items));
   std::vector<uint32_t> mult(keys.size()), present(entries.size());

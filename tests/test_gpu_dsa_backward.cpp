@@ -140,7 +140,7 @@ const char* variant_name(Variant v) {
     case Variant::kAuto:
       return "auto_public_api";
     case Variant::kSm90Slices5:
-      return "sm90_deterministic_slices_of_5_tokens";
+      return "sm90_slices_of_5_tokens";  // deterministic mode's, or token groups' slices
     case Variant::kSm90Padded:
       return "sm90_public_api_heads_padded";
   }
@@ -276,7 +276,8 @@ void run_gpu(const DsaHostCase& c, const Inputs& in, Variant variant, bool deter
     p.options.deterministic = deterministic ? 1 : 0;
 #if SA_HAVE_SM90
     if (variant == Variant::kSm90Slices5) {
-      // The Hopper main kernel with deterministic mode's slices pinned to 5 tokens (tok_begin > 0).
+      // The Hopper main kernel with deterministic mode's slices pinned to 5 tokens (tok_begin > 0),
+      // or (token groups) its slices of groups to max(1, 5 / G).
       try {
         const size_t bytes = sa::sm90::dsa_backward_workspace_bytes(p, 5);
         DeviceBuffer workspace(bytes);
@@ -519,8 +520,10 @@ TEST_P(Sm90DsaBackward, MatchesReference) {
   const GpuDsaBwdCase& p = GetParam();
   std::vector<Variant> variants = {Variant::kSm90};
   if (p.deterministic) variants.push_back(Variant::kSm90Slices5);
-  if (!p.deterministic && sa::portable::dsa_bwd::group_tokens(p.shape.H) > 0)
+  if (!p.deterministic && sa::portable::dsa_bwd::group_tokens(p.shape.H) > 0) {
     variants.push_back(Variant::kSm90Padded);
+    variants.push_back(Variant::kSm90Slices5);  // token groups in slices of max(1, 5 / G) groups
+  }
   expect_case_matches(p, variants);
 }
 

@@ -97,7 +97,17 @@ WorkspacePlan plan_workspace(const DsaBwdProblem& p, const KernelPolicy& kernel,
              kernel.op << ": token groups need 64 rows per work item");
     plan.group_tokens = group_tokens(d.H);
     plan.group_cap = group_capacity(d.Skv, d.topk, plan.group_tokens);
-    const int64_t items = (d.Sq + plan.group_tokens - 1) / plan.group_tokens;
+    const int64_t all = (d.Sq + plan.group_tokens - 1) / plan.group_tokens;
+    const int64_t per_group = plan.group_cap * 8 + 8;
+    if (slice_tokens > 0) {
+      plan.group_slice = std::min(all, std::max<int64_t>(1, slice_tokens / plan.group_tokens));
+    } else {
+      // As few slices as the cap allows, of equal size (no short last slice).
+      const int64_t most = std::max<int64_t>(1, kGroupUnionBytesCap / per_group);
+      const int64_t slices = (all + most - 1) / most;
+      plan.group_slice = (all + slices - 1) / slices;
+    }
+    const int64_t items = plan.group_slice;
     if (!plan.counter) {
       plan.counter = true;
       plan.counter_at = take(4);
@@ -144,7 +154,7 @@ void run(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes, cudaSt
   SA_CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<size_t>(d.Skv * d.Dqk) * 4, stream));
   if (plan.group_tokens > 0) {
     const int G = plan.group_tokens;
-    const int64_t items = (d.Sq + G - 1) / G;
+    const int64_t all = (d.Sq + G - 1) / G;
     TokenGroupArgs groups{};
     groups.idx = prm.idx;
     groups.len = prm.len;
@@ -160,7 +170,6 @@ void run(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes, cudaSt
     groups.mult = reinterpret_cast<uint32_t*>(base + plan.group_mult);
     groups.entries = reinterpret_cast<int32_t*>(base + plan.group_len);
     groups.present = reinterpret_cast<uint32_t*>(base + plan.group_present);
-    build_token_groups(groups, stream);
     prm.group_keys = groups.keys;
     prm.group_mult = groups.mult;
     prm.group_len = groups.entries;
@@ -173,8 +182,13 @@ void run(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes, cudaSt
     prm.dq_ss *= G;
     prm.lse_ss *= G;
     prm.head_groups = 1;
-    prm.tok_begin = 0;
-    kernel.launch(prm, items, p.device_index, stream);
+    for (int64_t first = 0; first < all; first += plan.group_slice) {
+      groups.first = first;
+      groups.groups = std::min(plan.group_slice, all - first);
+      build_token_groups(groups, stream);
+      prm.tok_begin = first;  // the slice's first group, as a token of 64 heads
+      kernel.launch(prm, groups.groups, p.device_index, stream);
+    }
   } else if (!plan.deterministic) {
     prm.tok_begin = 0;
     kernel.launch(prm, d.Sq * plan.groups, p.device_index, stream);

@@ -43,10 +43,11 @@ struct DsaBwdParams {
                            // different lengths): dynamic items from this counter, zeroed by the
                            // Hopper launcher before each launch (sm90/persistent_items.cuh); else
                            // null
-  // Token groups (cuda/dsa_token_groups.hpp; Hopper kernel): item i is G = 64 / H tokens [G i,
-  // G i + G) as 64 rows (token, head), walking its group's union of keys. The driver then passes
-  // q, out, dout, dq and lse with the group as their "token" (q_ss = G x the token stride, ...;
-  // rows past S_q H are padding) and head_groups = 1. All null / 0 without token groups.
+  // Token groups (cuda/dsa_token_groups.hpp; Hopper kernel): item i is group b = tok_begin + i,
+  // G = 64 / H tokens [G b, G b + G) as 64 rows (token, head), walking its union of keys (row i
+  // of the arrays below: the launch's slice of groups). The driver then passes q, out, dout, dq
+  // and lse with the group as their "token" (q_ss = G x the token stride, ...; rows past S_q H
+  // are padding) and head_groups = 1. All null / 0 without token groups.
   const int32_t* group_keys;   // [items, group_cap]: the union's kv rows, ascending
   const uint32_t* group_mult;  // [items, group_cap]: per entry, G 4-bit fields: token g's
                                // multiplicity of the key

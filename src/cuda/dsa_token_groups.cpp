@@ -3,6 +3,8 @@
 #include "cuda/dsa_token_groups.hpp"
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 
 namespace sa::portable::dsa_bwd {
 
@@ -14,7 +16,9 @@ int64_t group_capacity(int64_t skv, int64_t topk, int G) {
 
 bool token_groups_eligible(const DsaBwdProblem& p) {
   const int64_t H = p.dims.H;
-  if (group_tokens(H) == 0 || p.options.deterministic != 0) return false;
+  const int G = group_tokens(H);
+  if (G == 0 || p.options.deterministic != 0) return false;
+  if (G * p.dims.topk > std::numeric_limits<int32_t>::max() - 64) return false;
   // Row r of a group is (token t0 + r / H, head r % H) at t0 * ss + r * sh: one token of 64 heads.
   auto rows = [H](const Shd& t) { return t.ss == H * t.sh; };
   return rows(p.q) && rows(p.dout) && rows(p.out) && rows(p.dq) &&

@@ -30,8 +30,8 @@ __global__ void __launch_bounds__(kThreads) token_groups_kernel(const TokenGroup
   constexpr uint32_t M = kGroupFieldMax;
   __shared__ uint32_t present;
   if (threadIdx.x == 0) present = 0u;  // ordered before its atomics by the first __syncthreads
-  const int64_t b = blockIdx.x;
-  const int64_t t0 = b * G;
+  const int64_t b = blockIdx.x;  // the group's row in the slice's arrays
+  const int64_t t0 = (a.first + b) * G;
   const int tokens = static_cast<int>(min(int64_t{G}, a.sq - t0));
   int32_t* const keys = a.keys + b * a.cap;
   uint32_t* const mult = a.mult + b * a.cap;
@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(kThreads) token_groups_kernel(const TokenGroup
 size_t token_group_smem_bytes() { return kCounterWords * sizeof(uint32_t); }
 
 void build_token_groups(const TokenGroupArgs& a, cudaStream_t stream) {
-  const int64_t groups = (a.sq + a.G - 1) / a.G;
+  const int64_t groups = a.groups;
   if (groups == 0) return;
   const int smem = static_cast<int>(token_group_smem_bytes());
   SA_CUDA_CHECK(cudaFuncSetAttribute(token_groups_kernel,

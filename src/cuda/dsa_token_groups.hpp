@@ -21,6 +21,8 @@
 //
 // cap bounds the entries of any group: at most the group's active slots (every entry carries a
 // slot of some token) and at most the distinct keys plus the splits, S_kv + ceil(G topk / M).
+// The driver builds the unions of a slice of groups at a time (kGroupUnionBytesCap), b counting
+// from the slice's first group.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -47,9 +49,13 @@ constexpr uint32_t kGroupFieldMax = (1u << kGroupFieldBits) - 1u;
 // Entries per group (see the top of this file); G = group_tokens(H) > 0.
 int64_t group_capacity(int64_t skv, int64_t topk, int G);
 
-// Whether p can run with token groups: H in {8, 16, 32}, not deterministic, and q, dout, out, dq
-// and lse token-major with their heads contiguous in rows (token stride = H x head stride), so
-// that a group's 64 rows are those of one "token" of 64 heads.
+// Bytes of the unions of one slice of groups: at most this much (at least one group). 38 MB at
+// S 4096, H 16, topk 2048 (one slice); S_q = S_kv = 128 K takes 5 slices.
+constexpr int64_t kGroupUnionBytesCap = int64_t{512} << 20;
+
+// Whether p can run with token groups: H in {8, 16, 32}, not deterministic, G topk < 2^31 - 64,
+// and q, dout, out, dq and lse token-major with their heads contiguous in rows (token stride = H
+// x head stride), so that a group's 64 rows are those of one "token" of 64 heads.
 bool token_groups_eligible(const DsaBwdProblem& p);
 
 struct TokenGroupArgs {
@@ -60,14 +66,16 @@ struct TokenGroupArgs {
   int32_t topk;
   int G;               // tokens per group: 2, 4 or 8
   int64_t cap;         // entries per group (group_capacity)
-  int32_t* keys;       // [ceil(S_q / G), cap]
-  uint32_t* mult;      // [ceil(S_q / G), cap]
-  int32_t* entries;    // [ceil(S_q / G)]
-  uint32_t* present;   // [ceil(S_q / G)]
+  int64_t first;       // the slice: groups [first, first + groups), tokens from G first
+  int64_t groups;
+  int32_t* keys;       // [groups, cap]: row b - first
+  uint32_t* mult;      // [groups, cap]
+  int32_t* entries;    // [groups]
+  uint32_t* present;   // [groups]
 };
 
-// Builds every group's union on `stream` (device current); writes entries[b] and present[b] for
-// every group and keys / mult for e < entries[b] only.
+// Builds the slice's unions on `stream` (device current); writes entries and present for every
+// group of the slice and keys / mult for e < entries only.
 void build_token_groups(const TokenGroupArgs& a, cudaStream_t stream);
 
 // Dynamic shared memory of build_token_groups' CTA (for the tests' and the planner's record).

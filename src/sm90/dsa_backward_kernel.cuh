@@ -244,7 +244,7 @@ __device__ __forceinline__ void producer_item(const Params& p, SharedStorage<T>&
       // different dkv rows instead of all into the lowest keys at once (a prediction against
       // same-line reduction contention; kTuneGroupsInOrder walks from the first chunk). Only
       // the order of the chunks changes: the consumers read each chunk's rows from kidx / mult.
-      const int64_t at = tok * p.group_cap;
+      const int64_t at = (tok - p.tok_begin) * p.group_cap;
       const int cu = c + rot < n_chunks ? c + rot : c + rot - n_chunks;
       const int32_t j = chunk_slot_index(p.group_keys + at, 1, n_slots, cu, warp, lane);
       const int slot = cu * T::kBlockN + 16 * warp + lane % 16;
@@ -791,7 +791,7 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
       if constexpr (T::kTokenGroups) {
         t = (int64_t{T::kHeads} * tok + h) >> h_log2;
         head = h & (p.H - 1);
-        saw = ((p.group_present[tok] >> mult_shift[r]) & kMultMask) != 0u;
+        saw = ((p.group_present[tok - p.tok_begin] >> mult_shift[r]) & kMultMask) != 0u;
       }
       float term = 0.f;
       if (saw && p.sink != nullptr) {
