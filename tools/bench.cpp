@@ -381,8 +381,8 @@ void parse_tune(const std::string& key, const std::string& val, sa::detail::Tuni
   } else {
     throw ToolError(kExitBadArgument,
                     "--variants: unknown tuning key '" + key +
-                        "' (tune.fwd_splits=, tune.bwd_tail=, tune.dsa_bwd=, tune.sm90_dsa_bwd_groups=, "
-                        "tune.dsa_fwd_pad=, "
+                        "' (tune.fwd_splits=, tune.bwd_tail=, tune.dsa_bwd=, "
+                        "tune.sm90_dsa_bwd_groups=, tune.dsa_fwd_pad=, "
                         "tune.topk=, tune.ptopk=, tune.sm90_indexer_target=, "
                         "tune.sm90_indexer_loss_kernel=)");
   }
