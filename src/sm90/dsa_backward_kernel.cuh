@@ -81,6 +81,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <cute/atom/mma_atom.hpp>
@@ -145,10 +146,16 @@ __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint
 // group of G = 64 / H tokens, its 64 rows (token, head) addressed as one token of 64 heads (the
 // driver scales the token strides by G), its keys the group's union, each key's probability
 // multiplied by the multiplicity of the row's token (0: the token did not select it).
+//
+// kChunkTargets: the non-deterministic reductions' targets (kidx, the rows' dkv pointers, the
+// row-active mask) read once per chunk instead of once per piece, and the dQ epilogue from two
+// row pointers. D_qk 512 only: +1.5-2.0% there (H100, session 37), -1.1 to -1.5% at D_qk 576
+// (session 35; docs/decisions/sm90_dsa_backward.md).
 template <int kDqk_, bool kTokenGroups_ = false>
 struct DsaBwdTraits : DsaCta<kDqk_> {
   static constexpr bool kTokenGroups = kTokenGroups_;
   static constexpr int kWg0Pieces = kDqk_ == 576 ? 2 : 0;
+  static constexpr bool kChunkTargets = kDqk_ == 512;
   using Base = DsaCta<kDqk_>;
   using Element = typename Base::Element;
   using H64 = typename Base::H64;
@@ -508,7 +515,39 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
     if constexpr (!rope) gemm_ss(mma_kv, tKrPT, tKrdO, acc, false);
     warpgroup_commit_batch();
   };
-  auto reduce_piece = [&](int c, int buf, int panel, auto& acc) {
+  // T::kChunkTargets: the reductions' targets in a chunk (non-deterministic mode), read once per
+  // chunk rather than per piece: for this lane's rows r = 0, 1 (a pair E, O = rows 16 warp_in_wg
+  // + 8 r + (g & 6) + {0, 1}), rows E's and O's dkv rows at column 16 o + 4 q of panel 0
+  // (reduce_piece says why); a piece adds its panel's 64 columns. Bit 2 r of active: row E has a
+  // kv row (kidx >= 0), bit 2 r + 1: row O. Otherwise (D_qk 576) each piece reads them itself.
+  struct RedTargets {
+    float* e[2];
+    float* o[2];
+    uint32_t active;
+  };
+  struct NoTargets {};
+  using Targets = std::conditional_t<T::kChunkTargets, RedTargets, NoTargets>;
+  auto red_targets = [&](int buf) {
+    Targets t;
+    if constexpr (T::kChunkTargets) {
+      const int o = (lane >> 2) & 1;
+      float* const base = p.dkv_acc + 16 * o + 4 * (lane % 4);
+      t.active = 0;
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        const int row_e = 16 * warp_in_wg + 8 * r + ((lane >> 2) & 6);
+        const int32_t je = static_cast<int32_t>(ld_shared_u32(smem_u32(&s.kidx[buf][row_e])));
+        const int32_t jo =
+            static_cast<int32_t>(ld_shared_u32(smem_u32(&s.kidx[buf][row_e + 1])));
+        t.e[r] = offset_rows<T::kDqk * 4>(base, je);  // j = -1: never dereferenced
+        t.o[r] = offset_rows<T::kDqk * 4>(base, jo);
+        t.active |= (je >= 0 ? 1u : 0u) << (2 * r);
+        t.active |= (jo >= 0 ? 2u : 0u) << (2 * r);
+      }
+    }
+    return t;
+  };
+  auto reduce_piece = [&](int c, int buf, int panel, auto& acc, const Targets& t) {
     warpgroup_fence_operand(acc);
     if (!T::kTokenGroups && p.deterministic) {
       // The kv rows of this thread's fragment rows frag_row + 8 r.
@@ -535,7 +574,7 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
       // 2k + 1 (odd lanes) of rows E or O of the four lane pairs.
       const int g = lane >> 2;
       const int o = g & 1;
-      float* const piece_base = p.dkv_acc + 64 * panel + 16 * o + 4 * (lane % 4);
+      float* const piece_base = p.dkv_acc + 64 * panel + 16 * o + 4 * (lane % 4);  // (D_qk 576)
       CUTE_UNROLL
       for (int r = 0; r < 2; ++r) {
         float4 a[4];
@@ -557,29 +596,50 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
           evn[k] = o ? recv : keep;
           odd[k] = o ? keep : recv;
         }
-        const int row_e = 16 * warp_in_wg + 8 * r + (g & 6);
-        const int32_t je = static_cast<int32_t>(ld_shared_u32(smem_u32(&s.kidx[buf][row_e])));
-        const int32_t jo = static_cast<int32_t>(ld_shared_u32(smem_u32(&s.kidx[buf][row_e + 1])));
-        // Both rows active (every row of a full chunk): four reductions without a test (ptxas
-        // compiles a predicated reduction to a branch region). Otherwise an inactive row (j = -1,
-        // its address never used) is skipped.
-        if (min(je, jo) >= 0) {
-          float* const de = offset_rows<T::kDqk * 4>(piece_base, je);
-          float* const dd = offset_rows<T::kDqk * 4>(piece_base, jo);
-          red_add_f32x4(de, evn[0]);
-          red_add_f32x4(de + 32, evn[1]);
-          red_add_f32x4(dd, odd[0]);
-          red_add_f32x4(dd + 32, odd[1]);
-        } else {
-          if (je >= 0) {
-            float* const de = offset_rows<T::kDqk * 4>(piece_base, je);
+        // Both rows active (every row of a full chunk; with kChunkTargets every row of the
+        // chunk): four reductions without a test (ptxas compiles a predicated reduction to a
+        // branch region). Otherwise an inactive row (j = -1, its address never used) is skipped.
+        if constexpr (T::kChunkTargets) {
+          float* const de = t.e[r] + 64 * panel;
+          float* const dd = t.o[r] + 64 * panel;
+          if (t.active == 0xfu) {
             red_add_f32x4(de, evn[0]);
             red_add_f32x4(de + 32, evn[1]);
-          }
-          if (jo >= 0) {
-            float* const dd = offset_rows<T::kDqk * 4>(piece_base, jo);
             red_add_f32x4(dd, odd[0]);
             red_add_f32x4(dd + 32, odd[1]);
+          } else {
+            if ((t.active >> (2 * r)) & 1u) {
+              red_add_f32x4(de, evn[0]);
+              red_add_f32x4(de + 32, evn[1]);
+            }
+            if ((t.active >> (2 * r)) & 2u) {
+              red_add_f32x4(dd, odd[0]);
+              red_add_f32x4(dd + 32, odd[1]);
+            }
+          }
+        } else {
+          const int row_e = 16 * warp_in_wg + 8 * r + (g & 6);
+          const int32_t je = static_cast<int32_t>(ld_shared_u32(smem_u32(&s.kidx[buf][row_e])));
+          const int32_t jo =
+              static_cast<int32_t>(ld_shared_u32(smem_u32(&s.kidx[buf][row_e + 1])));
+          if (min(je, jo) >= 0) {
+            float* const de = offset_rows<T::kDqk * 4>(piece_base, je);
+            float* const dd = offset_rows<T::kDqk * 4>(piece_base, jo);
+            red_add_f32x4(de, evn[0]);
+            red_add_f32x4(de + 32, evn[1]);
+            red_add_f32x4(dd, odd[0]);
+            red_add_f32x4(dd + 32, odd[1]);
+          } else {
+            if (je >= 0) {
+              float* const de = offset_rows<T::kDqk * 4>(piece_base, je);
+              red_add_f32x4(de, evn[0]);
+              red_add_f32x4(de + 32, evn[1]);
+            }
+            if (jo >= 0) {
+              float* const dd = offset_rows<T::kDqk * 4>(piece_base, jo);
+              red_add_f32x4(dd, odd[0]);
+              red_add_f32x4(dd + 32, odd[1]);
+            }
           }
         }
       }
@@ -695,12 +755,13 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
       if constexpr (T::kRope) warpgroup_fence_operand(tRrdQ);
       if (releaser && !late_release) mbarrier_arrive(&s.kv_empty);
       if constexpr (wg0_pieces > 0) {  // (no loop: a wgmma in flight over a back edge, C7514)
+        const Targets t = red_targets(buf);
         warpgroup_wait<0>();
-        reduce_piece(c, buf, wg1_pieces, tKrAcc);
+        reduce_piece(c, buf, wg1_pieces, tKrAcc, t);
         if constexpr (wg0_pieces > 1) {
           issue_any_piece(wg1_pieces + 1, tKrAcc);
           warpgroup_wait<0>();
-          reduce_piece(c, buf, wg1_pieces + 1, tKrAcc);
+          reduce_piece(c, buf, wg1_pieces + 1, tKrAcc, t);
         }
       }
       if (releaser && late_release) mbarrier_arrive(&s.kv_empty);
@@ -731,6 +792,7 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
       warpgroup_commit_batch();
       issue_piece(0, cute::false_type{}, acc0);
       issue_piece(1, cute::false_type{}, acc1);
+      const Targets t = red_targets(buf);  // (its loads under the wgmma)
       warpgroup_wait<2>();  // [4]: the K stage is free
       warpgroup_fence_operand(tQrdQ);
       if (releaser && !late_release) mbarrier_arrive(&s.kv_empty);
@@ -744,7 +806,7 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
           warpgroup_wait<0>();  // the last wgmma of this warpgroup that reads the tiles
           release_tiles();
         }
-        reduce_piece(c, buf, k, acc);
+        reduce_piece(c, buf, k, acc, t);
         if (k + 2 < wg1_pieces) issue_any_piece(k + 2, acc);
       };
       CUTE_UNROLL
@@ -762,20 +824,36 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
 
   // Epilogue: dQ (scale is in dS') -> dq, bf16 pairs stored from the fragments (warpgroup w:
   // nope columns [256 w, 256 w + 256); warpgroup 0 also the rope panel); the d_sink terms.
+  // put_pair(r, col, ...): row frag_row + 8 r, columns col, col + 1. T::kChunkTargets: from
+  // this thread's two row pointers at its first column dq_col0, a pair's offset compile-time
+  // (with one address computed per pair, the item's 64 to 80 stores reloaded spilled operands
+  // one by one); otherwise (D_qk 576) one address per pair.
   Element* dq = static_cast<Element*>(p.dq) + tok * p.dq_ss + h0 * p.dq_sh;
-  auto put_pair = [&](int row, int col, float x, float y) {
-    if (row < rows) *reinterpret_cast<uint32_t*>(dq + row * p.dq_sh + col) = pack_bf16x2(x, y);
+  const int dq_col0 = 256 * wg + 2 * (lane % 4);
+  Element* dq_row[2];
+  bool dq_real[2];
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    dq_row[r] = dq + (frag_row + 8 * r) * p.dq_sh + 256 * wg + 2 * (lane % 4);  // + dq_col0
+    dq_real[r] = frag_row + 8 * r < rows;
+  }
+  auto put_pair = [&](int r, int col, float x, float y) {
+    if constexpr (T::kChunkTargets) {
+      if (dq_real[r])
+        *reinterpret_cast<uint32_t*>(dq_row[r] + (col - dq_col0)) = pack_bf16x2(x, y);
+    } else {
+      const int row = frag_row + 8 * r;
+      if (row < rows) *reinterpret_cast<uint32_t*>(dq + row * p.dq_sh + col) = pack_bf16x2(x, y);
+    }
   };
   CUTE_UNROLL
   for (int i = 0; i < size(tQrdQ); i += 2)
-    put_pair(frag_row + 8 * ((i / 2) % 2), 256 * wg + 8 * (i / 4) + 2 * (lane % 4), tQrdQ(i),
-             tQrdQ(i + 1));
+    put_pair((i / 2) % 2, 256 * wg + 8 * (i / 4) + 2 * (lane % 4), tQrdQ(i), tQrdQ(i + 1));
   if constexpr (T::kRope) {
     if (wg == 0) {
       CUTE_UNROLL
       for (int i = 0; i < size(tRrdQ); i += 2)
-        put_pair(frag_row + 8 * ((i / 2) % 2), 512 + 8 * (i / 4) + 2 * (lane % 4), tRrdQ(i),
-                 tRrdQ(i + 1));
+        put_pair((i / 2) % 2, 512 + 8 * (i / 4) + 2 * (lane % 4), tRrdQ(i), tRrdQ(i + 1));
     }
   }
   if (p.sink_terms != nullptr && wg == 0 && lane % 4 == 0) {
