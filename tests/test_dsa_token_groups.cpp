@@ -260,9 +260,11 @@ TEST_P(DsaTokenGroupsGpu, UnionsMatchTheHost) {
   a.cap = cap;
   // Two slices (the driver's slices of groups): [0, half) and [half, items), each into its rows.
   const int64_t half = items / 2;
-  for (int64_t first : {int64_t{0}, half}) {
+  const int64_t slices[2][2] = {{0, half}, {half, items - half}};  // {first, groups}; half may be 0
+  for (const auto& slice : slices) {
+    const int64_t first = slice[0];
     a.first = first;
-    a.groups = first == 0 ? half : items - half;
+    a.groups = slice[1];
     a.keys = d_keys + first * cap;
     a.mult = d_mult + first * cap;
     a.entries = d_entries + first;
