@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "common/tuning.hpp"
+#include "cuda/dsa_token_groups.hpp"
 #include "dsa_problem_builder.hpp"
 #include "gpu_test_util.hpp"
 #include "sm80/dsa_backward.hpp"
@@ -113,7 +114,16 @@ std::vector<GpuDsaBwdCase> gpu_dsa_bwd_cases() {
 }
 
 // ---- runs ------------------------------------------------------------------------------------
-enum class Variant { kPublicApi, kBlockM32, kBlockM64, kSlices5, kSm90, kAuto, kSm90Slices5 };
+enum class Variant {
+  kPublicApi,
+  kBlockM32,
+  kBlockM64,
+  kSlices5,
+  kSm90,
+  kAuto,
+  kSm90Slices5,
+  kSm90Padded  // the Hopper backward with Tuning::sm90_dsa_bwd_groups = 0 (no token groups)
+};
 
 const char* variant_name(Variant v) {
   switch (v) {
@@ -130,7 +140,9 @@ const char* variant_name(Variant v) {
     case Variant::kAuto:
       return "auto_public_api";
     case Variant::kSm90Slices5:
-      return "sm90_deterministic_slices_of_5_tokens";
+      return "sm90_slices_of_5_tokens";  // deterministic mode's, or token groups' slices
+    case Variant::kSm90Padded:
+      return "sm90_public_api_heads_padded";
   }
   return "?";
 }
@@ -198,12 +210,19 @@ void run_gpu(const DsaHostCase& c, const Inputs& in, Variant variant, bool deter
        {&q, &kv, &idx, &len, &sink, &out, &lse, &dout, &d_dq, &d_dkv, &d_ds})
     ASSERT_TRUE(b->ok()) << "device allocation or copy failed";
 
-  if (variant == Variant::kPublicApi || variant == Variant::kSm90 || variant == Variant::kAuto) {
+  if (variant == Variant::kPublicApi || variant == Variant::kSm90 || variant == Variant::kAuto ||
+      variant == Variant::kSm90Padded) {
     // The implementation asked for, and the one that must run (AUTO: the Hopper backward on an
     // sm_90 device, except in deterministic mode; else the portable one).
-    const sa_impl impl = variant == Variant::kSm90   ? SA_IMPL_SM90
+    const sa_impl impl = variant == Variant::kSm90 || variant == Variant::kSm90Padded
+                             ? SA_IMPL_SM90
                          : variant == Variant::kAuto ? SA_IMPL_AUTO
                                                      : SA_IMPL_PORTABLE;
+    // kSm90Padded: one token per work item, heads padded to 64 (the kernel before token groups),
+    // around both the workspace query and the call.
+    sa::detail::Tuning padded = sa::detail::tuning();
+    if (variant == Variant::kSm90Padded) padded.sm90_dsa_bwd_groups = 0;
+    const sa::detail::ScopedTuning tune(padded);
     const sa_impl expect_used = impl != SA_IMPL_AUTO                      ? impl
                                 : device_is_sm90() && !deterministic ? SA_IMPL_SM90
                                                                      : SA_IMPL_PORTABLE;
@@ -257,7 +276,8 @@ void run_gpu(const DsaHostCase& c, const Inputs& in, Variant variant, bool deter
     p.options.deterministic = deterministic ? 1 : 0;
 #if SA_HAVE_SM90
     if (variant == Variant::kSm90Slices5) {
-      // The Hopper main kernel with deterministic mode's slices pinned to 5 tokens (tok_begin > 0).
+      // The Hopper main kernel with deterministic mode's slices pinned to 5 tokens (tok_begin > 0),
+      // or (token groups) its slices of groups to max(1, 5 / G).
       try {
         const size_t bytes = sa::sm90::dsa_backward_workspace_bytes(p, 5);
         DeviceBuffer workspace(bytes);
@@ -489,7 +509,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, DsaBackwardGpu, ::testing::ValuesIn(gpu_dsa_bwd_
 // The Hopper backward (src/sm90/dsa_backward.cu), options.impl forced, on every case (any H: the
 // last group of 64 heads is padded) and on head counts only it serves (H 8, 24: not multiples of
 // 16); same inputs, oracle and checks; deterministic cases also run 3 times and must give the
-// same bits. Skips unless the device is sm_90.
+// same bits. H 8, 16 and 32 run with token groups (the default: G = 64 / H tokens per work item
+// over the union of their keys) and without (Tuning::sm90_dsa_bwd_groups = 0: heads padded).
+// Skips unless the device is sm_90.
 class Sm90DsaBackward : public ::testing::TestWithParam<GpuDsaBwdCase> {};
 
 TEST_P(Sm90DsaBackward, MatchesReference) {
@@ -498,6 +520,10 @@ TEST_P(Sm90DsaBackward, MatchesReference) {
   const GpuDsaBwdCase& p = GetParam();
   std::vector<Variant> variants = {Variant::kSm90};
   if (p.deterministic) variants.push_back(Variant::kSm90Slices5);
+  if (!p.deterministic && sa::portable::dsa_bwd::group_tokens(p.shape.H) > 0) {
+    variants.push_back(Variant::kSm90Padded);
+    variants.push_back(Variant::kSm90Slices5);  // token groups in slices of max(1, 5 / G) groups
+  }
   expect_case_matches(p, variants);
 }
 
@@ -513,6 +539,34 @@ std::vector<GpuDsaBwdCase> sm90_dsa_bwd_cases() {
                  spec_of(L::kMixed, true, false, S::kFinite)});
   out.push_back({"H8_D576_K64_Deterministic", shape_of(24, 200, 8, 576, 64),
                  spec_of(L::kMixed, false, true, S::kFinite), true});
+  // Token groups (H 8 / 16 / 32: G = 8 / 4 / 2 tokens per work item). S_q not a multiple of G
+  // (the last group partial), empty rows and a first group of empty rows only (topk_length 0
+  // and -3 on rows 0, 1), topk_length past topk, invalid indices, a last row of invalid indices
+  // only, duplicates; high overlap (S_kv near topk: most keys shared by the group's tokens) and
+  // low overlap (S_kv 50,000: the builder's windows, unions near G topk).
+  out.push_back({"H32_D576_K64_GroupsOddTokensEverything", shape_of(7, 300, 32, 576, 64),
+                 spec_of(L::kMixed, true, true, S::kMixed)});
+  out.push_back({"H16_D576_K96_GroupsPartialLastGroup", shape_of(13, 400, 16, 576, 96),
+                 spec_of(L::kMixed, true, true, S::kFinite)});
+  out.push_back({"H8_D512_K40_GroupsHighOverlap", shape_of(21, 48, 8, 512, 40),
+                 spec_of(L::kMixed, false, false, S::kFinite)});
+  out.push_back({"H16_D512_K64_GroupsHighOverlapDuplicates", shape_of(30, 70, 16, 512, 64),
+                 spec_of(L::kNone, false, true, S::kNone)});
+  // Keys repeated 16 times and more in a row (S_kv 4, topk 96, drawn with replacement): a
+  // multiplicity past a 4-bit field splits over several entries of the union.
+  out.push_back({"H8_D576_K96_GroupsMultiplicityOver15", shape_of(11, 4, 8, 576, 96),
+                 spec_of(L::kNone, false, true, S::kFinite)});
+  out.push_back({"H32_D576_K96_GroupsMultiplicityOver15", shape_of(5, 3, 32, 576, 96),
+                 spec_of(L::kMixed, true, true, S::kMixed)});
+  out.push_back({"H16_D576_K2048_GroupsLowOverlap", shape_of(10, 50000, 16, 576, 2048),
+                 spec_of(L::kNone, false, false, S::kFinite)});
+  out.push_back({"H32_D576_K2048_GroupsHalfDensity", shape_of(9, 4096, 32, 576, 2048),
+                 spec_of(L::kMixed, true, false, S::kFinite)});
+  // More groups (500) than SMs, of different union lengths: the dynamic item counter.
+  out.push_back({"H32_D512_K48_GroupsManyItems", shape_of(1000, 600, 32, 512, 48),
+                 spec_of(L::kMixed, true, false, S::kMixed)});
+  out.push_back({"H8_D576_K33_GroupsManyItems", shape_of(2001, 900, 8, 576, 33),
+                 spec_of(L::kNone, true, true, S::kFinite)});
   return out;
 }
 
@@ -552,6 +606,29 @@ TEST(Sm90DsaBackwardTuned, MatchesReference) {
     SCOPED_TRACE(p.name + " tune 3");
     ASSERT_NO_FATAL_FAILURE(expect_case_matches(p, {Variant::kSm90}));
   }
+}
+
+// Token groups with Tuning::sm90_dsa_bwd_bits 5 (4: every item walks its union from the first
+// key instead of a rotated start; 1: the late K release): the same results on three group cases.
+TEST(Sm90DsaBackwardTuned, TokenGroupsInOrderMatchReference) {
+  SA_SKIP_WITHOUT_GPU();
+  SA_SKIP_UNLESS_SM90();
+  const char* const names[] = {"H32_D576_K64_GroupsOddTokensEverything",
+                               "H8_D576_K96_GroupsMultiplicityOver15",
+                               "H32_D512_K48_GroupsManyItems"};
+  sa::detail::Tuning t;
+  t.sm90_dsa_bwd_bits = 5;
+  const sa::detail::ScopedTuning tune(t);
+  int found = 0;
+  for (const GpuDsaBwdCase& p : sm90_dsa_bwd_cases()) {
+    for (const char* name : names) {
+      if (p.name != name) continue;
+      ++found;
+      SCOPED_TRACE(p.name + " tune 5");
+      ASSERT_NO_FATAL_FAILURE(expect_case_matches(p, {Variant::kSm90}));
+    }
+  }
+  EXPECT_EQ(found, static_cast<int>(std::size(names)));
 }
 
 // AUTO picks the Hopper backward on an sm_90 device, and the portable one in deterministic mode

@@ -382,7 +382,9 @@ void parse_tune(const std::string& key, const std::string& val, sa::detail::Tuni
   } else if (key == "tune.sm90_bsa_bwd_full") {
     t->sm90_bsa_bwd_full = tune_int(key, val, 0, 1);
   } else if (key == "tune.dsa_bwd" || key == "env.SA_TUNE_SM90_DSA_BWD") {
-    t->sm90_dsa_bwd_bits = tune_int(key, val, 0, 3);
+    t->sm90_dsa_bwd_bits = tune_int(key, val, 0, 7);
+  } else if (key == "tune.sm90_dsa_bwd_groups") {
+    t->sm90_dsa_bwd_groups = tune_int(key, val, 0, 1);
   } else if (key == "tune.dsa_fwd_pad" || key == "env.SA_TUNE_SM90_DSA_FWD_PAD") {
     t->sm90_dsa_fwd_pad_h16 = tune_int(key, val, 0, 1) != 0;
   } else if (key == "tune.topk") {
@@ -397,7 +399,8 @@ void parse_tune(const std::string& key, const std::string& val, sa::detail::Tuni
     throw ToolError(kExitBadArgument,
                     "--variants: unknown tuning key '" + key +
                         "' (tune.fwd_splits=, tune.bwd_tail=, tune.sm90_bsa_bwd_stats=, "
-                        "tune.sm90_bsa_bwd_full=, tune.dsa_bwd=, tune.dsa_fwd_pad=, "
+                        "tune.sm90_bsa_bwd_full=, tune.dsa_bwd=, tune.sm90_dsa_bwd_groups=, "
+                        "tune.dsa_fwd_pad=, "
                         "tune.topk=, tune.ptopk=, tune.sm90_indexer_target=, "
                         "tune.sm90_indexer_loss_kernel=)");
   }

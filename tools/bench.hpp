@@ -55,8 +55,11 @@ struct BenchOptions {
 //   tune.sm90_bsa_bwd_stats=0|1  Hopper BSA backward: the loader warp's lse2 / delta ring
 //   tune.sm90_bsa_bwd_full=0|1   Hopper BSA backward: the full-block path (calls whose KV blocks
 //                                are all full: no kv_block_len, S_kv a multiple of the block)
-//   tune.dsa_bwd=0..3            Hopper DSA backward variant bits (1 late K release, 2 per-row
-//                                index loads)
+//   tune.dsa_bwd=0..7            Hopper DSA backward variant bits (1 late K release, 2 per-row
+//                                index loads, 4 token groups walk their unions from the first
+//                                key)
+//   tune.sm90_dsa_bwd_groups=0|1 Hopper DSA backward at H 8 / 16 / 32: 1 token groups (the
+//                                default), 0 one token per item, heads padded to 64
 //   tune.dsa_fwd_pad=0|1         Hopper DSA forward at H 16 on the padded 64-row kernel
 //   tune.topk=0..4               Hopper indexer top-k: default, fused, two passes with the radix
 //                                select staged / unstaged, two passes with the candidates kernel

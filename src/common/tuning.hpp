@@ -26,8 +26,13 @@ struct Tuning {
   int32_t sm90_bsa_bwd_stats = -1;
   int32_t sm90_bsa_bwd_full = -1;
   // Hopper DSA backward variant bits (sm90/dsa_backward_kernel.cuh, kTune*): 1 releases the K
-  // stage late, 2 loads each row's index inside the gather loop. 0: the default kernel.
+  // stage late, 2 loads each row's index inside the gather loop (not with token groups), 4 token
+  // groups walk their unions from the first key instead of a rotated start. 0: the default.
   int32_t sm90_dsa_bwd_bits = 0;
+  // Hopper DSA backward at H 8, 16, 32 (not deterministic): 1 token groups (G = 64 / H tokens
+  // per 64-row work item over the union of their keys, cuda/dsa_token_groups.hpp), 0 one token
+  // per work item with its heads padded to 64 (the kernel before issue 33).
+  int32_t sm90_dsa_bwd_groups = 1;
   // Hopper DSA forward at H 16: the padded 64-row kernel instead of the transposed one.
   bool sm90_dsa_fwd_pad_h16 = false;
   // Hopper indexer top-k (sm90/indexer_topk.cu): 0 the default (two passes, the candidates row

@@ -9,6 +9,7 @@
 
 #include "common/cuda_check.hpp"
 #include "common/error.hpp"
+#include "cuda/dsa_token_groups.hpp"
 #include "cuda/launch_checks.hpp"
 
 namespace sa::portable {
@@ -49,6 +50,14 @@ size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 }  // namespace
 
 WorkspacePlan plan_workspace(const DsaBwdProblem& p, int heads_per_cta, int64_t slice_tokens) {
+  KernelPolicy kernel;
+  kernel.heads_per_cta = heads_per_cta;
+  return plan_workspace(p, kernel, slice_tokens);
+}
+
+WorkspacePlan plan_workspace(const DsaBwdProblem& p, const KernelPolicy& kernel,
+                             int64_t slice_tokens) {
+  const int heads_per_cta = kernel.heads_per_cta;
   const DsaDims& d = p.dims;
   WorkspacePlan plan;
   plan.heads_per_cta = heads_per_cta;
@@ -83,18 +92,43 @@ WorkspacePlan plan_workspace(const DsaBwdProblem& p, int heads_per_cta, int64_t 
                               sort_temp_bytes(static_cast<int>(last * d.topk), plan.end_bit));
     plan.cub = take(static_cast<int64_t>(plan.cub_bytes));
   }
+  if (kernel.token_groups && token_groups_eligible(p)) {
+    SA_CHECK(heads_per_cta == kGroupRows, SA_ERROR_INTERNAL,
+             kernel.op << ": token groups need 64 rows per work item");
+    plan.group_tokens = group_tokens(d.H);
+    plan.group_cap = group_capacity(d.Skv, d.topk, plan.group_tokens);
+    const int64_t all = (d.Sq + plan.group_tokens - 1) / plan.group_tokens;
+    const int64_t per_group = plan.group_cap * 8 + 8;
+    if (slice_tokens > 0) {
+      plan.group_slice = std::min(all, std::max<int64_t>(1, slice_tokens / plan.group_tokens));
+    } else {
+      // As few slices as the cap allows, of equal size (no short last slice).
+      const int64_t most = std::max<int64_t>(1, kGroupUnionBytesCap / per_group);
+      const int64_t slices = (all + most - 1) / most;
+      plan.group_slice = (all + slices - 1) / slices;
+    }
+    const int64_t items = plan.group_slice;
+    if (!plan.counter) {
+      plan.counter = true;
+      plan.counter_at = take(4);
+    }
+    plan.group_keys = take(items * plan.group_cap * 4);
+    plan.group_mult = take(items * plan.group_cap * 4);
+    plan.group_len = take(items * 4);
+    plan.group_present = take(items * 4);
+  }
   plan.total = at + kAlign;  // the caller's pointer may be aligned to less
   return plan;
 }
 
 size_t workspace_bytes(const DsaBwdProblem& p, const KernelPolicy& kernel, int64_t slice_tokens) {
-  return plan_workspace(p, kernel.heads_per_cta, slice_tokens).total;
+  return plan_workspace(p, kernel, slice_tokens).total;
 }
 
 void run(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes, cudaStream_t stream,
          const KernelPolicy& kernel, int64_t slice_tokens) {
   const char* op = kernel.op;
-  const WorkspacePlan plan = plan_workspace(p, kernel.heads_per_cta, slice_tokens);
+  const WorkspacePlan plan = plan_workspace(p, kernel, slice_tokens);
   int current = -1;
   SA_CUDA_CHECK(cudaGetDevice(&current));
   SA_CHECK(current == p.device_index, SA_ERROR_INTERNAL,
@@ -109,12 +143,53 @@ void run(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes, cudaSt
   DsaBwdParams prm = make_params(p, plan.heads_per_cta);
   prm.dkv_acc = acc;
   prm.sink_terms = p.d_sink != nullptr ? reinterpret_cast<float*>(base + plan.terms) : nullptr;
-  prm.item_counter = plan.counter ? reinterpret_cast<uint32_t*>(base + plan.counter_at) : nullptr;
+  // The counter with topk_length or token groups (the plan may hold one for token groups that a
+  // policy without them leaves unused: static items then, as without it).
+  const bool dynamic = p.meta.topk_length.data != nullptr || plan.group_tokens > 0;
+  prm.item_counter =
+      plan.counter && dynamic ? reinterpret_cast<uint32_t*>(base + plan.counter_at) : nullptr;
   const int dqk = static_cast<int>(d.Dqk);
 
-  // 1, 2 (or 2a-2d per slice), 3, 4: see dsa_backward_driver.hpp.
+  // 1, 2 (or 2g and 2, or 2a-2d per slice), 3, 4: see dsa_backward_driver.hpp.
   SA_CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<size_t>(d.Skv * d.Dqk) * 4, stream));
-  if (!plan.deterministic) {
+  if (plan.group_tokens > 0) {
+    const int G = plan.group_tokens;
+    const int64_t all = (d.Sq + G - 1) / G;
+    TokenGroupArgs groups{};
+    groups.idx = prm.idx;
+    groups.len = prm.len;
+    groups.idx_ss = prm.idx_ss;
+    groups.idx_si = prm.idx_si;
+    groups.len_s = prm.len_s;
+    groups.sq = d.Sq;
+    groups.skv = d.Skv;
+    groups.topk = prm.topk;
+    groups.G = G;
+    groups.cap = plan.group_cap;
+    groups.keys = reinterpret_cast<int32_t*>(base + plan.group_keys);
+    groups.mult = reinterpret_cast<uint32_t*>(base + plan.group_mult);
+    groups.entries = reinterpret_cast<int32_t*>(base + plan.group_len);
+    groups.present = reinterpret_cast<uint32_t*>(base + plan.group_present);
+    prm.group_keys = groups.keys;
+    prm.group_mult = groups.mult;
+    prm.group_len = groups.entries;
+    prm.group_present = groups.present;
+    prm.group_cap = plan.group_cap;
+    // A group is one "token" of 64 heads (token_groups_eligible: token stride = H x head stride).
+    prm.q_ss *= G;
+    prm.o_ss *= G;
+    prm.do_ss *= G;
+    prm.dq_ss *= G;
+    prm.lse_ss *= G;
+    prm.head_groups = 1;
+    for (int64_t first = 0; first < all; first += plan.group_slice) {
+      groups.first = first;
+      groups.groups = std::min(plan.group_slice, all - first);
+      build_token_groups(groups, stream);
+      prm.tok_begin = first;  // the slice's first group, as a token of 64 heads
+      kernel.launch(prm, groups.groups, p.device_index, stream);
+    }
+  } else if (!plan.deterministic) {
     prm.tok_begin = 0;
     kernel.launch(prm, d.Sq * plan.groups, p.device_index, stream);
   } else {

@@ -11,6 +11,15 @@
 //   3. convert  dkv = dkv_acc in kv's dtype, every element (rows no slot selects become 0)
 //   4. d_sink   per head, the terms summed in a fixed order; zeros without a sink
 //
+// Token groups (cuda/dsa_token_groups.hpp; a policy with token_groups, H in {8, 16, 32}, not
+// deterministic, token-major rows): step 2 becomes
+//   2g. unions  build_token_groups: per group of G = 64 / H tokens, the sorted union of their
+//               active keys with each token's multiplicity, and its length
+//   2.  main    the policy's kernel over ceil(S_q / G) items of 64 rows (token, head), each
+//               walking its group's union, its rows addressed as one token of 64 heads; dynamic
+//               items (the counter), as the unions differ in length
+// in slices of groups whose unions fit kGroupUnionBytesCap (one slice at S 4096).
+//
 // Deterministic mode (options.deterministic). fp32 reductions add in arrival order, so dkv would
 // differ in its last bits from run to run. Instead, tokens are processed in slices of T tokens
 // (T such that the slice's partial rows take at most kPartialBytesCap), each slice:
@@ -74,6 +83,9 @@ struct KernelPolicy {
   AccColumns reduce_columns = AccColumns::kNatural;  // column order of its reductions into
                                                      // dkv_acc (outside deterministic mode)
   MainKernelLaunch launch = nullptr;
+  // The kernel takes token groups (prm.group_len non-null; heads_per_cta must be 64): run uses
+  // them where token_groups_eligible(p), and the plan makes room for them.
+  bool token_groups = false;
 };
 
 // Byte offsets of the workspace parts from a 256-byte aligned base, and the sizes they derive
@@ -88,8 +100,12 @@ struct WorkspacePlan {
   size_t cub_bytes = 0;        // the sort's scratch
   size_t acc = 0;              // fp32 dkv accumulator [S_kv, D_qk]
   size_t terms = 0;            // d_sink terms [H, S_q] (with p.d_sink)
-  bool counter = false;        // a uint32 work-item counter (with topk_length: a persistent
-  size_t counter_at = 0;       // kernel takes items of different lengths from it)
+  bool counter = false;        // a uint32 work-item counter (with topk_length or token groups:
+  size_t counter_at = 0;       // a persistent kernel takes items of different lengths from it)
+  int group_tokens = 0;        // token groups: G (0: none), the entries per group, groups per
+  int64_t group_cap = 0;       // slice and one slice's unions (cuda/dsa_token_groups.hpp)
+  int64_t group_slice = 0;
+  size_t group_keys = 0, group_mult = 0, group_len = 0, group_present = 0;
   size_t part = 0;             // deterministic: partial rows [slice, groups, topk, D_qk] fp32
   size_t keys_in = 0, keys_out = 0, vals_in = 0, vals_out = 0;  // deterministic: the sort's
   size_t cub = 0;                                               // items and scratch
@@ -99,7 +115,13 @@ struct WorkspacePlan {
 // The plan for `p` and a main kernel of `heads_per_cta` heads per work item; `slice_tokens` > 0
 // pins deterministic mode's token slice (tests), 0 takes as many tokens as keep a slice's partial
 // rows within 2 GiB. Deterministic mode asks CUB for its sort's scratch on the current device.
+// With token groups slice_tokens > 0 pins their slice to max(1, slice_tokens / G) groups, 0 takes
+// as many groups as keep a slice's unions within kGroupUnionBytesCap.
 WorkspacePlan plan_workspace(const DsaBwdProblem& p, int heads_per_cta, int64_t slice_tokens = 0);
+// The same for `kernel`'s policy: with kernel.token_groups and token_groups_eligible(p), room
+// for the unions and the item counter after the parts above.
+WorkspacePlan plan_workspace(const DsaBwdProblem& p, const KernelPolicy& kernel,
+                             int64_t slice_tokens = 0);
 
 // Device workspace bytes of run(p, ..., kernel, slice_tokens).
 size_t workspace_bytes(const DsaBwdProblem& p, const KernelPolicy& kernel,

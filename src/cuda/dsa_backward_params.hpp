@@ -39,9 +39,21 @@ struct DsaBwdParams {
   int32_t tune;           // Hopper kernel experiment bits (sm90/dsa_backward_kernel.cuh); 0
   int64_t items;          // Hopper persistent kernel: work items (tokens x head groups) of the
                           // launch, item i = (token tok_begin + i / head_groups, group i % ..)
-  uint32_t* item_counter;  // Hopper persistent kernel with topk_length (items of different
-                           // lengths): dynamic items from this counter, zeroed by the Hopper
-                           // launcher before each launch (sm90/persistent_items.cuh); else null
+  uint32_t* item_counter;  // Hopper persistent kernel with topk_length or token groups (items of
+                           // different lengths): dynamic items from this counter, zeroed by the
+                           // Hopper launcher before each launch (sm90/persistent_items.cuh); else
+                           // null
+  // Token groups (cuda/dsa_token_groups.hpp; Hopper kernel): item i is group b = tok_begin + i,
+  // G = 64 / H tokens [G b, G b + G) as 64 rows (token, head), walking its union of keys (row i
+  // of the arrays below: the launch's slice of groups). The driver then passes q, out, dout, dq
+  // and lse with the group as their "token" (q_ss = G x the token stride, ...; rows past S_q H
+  // are padding) and head_groups = 1. All null / 0 without token groups.
+  const int32_t* group_keys;   // [items, group_cap]: the union's kv rows, ascending
+  const uint32_t* group_mult;  // [items, group_cap]: per entry, G 4-bit fields: token g's
+                               // multiplicity of the key
+  const int32_t* group_len;    // [items]: the union's entries
+  const uint32_t* group_present;  // [items]: field g nonzero when token g has an active slot
+  int64_t group_cap;
 };
 
 // Kernel arguments of a validated problem (the host checks support first). The workspace

@@ -2,7 +2,9 @@
 // driver (src/cuda/dsa_backward_driver.hpp), which plans the workspace and runs every other step
 // (the fp32 dkv accumulator, deterministic mode's token slices, the dkv conversion, d_sink). The
 // main kernel is dsa_backward_kernel.cuh, instantiated here for D_qk in {512, 576} (H 64 and 128
-// share them: H / 64 work items per token; bf16).
+// share them: H / 64 work items per token; bf16), each with and without token groups (H 8, 16,
+// 32: G = 64 / H tokens per work item, cuda/dsa_token_groups.hpp; the driver picks them when not
+// deterministic, unless Tuning::sm90_dsa_bwd_groups is 0: one token per item, heads padded to 64).
 #include "sm90/dsa_backward.hpp"
 
 #include <cuda_runtime_api.h>
@@ -38,12 +40,15 @@ constexpr size_t smem_bytes() {
   // +1024: the kernel aligns its shared storage to 1024 bytes (128-byte swizzle atoms).
   return sizeof(SharedStorage<DsaBwdTraits<kDqk>>) + 1024;
 }
+static_assert(sizeof(SharedStorage<DsaBwdTraits<576, true>>) ==
+                  sizeof(SharedStorage<DsaBwdTraits<576>>),
+              "token groups use the same shared storage");
 static_assert(smem_bytes<576>() <= kMaxSmemSm90, "sm90 DSA backward exceeds 227 KB of smem");
 static_assert(smem_bytes<512>() <= kMaxSmemSm90, "sm90 DSA backward exceeds 227 KB of smem");
 
-template <int kDqk>
+template <int kDqk, bool kTokenGroups>
 void launch(const dsa_bwd::Params& params, int64_t grid, cudaStream_t stream) {
-  using Traits = DsaBwdTraits<kDqk>;
+  using Traits = DsaBwdTraits<kDqk, kTokenGroups>;
   constexpr size_t kSmem = smem_bytes<kDqk>();
   auto* kernel = &dsa_bwd::dsa_backward_sm90_kernel<Traits>;
   // Every launch (cheap, and right for whichever device is current).
@@ -56,13 +61,15 @@ void launch(const dsa_bwd::Params& params, int64_t grid, cudaStream_t stream) {
 // Variant bits (dsa_backward_kernel.cuh, kTune*) from the internal tuning
 // (Tuning::sm90_dsa_bwd_bits, set by the bench and tests only); 0: the default kernel.
 int32_t tune_bits() {
-  constexpr int32_t kKnown = dsa_bwd::kTuneLateRelease | dsa_bwd::kTuneRowIndex;
+  constexpr int32_t kKnown =
+      dsa_bwd::kTuneLateRelease | dsa_bwd::kTuneRowIndex | dsa_bwd::kTuneGroupsInOrder;
   return detail::tuning().sm90_dsa_bwd_bits & kKnown;
 }
 
-// The policy's launch (dsa_bwd::MainKernelLaunch): `grid` work items (tokens x head groups),
-// walked by at most one persistent CTA per SM; with topk_length (prm.item_counter, in the
-// workspace) the CTAs take their items after the first from the counter, zeroed here.
+// The policy's launch (dsa_bwd::MainKernelLaunch): `grid` work items (tokens x head groups, or
+// token groups when prm.group_len is set), walked by at most one persistent CTA per SM; with
+// topk_length or token groups (prm.item_counter, in the workspace) the CTAs take their items
+// after the first from the counter, zeroed here.
 void launch_main(const dsa_bwd::Params& prm, int64_t grid, int device, cudaStream_t stream) {
   if (grid == 0) return;
   dsa_bwd::Params tuned = prm;
@@ -72,16 +79,27 @@ void launch_main(const dsa_bwd::Params& prm, int64_t grid, int device, cudaStrea
     SA_CUDA_CHECK(cudaMemsetAsync(prm.item_counter, 0, sizeof(uint32_t), stream));
   }
   grid = std::min<int64_t>(grid, sm_count(device));
+  const bool groups = prm.group_len != nullptr;
   if (prm.dqk == 576)
-    launch<576>(tuned, grid, stream);
+    groups ? launch<576, true>(tuned, grid, stream) : launch<576, false>(tuned, grid, stream);
   else
-    launch<512>(tuned, grid, stream);
+    groups ? launch<512, true>(tuned, grid, stream) : launch<512, false>(tuned, grid, stream);
 }
 
-// The driver's view of this kernel: 64 heads per work item, reductions in quad-16 column order.
+// The driver's view of this kernel: 64 heads per work item, reductions in quad-16 column order,
+// token groups. The workspace is always planned with token groups (a size from the arguments
+// only); a call tuned without them runs within it.
 constexpr portable::dsa_bwd::KernelPolicy kPolicy{
     "sm90 dsa_backward", DsaBwdTraits<576>::kHeads, portable::dsa_bwd::AccColumns::kQuad16,
-    &launch_main};
+    &launch_main, true};
+
+// The policy of this call: without token groups when Tuning::sm90_dsa_bwd_groups is 0 (set by
+// the bench and tests only: today's head padding for A/B runs).
+portable::dsa_bwd::KernelPolicy call_policy() {
+  portable::dsa_bwd::KernelPolicy policy = kPolicy;
+  policy.token_groups = detail::tuning().sm90_dsa_bwd_groups != 0;
+  return policy;
+}
 
 }  // namespace
 
@@ -124,7 +142,7 @@ void dsa_backward(const DsaBwdProblem& p, void* workspace, size_t workspace_byte
                   cudaStream_t stream, int64_t slice_tokens) {
   const std::string why = dsa_backward_unsupported(p);
   SA_CHECK(why.empty(), SA_ERROR_UNSUPPORTED, "sm90 dsa_backward: " << why);
-  portable::dsa_bwd::run(p, workspace, workspace_bytes, stream, kPolicy, slice_tokens);
+  portable::dsa_bwd::run(p, workspace, workspace_bytes, stream, call_policy(), slice_tokens);
 }
 
 }  // namespace sa::sm90

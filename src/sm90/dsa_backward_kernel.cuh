@@ -10,7 +10,10 @@
 //
 // Work split: a work item is one (query token t, group of 64 heads) (as the Hopper forward and
 // the portable backward; any H: the rows of the last group past H are padding, zero Q and dO
-// with L2 = +inf, so that their P and dS' are 0 and add nothing to dKV), and the kernel is
+// with L2 = +inf, so that their P and dS' are 0 and add nothing to dKV), or with token groups
+// (H 8, 16, 32; DsaBwdTraits::kTokenGroups) G = 64 / H consecutive tokens on the 64 rows,
+// walking the sorted union of their keys with P scaled per row by its token's multiplicity of
+// the key (cuda/dsa_token_groups.hpp: the union's builder and format), and the kernel is
 // persistent: at most one CTA per SM walks items b,
 // b + gridDim.x, ... (with topk_length, items of different lengths: the items after the first
 // from a counter, persistent_items.cuh). The K stage, its barriers and the bias / kidx buffers
@@ -78,6 +81,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <cute/atom/mma_atom.hpp>
@@ -86,6 +90,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "cuda/dsa_backward_params.cuh"
+#include "cuda/dsa_token_groups.hpp"
 #include "sm90/dsa_common.cuh"
 #include "sm90/hopper_primitives.cuh"
 #include "sm90/persistent_items.cuh"
@@ -122,7 +127,9 @@ using Params = portable::dsa_bwd::DsaBwdParams;
 // pieces: 2.8-4.0% slower at D_qk 576, 4.8-8.2% at 512), its staged dQ epilogue (then bit 4),
 // session 9's per-fragment reductions (then bit 64: 11% slower), and a butterfly of 1 or 0
 // stages (4 rows x 64 B: -3 to -5%; 8 rows x 32 B: -21 to -30%).
-constexpr int32_t kTuneLateRelease = 1, kTuneRowIndex = 2;
+//   kTuneGroupsInOrder  token groups: every item walks its union from its first key (without
+//                     the bit, item i starts at chunk i % n_chunks, see producer_item)
+constexpr int32_t kTuneLateRelease = 1, kTuneRowIndex = 2, kTuneGroupsInOrder = 4;
 
 // Named barriers (id 0 is __syncthreads): kPdsFree, kPdsReady and kItem over the 256 consumer
 // threads, kWg0 over warpgroup 0.
@@ -134,9 +141,21 @@ __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint
 // 2048, and none loses 8% with topk_length: warpgroup 1's longer chain ends every item). D_qk
 // 512: none (+0.6-3.1% over two at topk 2048, equal with topk_length). One piece measured
 // slower than both at both sizes (bench/notes-archive, session 20).
-template <int kDqk_>
+//
+// kTokenGroups_: the token-group mode (cuda/dsa_token_groups.hpp; H in {8, 16, 32}): an item is a
+// group of G = 64 / H tokens, its 64 rows (token, head) addressed as one token of 64 heads (the
+// driver scales the token strides by G), its keys the group's union, each key's probability
+// multiplied by the multiplicity of the row's token (0: the token did not select it).
+//
+// kChunkTargets: the non-deterministic reductions' targets (kidx, the rows' dkv pointers, the
+// row-active mask) read once per chunk instead of once per piece, and the dQ epilogue from two
+// row pointers. D_qk 512 only: +1.5-2.0% there (H100, session 37), -1.1 to -1.5% at D_qk 576
+// (session 35; docs/decisions/sm90_dsa_backward.md).
+template <int kDqk_, bool kTokenGroups_ = false>
 struct DsaBwdTraits : DsaCta<kDqk_> {
+  static constexpr bool kTokenGroups = kTokenGroups_;
   static constexpr int kWg0Pieces = kDqk_ == 576 ? 2 : 0;
+  static constexpr bool kChunkTargets = kDqk_ == 512;
   using Base = DsaCta<kDqk_>;
   using Element = typename Base::Element;
   using H64 = typename Base::H64;
@@ -176,7 +195,10 @@ struct alignas(1024) SharedStorage {
   Element k_rope[T::kPanelElems];
   Element p[T::kPanelElems];   // P [head][key], bf16
   Element ds[T::kPanelElems];  // dS' [head][key], bf16
-  float bias[2][64];           // per chunk parity: 0 for an active slot, -inf otherwise
+  union {
+    float bias[2][64];         // per chunk parity: 0 for an active slot, -inf otherwise
+    uint32_t mult[2][64];      // token groups: per chunk parity, the entry's multiplicities
+  };                           // (G 4-bit fields; 0 past the union)
   int32_t kidx[2][64];         // per chunk parity: the slot's kv row, -1 when inactive
   float dpart[2][64];          // per consumer warpgroup: its half of each row's delta
   uint64_t kv_full;            // producer (128 arrivals) -> consumers: the chunk's rows landed
@@ -185,6 +207,12 @@ struct alignas(1024) SharedStorage {
                                // item's last [5] is done), the next item's may land
   ItemHandoff items;           // dynamic items (with topk_length; persistent_items.cuh)
 };
+
+// Token groups: the rows of group `tok` that exist (64 but in the last group: S_q H - 64 tok).
+template <class T>
+__device__ __forceinline__ int group_rows(const Params& p, int64_t tok) {
+  return static_cast<int>(min(int64_t{T::kHeads}, p.sq * p.H - int64_t{T::kHeads} * tok));
+}
 
 // ---- producer (warpgroup 0) ---------------------------------------------------------------------
 // The gather pieces are the forward's (dsa_common.cuh). One work item (token tok, heads h0 ..
@@ -200,6 +228,11 @@ __device__ __forceinline__ void producer_item(const Params& p, SharedStorage<T>&
   const int n_chunks = (n_slots + T::kBlockN - 1) / T::kBlockN;
   const DsaElement* kv = static_cast<const DsaElement*>(p.kv);
   const int32_t* idx_row = p.idx + tok * p.idx_ss;
+  int rot = 0;  // token groups: the union chunk the walk starts at (below)
+  if constexpr (T::kTokenGroups) {
+    if ((p.tune & kTuneGroupsInOrder) == 0 && n_chunks > 0)
+      rot = static_cast<int>(static_cast<uint32_t>(tok) % static_cast<uint32_t>(n_chunks));
+  }
 #pragma unroll 1
   for (int c = 0; c < n_chunks; ++c) {
     const uint32_t g = g0 + static_cast<uint32_t>(c);
@@ -210,7 +243,27 @@ __device__ __forceinline__ void producer_item(const Params& p, SharedStorage<T>&
       s.bias[buf][row] = active ? 0.f : -INFINITY;
       s.kidx[buf][row] = active ? jr : -1;
     };
-    if ((p.tune & kTuneRowIndex) == 0) {
+    if constexpr (T::kTokenGroups) {
+      // The group's union (every entry active: the builder keeps active keys only), indices and
+      // multiplicities read lane-parallel; the multiplicities stored by their lanes. The union
+      // is in key order, so the item starts its walk at union chunk (item % n_chunks) and wraps
+      // around: the CTAs, which run neighbouring items at the same time, then reduce into
+      // different dkv rows instead of all into the lowest keys at once (a prediction against
+      // same-line reduction contention; kTuneGroupsInOrder walks from the first chunk). Only
+      // the order of the chunks changes: the consumers read each chunk's rows from kidx / mult.
+      const int64_t at = (tok - p.tok_begin) * p.group_cap;
+      const int cu = c + rot < n_chunks ? c + rot : c + rot - n_chunks;
+      const int32_t j = chunk_slot_index(p.group_keys + at, 1, n_slots, cu, warp, lane);
+      const int slot = cu * T::kBlockN + 16 * warp + lane % 16;
+      const uint32_t m = lane < 16 && slot < n_slots ? p.group_mult[at + slot] : 0u;
+      mbarrier_wait(&s.kv_empty, (g & 1) ^ 1);
+      if (lane < 16) s.mult[buf][16 * warp + lane] = m;
+      gather_chunk<T::kRope>(smem_u32(s.k_nope), smem_u32(s.k_rope), kv, p.kv_ss, p.skv,
+                             ShuffledRowIndex{j}, warp, lane,
+                             [&](int row, bool active, int32_t jr) {
+                               s.kidx[buf][row] = active ? jr : -1;
+                             });
+    } else if ((p.tune & kTuneRowIndex) == 0) {
       const int32_t j = chunk_slot_index(idx_row, p.idx_si, n_slots, c, warp, lane);
       mbarrier_wait(&s.kv_empty, (g & 1) ^ 1);
       gather_chunk<T::kRope>(smem_u32(s.k_nope), smem_u32(s.k_rope), kv, p.kv_ss, p.skv,
@@ -226,12 +279,13 @@ __device__ __forceinline__ void producer_item(const Params& p, SharedStorage<T>&
     }
     if (c == 0) {
       // [P0] Q and dO of the item's heads; with head padding (the last group of an H that is not
-      // a multiple of 64) the rows past H are zero-filled, not read.
+      // a multiple of 64) the rows past H are zero-filled, not read (token groups: the rows past
+      // S_q H, in the last group).
       mbarrier_wait(&s.qdo_empty, qdo_phase ^ 1);
       qdo_phase ^= 1;
       const DsaElement* q_tok = static_cast<const DsaElement*>(p.q) + tok * p.q_ss;
       const DsaElement* do_tok = static_cast<const DsaElement*>(p.dout) + tok * p.do_ss;
-      const int rows = p.H - h0;
+      const int rows = T::kTokenGroups ? group_rows<T>(p, tok) : p.H - h0;
       if (rows >= T::kHeads) {
         gather_head_rows<T::kRope>(smem_u32(s.q_nope), smem_u32(s.q_rope), q_tok, p.q_sh, h0,
                                    warp, lane);
@@ -265,7 +319,10 @@ __device__ __forceinline__ void for_each_item(const Params& p, SharedStorage<T>&
                                const uint32_t groups = static_cast<uint32_t>(p.head_groups);
                                const int64_t tok = p.tok_begin + i / groups;
                                const int h0 = static_cast<int>(i % groups) * T::kHeads;
-                               const int n_slots = dsa_active_slots(p.len, p.len_s, p.topk, tok);
+                               const int n_slots =
+                                   T::kTokenGroups
+                                       ? p.group_len[i]
+                                       : dsa_active_slots(p.len, p.len_s, p.topk, tok);
                                f(tok, h0, n_slots, g0);
                                g0 += static_cast<uint32_t>((n_slots + T::kBlockN - 1) /
                                                            T::kBlockN);
@@ -338,8 +395,18 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
   // item, this took ~11% of the consumers' time at topk 512.) An item without chunks needs no
   // delta (its d_sink term is 0).
   // Head padding: rows frag_row + 8 r >= rows are heads past H (zero Q and dO): L2 = +inf makes
-  // their P and dS' exactly 0, and nothing of theirs is read or stored.
-  const int rows = min(T::kHeads, p.H - h0);
+  // their P and dS' exactly 0, and nothing of theirs is read or stored. Token groups: row R is
+  // (token 64 tok / H + R / H, head R % H), the rows past S_q H are the padding, and a row's
+  // multiplicity of an entry is 4-bit field R / H (at mult_shift[r]) of its word.
+  const int rows = T::kTokenGroups ? group_rows<T>(p, tok) : min(T::kHeads, p.H - h0);
+  const int h_log2 = 31 - __clz(p.H);  // token groups: H is a power of two
+  constexpr uint32_t kMultMask = portable::dsa_bwd::kGroupFieldMax;
+  int mult_shift[2] = {0, 0};
+  if constexpr (T::kTokenGroups) {
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r)
+      mult_shift[r] = ((frag_row + 8 * r) >> h_log2) * portable::dsa_bwd::kGroupFieldBits;
+  }
   float l2[2], delta[2] = {0.f, 0.f};
   const float kInf = INFINITY;
   CUTE_UNROLL
@@ -348,7 +415,9 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
     l2[r] = kInf;
     if (frag_row + 8 * r < rows) {
       const float lse = p.lse[tok * p.lse_ss + h * p.lse_sh];
-      const float sink = p.sink != nullptr ? p.sink[h * p.sink_s] : -kInf;
+      // The row's head: h, or (frag_row + 8 r) % H with token groups.
+      const int head = T::kTokenGroups ? ((frag_row + 8 * r) & (p.H - 1)) : h;
+      const float sink = p.sink != nullptr ? p.sink[head * p.sink_s] : -kInf;
       l2[r] = portable::dsa_bwd::row_log2_normalizer(lse, sink);
     }
   }
@@ -446,9 +515,41 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
     if constexpr (!rope) gemm_ss(mma_kv, tKrPT, tKrdO, acc, false);
     warpgroup_commit_batch();
   };
-  auto reduce_piece = [&](int c, int buf, int panel, auto& acc) {
+  // T::kChunkTargets: the reductions' targets in a chunk (non-deterministic mode), read once per
+  // chunk rather than per piece: for this lane's rows r = 0, 1 (a pair E, O = rows 16 warp_in_wg
+  // + 8 r + (g & 6) + {0, 1}), rows E's and O's dkv rows at column 16 o + 4 q of panel 0
+  // (reduce_piece says why); a piece adds its panel's 64 columns. Bit 2 r of active: row E has a
+  // kv row (kidx >= 0), bit 2 r + 1: row O. Otherwise (D_qk 576) each piece reads them itself.
+  struct RedTargets {
+    float* e[2];
+    float* o[2];
+    uint32_t active;
+  };
+  struct NoTargets {};
+  using Targets = std::conditional_t<T::kChunkTargets, RedTargets, NoTargets>;
+  auto red_targets = [&](int buf) {
+    Targets t;
+    if constexpr (T::kChunkTargets) {
+      const int o = (lane >> 2) & 1;
+      float* const base = p.dkv_acc + 16 * o + 4 * (lane % 4);
+      t.active = 0;
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        const int row_e = 16 * warp_in_wg + 8 * r + ((lane >> 2) & 6);
+        const int32_t je = static_cast<int32_t>(ld_shared_u32(smem_u32(&s.kidx[buf][row_e])));
+        const int32_t jo =
+            static_cast<int32_t>(ld_shared_u32(smem_u32(&s.kidx[buf][row_e + 1])));
+        t.e[r] = offset_rows<T::kDqk * 4>(base, je);  // j = -1: never dereferenced
+        t.o[r] = offset_rows<T::kDqk * 4>(base, jo);
+        t.active |= (je >= 0 ? 1u : 0u) << (2 * r);
+        t.active |= (jo >= 0 ? 2u : 0u) << (2 * r);
+      }
+    }
+    return t;
+  };
+  auto reduce_piece = [&](int c, int buf, int panel, auto& acc, const Targets& t) {
     warpgroup_fence_operand(acc);
-    if (p.deterministic) {
+    if (!T::kTokenGroups && p.deterministic) {
       // The kv rows of this thread's fragment rows frag_row + 8 r.
       int32_t j[2];
       CUTE_UNROLL
@@ -473,7 +574,7 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
       // 2k + 1 (odd lanes) of rows E or O of the four lane pairs.
       const int g = lane >> 2;
       const int o = g & 1;
-      float* const piece_base = p.dkv_acc + 64 * panel + 16 * o + 4 * (lane % 4);
+      float* const piece_base = p.dkv_acc + 64 * panel + 16 * o + 4 * (lane % 4);  // (D_qk 576)
       CUTE_UNROLL
       for (int r = 0; r < 2; ++r) {
         float4 a[4];
@@ -495,29 +596,50 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
           evn[k] = o ? recv : keep;
           odd[k] = o ? keep : recv;
         }
-        const int row_e = 16 * warp_in_wg + 8 * r + (g & 6);
-        const int32_t je = static_cast<int32_t>(ld_shared_u32(smem_u32(&s.kidx[buf][row_e])));
-        const int32_t jo = static_cast<int32_t>(ld_shared_u32(smem_u32(&s.kidx[buf][row_e + 1])));
-        // Both rows active (every row of a full chunk): four reductions without a test (ptxas
-        // compiles a predicated reduction to a branch region). Otherwise an inactive row (j = -1,
-        // its address never used) is skipped.
-        if (min(je, jo) >= 0) {
-          float* const de = offset_rows<T::kDqk * 4>(piece_base, je);
-          float* const dd = offset_rows<T::kDqk * 4>(piece_base, jo);
-          red_add_f32x4(de, evn[0]);
-          red_add_f32x4(de + 32, evn[1]);
-          red_add_f32x4(dd, odd[0]);
-          red_add_f32x4(dd + 32, odd[1]);
-        } else {
-          if (je >= 0) {
-            float* const de = offset_rows<T::kDqk * 4>(piece_base, je);
+        // Both rows active (every row of a full chunk; with kChunkTargets every row of the
+        // chunk): four reductions without a test (ptxas compiles a predicated reduction to a
+        // branch region). Otherwise an inactive row (j = -1, its address never used) is skipped.
+        if constexpr (T::kChunkTargets) {
+          float* const de = t.e[r] + 64 * panel;
+          float* const dd = t.o[r] + 64 * panel;
+          if (t.active == 0xfu) {
             red_add_f32x4(de, evn[0]);
             red_add_f32x4(de + 32, evn[1]);
-          }
-          if (jo >= 0) {
-            float* const dd = offset_rows<T::kDqk * 4>(piece_base, jo);
             red_add_f32x4(dd, odd[0]);
             red_add_f32x4(dd + 32, odd[1]);
+          } else {
+            if ((t.active >> (2 * r)) & 1u) {
+              red_add_f32x4(de, evn[0]);
+              red_add_f32x4(de + 32, evn[1]);
+            }
+            if ((t.active >> (2 * r)) & 2u) {
+              red_add_f32x4(dd, odd[0]);
+              red_add_f32x4(dd + 32, odd[1]);
+            }
+          }
+        } else {
+          const int row_e = 16 * warp_in_wg + 8 * r + (g & 6);
+          const int32_t je = static_cast<int32_t>(ld_shared_u32(smem_u32(&s.kidx[buf][row_e])));
+          const int32_t jo =
+              static_cast<int32_t>(ld_shared_u32(smem_u32(&s.kidx[buf][row_e + 1])));
+          if (min(je, jo) >= 0) {
+            float* const de = offset_rows<T::kDqk * 4>(piece_base, je);
+            float* const dd = offset_rows<T::kDqk * 4>(piece_base, jo);
+            red_add_f32x4(de, evn[0]);
+            red_add_f32x4(de + 32, evn[1]);
+            red_add_f32x4(dd, odd[0]);
+            red_add_f32x4(dd + 32, odd[1]);
+          } else {
+            if (je >= 0) {
+              float* const de = offset_rows<T::kDqk * 4>(piece_base, je);
+              red_add_f32x4(de, evn[0]);
+              red_add_f32x4(de + 32, evn[1]);
+            }
+            if (jo >= 0) {
+              float* const dd = offset_rows<T::kDqk * 4>(piece_base, jo);
+              red_add_f32x4(dd, odd[0]);
+              red_add_f32x4(dd + 32, odd[1]);
+            }
           }
         }
       }
@@ -559,11 +681,15 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
       gemm_ss(mma_sdp, tSrQn, tSrKn, tSrS, true);
       if constexpr (T::kRope) gemm_ss(mma_sdp, tSrQr, tSrKr, tSrS, false);
       warpgroup_commit_batch();
-      saw_active |=
-          __any_sync(0xffffffffu, s.bias[buf][lane] == 0.f || s.bias[buf][32 + lane] == 0.f);
+      if constexpr (!T::kTokenGroups) {  // (token groups: the builder's present words)
+        saw_active |=
+            __any_sync(0xffffffffu, s.bias[buf][lane] == 0.f || s.bias[buf][32 + lane] == 0.f);
+      }
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
-      // P in bf16 pairs (kept for dS' and stored once the tiles are free).
+      // P in bf16 pairs (kept for dS' and stored once the tiles are free). Token groups: P =
+      // the multiplicity of the row's token times the slot-wise probability (0 when the token
+      // did not select the key).
       const uint32_t bias = smem_u32(s.bias[buf]) + 4 * (2 * (lane % 4));  // + 4 key
       uint32_t p_pk[16];
       CUTE_UNROLL
@@ -572,8 +698,14 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
         float pv[2];
         CUTE_UNROLL
         for (int e = 0; e < 2; ++e) {
-          const float off = ld_shared_f32(bias + 4 * (8 * (i / 4) + e)) - l2[r];
-          pv[e] = exp2_prob(fmaf(tSrS(i + e), scale_log2, off));
+          if constexpr (T::kTokenGroups) {
+            const uint32_t w = ld_shared_u32(bias + 4 * (8 * (i / 4) + e));
+            const float m = static_cast<float>((w >> mult_shift[r]) & kMultMask);
+            pv[e] = m * exp2_prob(fmaf(tSrS(i + e), scale_log2, -l2[r]));
+          } else {
+            const float off = ld_shared_f32(bias + 4 * (8 * (i / 4) + e)) - l2[r];
+            pv[e] = exp2_prob(fmaf(tSrS(i + e), scale_log2, off));
+          }
         }
         p_pk[i / 2] = pack_bf16x2(pv[0], pv[1]);
       }
@@ -623,12 +755,13 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
       if constexpr (T::kRope) warpgroup_fence_operand(tRrdQ);
       if (releaser && !late_release) mbarrier_arrive(&s.kv_empty);
       if constexpr (wg0_pieces > 0) {  // (no loop: a wgmma in flight over a back edge, C7514)
+        const Targets t = red_targets(buf);
         warpgroup_wait<0>();
-        reduce_piece(c, buf, wg1_pieces, tKrAcc);
+        reduce_piece(c, buf, wg1_pieces, tKrAcc, t);
         if constexpr (wg0_pieces > 1) {
           issue_any_piece(wg1_pieces + 1, tKrAcc);
           warpgroup_wait<0>();
-          reduce_piece(c, buf, wg1_pieces + 1, tKrAcc);
+          reduce_piece(c, buf, wg1_pieces + 1, tKrAcc, t);
         }
       }
       if (releaser && late_release) mbarrier_arrive(&s.kv_empty);
@@ -659,6 +792,7 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
       warpgroup_commit_batch();
       issue_piece(0, cute::false_type{}, acc0);
       issue_piece(1, cute::false_type{}, acc1);
+      const Targets t = red_targets(buf);  // (its loads under the wgmma)
       warpgroup_wait<2>();  // [4]: the K stage is free
       warpgroup_fence_operand(tQrdQ);
       if (releaser && !late_release) mbarrier_arrive(&s.kv_empty);
@@ -672,7 +806,7 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
           warpgroup_wait<0>();  // the last wgmma of this warpgroup that reads the tiles
           release_tiles();
         }
-        reduce_piece(c, buf, k, acc);
+        reduce_piece(c, buf, k, acc, t);
         if (k + 2 < wg1_pieces) issue_any_piece(k + 2, acc);
       };
       CUTE_UNROLL
@@ -690,20 +824,36 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
 
   // Epilogue: dQ (scale is in dS') -> dq, bf16 pairs stored from the fragments (warpgroup w:
   // nope columns [256 w, 256 w + 256); warpgroup 0 also the rope panel); the d_sink terms.
+  // put_pair(r, col, ...): row frag_row + 8 r, columns col, col + 1. T::kChunkTargets: from
+  // this thread's two row pointers at its first column dq_col0, a pair's offset compile-time
+  // (with one address computed per pair, the item's 64 to 80 stores reloaded spilled operands
+  // one by one); otherwise (D_qk 576) one address per pair.
   Element* dq = static_cast<Element*>(p.dq) + tok * p.dq_ss + h0 * p.dq_sh;
-  auto put_pair = [&](int row, int col, float x, float y) {
-    if (row < rows) *reinterpret_cast<uint32_t*>(dq + row * p.dq_sh + col) = pack_bf16x2(x, y);
+  const int dq_col0 = 256 * wg + 2 * (lane % 4);
+  Element* dq_row[2];
+  bool dq_real[2];
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    dq_row[r] = dq + (frag_row + 8 * r) * p.dq_sh + 256 * wg + 2 * (lane % 4);  // + dq_col0
+    dq_real[r] = frag_row + 8 * r < rows;
+  }
+  auto put_pair = [&](int r, int col, float x, float y) {
+    if constexpr (T::kChunkTargets) {
+      if (dq_real[r])
+        *reinterpret_cast<uint32_t*>(dq_row[r] + (col - dq_col0)) = pack_bf16x2(x, y);
+    } else {
+      const int row = frag_row + 8 * r;
+      if (row < rows) *reinterpret_cast<uint32_t*>(dq + row * p.dq_sh + col) = pack_bf16x2(x, y);
+    }
   };
   CUTE_UNROLL
   for (int i = 0; i < size(tQrdQ); i += 2)
-    put_pair(frag_row + 8 * ((i / 2) % 2), 256 * wg + 8 * (i / 4) + 2 * (lane % 4), tQrdQ(i),
-             tQrdQ(i + 1));
+    put_pair((i / 2) % 2, 256 * wg + 8 * (i / 4) + 2 * (lane % 4), tQrdQ(i), tQrdQ(i + 1));
   if constexpr (T::kRope) {
     if (wg == 0) {
       CUTE_UNROLL
       for (int i = 0; i < size(tRrdQ); i += 2)
-        put_pair(frag_row + 8 * ((i / 2) % 2), 512 + 8 * (i / 4) + 2 * (lane % 4), tRrdQ(i),
-                 tRrdQ(i + 1));
+        put_pair((i / 2) % 2, 512 + 8 * (i / 4) + 2 * (lane % 4), tRrdQ(i), tRrdQ(i + 1));
     }
   }
   if (p.sink_terms != nullptr && wg == 0 && lane % 4 == 0) {
@@ -711,12 +861,23 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
     for (int r = 0; r < 2; ++r) {
       if (frag_row + 8 * r >= rows) continue;
       const int h = h0 + frag_row + 8 * r;
-      float term = 0.f;
-      if (saw_active && p.sink != nullptr) {
-        const float lse = p.lse[tok * p.lse_ss + h * p.lse_sh];
-        if (lse < kInf) term = -portable::dsa_bwd::sink_share(lse, p.sink[h * p.sink_s]) * delta[r];
+      // The row's token and head, and whether the token has an active slot (token groups: row
+      // R = frag_row + 8 r is token 64 tok / H + R / H, head R % H).
+      int64_t t = tok;
+      int head = h;
+      bool saw = saw_active;
+      if constexpr (T::kTokenGroups) {
+        t = (int64_t{T::kHeads} * tok + h) >> h_log2;
+        head = h & (p.H - 1);
+        saw = ((p.group_present[tok - p.tok_begin] >> mult_shift[r]) & kMultMask) != 0u;
       }
-      p.sink_terms[h * p.sq + tok] = term;
+      float term = 0.f;
+      if (saw && p.sink != nullptr) {
+        const float lse = p.lse[tok * p.lse_ss + h * p.lse_sh];
+        if (lse < kInf)
+          term = -portable::dsa_bwd::sink_share(lse, p.sink[head * p.sink_s]) * delta[r];
+      }
+      p.sink_terms[head * p.sq + t] = term;
     }
   }
 }
