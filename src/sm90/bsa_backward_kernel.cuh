@@ -573,8 +573,21 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
       e_nxt = load_entry(t / kTpe + 1);
     }
   }
+  // The token mask's class of a live tile (first query row rr) for this warpgroup's 64 keys
+  // (T::kMask; warpgroup-uniform). Keys wholly past S_kv (band_keys_ok false: the last block's
+  // second half) are padded, so every P^T of the part is 0: hidden as well.
+  [[maybe_unused]] const auto wg_class = [&](int rr) {
+    if (!band_keys_ok) return MaskClass::kOutside;
+    return classify_tile<int>(rr, min(rr + T::kBlockM, p.Sq) - 1, band_k0, band_k1, p.mask_lo,
+                              p.mask_hi);
+  };
+  // Block 128 skips the GEMMs of a warpgroup whose part of a live tile the mask hides (the tile
+  // stays live for the other warpgroup). Block 64 has no such part: tile_live skipped the tile.
+  constexpr bool kSkipHidden = T::kMask && T::kConsumerWgs == 2;
+  MaskClass cls = MaskClass::kInside;  // this warpgroup's class of tile t (T::kMask)
   if (t < it.num_tiles) {
     entry_rows<T>(p, it, e_cur, t, h, row0);
+    if constexpr (T::kMask) cls = wg_class(row0);
     st_shared_u32(stats_addr + 4 * wtid, __float_as_uint(*stat_ptr(h, row0)));
     named_barrier_sync(3 + wg, 128);
   }
@@ -614,8 +627,14 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     gemm_issue<true>(mma_sdp, tSrK, tSrQ(_, _, _, stg), tSrS);
   };
   if (kEarlyS && t < it.num_tiles) {
-    issue_s(0, 0);
-    warpgroup_wait<0>();
+    if (kSkipHidden && cls == MaskClass::kOutside) {
+      // No [1] for a hidden part; the stage's wait stays (see issue_next_s_and_wait).
+      mbarrier_wait(&s.q_full[0], 0);
+      clear(tSrS);
+    } else {
+      issue_s(0, 0);
+      warpgroup_wait<0>();
+    }
     warpgroup_fence_operand(tSrS);
   }
 #pragma unroll 1
@@ -628,6 +647,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     // split between [4] and [5] measured worse). Block 64 keeps it at the top (-2% after [4]).
     int e_next = 0, h_next = 0, row0_next = 0, t_next = 0, ahead = 0;
     bool new_block = false;
+    MaskClass cls_next = MaskClass::kInside;  // T::kMask
     uint32_t ahead_addr = 0;
     const auto run_head = [&]() {
       t_next = next_live(t, e_cur, e_nxt, e_next);
@@ -646,6 +666,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
         entry_rows<T>(p, it, e_next, t_next, h_next, row0_next);
         cp_async_4(stats_addr + kStatsBufBytes * (buf ^ 1) + 4 * wtid,
                    stat_ptr(h_next, row0_next));
+        if constexpr (T::kMask) cls_next = wg_class(row0_next);
       }
       cp_async_commit();
     };
@@ -657,12 +678,18 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     // but it. Past the last tile, tSrS is cleared instead (after the wait: a non-wgmma write to
     // an accumulator while wgmmas run serializes them, C7515): every path must redefine it, or
     // S^T's old value stays alive around the back edge and P and dS cannot reuse its registers
-    // (+16 registers, and spills at block 128, D 128).
+    // (+16 registers, and spills at block 128, D 128). kSkipHidden: no [1] for a next tile whose
+    // part the mask hides from this warpgroup (tSrS cleared as past the last tile), but the
+    // stage's q_full wait stays, so that the warpgroup's q_empty arrivals for that tile (at [7])
+    // always fall in the stage's phase of that tile, however far the other warpgroup lags.
     const auto issue_next_s_and_wait = [&]() {
-      if (t_next < it.num_tiles) {
+      if (t_next < it.num_tiles && !(kSkipHidden && cls_next == MaskClass::kOutside)) {
         issue_s(stage_next, phase_next);
         warpgroup_wait<1>();
       } else {
+        if constexpr (kSkipHidden) {
+          if (t_next < it.num_tiles) mbarrier_wait(&s.q_full[stage_next], phase_next);
+        }
         warpgroup_wait<0>();
         clear(tSrS);
       }
@@ -674,96 +701,182 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     // +1.2-1.4% at 50%; D 64 measured -0.7 to -1.5% and keeps the loads in [3]).
     constexpr bool kLse2Early = kEarlyS && kHeadDim == 128;
     constexpr int kColPairs = decltype(size(tSrS))::value / 4;
-    float2 l2v[kColPairs];
-    if constexpr (kLse2Early) {
-      // The address of lse2_cols below (hoisting lse2_cols itself changed block 64's SASS).
-      const uint32_t lse2_early = stats_addr + kStatsBufBytes * buf + 4 * frag_col;
-      CUTE_UNROLL
-      for (int j = 0; j < kColPairs; ++j) l2v[j] = ld_shared_f32x2(lse2_early + 32 * j);
-    }
-    // [1], [2]
-    if constexpr (!kEarlyS) issue_s(stage, phase);
-    gemm_issue<true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tSrdP);
-    // [3]
-    const uint32_t lse2_cols = stats_addr + kStatsBufBytes * buf + 4 * frag_col;
-    const uint32_t delta_cols = lse2_cols + 4 * T::kBlockM;
-    if constexpr (!kEarlyS) {
-      warpgroup_wait<1>();
-      warpgroup_fence_operand(tSrS);
-    }
-    // Element i = 4 j + u of this thread is key wg*64 + frag_row + 8 (u / 2) (valid below
-    // key_lim) and query row 8 j + frag_col + u % 2 of the tile. kBand (the token mask cuts or
-    // hides the warpgroup's 64 x 64 part of the tile): also 0 where the band hides the pair.
-    // With d_r = key - row of the thread's key row r = u / 2 and row 8 j + frag_col, and
-    // c = 8 j + u % 2, d = d_r - c, so lo <= d <= hi is band_lo[r] >= c && band_hi[r] >= -c
-    // (band_lo[r] = d_r - lo, band_hi[r] = hi - d_r, clamped to +-128 as c lies in [0, 63];
-    // band_lo[r] = -128 for a padded key): two compares with immediates per element, which
-    // replace key_lim's.
-    int band_lo[2] = {0, 0}, band_hi[2] = {0, 0};
-    const auto probabilities = [&](auto band_tag) {
-      constexpr bool kBand = decltype(band_tag)::value;
+    // [1] (block 64), [2], [3], [4], the head (block 128), dS^T, [5] of a tile that the token mask
+    // does not hide from this warpgroup. kBand: the mask cuts the warpgroup's 64 x 64 part, so [3]
+    // also forces P^T = 0 where the band hides the pair. One straight-line block per variant:
+    // ptxas interleaves [3] with the issue of [2] only when no branch separates them (the masked
+    // kernel that chose the band between [2] and [3] issued [2] back to back and started [3]
+    // behind it, on every tile: docs/decisions/sm90_bsa_backward.md, "Where the masked
+    // backward's time went").
+    if constexpr (T::kMask) {
+      const auto front = [&](auto band_tag) {
+        constexpr bool kBand = decltype(band_tag)::value;
+        float2 l2v[kColPairs];
+        if constexpr (kLse2Early) {
+          // The address of lse2_cols below (hoisting lse2_cols itself changed block 64's SASS).
+          const uint32_t lse2_early = stats_addr + kStatsBufBytes * buf + 4 * frag_col;
+          CUTE_UNROLL
+          for (int j = 0; j < kColPairs; ++j) l2v[j] = ld_shared_f32x2(lse2_early + 32 * j);
+        }
+        // [1], [2]
+        if constexpr (!kEarlyS) issue_s(stage, phase);
+        gemm_issue<true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tSrdP);
+        // [3]
+        const uint32_t lse2_cols = stats_addr + kStatsBufBytes * buf + 4 * frag_col;
+        const uint32_t delta_cols = lse2_cols + 4 * T::kBlockM;
+        if constexpr (!kEarlyS) {
+          warpgroup_wait<1>();
+          warpgroup_fence_operand(tSrS);
+        }
+        // Element i = 4 j + u of this thread is key wg*64 + frag_row + 8 (u / 2) (valid below
+        // key_lim) and query row 8 j + frag_col + u % 2 of the tile. kBand: also 0 where the band
+        // hides the pair. With d_r = key - row of the thread's key row r = u / 2 and row
+        // 8 j + frag_col, and c = 8 j + u % 2, d = d_r - c, so lo <= d <= hi is
+        // band_lo[r] >= c && band_hi[r] >= -c (band_lo[r] = d_r - lo, band_hi[r] = hi - d_r,
+        // clamped to +-128 as c lies in [0, 63]; band_lo[r] = -128 for a padded key): two compares
+        // with immediates per element, which replace key_lim's.
+        int band_lo[2] = {0, 0}, band_hi[2] = {0, 0};
+        if constexpr (kBand) {
+          const auto clamp128 = [](int64_t x) {
+            return static_cast<int>(x < -128 ? -128 : (x > 128 ? 128 : x));
+          };
+          CUTE_UNROLL
+          for (int r = 0; r < 2; ++r) {
+            const int64_t d_r =
+                static_cast<int64_t>(it.key0 + wg * 64 + frag_row + 8 * r) - (row0 + frag_col);
+            band_lo[r] = 8 * r < key_lim ? clamp128(d_r - p.mask_lo) : -128;
+            band_hi[r] = clamp128(p.mask_hi - d_r);
+          }
+        }
+        CUTE_UNROLL
+        for (int j = 0; j < kColPairs; ++j) {
+          const float2 l2 = kLse2Early ? l2v[j] : ld_shared_f32x2(lse2_cols + 32 * j);
+          CUTE_UNROLL
+          for (int u = 0; u < 4; ++u) {
+            const int i = 4 * j + u;
+            const float x = exp2_prob(fmaf(tSrS(i), scale_log2, -(u % 2 == 0 ? l2.x : l2.y)));
+            bool keep;
+            if constexpr (kBand) {
+              const int c = 8 * j + u % 2;  // a constant once unrolled
+              keep = band_lo[u / 2] >= c && band_hi[u / 2] >= -c;
+            } else {
+              keep = 8 * (u / 2) < key_lim;
+            }
+            tSrS(i) = keep ? x : 0.f;
+          }
+        }
+        convert_p(tSrS, tKVrP);
+        // [4] issued before dP^T is waited for: the fp32 S^T dies here, so S^T and dP^T are never
+        // live together with dK and dV (that spilled at 232 registers).
+        gemm_issue<false>(mma_kv, tKVrP, tKVrdOt(_, _, _, stage), tdVrdV);
+        if constexpr (kEarlyS) run_head();
+        warpgroup_wait<1>();  // dP^T is ready; [4] may still run
+        warpgroup_fence_operand(tSrdP);
+        CUTE_UNROLL
+        for (int j = 0; j < kColPairs; ++j) {
+          const float2 dl = ld_shared_f32x2(delta_cols + 32 * j);
+          CUTE_UNROLL
+          for (int u = 0; u < 4; ++u) {
+            const int i = 4 * j + u;
+            // P from its bf16 copy (the A operand of [4], only read here).
+            const float ds =
+                static_cast<float>(tKVrP(i)) * (tSrdP(i) - (u % 2 == 0 ? dl.x : dl.y));
+            tSrdP(i) = 8 * (u / 2) < key_lim ? ds : 0.f;
+          }
+        }
+        convert_p(tSrdP, tKVrdS);
+        // [5]
+        gemm_issue<false>(mma_kv, tKVrdS, tKVrQt(_, _, _, stage), tdKrdK);
+      };
+      // The warpgroup's class of the tile (warpgroup-uniform, judged in the previous tile's head).
+      // Hidden (kSkipHidden: block 128, e.g. rows 0-63 of a causal diagonal block against its
+      // keys 64-127): no [1] was issued for it (issue_next_s_and_wait), and [2]-[5] are skipped:
+      // its P^T and dS^T are exactly 0, so dV and dK get nothing; dS^T = 0 still goes to s.ds,
+      // whose other half the other warpgroup's keys fill, for the dQ of both warpgroups ([7]).
+      // P^T and dS^T are zeroed (not left undefined) so that the fences at [7] do not keep the
+      // previous tile's values alive around the loop's back edge.
+      if (kSkipHidden && cls == MaskClass::kOutside) {
+        if constexpr (kEarlyS) run_head();
+        clear(tKVrP);
+        clear(tKVrdS);
+      } else if (cls != MaskClass::kInside) {
+        front(cute::true_type{});
+      } else {
+        front(cute::false_type{});
+      }
+    } else {
+      // Main's code, as it was before the masked variants (the unmasked kernels' SASS is
+      // byte-identical to main's: docs/decisions/sm90_bsa_backward.md).
+      float2 l2v[kColPairs];
+      if constexpr (kLse2Early) {
+        // The address of lse2_cols below (hoisting lse2_cols itself changed block 64's SASS).
+        const uint32_t lse2_early = stats_addr + kStatsBufBytes * buf + 4 * frag_col;
+        CUTE_UNROLL
+        for (int j = 0; j < kColPairs; ++j) l2v[j] = ld_shared_f32x2(lse2_early + 32 * j);
+      }
+      // [1], [2]
+      if constexpr (!kEarlyS) issue_s(stage, phase);
+      gemm_issue<true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tSrdP);
+      // [3]
+      const uint32_t lse2_cols = stats_addr + kStatsBufBytes * buf + 4 * frag_col;
+      const uint32_t delta_cols = lse2_cols + 4 * T::kBlockM;
+      if constexpr (!kEarlyS) {
+        warpgroup_wait<1>();
+        warpgroup_fence_operand(tSrS);
+      }
+      // Element i = 4 j + u of this thread is key wg*64 + frag_row + 8 (u / 2) (valid below
+      // key_lim) and query row 8 j + frag_col + u % 2 of the tile. kBand (the token mask cuts or
+      // hides the warpgroup's 64 x 64 part of the tile): also 0 where the band hides the pair.
+      // With d_r = key - row of the thread's key row r = u / 2 and row 8 j + frag_col, and
+      // c = 8 j + u % 2, d = d_r - c, so lo <= d <= hi is band_lo[r] >= c && band_hi[r] >= -c
+      // (band_lo[r] = d_r - lo, band_hi[r] = hi - d_r, clamped to +-128 as c lies in [0, 63];
+      // band_lo[r] = -128 for a padded key): two compares with immediates per element, which
+      // replace key_lim's.
+      int band_lo[2] = {0, 0}, band_hi[2] = {0, 0};
+      const auto probabilities = [&](auto band_tag) {
+        constexpr bool kBand = decltype(band_tag)::value;
+        CUTE_UNROLL
+        for (int j = 0; j < kColPairs; ++j) {
+          const float2 l2 = kLse2Early ? l2v[j] : ld_shared_f32x2(lse2_cols + 32 * j);
+          CUTE_UNROLL
+          for (int u = 0; u < 4; ++u) {
+            const int i = 4 * j + u;
+            const float x = exp2_prob(fmaf(tSrS(i), scale_log2, -(u % 2 == 0 ? l2.x : l2.y)));
+            bool keep;
+            if constexpr (kBand) {
+              const int c = 8 * j + u % 2;  // a constant once unrolled
+              keep = band_lo[u / 2] >= c && band_hi[u / 2] >= -c;
+            } else {
+              keep = 8 * (u / 2) < key_lim;
+            }
+            tSrS(i) = keep ? x : 0.f;
+          }
+        }
+      };
+      probabilities(cute::false_type{});
+      convert_p(tSrS, tKVrP);
+      // [4] issued before dP^T is waited for: the fp32 S^T dies here, so S^T and dP^T are never
+      // live together with dK and dV (that spilled at 232 registers).
+      gemm_issue<false>(mma_kv, tKVrP, tKVrdOt(_, _, _, stage), tdVrdV);
+      if constexpr (kEarlyS) run_head();
+      warpgroup_wait<1>();  // dP^T is ready; [4] may still run
+      warpgroup_fence_operand(tSrdP);
       CUTE_UNROLL
       for (int j = 0; j < kColPairs; ++j) {
-        const float2 l2 = kLse2Early ? l2v[j] : ld_shared_f32x2(lse2_cols + 32 * j);
+        const float2 dl = ld_shared_f32x2(delta_cols + 32 * j);
         CUTE_UNROLL
         for (int u = 0; u < 4; ++u) {
           const int i = 4 * j + u;
-          const float x = exp2_prob(fmaf(tSrS(i), scale_log2, -(u % 2 == 0 ? l2.x : l2.y)));
-          bool keep;
-          if constexpr (kBand) {
-            const int c = 8 * j + u % 2;  // a constant once unrolled
-            keep = band_lo[u / 2] >= c && band_hi[u / 2] >= -c;
-          } else {
-            keep = 8 * (u / 2) < key_lim;
-          }
-          tSrS(i) = keep ? x : 0.f;
+          // P from its bf16 copy (the A operand of [4], only read here).
+          const float ds =
+              static_cast<float>(tKVrP(i)) * (tSrdP(i) - (u % 2 == 0 ? dl.x : dl.y));
+          tSrdP(i) = 8 * (u / 2) < key_lim ? ds : 0.f;
         }
       }
-    };
-    if constexpr (T::kMask) {
-      // Judged on this warpgroup's 64 keys (warpgroup-uniform): at block 128 a causal diagonal
-      // block's second half is inside for warpgroup 0, its first half hidden for warpgroup 1.
-      if (band_keys_ok && classify_tile<int>(row0, min(row0 + T::kBlockM, p.Sq) - 1, band_k0,
-                                             band_k1, p.mask_lo, p.mask_hi) != MaskClass::kInside) {
-        const auto clamp128 = [](int64_t x) {
-          return static_cast<int>(x < -128 ? -128 : (x > 128 ? 128 : x));
-        };
-        CUTE_UNROLL
-        for (int r = 0; r < 2; ++r) {
-          const int64_t d_r =
-              static_cast<int64_t>(it.key0 + wg * 64 + frag_row + 8 * r) - (row0 + frag_col);
-          band_lo[r] = 8 * r < key_lim ? clamp128(d_r - p.mask_lo) : -128;
-          band_hi[r] = clamp128(p.mask_hi - d_r);
-        }
-        probabilities(cute::true_type{});
-      } else {
-        probabilities(cute::false_type{});
-      }
-    } else {
-      probabilities(cute::false_type{});
+      convert_p(tSrdP, tKVrdS);
+      // [5]
+      gemm_issue<false>(mma_kv, tKVrdS, tKVrQt(_, _, _, stage), tdKrdK);
     }
-    convert_p(tSrS, tKVrP);
-    // [4] issued before dP^T is waited for: the fp32 S^T dies here, so S^T and dP^T are never
-    // live together with dK and dV (that spilled at 232 registers).
-    gemm_issue<false>(mma_kv, tKVrP, tKVrdOt(_, _, _, stage), tdVrdV);
-    if constexpr (kEarlyS) run_head();
-    warpgroup_wait<1>();  // dP^T is ready; [4] may still run
-    warpgroup_fence_operand(tSrdP);
-    CUTE_UNROLL
-    for (int j = 0; j < kColPairs; ++j) {
-      const float2 dl = ld_shared_f32x2(delta_cols + 32 * j);
-      CUTE_UNROLL
-      for (int u = 0; u < 4; ++u) {
-        const int i = 4 * j + u;
-        // P from its bf16 copy (the A operand of [4], only read here).
-        const float ds =
-            static_cast<float>(tKVrP(i)) * (tSrdP(i) - (u % 2 == 0 ? dl.x : dl.y));
-        tSrdP(i) = 8 * (u / 2) < key_lim ? ds : 0.f;
-      }
-    }
-    convert_p(tSrdP, tKVrdS);
-    // [5]
-    gemm_issue<false>(mma_kv, tKVrdS, tKVrQt(_, _, _, stage), tdKrdK);
     // [6] The previous tile's dQ GEMMs of every warp are done with the dS tile.
     named_barrier_sync(ds_barrier, T::kDsThreads);
     if (with_dq) {
@@ -865,6 +978,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     t = t_next;
     h = h_next;
     row0 = row0_next;
+    if constexpr (T::kMask) cls = cls_next;
   }
 
   // [8] Epilogue, single owner (row_groups == 1, empty rows included): dK * scale and dV -> bf16
