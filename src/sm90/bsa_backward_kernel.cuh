@@ -723,29 +723,30 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
         gemm_issue<true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tSrdP);
         // [3]
         const uint32_t lse2_cols = stats_addr + kStatsBufBytes * buf + 4 * frag_col;
-        const uint32_t delta_cols = lse2_cols + 4 * T::kBlockM;
         if constexpr (!kEarlyS) {
           warpgroup_wait<1>();
           warpgroup_fence_operand(tSrS);
         }
         // Element i = 4 j + u of this thread is key wg*64 + frag_row + 8 (u / 2) (valid below
         // key_lim) and query row 8 j + frag_col + u % 2 of the tile. kBand: also 0 where the band
-        // hides the pair. With d_r = key - row of the thread's key row r = u / 2 and row
-        // 8 j + frag_col, and c = 8 j + u % 2, d = d_r - c, so lo <= d <= hi is
-        // band_lo[r] >= c && band_hi[r] >= -c (band_lo[r] = d_r - lo, band_hi[r] = hi - d_r,
-        // clamped to +-128 as c lies in [0, 63]; band_lo[r] = -128 for a padded key): two compares
-        // with immediates per element, which replace key_lim's.
+        // hides the pair. With d_r = key - row for the thread's key row r = u / 2 and row
+        // 8 j + frag_col, and c = 8 j + u % 2 in [0, 63], the pair's s - i is d_r - c, so
+        // lo <= s - i <= hi is band_lo[r] >= c && band_hi[r] >= -c with band_lo[r] = d_r - lo,
+        // band_hi[r] = hi - d_r: two compares with immediates per element, which replace
+        // key_lim's (band_lo[r] = -1 < c for a padded key). d_r = base + off_r with the
+        // warpgroup-uniform base = key0 + 64 wg - row0 and off_r = frag_row + 8 r - frag_col in
+        // [-6, 63]; base - lo and hi - base are clamped to [-256, 256] once (int64, uniform), which
+        // changes no compare (|off_r| + 63 < 256), so the per-thread part stays int32.
         int band_lo[2] = {0, 0}, band_hi[2] = {0, 0};
         if constexpr (kBand) {
-          const auto clamp128 = [](int64_t x) {
-            return static_cast<int>(x < -128 ? -128 : (x > 128 ? 128 : x));
-          };
+          const int64_t base = static_cast<int64_t>(it.key0 + wg * 64) - row0;
+          const int blo = static_cast<int>(clamp_to(base - p.mask_lo, -256, 256));
+          const int bhi = static_cast<int>(clamp_to(p.mask_hi - base, -256, 256));
           CUTE_UNROLL
           for (int r = 0; r < 2; ++r) {
-            const int64_t d_r =
-                static_cast<int64_t>(it.key0 + wg * 64 + frag_row + 8 * r) - (row0 + frag_col);
-            band_lo[r] = 8 * r < key_lim ? clamp128(d_r - p.mask_lo) : -128;
-            band_hi[r] = clamp128(p.mask_hi - d_r);
+            const int off_r = frag_row + 8 * r - frag_col;
+            band_lo[r] = 8 * r < key_lim ? blo + off_r : -1;
+            band_hi[r] = bhi - off_r;
           }
         }
         CUTE_UNROLL
@@ -765,6 +766,11 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
             tSrS(i) = keep ? x : 0.f;
           }
         }
+      };
+      // [4], the head (block 128), dS^T, [5]: after the variants' join (with [4] and [5] inside
+      // each variant, ptxas serialized the wgmmas: C7512).
+      const auto back = [&]() {
+        const uint32_t delta_cols = stats_addr + kStatsBufBytes * buf + 4 * frag_col + 4 * T::kBlockM;
         convert_p(tSrS, tKVrP);
         // [4] issued before dP^T is waited for: the fp32 S^T dies here, so S^T and dP^T are never
         // live together with dK and dV (that spilled at 232 registers).
@@ -799,10 +805,10 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
         if constexpr (kEarlyS) run_head();
         clear(tKVrP);
         clear(tKVrdS);
-      } else if (cls != MaskClass::kInside) {
-        front(cute::true_type{});
       } else {
-        front(cute::false_type{});
+        if (cls != MaskClass::kInside) front(cute::true_type{});
+        else front(cute::false_type{});
+        back();
       }
     } else {
       // Main's code, as it was before the masked variants (the unmasked kernels' SASS is
