@@ -522,14 +522,16 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
   // judges the same rectangle, and two halves' rectangles cover the block's), so the walk stays
   // within e_cur and e_nxt; other entries (a map outside that contract) are read from global
   // memory, so that the walk still agrees with the producer's and the reducer's.
-  const auto next_live = [&](int tc, int e_cur, int e_nxt, int& e) {
+  // With a mask it also returns the tile's query head and first row (hh, rr; untouched without:
+  // the caller computes them).
+  const auto next_live = [&](int tc, int e_cur, int e_nxt, int& e, int& hh, int& rr) {
     if constexpr (!T::kMask) {
       int tn = tc + 1;
       e = tn % kTpe == 0 ? e_nxt : e_cur;
       if (kTpe == 2 && tn % 2 == 1) {
-        int hh, rr;
-        entry_rows<T>(p, it, e, tn, hh, rr);
-        if (rr >= p.Sq) {
+        int hx, rx;
+        entry_rows<T>(p, it, e, tn, hx, rx);
+        if (rx >= p.Sq) {
           ++tn;
           e = e_nxt;
         }
@@ -543,7 +545,6 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
       for (; tn < it.num_tiles; ++tn) {
         const int blk = tn / kTpe;
         e = blk == cur ? e_cur : (blk == cur + 1 ? e_nxt : load_entry(blk));
-        int hh, rr;
         entry_rows<T>(p, it, e, tn, hh, rr);
         if (tile_live<T>(p, it, rr)) break;
       }
@@ -566,8 +567,8 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
   if constexpr (T::kMask) {
     // The first live tile (the token mask may hide the first half of block 0's rows). It lies in
     // entry 0 or 1 (see next_live); entry 1 then becomes the current one.
-    int e0 = e_cur;
-    t = next_live(-1, e_cur, e_nxt, e0);
+    int e0 = e_cur, h0 = 0, r0 = 0;
+    t = next_live(-1, e_cur, e_nxt, e0, h0, r0);
     if (t / kTpe != 0) {
       e_cur = e0;
       e_nxt = load_entry(t / kTpe + 1);
@@ -650,7 +651,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     MaskClass cls_next = MaskClass::kInside;  // T::kMask
     uint32_t ahead_addr = 0;
     const auto run_head = [&]() {
-      t_next = next_live(t, e_cur, e_nxt, e_next);
+      t_next = next_live(t, e_cur, e_nxt, e_next, h_next, row0_next);
       // When the next tile starts a new query block, the entry of the block after it -> the
       // other entry_ahead slot (free for the reason the other stats buffer is).
       new_block = t_next / kTpe != t / kTpe;
@@ -663,7 +664,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
       // tile's [7]: sync_async_copies, or with the reducer warp the kDqEmptyBarrier0 + wg
       // hand-off), by cp.async: waited for and made visible by this tile's such barrier.
       if (t_next < it.num_tiles) {
-        entry_rows<T>(p, it, e_next, t_next, h_next, row0_next);
+        if constexpr (!T::kMask) entry_rows<T>(p, it, e_next, t_next, h_next, row0_next);
         cp_async_4(stats_addr + kStatsBufBytes * (buf ^ 1) + 4 * wtid,
                    stat_ptr(h_next, row0_next));
         if constexpr (T::kMask) cls_next = wg_class(row0_next);
@@ -770,7 +771,8 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
       // [4], the head (block 128), dS^T, [5]: after the variants' join (with [4] and [5] inside
       // each variant, ptxas serialized the wgmmas: C7512).
       const auto back = [&]() {
-        const uint32_t delta_cols = stats_addr + kStatsBufBytes * buf + 4 * frag_col + 4 * T::kBlockM;
+        const uint32_t delta_cols =
+            stats_addr + kStatsBufBytes * buf + 4 * frag_col + 4 * T::kBlockM;
         convert_p(tSrS, tKVrP);
         // [4] issued before dP^T is waited for: the fp32 S^T dies here, so S^T and dP^T are never
         // live together with dK and dV (that spilled at 232 registers).
@@ -831,35 +833,17 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
         warpgroup_fence_operand(tSrS);
       }
       // Element i = 4 j + u of this thread is key wg*64 + frag_row + 8 (u / 2) (valid below
-      // key_lim) and query row 8 j + frag_col + u % 2 of the tile. kBand (the token mask cuts or
-      // hides the warpgroup's 64 x 64 part of the tile): also 0 where the band hides the pair.
-      // With d_r = key - row of the thread's key row r = u / 2 and row 8 j + frag_col, and
-      // c = 8 j + u % 2, d = d_r - c, so lo <= d <= hi is band_lo[r] >= c && band_hi[r] >= -c
-      // (band_lo[r] = d_r - lo, band_hi[r] = hi - d_r, clamped to +-128 as c lies in [0, 63];
-      // band_lo[r] = -128 for a padded key): two compares with immediates per element, which
-      // replace key_lim's.
-      int band_lo[2] = {0, 0}, band_hi[2] = {0, 0};
-      const auto probabilities = [&](auto band_tag) {
-        constexpr bool kBand = decltype(band_tag)::value;
+      // key_lim) and query row 8 j + frag_col + u % 2 of the tile.
+      CUTE_UNROLL
+      for (int j = 0; j < kColPairs; ++j) {
+        const float2 l2 = kLse2Early ? l2v[j] : ld_shared_f32x2(lse2_cols + 32 * j);
         CUTE_UNROLL
-        for (int j = 0; j < kColPairs; ++j) {
-          const float2 l2 = kLse2Early ? l2v[j] : ld_shared_f32x2(lse2_cols + 32 * j);
-          CUTE_UNROLL
-          for (int u = 0; u < 4; ++u) {
-            const int i = 4 * j + u;
-            const float x = exp2_prob(fmaf(tSrS(i), scale_log2, -(u % 2 == 0 ? l2.x : l2.y)));
-            bool keep;
-            if constexpr (kBand) {
-              const int c = 8 * j + u % 2;  // a constant once unrolled
-              keep = band_lo[u / 2] >= c && band_hi[u / 2] >= -c;
-            } else {
-              keep = 8 * (u / 2) < key_lim;
-            }
-            tSrS(i) = keep ? x : 0.f;
-          }
+        for (int u = 0; u < 4; ++u) {
+          const int i = 4 * j + u;
+          const float x = exp2_prob(fmaf(tSrS(i), scale_log2, -(u % 2 == 0 ? l2.x : l2.y)));
+          tSrS(i) = 8 * (u / 2) < key_lim ? x : 0.f;
         }
-      };
-      probabilities(cute::false_type{});
+      }
       convert_p(tSrS, tKVrP);
       // [4] issued before dP^T is waited for: the fp32 S^T dies here, so S^T and dP^T are never
       // live together with dK and dV (that spilled at 232 registers).
