@@ -85,9 +85,13 @@
 // S_kv)) (the same rectangle pair_outside judges, so every entry keeps at least one live tile):
 // outside -> skipped like a tile wholly past S_q, by one predicate (tile_live) that the producer,
 // the reducer warp and the consumers' walk (next_live) all evaluate, so no stage, barrier phase or
-// bulk group is spent on it; partial -> [3] selects P^T = 0 where the band hides the pair (so
-// dS^T = P^T (dP^T - delta) = 0 there too, and dV, dK, dQ get nothing from it); inside -> no mask
-// math. Rows that see no key have lse2 = +inf (preprocess): P = exp2(min(-inf, 0)) = 0, no NaN.
+// bulk group is spent on it. A live tile is then classified once more per consumer warpgroup (its
+// 64 keys; in the head, warpgroup-uniform): inside -> main's [2] + [3]; partial -> [3] also
+// selects P^T = 0 where the band hides the pair (so dS^T = P^T (dP^T - delta) = 0 there too, and
+// dV, dK, dQ get nothing from it); outside (block 128 only, e.g. rows 0-63 of a causal diagonal
+// block against its keys 64-127) -> the warpgroup issues no [1], [2], [4], [5] for the tile and
+// stores dS^T = 0 for the other warpgroup's [7] ("hidden part"). Rows that see no key have
+// lse2 = +inf (preprocess): P = exp2(min(-inf, 0)) = 0, no NaN.
 //
 // Memory safety: Q/dO rows >= S_q are zero (TMA fill) and have lse2 = +inf, delta = 0 (preprocess)
 // so their P, dS are exactly 0 (a tile wholly past S_q is skipped, never loaded); K rows >= valid
