@@ -26,11 +26,13 @@
 #include <ostream>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "bsa_mask_oracle.hpp"
 #include "bsa_problem_builder.hpp"
+#include "common/tuning.hpp"
 #include "gpu_test_util.hpp"
 #include "test_util.hpp"
 
@@ -251,6 +253,31 @@ TEST_P(GpuBsaMaskBackward, Sm90MatchesReference) {
   GpuBsaBwdGradients g;
   ASSERT_TRUE(run_bsa_backward(d, p, SA_IMPL_SM90, &g));
   expect_bsa_backward_matches_reference(p, g);
+}
+
+// The same under the Hopper backward's tuning variants (Tuning::sm90_bsa_bwd_stats / _full:
+// the loader warp's stats ring, which also judges each warpgroup's part of a tile against the
+// band; the full-block path where every KV block is full, e.g. CausalBlock128D128MhaBhsdDense,
+// CausalBlock128D64GqaBshdDense, WindowZeroBlock64D64, CausalPositiveOffsetBlock128D64MqaBshdDense).
+TEST_P(GpuBsaMaskBackward, Sm90VariantsMatchReference) {
+  SA_SKIP_WITHOUT_GPU();
+  if (!sm90_available()) GTEST_SKIP() << "needs an sm_90 device and the sm90 path";
+  GpuBsaBwdProblem p = make_problem(GetParam(), SA_IMPL_SM90);
+  ASSERT_TRUE(p.forward());
+  GpuBsaBwdDevice d(p);
+  ASSERT_TRUE(d.ok());
+  for (const auto& [name, stats, full] : {std::tuple<const char*, bool, bool>{"stats", true, false},
+                                          {"full", false, true},
+                                          {"stats+full", true, true}}) {
+    SCOPED_TRACE(std::string("variant ") + name);
+    sa::detail::Tuning t;
+    t.sm90_bsa_bwd_stats = stats;
+    t.sm90_bsa_bwd_full = full;
+    const sa::detail::ScopedTuning tune(t);
+    GpuBsaBwdGradients g;
+    ASSERT_TRUE(run_bsa_backward(d, p, SA_IMPL_SM90, &g));
+    expect_bsa_backward_matches_reference(p, g);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GpuBsaMaskBackward, ::testing::ValuesIn(backward_cases()),

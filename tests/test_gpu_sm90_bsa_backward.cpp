@@ -11,7 +11,9 @@
 // forced several owners (bucket 1, 2), unattended KV blocks (dk = dv = 0 exactly), rows of many
 // query tiles (the Q/dO ring wraps), a negative scale; a CUDA graph replayed with new metadata
 // values; deterministic mode bitwise stable over three runs; the last work items' launch order
-// (longest first, or not reordered).
+// (longest first, or not reordered); the main kernel's tuning variants (Tuning::sm90_bsa_bwd_stats
+// and sm90_bsa_bwd_full: the loader warp's stats ring, the full-block path, both) on every case,
+// in deterministic mode and in a replayed graph.
 // Pass: no NaN; rel L2 of dq, dk, dv below 1e-2; exact zeros where nothing attends.
 // Tests skip unless the device is sm_90.
 #include <cuda_runtime_api.h>
@@ -53,6 +55,37 @@ TEST_P(GpuSm90BsaBackward, MatchesReference) {
   expect_bsa_backward_case_matches_reference(GetParam(), SA_IMPL_SM90, SA_IMPL_SM90);
 }
 
+// The main kernel's tuning variants (bsa_backward_kernel.cuh kTune bits, selected through the
+// internal tuning): the loader warp's stats ring, the full-block path, and both, each on the
+// case. The full-block path serves only calls whose KV blocks are all full (no kv_block_len and
+// S_kv a multiple of the block: Block128D128MhaBhsdSingleOwner, Block128D64GqaBshdEmptyRowsAuto,
+// Block128D128CountZero, Block64D128MhaBucket1, Block64D64GqaBshdFixedCountAuto,
+// Block64D64LongReverseRowsSingleOwner); the others run the general kernel under it (the
+// stats ring still applies), which must be exact too.
+struct Sm90BwdVariant {
+  const char* name;
+  bool stats, full;
+};
+constexpr Sm90BwdVariant kSm90BwdVariants[] = {
+    {"stats", true, false}, {"full", false, true}, {"stats+full", true, true}};
+
+sa::detail::Tuning variant_tuning(const Sm90BwdVariant& v) {
+  sa::detail::Tuning t;
+  t.sm90_bsa_bwd_stats = v.stats;
+  t.sm90_bsa_bwd_full = v.full;
+  return t;
+}
+
+TEST_P(GpuSm90BsaBackward, VariantsMatchReference) {
+  SA_SKIP_WITHOUT_GPU();
+  SA_SKIP_UNLESS_SM90();
+  for (const Sm90BwdVariant& v : kSm90BwdVariants) {
+    SCOPED_TRACE(std::string("variant ") + v.name);
+    const sa::detail::ScopedTuning tune(variant_tuning(v));
+    expect_bsa_backward_case_matches_reference(GetParam(), SA_IMPL_SM90, SA_IMPL_SM90);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Cases, GpuSm90BsaBackward,
                          ::testing::ValuesIn(gpu_bsa_backward_cases(SA_IMPL_SM90)),
                          [](const ::testing::TestParamInfo<GpuBwdCase>& info) {
@@ -82,6 +115,16 @@ TEST(GpuSm90BsaBackwardTailOrder, MatchesReferenceWhateverTheOrder) {
 TEST(GpuSm90BsaBackwardGraph, ReplayFollowsNewMetadataValues) {
   SA_SKIP_WITHOUT_GPU();
   SA_SKIP_UNLESS_SM90();
+  expect_bsa_backward_graph_replay_follows_new_metadata(SA_IMPL_SM90);
+}
+
+// The same with the stats ring and the full-block path asked for (the graph's case has
+// kv_block_len, so the general kernel with the loader warp runs): the loader reads the new
+// metadata on the device too.
+TEST(GpuSm90BsaBackwardGraph, ReplayFollowsNewMetadataValuesWithVariants) {
+  SA_SKIP_WITHOUT_GPU();
+  SA_SKIP_UNLESS_SM90();
+  const sa::detail::ScopedTuning tune(variant_tuning(kSm90BwdVariants[2]));
   expect_bsa_backward_graph_replay_follows_new_metadata(SA_IMPL_SM90);
 }
 
@@ -125,6 +168,18 @@ TEST(GpuSm90BsaBackwardDeterministic, BitwiseIdenticalOverThreeRuns) {
   SA_SKIP_WITHOUT_GPU();
   SA_SKIP_UNLESS_SM90();
   expect_bsa_backward_deterministic_bitwise(SA_IMPL_SM90);
+}
+
+// The same under each tuning variant (deterministic mode: no dQ accumulator, so no reducer warp;
+// the loader warp still runs with the stats variant).
+TEST(GpuSm90BsaBackwardDeterministic, VariantsBitwiseIdenticalOverThreeRuns) {
+  SA_SKIP_WITHOUT_GPU();
+  SA_SKIP_UNLESS_SM90();
+  for (const Sm90BwdVariant& v : kSm90BwdVariants) {
+    SCOPED_TRACE(std::string("variant ") + v.name);
+    const sa::detail::ScopedTuning tune(variant_tuning(v));
+    expect_bsa_backward_deterministic_bitwise(SA_IMPL_SM90);
+  }
 }
 
 }  // namespace

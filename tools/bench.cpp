@@ -377,6 +377,10 @@ void parse_tune(const std::string& key, const std::string& val, sa::detail::Tuni
     t->sm90_fwd_splits = tune_int(key, val, 1, 16, &defaults.sm90_fwd_splits);
   } else if (key == "tune.bwd_tail" || key == "env.SA_TUNE_SM90_BWD_TAIL") {
     t->sm90_bwd_tail = tune_int(key, val, 0, 1024, &defaults.sm90_bwd_tail);
+  } else if (key == "tune.sm90_bsa_bwd_stats") {
+    t->sm90_bsa_bwd_stats = tune_int(key, val, 0, 1) != 0;
+  } else if (key == "tune.sm90_bsa_bwd_full") {
+    t->sm90_bsa_bwd_full = tune_int(key, val, 0, 1) != 0;
   } else if (key == "tune.dsa_bwd" || key == "env.SA_TUNE_SM90_DSA_BWD") {
     t->sm90_dsa_bwd_bits = tune_int(key, val, 0, 3);
   } else if (key == "tune.dsa_fwd_pad" || key == "env.SA_TUNE_SM90_DSA_FWD_PAD") {
@@ -392,7 +396,8 @@ void parse_tune(const std::string& key, const std::string& val, sa::detail::Tuni
   } else {
     throw ToolError(kExitBadArgument,
                     "--variants: unknown tuning key '" + key +
-                        "' (tune.fwd_splits=, tune.bwd_tail=, tune.dsa_bwd=, tune.dsa_fwd_pad=, "
+                        "' (tune.fwd_splits=, tune.bwd_tail=, tune.sm90_bsa_bwd_stats=, "
+                        "tune.sm90_bsa_bwd_full=, tune.dsa_bwd=, tune.dsa_fwd_pad=, "
                         "tune.topk=, tune.ptopk=, tune.sm90_indexer_target=, "
                         "tune.sm90_indexer_loss_kernel=)");
   }

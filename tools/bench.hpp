@@ -52,6 +52,9 @@ struct BenchOptions {
 // Keys: impl=, bucket=, deterministic=, anchor=flashmla, and the tuning keys
 //   tune.fwd_splits=auto|1..16   Hopper BSA forward split-KV slices (1: never split)
 //   tune.bwd_tail=auto|0..1024   Hopper BSA backward: last work items launched longest first
+//   tune.sm90_bsa_bwd_stats=0|1  Hopper BSA backward: the loader warp's lse2 / delta ring
+//   tune.sm90_bsa_bwd_full=0|1   Hopper BSA backward: the full-block path (calls whose KV blocks
+//                                are all full: no kv_block_len, S_kv a multiple of the block)
 //   tune.dsa_bwd=0..3            Hopper DSA backward variant bits (1 late K release, 2 per-row
 //                                index loads)
 //   tune.dsa_fwd_pad=0|1         Hopper DSA forward at H 16 on the padded 64-row kernel

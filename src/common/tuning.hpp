@@ -17,6 +17,13 @@ struct Tuning {
   // Hopper BSA backward: how many of the last work items the reverse map launches longest first
   // (its step 6). -1: two waves of CTAs; 0: item order; at most portable::kMaxTailItems.
   int32_t sm90_bwd_tail = -1;
+  // Hopper BSA backward main kernel variants (sm90/bsa_backward_kernel.cuh, kTune bits; both off:
+  // the default kernel). stats: warp 2 of the producer warpgroup walks the tiles and brings each
+  // tile's lse2 / delta into a ring on mbarriers (kTuneStatsWarp). full: the full-block path (no
+  // padded-key selects) where every KV block of the call is full (no kv_block_len, S_kv a
+  // multiple of the block; other calls run the general kernel).
+  bool sm90_bsa_bwd_stats = false;
+  bool sm90_bsa_bwd_full = false;
   // Hopper DSA backward variant bits (sm90/dsa_backward_kernel.cuh, kTune*): 1 releases the K
   // stage late, 2 loads each row's index inside the gather loop. 0: the default kernel.
   int32_t sm90_dsa_bwd_bits = 0;

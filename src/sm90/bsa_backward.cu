@@ -25,49 +25,40 @@
 #include "cuda/launch_checks.hpp"
 #include "cuda/reverse_map_gpu.hpp"
 #include "sm90/bsa_backward_kernel.cuh"
+#include "sm90/bsa_backward_launch.cuh"
 #include "sm90/bsa_dq_convert.hpp"
 #include "sm90/tma_descriptor.hpp"
 
 namespace sa::sm90 {
 namespace {
 
-// ---- the instantiations ------------------------------------------------------------------------
-template <int kBlock, int kHeadDim, bool kMask>
-struct Kernel {
-  using Traits = bwd::BwdTraits<kBlock, kHeadDim, kMask>;
-  // +1024: the kernel aligns its shared storage to 1024 bytes (128-byte swizzle atoms).
-  static constexpr size_t kSmem = sizeof(bwd::SharedStorage<Traits>) + 1024;
-  // sm_90: 227 KB per block at most, 228 KB per SM with 1 KB reserved per CTA.
-  static_assert(kSmem <= 227 * 1024, "shared storage exceeds an sm_90 block's opt-in maximum");
-  static_assert(Traits::kCtasPerSm * (kSmem + 1024) <= 228 * 1024,
-                "kCtasPerSm CTAs do not fit an sm_90 SM's shared memory");
-
-  static void launch(const BsaBwdSm90Params& params, int64_t max_items, cudaStream_t stream) {
-    auto* kernel = &bsa_backward_sm90_kernel<Traits>;
-    SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(kSmem)));
-    SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                       cudaSharedmemCarveoutMaxShared));
-    kernel<<<static_cast<unsigned>(max_items), Traits::kThreads, kSmem, stream>>>(params);
-    SA_CUDA_CHECK_LAUNCH();
-  }
-};
-
-template <bool kMask>
-void dispatch_main(const BsaBwdSm90Params& params, int block, int64_t D, int64_t max_items,
-                   cudaStream_t stream) {
-  if (block == 128 && D == 128) return Kernel<128, 128, kMask>::launch(params, max_items, stream);
-  if (block == 128 && D == 64) return Kernel<128, 64, kMask>::launch(params, max_items, stream);
-  if (block == 64 && D == 128) return Kernel<64, 128, kMask>::launch(params, max_items, stream);
-  if (block == 64 && D == 64) return Kernel<64, 64, kMask>::launch(params, max_items, stream);
-  SA_FAIL(SA_ERROR_INTERNAL, "sm90 bsa backward: no kernel for block " << block << ", D " << D);
-}
+// ---- the instantiations (bsa_backward_launch.cuh; the tuning variants: bsa_backward_tuned.cu) --
+using bwd_launch::Kernel;
 
 // The same for a masked call: the mask adds no shared storage.
 size_t main_kernel_smem(int block, int64_t D) {
   if (block == 128)
-    return D == 128 ? Kernel<128, 128, false>::kSmem : Kernel<128, 64, false>::kSmem;
-  return D == 128 ? Kernel<64, 128, false>::kSmem : Kernel<64, 64, false>::kSmem;
+    return D == 128 ? Kernel<128, 128, false, 0>::kSmem : Kernel<128, 64, false, 0>::kSmem;
+  return D == 128 ? Kernel<64, 128, false, 0>::kSmem : Kernel<64, 64, false, 0>::kSmem;
+}
+// The variants add at most the loader's ring (about 2 KB) and must fit where the default does.
+static_assert(Kernel<128, 128, true, bwd::kTuneStatsWarp | bwd::kTuneFullBlocks>::kSmem <=
+                  227 * 1024 &&
+              Kernel<64, 128, true, bwd::kTuneStatsWarp | bwd::kTuneFullBlocks>::kSmem <=
+                  113 * 1024);
+
+// The main kernel's variant bits (bsa_backward_kernel.cuh, kTune*) of this call: 0 (the default
+// kernel) unless the internal tuning (Tuning::sm90_bsa_bwd_stats / sm90_bsa_bwd_full, set by the
+// bench and tests only) asks for a variant. The full-block path only where every KV block of the
+// call is known to be full on the host: no kv_block_len tensor (its values are on the device) and
+// S_kv a multiple of the block; elsewhere the call runs the general kernel.
+int main_kernel_variant(const BsaBwdProblem& p) {
+  const detail::Tuning& t = detail::tuning();
+  int tune = 0;
+  if (t.sm90_bsa_bwd_stats) tune |= bwd::kTuneStatsWarp;
+  if (t.sm90_bsa_bwd_full && p.meta.kv_block_len.data == nullptr && p.dims.Skv % p.dims.block == 0)
+    tune |= bwd::kTuneFullBlocks;
+  return tune;
 }
 
 // ---- the policy (cuda/bsa_backward_driver.hpp) --------------------------------------------------
@@ -111,11 +102,14 @@ bool launch_main_kernel(const BsaBwdProblem& p, const portable::BsaBwdPlan& plan
   const bool masked = p.meta.mask.on;
   params.mask_lo = masked ? narrow_i32(p.meta.mask.lo, "mask band lo") : 0;
   params.mask_hi = masked ? narrow_i32(p.meta.mask.hi, "mask band hi") : 0;
+  const int tune = main_kernel_variant(p);
   if (map.max_items > 0) {
-    if (masked)
-      dispatch_main<true>(params, d.block, d.D, map.max_items, stream);
+    if (tune != 0)
+      bwd_launch::launch_tuned(params, d.block, d.D, masked, tune, map.max_items, stream);
+    else if (masked)
+      bwd_launch::dispatch<true, 0>(params, d.block, d.D, map.max_items, stream);
     else
-      dispatch_main<false>(params, d.block, d.D, map.max_items, stream);
+      bwd_launch::dispatch<false, 0>(params, d.block, d.D, map.max_items, stream);
   }
   // The conversion beside the kernel waits for the kernel's dq_ready signals; without them (no
   // accumulator, no main kernel, or no SM count to size the grid) step 4 converts.

@@ -22,6 +22,10 @@
 //              Block 128 with dQ (kReducerWarp): warp 1 is the reducer (reducer_main): it issues
 //              every dQ bulk reduction and waits for it, in a named-barrier hand-off with each
 //              consumer warpgroup; warps 2 and 3 exit.
+//              Tuning variant kTuneStatsWarp: warp 2 is the loader (loader_main): it walks the
+//              tiles and brings each live tile's lse2 / delta (bulk copies), query head, first
+//              row and mask bits into a ring (StatsRing) on mbarriers; the consumers' walk,
+//              cp.async and stats barriers go away. kTuneFullBlocks: no padded-key selects.
 //   kConsumer0 warpgroup 1 (and kConsumer1, warpgroup 2, when kBlockN = 128; setmaxnreg up): each
 //              owns 64 keys of the block. All GEMMs are computed "transposed" (keys as M) so that
 //              P^T and dS^T come out of the accumulators in the A-operand register layout:
@@ -73,6 +77,8 @@
 //   named barrier 3 + wg (the 128 threads of warpgroup wg): the stats / entry cp.async visible
 //                  (sync_async_copies; with the reducer warp, its kDqEmpty hand-off instead);
 //                  block 64: the dQ staging is written; single-owner epilogue: dK / dV staged
+//   ring.full[i] / ring.empty[i] (kTuneStatsWarp): loader -> consumers (1 arrival + 512 bytes) /
+//                  consumers -> loader (every consumer thread), StatsRing
 //   named barriers kDqEmptyBarrier0 + wg / kDqFullBarrier0 + wg (5 + wg / 7 + wg; 160 threads:
 //                  warpgroup wg and the reducer warp; block 128 with dQ): the dQ staging hand-off,
 //                  reducer bar.arrive empty -> wg bar.sync empty, stores, wg bar.arrive full ->
@@ -176,10 +182,28 @@ constexpr uint32_t kDqEmptyBarrier0 = 5;  // + wg: reducer -> wg: its staging ma
 constexpr uint32_t kDqFullBarrier0 = 7;   // + wg: wg -> reducer: its staging is written
 constexpr uint32_t kDqHandoffThreads = 128 + 32;
 
-template <int kBlockN_, int kHeadDim_, bool kMask_ = false>
+// Variant bits of the main kernel (BwdTraits' kTune; 0: the default kernel). The internal tuning
+// (common/tuning.hpp: sm90_bsa_bwd_stats, sm90_bsa_bwd_full) selects them per call, so that one
+// binary can A/B them (docs/decisions/sm90_bsa_backward.md, "Session 37").
+//   kTuneStatsWarp  warp 2 of the producer warpgroup (loader_main) walks the tiles and brings
+//                   each live tile's lse2 / delta into a ring of kStatsSlots slots by two 256-byte
+//                   bulk copies on mbarriers, with the tile's query head, first row and mask
+//                   class; the consumers only wait on the slot's mbarrier and read shared memory
+//                   (no walk, no cp.async, no stats barrier of their own).
+//   kTuneFullBlocks every KV block of the call holds kBlockN valid keys (the host's promise: no
+//                   kv_block_len and S_kv a multiple of the block): no padded-key selects, no K-row
+//                   zeroing, no key checks in the epilogue.
+constexpr int kTuneStatsWarp = 1;
+constexpr int kTuneFullBlocks = 2;
+
+template <int kBlockN_, int kHeadDim_, bool kMask_ = false, int kTune_ = 0>
 struct BwdTraits {
   using Element = cutlass::bfloat16_t;
   static constexpr bool kMask = kMask_;       // the token mask's tile classification and band
+  static constexpr bool kStatsWarp = (kTune_ & kTuneStatsWarp) != 0;
+  static constexpr bool kFullBlocks = (kTune_ & kTuneFullBlocks) != 0;
+  // kStatsWarp: the ring's depth (the loader runs up to this many live tiles ahead).
+  static constexpr int kStatsSlots = 4;
   static constexpr int kBlockN = kBlockN_;    // keys per CTA = the block size
   static constexpr int kBlockM = 64;          // query rows per tile
   static constexpr int kHeadDim = kHeadDim_;  // D = D_v
@@ -254,6 +278,25 @@ struct BwdTraits {
   using SmemLayoutKtPanel = SmemLayoutDs;
 };
 
+// The loader warp's ring (T::kStatsWarp, loader_main): slot i holds a live tile's lse2 (rows 0-63)
+// then delta (rows 0-63), and info[i] = {first query row, query head, 1, mask bits} (bits 2w,
+// 2w + 1: consumer warpgroup w's MaskClass of its 64 x 64 part of the tile), or {0, 0, 0, 0}
+// after the last live tile. full[i]: the loader's lane 0 arrives (expect_tx 512) after its info
+// store, the two bulk copies complete it; empty[i]: every consumer thread arrives after its last
+// read of the slot (the s13 rule: racecheck follows an mbarrier only through the accessing
+// thread's own arrival).
+template <class T, bool = T::kStatsWarp>
+struct StatsRing {
+  uint32_t unused;
+};
+template <class T>
+struct alignas(16) StatsRing<T, true> {
+  float v[T::kStatsSlots][2 * T::kBlockM];
+  uint4 info[T::kStatsSlots];
+  uint64_t full[T::kStatsSlots];
+  uint64_t empty[T::kStatsSlots];
+};
+
 template <class T>
 struct alignas(1024) SharedStorage {
   using Element = typename T::Element;
@@ -271,6 +314,8 @@ struct alignas(1024) SharedStorage {
   uint64_t kv_full;
   uint64_t q_full[T::kStages];
   uint64_t q_empty[T::kStages];
+  // T::kStatsWarp only (last, so that the default kernel's offsets stay as they were).
+  StatsRing<T> ring;
 };
 
 // The work item of this CTA.
@@ -419,6 +464,73 @@ __device__ __forceinline__ void reducer_main(const BsaBwdSm90Params& p, SharedSt
   }
 }
 
+// ---- loader (lane 0 of warp 2 of the producer warpgroup; T::kStatsWarp) -------------------------
+// Walks the item's tiles like the producer and the reducer (tile_live: the same live tiles, in
+// the same order) and, per live tile, in ring slot i (StatsRing; kStatsSlots deep):
+//   1. waits until every consumer thread has released the slot's previous use (empty[i]; a fresh
+//      barrier passes at once);
+//   2. stores the tile's info {row0, h, 1, mask bits} (st.shared), then arrives on full[i] with
+//      512 transaction bytes expected (release: the info is visible to whoever sees the phase);
+//   3. copies the tile's 64 lse2 and 64 delta (256 bytes each, 16-byte aligned: row0 and Sq_pad
+//      are multiples of 64) into the slot by two bulk copies that complete full[i].
+// After the last live tile: one more slot with info {0, 0, 0, 0} (no bytes): the consumers' walk
+// ends there. Every phase armed here is waited for by the consumers before they exit.
+template <class T>
+__device__ __forceinline__ void loader_main(const BsaBwdSm90Params& p, SharedStorage<T>& s,
+                                            const Item& it) {
+  if (threadIdx.x % 32 != 0 || it.num_tiles == 0) return;
+  constexpr uint32_t kRowBytes = T::kBlockM * 4;
+  int slot = 0;
+  uint32_t phase = 0;
+  const int64_t bh0 = static_cast<int64_t>(it.b) * p.Hq;
+#pragma unroll 1
+  for (int t = 0; t < it.num_tiles; ++t) {
+    int h, row0;
+    tile_rows<T>(p, it, t, h, row0);
+    if (!tile_live<T>(p, it, row0)) continue;  // past S_q or masked out (the consumers skip it too)
+    uint32_t band = 0;
+    if constexpr (T::kMask) {
+      // Consumer warpgroup w's MaskClass of its part in bits 2w, 2w + 1 (the consumers' wg_class:
+      // keys wholly past S_kv count as outside).
+      const int r1 = min(row0 + T::kBlockM, p.Sq) - 1;
+#pragma unroll
+      for (int w = 0; w < T::kConsumerWgs; ++w) {
+        const int k0 = it.key0 + w * 64;
+        const int k1 = min(k0 + 64, p.Skv) - 1;
+        const MaskClass c = !T::kFullBlocks && k0 > k1
+                                ? MaskClass::kOutside
+                                : classify_tile<int>(row0, r1, k0, k1, p.mask_lo, p.mask_hi);
+        band |= static_cast<uint32_t>(c) << (2 * w);
+      }
+    }
+    mbarrier_wait(&s.ring.empty[slot], phase ^ 1);
+    st_shared_v4(smem_u32(&s.ring.info[slot]),
+                 make_uint4(static_cast<uint32_t>(row0), static_cast<uint32_t>(h), 1u, band));
+    mbarrier_arrive_expect_tx(&s.ring.full[slot], 2 * kRowBytes);
+    const int64_t off = (bh0 + h) * p.Sq_pad + row0;
+    bulk_copy_g2s(&s.ring.v[slot][0], p.lse2 + off, kRowBytes, &s.ring.full[slot]);
+    bulk_copy_g2s(&s.ring.v[slot][T::kBlockM], p.delta + off, kRowBytes, &s.ring.full[slot]);
+    if (++slot == T::kStatsSlots) {
+      slot = 0;
+      phase ^= 1;
+    }
+  }
+  mbarrier_wait(&s.ring.empty[slot], phase ^ 1);
+  st_shared_v4(smem_u32(&s.ring.info[slot]), make_uint4(0u, 0u, 0u, 0u));
+  mbarrier_arrive(&s.ring.full[slot]);
+}
+
+// The consumers' stats buffers: their own double buffer, or (T::kStatsWarp) the loader's ring.
+template <class T>
+__device__ __forceinline__ StatsRing<T, true>& ring_of(SharedStorage<T>& s) {
+  return s.ring;
+}
+template <class T>
+__device__ __forceinline__ uint32_t stats_base(SharedStorage<T>& s, int wg) {
+  if constexpr (T::kStatsWarp) return smem_u32(&s.ring.v[0][0]);
+  else return smem_u32(&s.stats[wg][0][0]);
+}
+
 // ---- consumers ----------------------------------------------------------------------------------
 template <class T>
 __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedStorage<T>& s,
@@ -482,7 +594,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
   }
   if (it.num_tiles > 0) {
     mbarrier_wait(&s.kv_full, 0);
-    if (it.valid < kBlockN) {
+    if (!T::kFullBlocks && it.valid < kBlockN) {
       // Zero this warpgroup's K rows >= valid (whole 128-byte rows of every panel); [7] of the
       // warpgroups that share dS reads them after the barrier.
 #pragma unroll
@@ -505,7 +617,19 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
   // block ends before them: every P^T is then 0 by key_lim alone).
   [[maybe_unused]] const int band_k0 = it.key0 + wg * 64;
   [[maybe_unused]] const int band_k1 = min(band_k0 + 64, p.Skv) - 1;
-  [[maybe_unused]] const bool band_keys_ok = band_k0 <= band_k1;
+  [[maybe_unused]] const bool band_keys_ok = T::kFullBlocks || band_k0 <= band_k1;
+  // The token mask's class of a live tile (first query row rr) for this warpgroup's 64 keys
+  // (T::kMask; warpgroup-uniform). Keys wholly past S_kv (band_keys_ok false: the last block's
+  // second half) are padded, so every P^T of the part is 0: hidden as well. T::kStatsWarp: the
+  // loader judged it the same way (StatsRing::info's mask bits, class_of_bits).
+  [[maybe_unused]] const auto wg_class = [&](int rr) {
+    if (!band_keys_ok) return MaskClass::kOutside;
+    return classify_tile<int>(rr, min(rr + T::kBlockM, p.Sq) - 1, band_k0, band_k1, p.mask_lo,
+                              p.mask_hi);
+  };
+  [[maybe_unused]] const auto class_of_bits = [&](uint32_t bits) {
+    return static_cast<MaskClass>((bits >> (2 * wg)) & 3u);
+  };
   const float scale_log2 = p.scale_log2;
   // Deterministic mode leaves dQ to the query-major pass (no accumulator): [6] and [7] skipped.
   const bool with_dq = p.dq_accum != nullptr;
@@ -563,12 +687,27 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
   };
   // Shared addresses (explicit ld/st.shared: a generic pointer into s.stats compiles to generic
   // loads). stats_addr + 512 buf: this tile's buffer; + 4 r: lse2 of row r; + 256 + 4 r: delta.
-  const uint32_t stats_addr = smem_u32(&s.stats[wg][0][0]);
+  // T::kStatsWarp: the loader's ring instead (slot buf, the same layout: lse2 then delta).
+  const uint32_t stats_addr = stats_base<T>(s, wg);
   constexpr uint32_t kStatsBufBytes = 2 * T::kBlockM * 4;
   int buf = 0;  // buffer of this tile's values
   int t = 0, h = 0, row0 = 0;  // without a mask, tile 0 is never wholly past S_q
-  int e_cur = load_entry(0), e_nxt = load_entry(1);
-  if constexpr (T::kMask) {
+  // T::kStatsWarp: the walk is the loader's; t counts the live tiles walked (t + 1 < num_tiles
+  // while another one follows), stats_phase is the ring slot's phase and band_bits the tile's
+  // mask bits (StatsRing::info).
+  [[maybe_unused]] uint32_t stats_phase = 0;
+  [[maybe_unused]] uint32_t band_bits = 0;
+  int e_cur = T::kStatsWarp ? 0 : load_entry(0), e_nxt = T::kStatsWarp ? 0 : load_entry(1);
+  if constexpr (T::kStatsWarp) {
+    if (it.num_tiles > 0) {
+      mbarrier_wait(&ring_of(s).full[0], 0);
+      const uint4 inf = ld_shared_v4(smem_u32(&ring_of(s).info[0]));
+      if (inf.z == 0) t = it.num_tiles;  // no live tile (only outside the map's contract)
+      row0 = static_cast<int>(inf.x);
+      h = static_cast<int>(inf.y);
+      band_bits = inf.w;
+    }
+  } else if constexpr (T::kMask) {
     // The first live tile (the token mask may hide the first half of block 0's rows). It lies in
     // entry 0 or 1 (see next_live); entry 1 then becomes the current one.
     int e0 = e_cur, h0 = 0, r0 = 0;
@@ -578,23 +717,17 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
       e_nxt = load_entry(t / kTpe + 1);
     }
   }
-  // The token mask's class of a live tile (first query row rr) for this warpgroup's 64 keys
-  // (T::kMask; warpgroup-uniform). Keys wholly past S_kv (band_keys_ok false: the last block's
-  // second half) are padded, so every P^T of the part is 0: hidden as well.
-  [[maybe_unused]] const auto wg_class = [&](int rr) {
-    if (!band_keys_ok) return MaskClass::kOutside;
-    return classify_tile<int>(rr, min(rr + T::kBlockM, p.Sq) - 1, band_k0, band_k1, p.mask_lo,
-                              p.mask_hi);
-  };
+  if (!T::kStatsWarp && t < it.num_tiles) {
+    entry_rows<T>(p, it, e_cur, t, h, row0);
+    st_shared_u32(stats_addr + 4 * wtid, __float_as_uint(*stat_ptr(h, row0)));
+    named_barrier_sync(3 + wg, 128);
+  }
   // Block 128 skips the GEMMs of a warpgroup whose part of a live tile the mask hides (the tile
   // stays live for the other warpgroup). Block 64 has no such part: tile_live skipped the tile.
   constexpr bool kSkipHidden = T::kMask && T::kConsumerWgs == 2;
   MaskClass cls = MaskClass::kInside;  // this warpgroup's class of tile t (T::kMask)
-  if (t < it.num_tiles) {
-    entry_rows<T>(p, it, e_cur, t, h, row0);
-    if constexpr (T::kMask) cls = wg_class(row0);
-    st_shared_u32(stats_addr + 4 * wtid, __float_as_uint(*stat_ptr(h, row0)));
-    named_barrier_sync(3 + wg, 128);
+  if constexpr (T::kMask) {
+    if (t < it.num_tiles) cls = T::kStatsWarp ? class_of_bits(band_bits) : wg_class(row0);
   }
 
   int stage = 0;
@@ -615,7 +748,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
   // here is warp skew, not the bulk engine: session 25, call 8.)
   const auto sync_async_copies = [&]() {
     if (wtid == 0) bulk_wait_read_all();
-    cp_async_wait<0>();
+    if constexpr (!T::kStatsWarp) cp_async_wait<0>();
     named_barrier_sync(3 + wg, 128);
   };
   // The same with the reducer warp (T::kReducerWarp, with dQ): the warpgroup's 128 threads
@@ -624,7 +757,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
   // (reducer_main); the barrier also makes the cp.async just waited for visible to the
   // warpgroup. Thread 0 no longer waits on the bulk engine (its DEPBAR counted its cp.async too).
   const auto acquire_dq_staging = [&]() {
-    cp_async_wait<0>();
+    if constexpr (!T::kStatsWarp) cp_async_wait<0>();
     named_barrier_sync(kDqEmptyBarrier0 + wg, kDqHandoffThreads);
   };
   const auto issue_s = [&](int stg, uint32_t ph) {
@@ -654,7 +787,24 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     bool new_block = false;
     MaskClass cls_next = MaskClass::kInside;  // T::kMask
     uint32_t ahead_addr = 0;
+    // T::kStatsWarp: the next slot of the loader's ring, its phase and the next tile's mask bits.
+    [[maybe_unused]] const int buf_next = buf + 1 == T::kStatsSlots ? 0 : buf + 1;
+    [[maybe_unused]] const uint32_t stats_phase_next =
+        buf + 1 == T::kStatsSlots ? stats_phase ^ 1 : stats_phase;
+    [[maybe_unused]] uint32_t band_next = 0;
     const auto run_head = [&]() {
+      if constexpr (T::kStatsWarp) {
+        // The next live tile's info (the slot's data is complete too: the phase counts the bulk
+        // copies' bytes); info {0, 0, 0, 0}: none.
+        mbarrier_wait(&ring_of(s).full[buf_next], stats_phase_next);
+        const uint4 inf = ld_shared_v4(smem_u32(&ring_of(s).info[buf_next]));
+        t_next = inf.z != 0 ? t + 1 : it.num_tiles;
+        row0_next = static_cast<int>(inf.x);
+        h_next = static_cast<int>(inf.y);
+        band_next = inf.w;
+        if constexpr (T::kMask) cls_next = class_of_bits(band_next);
+        return;
+      }
       t_next = next_live(t, e_cur, e_nxt, e_next, h_next, row0_next);
       // When the next tile starts a new query block, the entry of the block after it -> the
       // other entry_ahead slot (free for the reason the other stats buffer is).
@@ -675,7 +825,8 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
       }
       cp_async_commit();
     };
-    if constexpr (!kEarlyS) run_head();
+    // (T::kStatsWarp without early S: at the end of the tile instead, the only use of t_next.)
+    if constexpr (!kEarlyS && !T::kStatsWarp) run_head();
     // The stage of tile t_next.
     const int stage_next = stage + 1 == T::kStages ? 0 : stage + 1;
     const uint32_t phase_next = stage + 1 == T::kStages ? phase ^ 1 : phase;
@@ -706,14 +857,13 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     // +1.2-1.4% at 50%; D 64 measured -0.7 to -1.5% and keeps the loads in [3]).
     constexpr bool kLse2Early = kEarlyS && kHeadDim == 128;
     constexpr int kColPairs = decltype(size(tSrS))::value / 4;
-    // [1] (block 64), [2], [3], [4], the head (block 128), dS^T, [5] of a tile that the token mask
-    // does not hide from this warpgroup. kBand: the mask cuts the warpgroup's 64 x 64 part, so [3]
-    // also forces P^T = 0 where the band hides the pair. One straight-line block per variant:
-    // ptxas interleaves [3] with the issue of [2] only when no branch separates them (the masked
-    // kernel that chose the band between [2] and [3] issued [2] back to back and started [3]
-    // behind it, on every tile: docs/decisions/sm90_bsa_backward.md, "Where the masked
-    // backward's time went").
     if constexpr (T::kMask) {
+      // [1] (block 64), [2], [3] of a tile that the token mask does not hide from this warpgroup.
+      // kBand: the mask cuts the warpgroup's 64 x 64 part, so [3] also forces P^T = 0 where the
+      // band hides the pair. One straight-line block per variant: ptxas interleaves [3] with the
+      // issue of [2] only when no branch separates them (main's first masked kernel chose the
+      // band between [2] and [3], issued [2] back to back and started [3] behind it, on every
+      // tile: docs/decisions/sm90_bsa_backward.md, "Where the masked backward's time went").
       const auto front = [&](auto band_tag) {
         constexpr bool kBand = decltype(band_tag)::value;
         float2 l2v[kColPairs];
@@ -750,7 +900,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
           CUTE_UNROLL
           for (int r = 0; r < 2; ++r) {
             const int off_r = frag_row + 8 * r - frag_col;
-            band_lo[r] = 8 * r < key_lim ? blo + off_r : -1;
+            band_lo[r] = T::kFullBlocks || 8 * r < key_lim ? blo + off_r : -1;
             band_hi[r] = bhi - off_r;
           }
         }
@@ -766,7 +916,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
               const int c = 8 * j + u % 2;  // a constant once unrolled
               keep = band_lo[u / 2] >= c && band_hi[u / 2] >= -c;
             } else {
-              keep = 8 * (u / 2) < key_lim;
+              keep = T::kFullBlocks || 8 * (u / 2) < key_lim;
             }
             tSrS(i) = keep ? x : 0.f;
           }
@@ -793,9 +943,12 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
             // P from its bf16 copy (the A operand of [4], only read here).
             const float ds =
                 static_cast<float>(tKVrP(i)) * (tSrdP(i) - (u % 2 == 0 ? dl.x : dl.y));
-            tSrdP(i) = 8 * (u / 2) < key_lim ? ds : 0.f;
+            tSrdP(i) = T::kFullBlocks || 8 * (u / 2) < key_lim ? ds : 0.f;
           }
         }
+        // T::kStatsWarp: this thread's last read of the slot (its info is in registers since the
+        // previous tile's head): the loader may refill it.
+        if constexpr (T::kStatsWarp) mbarrier_arrive(&ring_of(s).empty[buf]);
         convert_p(tSrdP, tKVrdS);
         // [5]
         gemm_issue<false>(mma_kv, tKVrdS, tKVrQt(_, _, _, stage), tdKrdK);
@@ -809,6 +962,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
       // previous tile's values alive around the loop's back edge.
       if (kSkipHidden && cls == MaskClass::kOutside) {
         if constexpr (kEarlyS) run_head();
+        if constexpr (T::kStatsWarp) mbarrier_arrive(&ring_of(s).empty[buf]);  // no read of it
         clear(tKVrP);
         clear(tKVrdS);
       } else {
@@ -845,7 +999,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
         for (int u = 0; u < 4; ++u) {
           const int i = 4 * j + u;
           const float x = exp2_prob(fmaf(tSrS(i), scale_log2, -(u % 2 == 0 ? l2.x : l2.y)));
-          tSrS(i) = 8 * (u / 2) < key_lim ? x : 0.f;
+          tSrS(i) = T::kFullBlocks || 8 * (u / 2) < key_lim ? x : 0.f;
         }
       }
       convert_p(tSrS, tKVrP);
@@ -864,9 +1018,12 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
           // P from its bf16 copy (the A operand of [4], only read here).
           const float ds =
               static_cast<float>(tKVrP(i)) * (tSrdP(i) - (u % 2 == 0 ? dl.x : dl.y));
-          tSrdP(i) = 8 * (u / 2) < key_lim ? ds : 0.f;
+          tSrdP(i) = T::kFullBlocks || 8 * (u / 2) < key_lim ? ds : 0.f;
         }
       }
+      // T::kStatsWarp: this thread's last read of the slot (its info is in registers since the
+      // previous tile's head): the loader may refill it.
+      if constexpr (T::kStatsWarp) mbarrier_arrive(&ring_of(s).empty[buf]);
       convert_p(tSrdP, tKVrdS);
       // [5]
       gemm_issue<false>(mma_kv, tKVrdS, tKVrQt(_, _, _, stage), tdKrdK);
@@ -953,22 +1110,29 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
       if (lane == 0) mbarrier_arrive(&s.q_empty[stage]);
       if constexpr (kEarlyS) issue_next_s_and_wait();
     }
-    if (!with_dq) sync_async_copies();
+    if (!T::kStatsWarp && !with_dq) sync_async_copies();  // the ring needs no barrier
     if constexpr (kEarlyS) {
       // Unconditional: ptxas's wgmma analysis does not correlate branches, and an accumulator
       // that may be in flight at the back edge serializes every wgmma of the loop (C7515).
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
     }
+    if constexpr (!kEarlyS && T::kStatsWarp) run_head();
     stage = stage_next;
     phase = phase_next;
-    if (new_block) {
+    if (!T::kStatsWarp && new_block) {
       // With a mask the walk may pass over a dead entry only outside the map's contract
       // (next_live); e_next is the new block's entry either way.
       e_cur = T::kMask ? e_next : e_nxt;
       e_nxt = ahead < n_entries ? static_cast<int>(ld_shared_u32(ahead_addr)) : 0;
     }
-    buf ^= 1;
+    if constexpr (T::kStatsWarp) {
+      buf = buf_next;
+      stats_phase = stats_phase_next;
+      band_bits = band_next;
+    } else {
+      buf ^= 1;
+    }
     t = t_next;
     h = h_next;
     row0 = row0_next;
@@ -1035,7 +1199,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     CUTE_UNROLL
     for (int i = 0; i < size(tdKrdK); i += 2) {
       const int key = key_base + 8 * ((i / 2) % 2);
-      if (key < it.valid) {
+      if (T::kFullBlocks || key < it.valid) {
         const int64_t off = (row_base + key) * kHeadDim + 8 * (i / 4) + frag_col;
         red_add_f32x2(p.dk_accum + off, tdKrdK(i), tdKrdK(i + 1));
         red_add_f32x2(p.dv_accum + off, tdVrdV(i), tdVrdV(i + 1));
@@ -1068,6 +1232,13 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
       mbarrier_init(&s.q_full[i], 1);
       mbarrier_init(&s.q_empty[i], T::kConsumerWarps);
     }
+    if constexpr (T::kStatsWarp) {
+#pragma unroll
+      for (int i = 0; i < T::kStatsSlots; ++i) {
+        mbarrier_init(&s.ring.full[i], 1);
+        mbarrier_init(&s.ring.empty[i], T::kConsumerThreads);  // every consumer thread
+      }
+    }
     fence_mbarrier_init();
   }
   __syncthreads();
@@ -1089,6 +1260,9 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
     if (warp == 0) bwd::producer_main<T>(p, s, it);
     if constexpr (T::kReducerWarp) {
       if (warp == 1 && p.dq_accum != nullptr) bwd::reducer_main<T>(p, s, it);
+    }
+    if constexpr (T::kStatsWarp) {
+      if (warp == 2) bwd::loader_main<T>(p, s, it);
     }
   } else {
     setmaxnreg_inc<T::kConsumerRegs>();
