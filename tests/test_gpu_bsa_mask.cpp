@@ -14,7 +14,9 @@
 //    sees and rows that see no key. Sm90MatchesReference: every backward case again with
 //    options.impl = sm90 (an sm_90 device and the Hopper path built, else skipped; K and V of
 //    padded keys := NaN): tiles the mask hides skipped, cut tiles banded, the second half of a
-//    128-row block dead on its own.
+//    128-row block dead on its own, and at block 128 a warpgroup whose 64 keys the mask hides
+//    from a live tile skipping its GEMMs (every causal block-128 case with offset <= 0, the
+//    window cases, and blocks whose second 64 keys lie past S_kv).
 //  * GpuBsaMaskDeterministic: three runs, the same bytes (portable; sm90 on an sm_90 device).
 //  * GpuBsaMaskRouting: on an sm_90 device with the Hopper path built, AUTO runs a masked forward
 //    on the sm90 path; the backward under AUTO (sm90) and on the portable path, fed the sm90
@@ -134,6 +136,12 @@ const GpuMaskCase kCases[] = {
     // A causal MoBA-like pattern (random lists with partial blocks, block 128).
     {"CausalRandomPartialBlock128D128GqaBshd", shape_of(2, 4, 2, 520, 520, 128, 128, 3, kBshd),
      mask_spec(SA_MASK_CAUSAL), false, spec_of(true, -1, true, true)},
+    // The sm90 backward's hidden warpgroup parts at block 128, D 128: offset -30 hides keys
+    // 64-127 of each diagonal block from its rows 0-63 (warpgroup 1 skips [1]-[5] there) while
+    // both warpgroups' keys of rows 64-127 are cut; S = 448 leaves the last block 64 valid keys,
+    // so its warpgroup 1 (keys past S_kv) is hidden on every tile.
+    {"CausalOffsetMinus30Block128D128GqaBshdDense", shape_of(1, 4, 2, 448, 448, 128, 128, 4, kBshd),
+     mask_spec(SA_MASK_CAUSAL, true, -30), true},
 };
 
 // A forward case on one implementation: the portable path, or the sm90 forward (run only on an

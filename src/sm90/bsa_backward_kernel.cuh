@@ -91,9 +91,13 @@
 // S_kv)) (the same rectangle pair_outside judges, so every entry keeps at least one live tile):
 // outside -> skipped like a tile wholly past S_q, by one predicate (tile_live) that the producer,
 // the reducer warp and the consumers' walk (next_live) all evaluate, so no stage, barrier phase or
-// bulk group is spent on it; partial -> [3] selects P^T = 0 where the band hides the pair (so
-// dS^T = P^T (dP^T - delta) = 0 there too, and dV, dK, dQ get nothing from it); inside -> no mask
-// math. Rows that see no key have lse2 = +inf (preprocess): P = exp2(min(-inf, 0)) = 0, no NaN.
+// bulk group is spent on it. A live tile is then classified once more per consumer warpgroup (its
+// 64 keys; in the head, warpgroup-uniform): inside -> main's [2] + [3]; partial -> [3] also
+// selects P^T = 0 where the band hides the pair (so dS^T = P^T (dP^T - delta) = 0 there too, and
+// dV, dK, dQ get nothing from it); outside (block 128 only, e.g. rows 0-63 of a causal diagonal
+// block against its keys 64-127) -> the warpgroup issues no [1], [2], [4], [5] for the tile and
+// stores dS^T = 0 for the other warpgroup's [7] ("hidden part"). Rows that see no key have
+// lse2 = +inf (preprocess): P = exp2(min(-inf, 0)) = 0, no NaN.
 //
 // Memory safety: Q/dO rows >= S_q are zero (TMA fill) and have lse2 = +inf, delta = 0 (preprocess)
 // so their P, dS are exactly 0 (a tile wholly past S_q is skipped, never loaded); K rows >= valid
@@ -275,8 +279,8 @@ struct BwdTraits {
 };
 
 // The loader warp's ring (T::kStatsWarp, loader_main): slot i holds a live tile's lse2 (rows 0-63)
-// then delta (rows 0-63), and info[i] = {first query row, query head, 1, mask bits} (mask bit w:
-// consumer warpgroup w's 64 x 64 part of the tile is not inside the token mask), or {0, 0, 0, 0}
+// then delta (rows 0-63), and info[i] = {first query row, query head, 1, mask bits} (bits 2w,
+// 2w + 1: consumer warpgroup w's MaskClass of its 64 x 64 part of the tile), or {0, 0, 0, 0}
 // after the last live tile. full[i]: the loader's lane 0 arrives (expect_tx 512) after its info
 // store, the two bulk copies complete it; empty[i]: every consumer thread arrives after its last
 // read of the slot (the s13 rule: racecheck follows an mbarrier only through the accessing
@@ -486,15 +490,17 @@ __device__ __forceinline__ void loader_main(const BsaBwdSm90Params& p, SharedSto
     if (!tile_live<T>(p, it, row0)) continue;  // past S_q or masked out (the consumers skip it too)
     uint32_t band = 0;
     if constexpr (T::kMask) {
-      // Consumer warpgroup w bands its part unless it is inside (the consumers' former test).
+      // Consumer warpgroup w's MaskClass of its part in bits 2w, 2w + 1 (the consumers' wg_class:
+      // keys wholly past S_kv count as outside).
       const int r1 = min(row0 + T::kBlockM, p.Sq) - 1;
 #pragma unroll
       for (int w = 0; w < T::kConsumerWgs; ++w) {
         const int k0 = it.key0 + w * 64;
         const int k1 = min(k0 + 64, p.Skv) - 1;
-        if (k0 <= k1 && classify_tile<int>(row0, r1, k0, k1, p.mask_lo, p.mask_hi) !=
-                            MaskClass::kInside)
-          band |= 1u << w;
+        const MaskClass c = !T::kFullBlocks && k0 > k1
+                                ? MaskClass::kOutside
+                                : classify_tile<int>(row0, r1, k0, k1, p.mask_lo, p.mask_hi);
+        band |= static_cast<uint32_t>(c) << (2 * w);
       }
     }
     mbarrier_wait(&s.ring.empty[slot], phase ^ 1);
@@ -612,6 +618,18 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
   [[maybe_unused]] const int band_k0 = it.key0 + wg * 64;
   [[maybe_unused]] const int band_k1 = min(band_k0 + 64, p.Skv) - 1;
   [[maybe_unused]] const bool band_keys_ok = T::kFullBlocks || band_k0 <= band_k1;
+  // The token mask's class of a live tile (first query row rr) for this warpgroup's 64 keys
+  // (T::kMask; warpgroup-uniform). Keys wholly past S_kv (band_keys_ok false: the last block's
+  // second half) are padded, so every P^T of the part is 0: hidden as well. T::kStatsWarp: the
+  // loader judged it the same way (StatsRing::info's mask bits, class_of_bits).
+  [[maybe_unused]] const auto wg_class = [&](int rr) {
+    if (!band_keys_ok) return MaskClass::kOutside;
+    return classify_tile<int>(rr, min(rr + T::kBlockM, p.Sq) - 1, band_k0, band_k1, p.mask_lo,
+                              p.mask_hi);
+  };
+  [[maybe_unused]] const auto class_of_bits = [&](uint32_t bits) {
+    return static_cast<MaskClass>((bits >> (2 * wg)) & 3u);
+  };
   const float scale_log2 = p.scale_log2;
   // Deterministic mode leaves dQ to the query-major pass (no accumulator): [6] and [7] skipped.
   const bool with_dq = p.dq_accum != nullptr;
@@ -632,14 +650,16 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
   // judges the same rectangle, and two halves' rectangles cover the block's), so the walk stays
   // within e_cur and e_nxt; other entries (a map outside that contract) are read from global
   // memory, so that the walk still agrees with the producer's and the reducer's.
-  const auto next_live = [&](int tc, int e_cur, int e_nxt, int& e) {
+  // With a mask it also returns the tile's query head and first row (hh, rr; untouched without:
+  // the caller computes them).
+  const auto next_live = [&](int tc, int e_cur, int e_nxt, int& e, int& hh, int& rr) {
     if constexpr (!T::kMask) {
       int tn = tc + 1;
       e = tn % kTpe == 0 ? e_nxt : e_cur;
       if (kTpe == 2 && tn % 2 == 1) {
-        int hh, rr;
-        entry_rows<T>(p, it, e, tn, hh, rr);
-        if (rr >= p.Sq) {
+        int hx, rx;
+        entry_rows<T>(p, it, e, tn, hx, rx);
+        if (rx >= p.Sq) {
           ++tn;
           e = e_nxt;
         }
@@ -653,7 +673,6 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
       for (; tn < it.num_tiles; ++tn) {
         const int blk = tn / kTpe;
         e = blk == cur ? e_cur : (blk == cur + 1 ? e_nxt : load_entry(blk));
-        int hh, rr;
         entry_rows<T>(p, it, e, tn, hh, rr);
         if (tile_live<T>(p, it, rr)) break;
       }
@@ -691,8 +710,8 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
   } else if constexpr (T::kMask) {
     // The first live tile (the token mask may hide the first half of block 0's rows). It lies in
     // entry 0 or 1 (see next_live); entry 1 then becomes the current one.
-    int e0 = e_cur;
-    t = next_live(-1, e_cur, e_nxt, e0);
+    int e0 = e_cur, h0 = 0, r0 = 0;
+    t = next_live(-1, e_cur, e_nxt, e0, h0, r0);
     if (t / kTpe != 0) {
       e_cur = e0;
       e_nxt = load_entry(t / kTpe + 1);
@@ -702,6 +721,13 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     entry_rows<T>(p, it, e_cur, t, h, row0);
     st_shared_u32(stats_addr + 4 * wtid, __float_as_uint(*stat_ptr(h, row0)));
     named_barrier_sync(3 + wg, 128);
+  }
+  // Block 128 skips the GEMMs of a warpgroup whose part of a live tile the mask hides (the tile
+  // stays live for the other warpgroup). Block 64 has no such part: tile_live skipped the tile.
+  constexpr bool kSkipHidden = T::kMask && T::kConsumerWgs == 2;
+  MaskClass cls = MaskClass::kInside;  // this warpgroup's class of tile t (T::kMask)
+  if constexpr (T::kMask) {
+    if (t < it.num_tiles) cls = T::kStatsWarp ? class_of_bits(band_bits) : wg_class(row0);
   }
 
   int stage = 0;
@@ -739,8 +765,14 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     gemm_issue<true>(mma_sdp, tSrK, tSrQ(_, _, _, stg), tSrS);
   };
   if (kEarlyS && t < it.num_tiles) {
-    issue_s(0, 0);
-    warpgroup_wait<0>();
+    if (kSkipHidden && cls == MaskClass::kOutside) {
+      // No [1] for a hidden part; the stage's wait stays (see issue_next_s_and_wait).
+      mbarrier_wait(&s.q_full[0], 0);
+      clear(tSrS);
+    } else {
+      issue_s(0, 0);
+      warpgroup_wait<0>();
+    }
     warpgroup_fence_operand(tSrS);
   }
 #pragma unroll 1
@@ -753,6 +785,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     // split between [4] and [5] measured worse). Block 64 keeps it at the top (-2% after [4]).
     int e_next = 0, h_next = 0, row0_next = 0, t_next = 0, ahead = 0;
     bool new_block = false;
+    MaskClass cls_next = MaskClass::kInside;  // T::kMask
     uint32_t ahead_addr = 0;
     // T::kStatsWarp: the next slot of the loader's ring, its phase and the next tile's mask bits.
     [[maybe_unused]] const int buf_next = buf + 1 == T::kStatsSlots ? 0 : buf + 1;
@@ -769,9 +802,10 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
         row0_next = static_cast<int>(inf.x);
         h_next = static_cast<int>(inf.y);
         band_next = inf.w;
+        if constexpr (T::kMask) cls_next = class_of_bits(band_next);
         return;
       }
-      t_next = next_live(t, e_cur, e_nxt, e_next);
+      t_next = next_live(t, e_cur, e_nxt, e_next, h_next, row0_next);
       // When the next tile starts a new query block, the entry of the block after it -> the
       // other entry_ahead slot (free for the reason the other stats buffer is).
       new_block = t_next / kTpe != t / kTpe;
@@ -784,9 +818,10 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
       // tile's [7]: sync_async_copies, or with the reducer warp the kDqEmptyBarrier0 + wg
       // hand-off), by cp.async: waited for and made visible by this tile's such barrier.
       if (t_next < it.num_tiles) {
-        entry_rows<T>(p, it, e_next, t_next, h_next, row0_next);
+        if constexpr (!T::kMask) entry_rows<T>(p, it, e_next, t_next, h_next, row0_next);
         cp_async_4(stats_addr + kStatsBufBytes * (buf ^ 1) + 4 * wtid,
                    stat_ptr(h_next, row0_next));
+        if constexpr (T::kMask) cls_next = wg_class(row0_next);
       }
       cp_async_commit();
     };
@@ -799,12 +834,18 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     // but it. Past the last tile, tSrS is cleared instead (after the wait: a non-wgmma write to
     // an accumulator while wgmmas run serializes them, C7515): every path must redefine it, or
     // S^T's old value stays alive around the back edge and P and dS cannot reuse its registers
-    // (+16 registers, and spills at block 128, D 128).
+    // (+16 registers, and spills at block 128, D 128). kSkipHidden: no [1] for a next tile whose
+    // part the mask hides from this warpgroup (tSrS cleared as past the last tile), but the
+    // stage's q_full wait stays, so that the warpgroup's q_empty arrivals for that tile (at [7])
+    // always fall in the stage's phase of that tile, however far the other warpgroup lags.
     const auto issue_next_s_and_wait = [&]() {
-      if (t_next < it.num_tiles) {
+      if (t_next < it.num_tiles && !(kSkipHidden && cls_next == MaskClass::kOutside)) {
         issue_s(stage_next, phase_next);
         warpgroup_wait<1>();
       } else {
+        if constexpr (kSkipHidden) {
+          if (t_next < it.num_tiles) mbarrier_wait(&s.q_full[stage_next], phase_next);
+        }
         warpgroup_wait<0>();
         clear(tSrS);
       }
@@ -816,34 +857,141 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     // +1.2-1.4% at 50%; D 64 measured -0.7 to -1.5% and keeps the loads in [3]).
     constexpr bool kLse2Early = kEarlyS && kHeadDim == 128;
     constexpr int kColPairs = decltype(size(tSrS))::value / 4;
-    float2 l2v[kColPairs];
-    if constexpr (kLse2Early) {
-      // The address of lse2_cols below (hoisting lse2_cols itself changed block 64's SASS).
-      const uint32_t lse2_early = stats_addr + kStatsBufBytes * buf + 4 * frag_col;
-      CUTE_UNROLL
-      for (int j = 0; j < kColPairs; ++j) l2v[j] = ld_shared_f32x2(lse2_early + 32 * j);
-    }
-    // [1], [2]
-    if constexpr (!kEarlyS) issue_s(stage, phase);
-    gemm_issue<true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tSrdP);
-    // [3]
-    const uint32_t lse2_cols = stats_addr + kStatsBufBytes * buf + 4 * frag_col;
-    const uint32_t delta_cols = lse2_cols + 4 * T::kBlockM;
-    if constexpr (!kEarlyS) {
-      warpgroup_wait<1>();
-      warpgroup_fence_operand(tSrS);
-    }
-    // Element i = 4 j + u of this thread is key wg*64 + frag_row + 8 (u / 2) (valid below
-    // key_lim) and query row 8 j + frag_col + u % 2 of the tile. kBand (the token mask cuts or
-    // hides the warpgroup's 64 x 64 part of the tile): also 0 where the band hides the pair.
-    // With d_r = key - row of the thread's key row r = u / 2 and row 8 j + frag_col, and
-    // c = 8 j + u % 2, d = d_r - c, so lo <= d <= hi is band_lo[r] >= c && band_hi[r] >= -c
-    // (band_lo[r] = d_r - lo, band_hi[r] = hi - d_r, clamped to +-128 as c lies in [0, 63];
-    // band_lo[r] = -128 for a padded key): two compares with immediates per element, which
-    // replace key_lim's.
-    int band_lo[2] = {0, 0}, band_hi[2] = {0, 0};
-    const auto probabilities = [&](auto band_tag) {
-      constexpr bool kBand = decltype(band_tag)::value;
+    if constexpr (T::kMask) {
+      // [1] (block 64), [2], [3] of a tile that the token mask does not hide from this warpgroup.
+      // kBand: the mask cuts the warpgroup's 64 x 64 part, so [3] also forces P^T = 0 where the
+      // band hides the pair. One straight-line block per variant: ptxas interleaves [3] with the
+      // issue of [2] only when no branch separates them (main's first masked kernel chose the
+      // band between [2] and [3], issued [2] back to back and started [3] behind it, on every
+      // tile: docs/decisions/sm90_bsa_backward.md, "Where the masked backward's time went").
+      const auto front = [&](auto band_tag) {
+        constexpr bool kBand = decltype(band_tag)::value;
+        float2 l2v[kColPairs];
+        if constexpr (kLse2Early) {
+          // The address of lse2_cols below (hoisting lse2_cols itself changed block 64's SASS).
+          const uint32_t lse2_early = stats_addr + kStatsBufBytes * buf + 4 * frag_col;
+          CUTE_UNROLL
+          for (int j = 0; j < kColPairs; ++j) l2v[j] = ld_shared_f32x2(lse2_early + 32 * j);
+        }
+        // [1], [2]
+        if constexpr (!kEarlyS) issue_s(stage, phase);
+        gemm_issue<true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tSrdP);
+        // [3]
+        const uint32_t lse2_cols = stats_addr + kStatsBufBytes * buf + 4 * frag_col;
+        if constexpr (!kEarlyS) {
+          warpgroup_wait<1>();
+          warpgroup_fence_operand(tSrS);
+        }
+        // Element i = 4 j + u of this thread is key wg*64 + frag_row + 8 (u / 2) (valid below
+        // key_lim) and query row 8 j + frag_col + u % 2 of the tile. kBand: also 0 where the band
+        // hides the pair. With d_r = key - row for the thread's key row r = u / 2 and row
+        // 8 j + frag_col, and c = 8 j + u % 2 in [0, 63], the pair's s - i is d_r - c, so
+        // lo <= s - i <= hi is band_lo[r] >= c && band_hi[r] >= -c with band_lo[r] = d_r - lo,
+        // band_hi[r] = hi - d_r: two compares with immediates per element, which replace
+        // key_lim's (band_lo[r] = -1 < c for a padded key). d_r = base + off_r with the
+        // warpgroup-uniform base = key0 + 64 wg - row0 and off_r = frag_row + 8 r - frag_col in
+        // [-6, 63]; base - lo and hi - base are clamped to [-256, 256] once (int64, uniform), which
+        // changes no compare (|off_r| + 63 < 256), so the per-thread part stays int32.
+        int band_lo[2] = {0, 0}, band_hi[2] = {0, 0};
+        if constexpr (kBand) {
+          const int64_t base = static_cast<int64_t>(it.key0 + wg * 64) - row0;
+          const int blo = static_cast<int>(clamp_to(base - p.mask_lo, -256, 256));
+          const int bhi = static_cast<int>(clamp_to(p.mask_hi - base, -256, 256));
+          CUTE_UNROLL
+          for (int r = 0; r < 2; ++r) {
+            const int off_r = frag_row + 8 * r - frag_col;
+            band_lo[r] = T::kFullBlocks || 8 * r < key_lim ? blo + off_r : -1;
+            band_hi[r] = bhi - off_r;
+          }
+        }
+        CUTE_UNROLL
+        for (int j = 0; j < kColPairs; ++j) {
+          const float2 l2 = kLse2Early ? l2v[j] : ld_shared_f32x2(lse2_cols + 32 * j);
+          CUTE_UNROLL
+          for (int u = 0; u < 4; ++u) {
+            const int i = 4 * j + u;
+            const float x = exp2_prob(fmaf(tSrS(i), scale_log2, -(u % 2 == 0 ? l2.x : l2.y)));
+            bool keep;
+            if constexpr (kBand) {
+              const int c = 8 * j + u % 2;  // a constant once unrolled
+              keep = band_lo[u / 2] >= c && band_hi[u / 2] >= -c;
+            } else {
+              keep = T::kFullBlocks || 8 * (u / 2) < key_lim;
+            }
+            tSrS(i) = keep ? x : 0.f;
+          }
+        }
+      };
+      // [4], the head (block 128), dS^T, [5]: after the variants' join (with [4] and [5] inside
+      // each variant, ptxas serialized the wgmmas: C7512).
+      const auto back = [&]() {
+        const uint32_t delta_cols =
+            stats_addr + kStatsBufBytes * buf + 4 * frag_col + 4 * T::kBlockM;
+        convert_p(tSrS, tKVrP);
+        // [4] issued before dP^T is waited for: the fp32 S^T dies here, so S^T and dP^T are never
+        // live together with dK and dV (that spilled at 232 registers).
+        gemm_issue<false>(mma_kv, tKVrP, tKVrdOt(_, _, _, stage), tdVrdV);
+        if constexpr (kEarlyS) run_head();
+        warpgroup_wait<1>();  // dP^T is ready; [4] may still run
+        warpgroup_fence_operand(tSrdP);
+        CUTE_UNROLL
+        for (int j = 0; j < kColPairs; ++j) {
+          const float2 dl = ld_shared_f32x2(delta_cols + 32 * j);
+          CUTE_UNROLL
+          for (int u = 0; u < 4; ++u) {
+            const int i = 4 * j + u;
+            // P from its bf16 copy (the A operand of [4], only read here).
+            const float ds =
+                static_cast<float>(tKVrP(i)) * (tSrdP(i) - (u % 2 == 0 ? dl.x : dl.y));
+            tSrdP(i) = T::kFullBlocks || 8 * (u / 2) < key_lim ? ds : 0.f;
+          }
+        }
+        // T::kStatsWarp: this thread's last read of the slot (its info is in registers since the
+        // previous tile's head): the loader may refill it.
+        if constexpr (T::kStatsWarp) mbarrier_arrive(&ring_of(s).empty[buf]);
+        convert_p(tSrdP, tKVrdS);
+        // [5]
+        gemm_issue<false>(mma_kv, tKVrdS, tKVrQt(_, _, _, stage), tdKrdK);
+      };
+      // The warpgroup's class of the tile (warpgroup-uniform, judged in the previous tile's head).
+      // Hidden (kSkipHidden: block 128, e.g. rows 0-63 of a causal diagonal block against its
+      // keys 64-127): no [1] was issued for it (issue_next_s_and_wait), and [2]-[5] are skipped:
+      // its P^T and dS^T are exactly 0, so dV and dK get nothing; dS^T = 0 still goes to s.ds,
+      // whose other half the other warpgroup's keys fill, for the dQ of both warpgroups ([7]).
+      // P^T and dS^T are zeroed (not left undefined) so that the fences at [7] do not keep the
+      // previous tile's values alive around the loop's back edge.
+      if (kSkipHidden && cls == MaskClass::kOutside) {
+        if constexpr (kEarlyS) run_head();
+        if constexpr (T::kStatsWarp) mbarrier_arrive(&ring_of(s).empty[buf]);  // no read of it
+        clear(tKVrP);
+        clear(tKVrdS);
+      } else {
+        if (cls != MaskClass::kInside) front(cute::true_type{});
+        else front(cute::false_type{});
+        back();
+      }
+    } else {
+      // Main's code, as it was before the masked variants (the unmasked kernels' SASS is
+      // byte-identical to main's: docs/decisions/sm90_bsa_backward.md).
+      float2 l2v[kColPairs];
+      if constexpr (kLse2Early) {
+        // The address of lse2_cols below (hoisting lse2_cols itself changed block 64's SASS).
+        const uint32_t lse2_early = stats_addr + kStatsBufBytes * buf + 4 * frag_col;
+        CUTE_UNROLL
+        for (int j = 0; j < kColPairs; ++j) l2v[j] = ld_shared_f32x2(lse2_early + 32 * j);
+      }
+      // [1], [2]
+      if constexpr (!kEarlyS) issue_s(stage, phase);
+      gemm_issue<true>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tSrdP);
+      // [3]
+      const uint32_t lse2_cols = stats_addr + kStatsBufBytes * buf + 4 * frag_col;
+      const uint32_t delta_cols = lse2_cols + 4 * T::kBlockM;
+      if constexpr (!kEarlyS) {
+        warpgroup_wait<1>();
+        warpgroup_fence_operand(tSrS);
+      }
+      // Element i = 4 j + u of this thread is key wg*64 + frag_row + 8 (u / 2) (valid below
+      // key_lim) and query row 8 j + frag_col + u % 2 of the tile.
       CUTE_UNROLL
       for (int j = 0; j < kColPairs; ++j) {
         const float2 l2 = kLse2Early ? l2v[j] : ld_shared_f32x2(lse2_cols + 32 * j);
@@ -851,68 +999,35 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
         for (int u = 0; u < 4; ++u) {
           const int i = 4 * j + u;
           const float x = exp2_prob(fmaf(tSrS(i), scale_log2, -(u % 2 == 0 ? l2.x : l2.y)));
-          bool keep;
-          if constexpr (kBand) {
-            const int c = 8 * j + u % 2;  // a constant once unrolled
-            keep = band_lo[u / 2] >= c && band_hi[u / 2] >= -c;
-          } else {
-            keep = T::kFullBlocks || 8 * (u / 2) < key_lim;
-          }
-          tSrS(i) = keep ? x : 0.f;
+          tSrS(i) = T::kFullBlocks || 8 * (u / 2) < key_lim ? x : 0.f;
         }
       }
-    };
-    if constexpr (T::kMask) {
-      // Judged on this warpgroup's 64 keys (warpgroup-uniform): at block 128 a causal diagonal
-      // block's second half is inside for warpgroup 0, its first half hidden for warpgroup 1.
-      // T::kStatsWarp: the loader judged it (StatsRing::info's mask bits).
-      if (T::kStatsWarp ? ((band_bits >> wg) & 1u) != 0
-                        : band_keys_ok &&
-                              classify_tile<int>(row0, min(row0 + T::kBlockM, p.Sq) - 1, band_k0,
-                                                 band_k1, p.mask_lo, p.mask_hi) !=
-                                  MaskClass::kInside) {
-        const auto clamp128 = [](int64_t x) {
-          return static_cast<int>(x < -128 ? -128 : (x > 128 ? 128 : x));
-        };
-        CUTE_UNROLL
-        for (int r = 0; r < 2; ++r) {
-          const int64_t d_r =
-              static_cast<int64_t>(it.key0 + wg * 64 + frag_row + 8 * r) - (row0 + frag_col);
-          band_lo[r] = T::kFullBlocks || 8 * r < key_lim ? clamp128(d_r - p.mask_lo) : -128;
-          band_hi[r] = clamp128(p.mask_hi - d_r);
-        }
-        probabilities(cute::true_type{});
-      } else {
-        probabilities(cute::false_type{});
-      }
-    } else {
-      probabilities(cute::false_type{});
-    }
-    convert_p(tSrS, tKVrP);
-    // [4] issued before dP^T is waited for: the fp32 S^T dies here, so S^T and dP^T are never
-    // live together with dK and dV (that spilled at 232 registers).
-    gemm_issue<false>(mma_kv, tKVrP, tKVrdOt(_, _, _, stage), tdVrdV);
-    if constexpr (kEarlyS) run_head();
-    warpgroup_wait<1>();  // dP^T is ready; [4] may still run
-    warpgroup_fence_operand(tSrdP);
-    CUTE_UNROLL
-    for (int j = 0; j < kColPairs; ++j) {
-      const float2 dl = ld_shared_f32x2(delta_cols + 32 * j);
+      convert_p(tSrS, tKVrP);
+      // [4] issued before dP^T is waited for: the fp32 S^T dies here, so S^T and dP^T are never
+      // live together with dK and dV (that spilled at 232 registers).
+      gemm_issue<false>(mma_kv, tKVrP, tKVrdOt(_, _, _, stage), tdVrdV);
+      if constexpr (kEarlyS) run_head();
+      warpgroup_wait<1>();  // dP^T is ready; [4] may still run
+      warpgroup_fence_operand(tSrdP);
       CUTE_UNROLL
-      for (int u = 0; u < 4; ++u) {
-        const int i = 4 * j + u;
-        // P from its bf16 copy (the A operand of [4], only read here).
-        const float ds =
-            static_cast<float>(tKVrP(i)) * (tSrdP(i) - (u % 2 == 0 ? dl.x : dl.y));
-        tSrdP(i) = T::kFullBlocks || 8 * (u / 2) < key_lim ? ds : 0.f;
+      for (int j = 0; j < kColPairs; ++j) {
+        const float2 dl = ld_shared_f32x2(delta_cols + 32 * j);
+        CUTE_UNROLL
+        for (int u = 0; u < 4; ++u) {
+          const int i = 4 * j + u;
+          // P from its bf16 copy (the A operand of [4], only read here).
+          const float ds =
+              static_cast<float>(tKVrP(i)) * (tSrdP(i) - (u % 2 == 0 ? dl.x : dl.y));
+          tSrdP(i) = T::kFullBlocks || 8 * (u / 2) < key_lim ? ds : 0.f;
+        }
       }
+      // T::kStatsWarp: this thread's last read of the slot (its info is in registers since the
+      // previous tile's head): the loader may refill it.
+      if constexpr (T::kStatsWarp) mbarrier_arrive(&ring_of(s).empty[buf]);
+      convert_p(tSrdP, tKVrdS);
+      // [5]
+      gemm_issue<false>(mma_kv, tKVrdS, tKVrQt(_, _, _, stage), tdKrdK);
     }
-    // T::kStatsWarp: this thread's last read of the slot (its info is in registers since the
-    // previous tile's head): the loader may refill it.
-    if constexpr (T::kStatsWarp) mbarrier_arrive(&ring_of(s).empty[buf]);
-    convert_p(tSrdP, tKVrdS);
-    // [5]
-    gemm_issue<false>(mma_kv, tKVrdS, tKVrQt(_, _, _, stage), tdKrdK);
     // [6] The previous tile's dQ GEMMs of every warp are done with the dS tile.
     named_barrier_sync(ds_barrier, T::kDsThreads);
     if (with_dq) {
@@ -1021,6 +1136,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     t = t_next;
     h = h_next;
     row0 = row0_next;
+    if constexpr (T::kMask) cls = cls_next;
   }
 
   // [8] Epilogue, single owner (row_groups == 1, empty rows included): dK * scale and dV -> bf16
