@@ -574,7 +574,8 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
       // 2k + 1 (odd lanes) of rows E or O of the four lane pairs.
       const int g = lane >> 2;
       const int o = g & 1;
-      float* const piece_base = p.dkv_acc + 64 * panel + 16 * o + 4 * (lane % 4);  // (D_qk 576)
+      // (D_qk 576 only)
+      [[maybe_unused]] float* const piece_base = p.dkv_acc + 64 * panel + 16 * o + 4 * (lane % 4);
       CUTE_UNROLL
       for (int r = 0; r < 2; ++r) {
         float4 a[4];
