@@ -248,14 +248,14 @@ TEST_P(DsaTokenGroupsGpu, UnionsMatchTheHost) {
   ASSERT_EQ(cudaMemset(d_entries, 0x7f, items * 4), cudaSuccess);
   ASSERT_EQ(cudaMemset(d_present, 0x7f, items * 4), cudaSuccess);
   sa::portable::dsa_bwd::TokenGroupArgs a{};
-  a.idx = d_idx;
-  a.len = c.length ? d_len : nullptr;
-  a.idx_ss = c.topk;
-  a.idx_si = 1;
-  a.len_s = 1;
+  a.rows.idx = d_idx;
+  a.rows.len = c.length ? d_len : nullptr;
+  a.rows.idx_ss = c.topk;
+  a.rows.idx_si = 1;
+  a.rows.len_s = 1;
+  a.rows.skv = c.Skv;
+  a.rows.topk = static_cast<int32_t>(c.topk);
   a.sq = c.Sq;
-  a.skv = c.Skv;
-  a.topk = static_cast<int32_t>(c.topk);
   a.G = G;
   a.cap = cap;
   // Two slices (the driver's slices of groups): [0, half) and [half, items), each into its rows.

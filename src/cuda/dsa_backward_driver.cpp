@@ -150,20 +150,24 @@ void run(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes, cudaSt
       plan.counter && dynamic ? reinterpret_cast<uint32_t*>(base + plan.counter_at) : nullptr;
   const int dqk = static_cast<int>(d.Dqk);
 
+  // The index rows as the union builder and the deterministic pass read them.
+  SlotKeyArgs rows{};
+  rows.idx = prm.idx;
+  rows.len = prm.len;
+  rows.idx_ss = prm.idx_ss;
+  rows.idx_si = prm.idx_si;
+  rows.len_s = prm.len_s;
+  rows.skv = d.Skv;
+  rows.topk = prm.topk;
+
   // 1, 2 (or 2g and 2, or 2a-2d per slice), 3, 4: see dsa_backward_driver.hpp.
   SA_CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<size_t>(d.Skv * d.Dqk) * 4, stream));
   if (plan.group_tokens > 0) {
     const int G = plan.group_tokens;
     const int64_t all = (d.Sq + G - 1) / G;
     TokenGroupArgs groups{};
-    groups.idx = prm.idx;
-    groups.len = prm.len;
-    groups.idx_ss = prm.idx_ss;
-    groups.idx_si = prm.idx_si;
-    groups.len_s = prm.len_s;
+    groups.rows = rows;
     groups.sq = d.Sq;
-    groups.skv = d.Skv;
-    groups.topk = prm.topk;
     groups.G = G;
     groups.cap = plan.group_cap;
     groups.keys = reinterpret_cast<int32_t*>(base + plan.group_keys);
@@ -198,18 +202,10 @@ void run(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes, cudaSt
     auto* vals_in = reinterpret_cast<uint32_t*>(base + plan.vals_in);
     auto* vals_out = reinterpret_cast<uint32_t*>(base + plan.vals_out);
     prm.dkv_part = reinterpret_cast<float*>(base + plan.part);
-    SlotKeyArgs keys{};
-    keys.idx = prm.idx;
-    keys.len = prm.len;
-    keys.idx_ss = prm.idx_ss;
-    keys.idx_si = prm.idx_si;
-    keys.len_s = prm.len_s;
-    keys.skv = d.Skv;
-    keys.topk = prm.topk;
     for (int64_t t0 = 0; t0 < d.Sq; t0 += plan.slice) {
       const int64_t tokens = std::min(plan.slice, d.Sq - t0);
       const int items = static_cast<int>(tokens * d.topk);
-      slot_keys(keys, t0, tokens, keys_in, vals_in, stream);
+      slot_keys(rows, t0, tokens, keys_in, vals_in, stream);
       sort_slots(base + plan.cub, plan.cub_bytes, keys_in, keys_out, vals_in, vals_out, items,
                  plan.end_bit, stream);
       prm.tok_begin = t0;

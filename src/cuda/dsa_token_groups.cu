@@ -39,8 +39,8 @@ __global__ void __launch_bounds__(kThreads) token_groups_kernel(const TokenGroup
   int emitted = 0;  // the same in every thread
   uint32_t seen = 0u;  // the OR of this thread's words
 #pragma unroll 1
-  for (int64_t w0 = 0; w0 < a.skv; w0 += W) {
-    const int wn = static_cast<int>(min(int64_t{W}, a.skv - w0));
+  for (int64_t w0 = 0; w0 < a.rows.skv; w0 += W) {
+    const int wn = static_cast<int>(min(int64_t{W}, a.rows.skv - w0));
     // [1]
     for (int i = tid; i < G * W; i += kThreads) cnt[i] = 0u;
     __syncthreads();
@@ -48,11 +48,11 @@ __global__ void __launch_bounds__(kThreads) token_groups_kernel(const TokenGroup
 #pragma unroll 1
     for (int g = 0; g < tokens; ++g) {
       const int64_t t = t0 + g;
-      const int n = dsa_active_slots(a.len, a.len_s, a.topk, t);
-      const int32_t* row = a.idx + t * a.idx_ss;
+      const int n = dsa_active_slots(a.rows.len, a.rows.len_s, a.rows.topk, t);
+      const int32_t* row = a.rows.idx + t * a.rows.idx_ss;
 #pragma unroll 1
       for (int i = tid; i < n; i += kThreads) {
-        const int64_t k = int64_t{row[i * a.idx_si]} - w0;  // inactive: outside every window
+        const int64_t k = int64_t{row[i * a.rows.idx_si]} - w0;  // inactive: outside every window
         if (k >= 0 && k < wn) atomicAdd(&cnt[g * W + static_cast<int>(k)], 1u);
       }
     }

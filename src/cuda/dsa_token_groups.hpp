@@ -31,6 +31,7 @@
 #include <cstdint>
 
 #include "common/problem.hpp"
+#include "cuda/dsa_backward_aux.hpp"  // SlotKeyArgs
 
 namespace sa::portable::dsa_bwd {
 
@@ -59,11 +60,8 @@ constexpr int64_t kGroupUnionBytesCap = int64_t{512} << 20;
 bool token_groups_eligible(const DsaBwdProblem& p);
 
 struct TokenGroupArgs {
-  const int32_t* idx;  // [S_q, topk] at t * idx_ss + i * idx_si
-  const int32_t* len;  // [S_q] at t * len_s; may be null
-  int64_t idx_ss, idx_si, len_s;
-  int64_t sq, skv;
-  int32_t topk;
+  SlotKeyArgs rows;    // the tokens' index rows (and lengths), as the deterministic pass reads them
+  int64_t sq;
   int G;               // tokens per group: 2, 4 or 8
   int64_t cap;         // entries per group (group_capacity)
   int64_t first;       // the slice: groups [first, first + groups), tokens from G first

@@ -91,32 +91,34 @@ void launch_loss_for(const LossParams& prm, int64_t tokens, cudaStream_t stream)
   SA_CUDA_CHECK_LAUNCH();
 }
 
-// Dense mode, two tokens per CTA (loss_sm90_pair_kernel): the token past the last is absent.
+// Dense mode, two tokens per CTA (the pair kernel and the pipelined one): one CTA per two tokens
+// of [tok_begin, tok_begin + tokens); the token past the last is absent.
+template <class Kernel>
+void launch_two_token(Kernel* kernel, int smem, int threads, const LossParams& prm,
+                      int64_t tokens, cudaStream_t stream) {
+  SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  LossParams q = prm;
+  q.tok_end = prm.tok_begin + tokens;
+  kernel<<<static_cast<unsigned>((tokens + 1) / 2), threads, smem, stream>>>(q);
+  SA_CUDA_CHECK_LAUNCH();
+}
+
+// loss_sm90_pair_kernel.
 template <int kHeads>
 void launch_loss_pair_for(const LossParams& prm, int64_t tokens, cudaStream_t stream) {
   using T = loss::LossTraits<kHeads>;
   using P = loss::PairTraits<T>;
-  auto* kernel = &loss::loss_sm90_pair_kernel<T>;
-  const int smem = P::smem_bytes(prm.head_groups);
-  SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  LossParams q = prm;
-  q.tok_end = prm.tok_begin + tokens;
-  kernel<<<static_cast<unsigned>((tokens + 1) / 2), 2 * T::kThreads, smem, stream>>>(q);
-  SA_CUDA_CHECK_LAUNCH();
+  launch_two_token(&loss::loss_sm90_pair_kernel<T>, P::smem_bytes(prm.head_groups),
+                   2 * T::kThreads, prm, tokens, stream);
 }
 
-// Dense mode, two tokens per CTA, pipelined (loss_sm90_pipe_kernel): as launch_loss_pair_for.
+// loss_sm90_pipe_kernel.
 template <int kHeads>
 void launch_loss_pipe_for(const LossParams& prm, int64_t tokens, cudaStream_t stream) {
   using T = loss::LossTraits<kHeads>;
   using L = loss::PipeTraits<T>;
-  auto* kernel = &loss::loss_sm90_pipe_kernel<T>;
-  const int smem = L::smem_bytes(prm.head_groups);
-  SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  LossParams q = prm;
-  q.tok_end = prm.tok_begin + tokens;
-  kernel<<<static_cast<unsigned>((tokens + 1) / 2), L::kThreads, smem, stream>>>(q);
-  SA_CUDA_CHECK_LAUNCH();
+  launch_two_token(&loss::loss_sm90_pipe_kernel<T>, L::smem_bytes(prm.head_groups), L::kThreads,
+                   prm, tokens, stream);
 }
 
 // mode: 0 sparse, 1 dense, 2 dense with two tokens per CTA, 3 the same pipelined.
