@@ -138,6 +138,9 @@ struct BsaFwdSm90Params {
   // mask_lo <= s - i <= mask_hi (BsaMeta::mask, clamped to [-S_q, S_kv]: int32). Unused by packed
   // batches (each sequence's band is TileSeq's, from BsaMeta::mask_of).
   int32_t mask_lo, mask_hi;
+  // Key-split mode (block 64) only: 1 -> warp 0 of the producer warpgroup issues Q and K and warp
+  // 1 issues V (ProducerPart); 0 -> warp 0 issues all three in one stream.
+  int32_t v_warp;
 };
 
 // Warpgroup roles.
@@ -557,7 +560,15 @@ __device__ __forceinline__ int entry_valid(int last) {  // 0 for a missing entry
   return last < 0 ? 0 : (last & (kBlock - 1)) + 1;
 }
 
-// ---- producer (warp 0) --------------------------------------------------------------------------
+// ---- producer (warp 0; key-split mode with BsaFwdSm90Params::v_warp: warps 0 and 1) -------------
+// What one producer warp issues. kAll: Q, K of stage j, then V of stage j - 1, in one stream (the
+// order the consumers use them in). Key-split mode gives each consumer warpgroup every other
+// stage of the 2-stage ring, so there a warpgroup's next K (its slot frees after its S GEMM, mid
+// turn) would queue behind the other stage's V (free only at the end of that turn): kQK (warp 0)
+// issues Q and K, kV (warp 1) V with its padding fix-up, each walking the tile's list itself in
+// the same stage order, so each load goes out as soon as its own slot is free.
+enum class ProducerPart : int { kAll, kQK, kV };
+
 // One stage of the K/V ring as the producer fills it: kBlocksPerStage KV blocks.
 template <class T>
 struct KvSlot {
@@ -644,7 +655,11 @@ template <class T, class Seq>
 __device__ __forceinline__ void producer_tile_masked(const BsaFwdSm90Params& p, SharedStorage<T>& s,
                                                      const TileCoord& tc, const Seq& seq,
                                                      const SlotRange& sr, int hk, int lane,
-                                                     KvSlot<T>& next, uint32_t& pad_phase) {
+                                                     KvSlot<T>& next, uint32_t& pad_phase,
+                                                     ProducerPart part) {
+  // One loop for the three parts (separate loops spill at the producer's 24 registers).
+  const bool v_only = T::kKeySplit && part == ProducerPart::kV;
+  const bool all = !T::kKeySplit || part == ProducerPart::kAll;
   constexpr int kBlock = T::kBlock;
   constexpr int kPer = T::kBlocksPerStage;
   VisibleCursor<kBlock> list;
@@ -677,7 +692,7 @@ __device__ __forceinline__ void producer_tile_masked(const BsaFwdSm90Params& p, 
       last1 = list.next(p, tc, seq, sr, lane);
       if (last1 < 0) last1 = last0;
     }
-    if (prev0 < 0) {
+    if (!v_only && prev0 < 0) {
       // [P1] Q, once the consumers are done with the previous tile's Q.
       named_barrier_sync(id(NamedBarrier::kQueryEmpty), 32 + T::kConsumerThreads);
       if (lane == 0) {
@@ -688,11 +703,17 @@ __device__ __forceinline__ void producer_tile_masked(const BsaFwdSm90Params& p, 
                       seq.q0() + tc.m * kBlock, tc.h, seq.tma_b(tc.b));
       }
     }
-    // [P2] K of this stage, then V of the previous one (the ring position before `next`).
-    producer_load_k<T>(p, s, slot_of(last0, last1, next.stage, next.phase), hk, seq.tma_b(tc.b),
-                       lane);
+    // [P2] K of this stage, then V of the previous one (the ring position before `next`); kV:
+    // V of this stage.
+    if (v_only) {
+      producer_load_v<T>(p, s, slot_of(last0, last1, next.stage, next.phase), hk,
+                         seq.tma_b(tc.b), lane, pad_phase);
+    } else {
+      producer_load_k<T>(p, s, slot_of(last0, last1, next.stage, next.phase), hk,
+                         seq.tma_b(tc.b), lane);
+    }
     static_assert(T::kStages == 2, "the previous stage is the other one");
-    if (prev0 >= 0)
+    if (all && prev0 >= 0)
       producer_load_v<T>(p, s,
                          slot_of(prev0, prev1, next.stage ^ 1,
                                  next.phase ^ (next.stage == 0 ? 1u : 0u)),
@@ -705,7 +726,7 @@ __device__ __forceinline__ void producer_tile_masked(const BsaFwdSm90Params& p, 
     }
   }
   // [P3] V of the last stage.
-  if (prev0 >= 0)
+  if (all && prev0 >= 0)
     producer_load_v<T>(p, s,
                        slot_of(prev0, prev1, next.stage ^ 1,
                                next.phase ^ (next.stage == 0 ? 1u : 0u)),
@@ -713,7 +734,10 @@ __device__ __forceinline__ void producer_tile_masked(const BsaFwdSm90Params& p, 
 }
 
 template <class T>
-__device__ __forceinline__ void producer_main(const BsaFwdSm90Params& p, SharedStorage<T>& s) {
+__device__ __forceinline__ void producer_main(const BsaFwdSm90Params& p, SharedStorage<T>& s,
+                                              ProducerPart part) {
+  const bool v_only = T::kKeySplit && part == ProducerPart::kV;
+  const bool all = !T::kKeySplit || part == ProducerPart::kAll;
   constexpr int kBlock = T::kBlock;
   constexpr int kPanelElems = kBlock * 64;
   constexpr int kPer = T::kBlocksPerStage;
@@ -737,18 +761,20 @@ __device__ __forceinline__ void producer_main(const BsaFwdSm90Params& p, SharedS
     if (count <= 0) continue;  // the consumers write O = 0, LSE = -inf; nothing to load
     const int hk = tc.h / p.group;
     if constexpr (T::kMasked) {
-      producer_tile_masked<T>(p, s, tc, seq, sr, hk, lane, next, pad_phase);
+      producer_tile_masked<T>(p, s, tc, seq, sr, hk, lane, next, pad_phase, part);
       continue;
     }
 
     // [P1] Q, once the consumers are done with the previous tile's Q.
-    named_barrier_sync(id(NamedBarrier::kQueryEmpty), 32 + T::kConsumerThreads);
-    if (lane == 0) {
-      mbarrier_arrive_expect_tx(&s.q_full, T::kTileBytes);
+    if (!v_only) {
+      named_barrier_sync(id(NamedBarrier::kQueryEmpty), 32 + T::kConsumerThreads);
+      if (lane == 0) {
+        mbarrier_arrive_expect_tx(&s.q_full, T::kTileBytes);
 #pragma unroll
-      for (int pnl = 0; pnl < T::kPanels; ++pnl)
-        tma_load_4d(&p.tma_q, s.q + pnl * kPanelElems, &s.q_full, pnl * 64, tc.m * kBlock, tc.h,
-                    tc.b);
+        for (int pnl = 0; pnl < T::kPanels; ++pnl)
+          tma_load_4d(&p.tma_q, s.q + pnl * kPanelElems, &s.q_full, pnl * 64, tc.m * kBlock,
+                      tc.h, tc.b);
+      }
     }
 
     // [P2] K of stage j, then V of stage j - 1: the order the consumers use them in (stage j's
@@ -779,8 +805,12 @@ __device__ __forceinline__ void producer_main(const BsaFwdSm90Params& p, SharedS
           cur.key0[h] = here ? key0 : cur.key0[0];
           cur.info[h] = here ? inf : cur.info[0];
         }
-        producer_load_k<T>(p, s, cur, hk, tc.b, lane);
-        if (first + j > 0) producer_load_v<T>(p, s, prev, hk, tc.b, lane, pad_phase);
+        // One call site per load (each inlined once): the V warp's V of this stage, or the
+        // single warp's V of the previous one.
+        if (!v_only) producer_load_k<T>(p, s, cur, hk, tc.b, lane);
+        if (v_only) prev = cur;
+        if (v_only || (all && first + j > 0))
+          producer_load_v<T>(p, s, prev, hk, tc.b, lane, pad_phase);
         prev = cur;
         if (++next.stage == T::kStages) {
           next.stage = 0;
@@ -788,7 +818,7 @@ __device__ __forceinline__ void producer_main(const BsaFwdSm90Params& p, SharedS
         }
       }
     }
-    producer_load_v<T>(p, s, prev, hk, tc.b, lane, pad_phase);
+    if (all) producer_load_v<T>(p, s, prev, hk, tc.b, lane, pad_phase);
   }
 }
 
@@ -1365,7 +1395,12 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
   const Role role = static_cast<Role>(__shfl_sync(0xffffffffu, threadIdx.x / 128, 0));
   if (role == Role::kProducer) {
     setmaxnreg_dec<T::kProducerRegs>();
-    if (threadIdx.x < 32) producer_main<T>(p, s);
+    // Key-split mode with the V warp: warp 0 issues Q and K, warp 1 V; otherwise warp 0 all.
+    const bool v_warp = T::kKeySplit && p.v_warp != 0;
+    if (threadIdx.x < (v_warp ? 64 : 32))
+      producer_main<T>(p, s,
+                       !v_warp ? ProducerPart::kAll
+                               : (threadIdx.x < 32 ? ProducerPart::kQK : ProducerPart::kV));
   } else {
     setmaxnreg_inc<T::kConsumerRegs>();
     consumer_main<T>(p, s, static_cast<int>(role) - static_cast<int>(Role::kConsumer0));
