@@ -162,21 +162,6 @@ TEST(Sm90BsaForwardSplitKv, MatchesReference) {
   }
 }
 
-// Block 64 (key-split mode) with one producer warp issuing Q, K and V (the kernel before the V
-// warp, Tuning::sm90_bsa_fwd_v_warp = 0), and the V warp forced on: every case.
-TEST(Sm90BsaForwardProducerWarps, MatchesReference) {
-  SA_SKIP_UNLESS_SM90();
-  for (int32_t v_warp : {0, 1}) {
-    sa::detail::Tuning t;
-    t.sm90_bsa_fwd_v_warp = v_warp;
-    const sa::detail::ScopedTuning tune(t);
-    for (const Sm90BsaCase& c : kCases) {
-      SCOPED_TRACE(c.name + " v_warp " + std::to_string(v_warp));
-      expect_case_matches_reference(c, SA_DTYPE_BF16);
-    }
-  }
-}
-
 // fp16: the same cases.
 class Sm90BsaForwardFp16 : public ::testing::TestWithParam<Sm90BsaCase> {};
 

@@ -14,10 +14,6 @@ struct Tuning {
   // Hopper BSA forward, split-KV: slices of each row's block list run as separate tiles.
   // 0: the automatic rule (sm90/bsa_forward.cu); 1: never split; 2..16: that many.
   int32_t sm90_fwd_splits = 0;
-  // Hopper BSA forward in key-split mode (block 64): warp 1 of the producer warpgroup issues V
-  // while warp 0 issues Q and K (ProducerPart in sm90/bsa_forward_kernel.cuh). -1: the rule (on);
-  // 0: one producer warp; 1: on. Block 128 has one producer warp either way.
-  int32_t sm90_bsa_fwd_v_warp = -1;
   // Hopper BSA backward: how many of the last work items the reverse map launches longest first
   // (its step 6). -1: two waves of CTAs; 0: item order; at most portable::kMaxTailItems.
   int32_t sm90_bwd_tail = -1;

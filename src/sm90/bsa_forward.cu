@@ -194,9 +194,6 @@ void bsa_forward(const BsaFwdProblem& p, void* workspace, size_t workspace_bytes
     params.mask_hi = narrow_i32(p.meta.mask.hi, "mask band hi");
   }
 
-  // Key-split mode's V warp (the rule: on; the internal tuning may turn it off for an A/B).
-  params.v_warp = detail::tuning().sm90_bsa_fwd_v_warp != 0 ? 1 : 0;
-
   const int splits = forward_splits(p);
   if (splits > 1) {
     const size_t need = split_workspace_bytes(d, splits);
