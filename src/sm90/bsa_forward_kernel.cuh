@@ -14,8 +14,8 @@
 //   kProducer  warpgroup 0, setmaxnreg down to kProducerRegs; its warp 0 reads the block list 32
 //              slots at a time (one slot per lane, broadcast by shuffles) and issues the TMA loads:
 //              Q once per tile, then K and V of each stage (the block index times kBlock is the row
-//              coordinate of an ordinary tile load). Key-split mode: warp 0 issues Q and K and hands
-//              each stage's V loads to warp 1 (VRing, producer_v_main).
+//              coordinate of an ordinary tile load). Key-split mode: warp 0 issues Q and K and
+//              hands each stage's V loads to warp 1 (VRing, producer_v_main).
 //   kConsumer0, kConsumer1  warpgroups 1 and 2, setmaxnreg up to kConsumerRegs: S = Q K^T and
 //              O += P V with wgmma, the online softmax, O in registers.
 //              Block 128: each owns 64 of the tile's query rows and reads every stage; each writes
@@ -272,8 +272,9 @@ struct FwdTraits {
 // V loads to warp 1 through this ring of kVSlots slots, in stage order: slot i holds the stage's
 // {key0[0], key0[1], info[0], info[1]} and {hk, TMA batch, last, 0} (last = 1: no more stages;
 // the other words are then unused). full[i]: warp 0's lane 0 arrives after its stores (release);
-// empty[i]: warp 1's lane 0 arrives after its loads. Warp 1 walks no list (a second walk in the
-// producer's 24 registers spilled, session 38).
+// empty[i]: every lane of warp 1 arrives after its own loads (count 32: racecheck follows an
+// mbarrier through the accessing thread's own arrival). Warp 1 walks no list (a second walk in
+// the producer's registers spilled, session 38).
 constexpr int kVSlots = 4;
 template <class T, bool = T::kKeySplit>
 struct VRing {
@@ -584,7 +585,7 @@ __device__ __forceinline__ int entry_valid(int last) {  // 0 for a missing entry
   return last < 0 ? 0 : (last & (kBlock - 1)) + 1;
 }
 
-// ---- producer (warp 0; key-split mode: V by warp 1, VRing) ----------------------------------------
+// ---- producer (warp 0; key-split mode: V by warp 1, VRing) --------------------------------------
 // One stage of the K/V ring as the producer fills it: kBlocksPerStage KV blocks.
 template <class T>
 struct KvSlot {
@@ -663,15 +664,18 @@ __device__ __forceinline__ void producer_load_v(const BsaFwdSm90Params& p, Share
 // Key-split mode, warp 0: hands stage `slot`'s V loads to warp 1 (VRing). vc counts the stages
 // handed over: slot vc % kVSlots, parity (vc / kVSlots) & 1. last = 1: no more stages.
 template <class T>
-__device__ __forceinline__ void vring_push(SharedStorage<T>& s, uint32_t& vc, const KvSlot<T>& slot,
-                                           int hk, int tb, int last, int lane) {
+__device__ __forceinline__ void vring_push(SharedStorage<T>& s, uint32_t& vc,
+                                           const KvSlot<T>& slot, int hk, int tb, int last,
+                                           int lane) {
   static_assert(T::kBlocksPerStage == 2, "key-split stages pair two blocks");
   const uint32_t i = vc % kVSlots;
   if (lane == 0) {
     mbarrier_wait(&s.vring.empty[i], ((vc / kVSlots) & 1) ^ 1);
     st_shared_v4(smem_u32(&s.vring.words[i][0]),
-                 make_uint4(static_cast<uint32_t>(slot.key0[0]), static_cast<uint32_t>(slot.key0[1]),
-                            static_cast<uint32_t>(slot.info[0]), static_cast<uint32_t>(slot.info[1])));
+                 make_uint4(static_cast<uint32_t>(slot.key0[0]),
+                            static_cast<uint32_t>(slot.key0[1]),
+                            static_cast<uint32_t>(slot.info[0]),
+                            static_cast<uint32_t>(slot.info[1])));
     st_shared_v4(smem_u32(&s.vring.words[i][1]),
                  make_uint4(static_cast<uint32_t>(hk), static_cast<uint32_t>(tb),
                             static_cast<uint32_t>(last), 0u));
