@@ -11,10 +11,11 @@
 // block repeats its first, and all its keys are masked).
 //
 // Roles (warpgroups):
-//   kProducer  warpgroup 0, setmaxnreg down to kProducerRegs; only its warp 0 works: it reads the
-//              block list 32 slots at a time (one slot per lane, broadcast by shuffles) and issues
-//              the TMA loads: Q once per tile, then K and V of each stage (the block index times
-//              kBlock is the row coordinate of an ordinary tile load).
+//   kProducer  warpgroup 0, setmaxnreg down to kProducerRegs; its warp 0 reads the block list 32
+//              slots at a time (one slot per lane, broadcast by shuffles) and issues the TMA loads:
+//              Q once per tile, then K and V of each stage (the block index times kBlock is the row
+//              coordinate of an ordinary tile load). Key-split mode: warp 0 issues Q and K and
+//              hands each stage's V loads to warp 1 (VRing, producer_v_main).
 //   kConsumer0, kConsumer1  warpgroups 1 and 2, setmaxnreg up to kConsumerRegs: S = Q K^T and
 //              O += P V with wgmma, the online softmax, O in registers.
 //              Block 128: each owns 64 of the tile's query rows and reads every stage; each writes
@@ -224,8 +225,10 @@ struct FwdTraits {
   static constexpr int kStages = 2;             // K and V ring depth
   // One CTA per SM, two consumers ping-ponging on the tensor cores (FA3-style).
   static constexpr int kCtasPerSm = 1;
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
+  // Key-split mode: two producer warps (Q and K; V from VRing) need more than 24 registers; the
+  // key-split consumers fit 232 (ptxas, session 38).
+  static constexpr int kProducerRegs = kKeySplit ? 40 : 24;
+  static constexpr int kConsumerRegs = kKeySplit ? 232 : 240;
   static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <=
                     setmaxnreg_pool(kThreads, kCtasPerSm),
                 "register split exceeds the CTA's register pool");
@@ -262,6 +265,28 @@ struct FwdTraits {
       cute::Step<cute::_2, cute::_1, cute::_3>{}));
 };
 
+// Key-split mode (block 64): each consumer warpgroup takes every other stage of the 2-stage ring,
+// so its K and V rings are one deep; from one producer warp issuing K of stage j then V of stage
+// j - 1, a warpgroup's next K (its slot free once its S GEMM retires, mid turn) would wait for the
+// other stage's V (free at the end of the turn). So warp 0 issues Q and K and hands each stage's
+// V loads to warp 1 through this ring of kVSlots slots, in stage order: slot i holds the stage's
+// {key0[0], key0[1], info[0], info[1]} and {hk, TMA batch, last, 0} (last = 1: no more stages;
+// the other words are then unused). full[i]: warp 0's lane 0 arrives after its stores (release);
+// empty[i]: every lane of warp 1 arrives after its own loads (count 32: racecheck follows an
+// mbarrier through the accessing thread's own arrival). Warp 1 walks no list (a second walk in
+// the producer's registers spilled, session 38).
+constexpr int kVSlots = 4;
+template <class T, bool = T::kKeySplit>
+struct VRing {
+  uint32_t unused;
+};
+template <class T>
+struct alignas(16) VRing<T, true> {
+  int4 words[kVSlots][2];
+  uint64_t full[kVSlots];
+  uint64_t empty[kVSlots];
+};
+
 template <class T>
 struct alignas(1024) SharedStorage {
   using Element = typename T::Element;
@@ -282,6 +307,9 @@ struct alignas(1024) SharedStorage {
   // (SharedSeq, 8 words a warp, 16-byte vector accesses); one unused word otherwise (last, so that
   // no other member moves).
   alignas(16) int seq[T::kVarlen ? 8 * T::kConsumerWarps : 1];
+  // Key-split mode: warp 0's hand-off of each stage's V loads to warp 1 (VRing; last, so that no
+  // other member moves).
+  VRing<T> vring;
 };
 
 struct TileCoord {
@@ -557,7 +585,7 @@ __device__ __forceinline__ int entry_valid(int last) {  // 0 for a missing entry
   return last < 0 ? 0 : (last & (kBlock - 1)) + 1;
 }
 
-// ---- producer (warp 0) --------------------------------------------------------------------------
+// ---- producer (warp 0; key-split mode: V by warp 1, VRing) --------------------------------------
 // One stage of the K/V ring as the producer fills it: kBlocksPerStage KV blocks.
 template <class T>
 struct KvSlot {
@@ -633,6 +661,57 @@ __device__ __forceinline__ void producer_load_v(const BsaFwdSm90Params& p, Share
   if (lane == 0) mbarrier_arrive(&s.v_full[slot.stage]);
 }
 
+// Key-split mode, warp 0: hands stage `slot`'s V loads to warp 1 (VRing). vc counts the stages
+// handed over: slot vc % kVSlots, parity (vc / kVSlots) & 1. last = 1: no more stages.
+template <class T>
+__device__ __forceinline__ void vring_push(SharedStorage<T>& s, uint32_t& vc,
+                                           const KvSlot<T>& slot, int hk, int tb, int last,
+                                           int lane) {
+  static_assert(T::kBlocksPerStage == 2, "key-split stages pair two blocks");
+  const uint32_t i = vc % kVSlots;
+  if (lane == 0) {
+    mbarrier_wait(&s.vring.empty[i], ((vc / kVSlots) & 1) ^ 1);
+    st_shared_v4(smem_u32(&s.vring.words[i][0]),
+                 make_uint4(static_cast<uint32_t>(slot.key0[0]),
+                            static_cast<uint32_t>(slot.key0[1]),
+                            static_cast<uint32_t>(slot.info[0]),
+                            static_cast<uint32_t>(slot.info[1])));
+    st_shared_v4(smem_u32(&s.vring.words[i][1]),
+                 make_uint4(static_cast<uint32_t>(hk), static_cast<uint32_t>(tb),
+                            static_cast<uint32_t>(last), 0u));
+    mbarrier_arrive(&s.vring.full[i]);  // release: the words are visible to its waiters
+  }
+  ++vc;
+}
+
+// Key-split mode, warp 1: the V loads of every stage warp 0 hands over, in stage order (the ring
+// position advances as warp 0's does), until the last.
+template <class T>
+__device__ __forceinline__ void producer_v_main(const BsaFwdSm90Params& p, SharedStorage<T>& s) {
+  const int lane = threadIdx.x % 32;
+  if (lane == 0) prefetch_tensor_map(&p.tma_v);
+  KvSlot<T> slot{};
+  uint32_t pad_phase = 0;  // of v_pad
+#pragma unroll 1
+  for (uint32_t vc = 0;; ++vc) {
+    const uint32_t i = vc % kVSlots;
+    mbarrier_wait(&s.vring.full[i], (vc / kVSlots) & 1);
+    const uint4 a = ld_shared_v4(smem_u32(&s.vring.words[i][0]));
+    const uint4 b = ld_shared_v4(smem_u32(&s.vring.words[i][1]));
+    mbarrier_arrive(&s.vring.empty[i]);  // every lane, after its own loads (count 32)
+    if (b.z != 0) break;
+    slot.key0[0] = static_cast<int>(a.x);
+    slot.key0[1] = static_cast<int>(a.y);
+    slot.info[0] = static_cast<int>(a.z);
+    slot.info[1] = static_cast<int>(a.w);
+    producer_load_v<T>(p, s, slot, static_cast<int>(b.x), static_cast<int>(b.y), lane, pad_phase);
+    if (++slot.stage == T::kStages) {
+      slot.stage = 0;
+      slot.phase ^= 1;
+    }
+  }
+}
+
 // The Q, K and V loads of one tile under a token mask ([P1]-[P3] over the filtered list): the
 // stages pair filtered entries (VisibleCursor); Q is loaded with the first stage, so that a tile
 // with no visible block loads nothing, like a tile with no block (the consumers count the same
@@ -644,7 +723,8 @@ template <class T, class Seq>
 __device__ __forceinline__ void producer_tile_masked(const BsaFwdSm90Params& p, SharedStorage<T>& s,
                                                      const TileCoord& tc, const Seq& seq,
                                                      const SlotRange& sr, int hk, int lane,
-                                                     KvSlot<T>& next, uint32_t& pad_phase) {
+                                                     KvSlot<T>& next, uint32_t& pad_phase,
+                                                     uint32_t& vc) {
   constexpr int kBlock = T::kBlock;
   constexpr int kPer = T::kBlocksPerStage;
   VisibleCursor<kBlock> list;
@@ -688,11 +768,13 @@ __device__ __forceinline__ void producer_tile_masked(const BsaFwdSm90Params& p, 
                       seq.q0() + tc.m * kBlock, tc.h, seq.tma_b(tc.b));
       }
     }
-    // [P2] K of this stage, then V of the previous one (the ring position before `next`).
-    producer_load_k<T>(p, s, slot_of(last0, last1, next.stage, next.phase), hk, seq.tma_b(tc.b),
-                       lane);
+    // [P2] K of this stage, then V of the previous one (the ring position before `next`); key-split
+    // mode: this stage's V to warp 1.
+    const KvSlot<T> cur = slot_of(last0, last1, next.stage, next.phase);
+    producer_load_k<T>(p, s, cur, hk, seq.tma_b(tc.b), lane);
     static_assert(T::kStages == 2, "the previous stage is the other one");
-    if (prev0 >= 0)
+    if constexpr (T::kKeySplit) vring_push<T>(s, vc, cur, hk, seq.tma_b(tc.b), 0, lane);
+    if (!T::kKeySplit && prev0 >= 0)
       producer_load_v<T>(p, s,
                          slot_of(prev0, prev1, next.stage ^ 1,
                                  next.phase ^ (next.stage == 0 ? 1u : 0u)),
@@ -705,7 +787,7 @@ __device__ __forceinline__ void producer_tile_masked(const BsaFwdSm90Params& p, 
     }
   }
   // [P3] V of the last stage.
-  if (prev0 >= 0)
+  if (!T::kKeySplit && prev0 >= 0)
     producer_load_v<T>(p, s,
                        slot_of(prev0, prev1, next.stage ^ 1,
                                next.phase ^ (next.stage == 0 ? 1u : 0u)),
@@ -725,6 +807,7 @@ __device__ __forceinline__ void producer_main(const BsaFwdSm90Params& p, SharedS
   }
   KvSlot<T> next{};  // the ring position the next stage takes
   uint32_t pad_phase = 0;  // of v_pad
+  [[maybe_unused]] uint32_t vc = 0;  // key-split mode: stages handed to warp 1 (vring_push)
 #pragma unroll 1
   for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
     const TileCoord tc = tile_coord<T>(p, tile);
@@ -737,7 +820,7 @@ __device__ __forceinline__ void producer_main(const BsaFwdSm90Params& p, SharedS
     if (count <= 0) continue;  // the consumers write O = 0, LSE = -inf; nothing to load
     const int hk = tc.h / p.group;
     if constexpr (T::kMasked) {
-      producer_tile_masked<T>(p, s, tc, seq, sr, hk, lane, next, pad_phase);
+      producer_tile_masked<T>(p, s, tc, seq, sr, hk, lane, next, pad_phase, vc);
       continue;
     }
 
@@ -780,7 +863,8 @@ __device__ __forceinline__ void producer_main(const BsaFwdSm90Params& p, SharedS
           cur.info[h] = here ? inf : cur.info[0];
         }
         producer_load_k<T>(p, s, cur, hk, tc.b, lane);
-        if (first + j > 0) producer_load_v<T>(p, s, prev, hk, tc.b, lane, pad_phase);
+        if constexpr (T::kKeySplit) vring_push<T>(s, vc, cur, hk, tc.b, 0, lane);
+        else if (first + j > 0) producer_load_v<T>(p, s, prev, hk, tc.b, lane, pad_phase);
         prev = cur;
         if (++next.stage == T::kStages) {
           next.stage = 0;
@@ -788,8 +872,9 @@ __device__ __forceinline__ void producer_main(const BsaFwdSm90Params& p, SharedS
         }
       }
     }
-    producer_load_v<T>(p, s, prev, hk, tc.b, lane, pad_phase);
+    if constexpr (!T::kKeySplit) producer_load_v<T>(p, s, prev, hk, tc.b, lane, pad_phase);
   }
+  if constexpr (T::kKeySplit) vring_push<T>(s, vc, next, 0, 0, 1, lane);  // no more stages
 }
 
 // ---- consumer helpers ---------------------------------------------------------------------------
@@ -1358,6 +1443,13 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
       mbarrier_init(&s.k_empty[i], T::kKeySplit ? 4 : T::kConsumerWarps);
       mbarrier_init(&s.v_empty[i], T::kKeySplit ? 4 : T::kConsumerWarps);
     }
+    if constexpr (T::kKeySplit) {
+#pragma unroll
+      for (int i = 0; i < kVSlots; ++i) {
+        mbarrier_init(&s.vring.full[i], 1);
+        mbarrier_init(&s.vring.empty[i], 32);
+      }
+    }
     fence_mbarrier_init();
   }
   __syncthreads();
@@ -1365,7 +1457,11 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
   const Role role = static_cast<Role>(__shfl_sync(0xffffffffu, threadIdx.x / 128, 0));
   if (role == Role::kProducer) {
     setmaxnreg_dec<T::kProducerRegs>();
-    if (threadIdx.x < 32) producer_main<T>(p, s);
+    if (threadIdx.x < 32) {
+      producer_main<T>(p, s);
+    } else if constexpr (T::kKeySplit) {
+      if (threadIdx.x < 64) producer_v_main<T>(p, s);
+    }
   } else {
     setmaxnreg_inc<T::kConsumerRegs>();
     consumer_main<T>(p, s, static_cast<int>(role) - static_cast<int>(Role::kConsumer0));
