@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/problem.hpp"
 #include "sm90/hopper_primitives.cuh"
@@ -169,16 +170,24 @@ __device__ __forceinline__ void cta_seq_store(CtaSeqWords& s, const TileSeq<true
 // ---- rows of a landed tile ----------------------------------------------------------------------
 // Zero rows [row0, row0 + rows) of every 64-column panel of a 128-byte-row tile in shared memory
 // (whole rows: the 128B swizzle permutes 16-byte chunks within a row), one warp, lane `lane`
-// taking every 32nd chunk. The caller fences (fence_proxy_async_shared) before an async-proxy
-// reader (wgmma, TMA store) and orders the warp (__syncwarp) before publishing.
-template <int kPanels, class Element>
-__device__ __forceinline__ void zero_tile_rows(Element* tile, int panel_elems, int row0, int rows,
+// taking every 32nd chunk. The tile is a pointer to its 2-byte elements, or (Tile = uint32_t) its
+// shared address: 32-bit st.shared, for a caller with few registers (the backward's producer
+// warp, 24). The caller fences (fence_proxy_async_shared) before an async-proxy reader (wgmma,
+// TMA store) and orders the warp (__syncwarp) before publishing.
+template <int kPanels, class Tile>
+__device__ __forceinline__ void zero_tile_rows(Tile tile, int panel_elems, int row0, int rows,
                                                int lane) {
   const int chunks = rows * 8;  // 16-byte chunks per panel
 #pragma unroll
   for (int pnl = 0; pnl < kPanels; ++pnl) {
-    uint4* dst = reinterpret_cast<uint4*>(tile + pnl * panel_elems + row0 * 64);
-    for (int c = lane; c < chunks; c += 32) dst[c] = make_uint4(0u, 0u, 0u, 0u);
+    if constexpr (std::is_same_v<Tile, uint32_t>) {
+      const uint32_t dst = tile + 2 * (pnl * panel_elems + row0 * 64);
+#pragma unroll 1
+      for (int c = lane; c < chunks; c += 32) st_shared_v4(dst + 16 * c, make_uint4(0u, 0u, 0u, 0u));
+    } else {
+      uint4* dst = reinterpret_cast<uint4*>(tile + pnl * panel_elems + row0 * 64);
+      for (int c = lane; c < chunks; c += 32) dst[c] = make_uint4(0u, 0u, 0u, 0u);
+    }
   }
 }
 
