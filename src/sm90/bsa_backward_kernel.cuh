@@ -99,6 +99,16 @@
 // stores dS^T = 0 for the other warpgroup's [7] ("hidden part"). Rows that see no key have
 // lse2 = +inf (preprocess): P = exp2(min(-inf, 0)) = 0, no NaN.
 //
+// Packed (THD) batches (T::kVarlen, bsa_backward_varlen.cu; kVarlen implies kMask): a work item
+// is (sequence b, KV head, local KV block). Thread 0 stores the sequence's words (sq, skv, band,
+// q0, k0, stats base row; CtaSeqWords) before the CTA's first barrier and every role reads them
+// where it uses them (seq_sq / seq_skv / seq_lo / seq_hi / stat_row). Rows, keys and the band stay
+// local; TMA coordinates add q0 / k0 with batch coordinate 0; lse2, delta and dq_accum rows of the
+// sequence start at its stats base row (cuda/bsa_packed_rows.hpp). At the sequence's end: the
+// producer warp zeroes the rows of a crossing Q / dO tile that belong to the next sequence
+// (producer_main), K rows >= valid are zeroed and padded keys selected away as for dense padding,
+// and the single-owner epilogue stores only the valid rows of a partial 64-key box.
+//
 // Memory safety: Q/dO rows >= S_q are zero (TMA fill) and have lse2 = +inf, delta = 0 (preprocess)
 // so their P, dS are exactly 0 (a tile wholly past S_q is skipped, never loaded); K rows >= valid
 // are zeroed in shared memory before any GEMM (they are the B operand of dQ); P and dS of padded
