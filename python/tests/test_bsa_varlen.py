@@ -1,8 +1,7 @@
 """BSA packed (variable-length, THD) batches (SPEC 4) through the package on the CPU: values and
 gradients of one packed call against a separate call per sequence (the dense-batch API, BSHD),
 with and without masks; the argument errors; torch.compile-style meta tracing. On CUDA (skipped
-without a GPU): the portable forward and backward under AUTO against the reference (the backward
-compiled, not yet run on a GPU)."""
+without a GPU): the forward and backward under AUTO against the reference."""
 
 import pytest
 import torch
