@@ -200,7 +200,11 @@ std::string bsa_backward_unsupported(const BsaBwdProblem& p) {
   const int64_t stat_rows =
       packed ? d.Hq * portable::packed_stat_rows(d.Sq, d.B, static_cast<int32_t>(d.block))
              : d.B * d.Hq * d.Nq * d.block;
-  if (d.B > kMaxInt || d.Hq > kMaxInt || stat_rows > kMaxInt || d.B * d.Hkv * d.Nkv > kMaxInt) {
+  // The dQ conversion beside the kernel hands out B H_q (N_q block / 64) tiles by an int32 ticket
+  // (packed: N_q_max block rows per sequence and head), with up to one grid of spare tickets.
+  const int64_t dq_tiles = d.B * d.Hq * ((d.Nq * d.block + 63) / 64) + 4096;
+  if (d.B > kMaxInt || d.Hq > kMaxInt || stat_rows > kMaxInt || d.B * d.Hkv * d.Nkv > kMaxInt ||
+      dq_tiles > kMaxInt) {
     os << "B = " << d.B << ", H_q = " << d.Hq << ", S_q = " << d.Sq
        << " (sm90 backward indexes rows of all heads with int32)";
     return os.str();

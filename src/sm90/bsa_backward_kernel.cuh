@@ -485,7 +485,9 @@ __device__ __forceinline__ void producer_main(const BsaBwdSm90Params& p, SharedS
     tile_rows<T>(p, it, t, h, row0);
     if (!tile_live<T>(p, s, it, row0)) continue;  // past S_q or masked out (the consumers skip it too)
     if constexpr (T::kVarlen) {
-      mbarrier_wait(&s.q_empty[stage], (phase & 1) ^ 1);
+      // Lane 0 alone waits for the stage: the other lanes touch it only after q_pad's phase, which
+      // completes after lane 0's loads, so no lane can take a later phase of q_empty for this one.
+      if (leader) mbarrier_wait(&s.q_empty[stage], (phase & 1) ^ 1);
       typename T::Element* q_dst = s.q + stage * T::kBlockM * T::kHeadDim;
       typename T::Element* do_dst = s.dout + stage * T::kBlockM * T::kHeadDim;
       const int rows = cta_seq_word(s.seq.words, kSeqSq) - row0;  // >= 1: the tile is live
