@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "common/dq_tile_layout.hpp"
 #include "common/problem.hpp"
 #include "cuda/bsa_backward_driver.hpp"
 #include "cuda/bsa_backward_plan.hpp"
@@ -137,6 +138,56 @@ TEST(BsaPackedRows, SequencesOwnDisjointAlignedRegions) {
         ASSERT_EQ(sa::portable::packed_seq_of_token(cu.data(), 1, B, T, t), b) << "t=" << t;
     }
   }
+}
+
+// The tiled dQ order of a packed sequence (dq_tiled_index_at from the sequence's base row
+// h * Sq_pad + packed_stat_row0): every (local row < sq, column) lands in the sequence's tile run
+// [row_base, row_base + ceil(sq / 64) * 64) rows, once, and that run lies in the sequence's own
+// buffer region (below the next sequence's base row and below packed_stat_rows), so the two dQ
+// conversions read exactly what the kernel's 64-row reductions of the sequence wrote.
+TEST(DqTileLayout, PackedRunsStayInTheSequence) {
+  std::mt19937_64 rng(39);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int32_t block = trial % 2 == 0 ? 64 : 128;
+    const int D = trial % 4 < 2 ? 64 : 128;
+    const int B = 1 + static_cast<int>(rng() % 8);
+    const int64_t Hq = 1 + static_cast<int64_t>(rng() % 2);
+    std::vector<int32_t> cu(static_cast<size_t>(B) + 1, 0);
+    for (int b = 0; b < B; ++b) {
+      const uint64_t kind = rng() % 4;
+      const int32_t len = kind == 0 ? 0 : kind == 1 ? 1 : static_cast<int32_t>(rng() % 200);
+      cu[static_cast<size_t>(b) + 1] = cu[static_cast<size_t>(b)] + len;
+    }
+    const int64_t T = cu.back();
+    if (T == 0) continue;
+    const int64_t Sq_pad = sa::portable::packed_stat_rows(T, B, block);
+    std::vector<uint8_t> seen(static_cast<size_t>(Hq * Sq_pad * D), 0);
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int b = 0; b < B; ++b) {
+        const int64_t q0 = cu[static_cast<size_t>(b)], sq = cu[static_cast<size_t>(b) + 1] - q0;
+        const int64_t base = h * Sq_pad + sa::portable::packed_stat_row0(b, q0, block);
+        const int64_t next = b + 1 < B ? h * Sq_pad + sa::portable::packed_stat_row0(
+                                                          b + 1, cu[static_cast<size_t>(b) + 1],
+                                                          block)
+                                       : (h + 1) * Sq_pad;
+        const int64_t run_end = base + (sq + 63) / 64 * 64;  // rows of the sequence's tiles
+        ASSERT_LE(run_end, next) << "b=" << b << " h=" << h << " block=" << block;
+        ASSERT_EQ(base * D * 4 % 16, 0);  // the bulk reductions' 16-byte alignment
+        for (int s = 0; s < sq; ++s)
+          for (int col = 0; col < D; ++col) {
+            const int64_t i = sa::dq_tiled_index_at(base, s, D, col);
+            ASSERT_GE(i, base * D) << "b=" << b << " s=" << s << " col=" << col;
+            ASSERT_LT(i, run_end * D) << "b=" << b << " s=" << s << " col=" << col;
+            ASSERT_EQ(seen[static_cast<size_t>(i)], 0) << "b=" << b << " s=" << s;
+            seen[static_cast<size_t>(i)] = 1;
+          }
+      }
+  }
+  // The dense form is the same map from the (b, h) run's base.
+  for (int s : {0, 5, 63, 64, 200})
+    for (int col : {0, 7, 63, 64, 127})
+      EXPECT_EQ(sa::dq_tiled_index(3, 256, s, 128, col),
+                sa::dq_tiled_index_at(3 * 256, s, 128, col));
 }
 
 // The packed plan: [H_q, packed rows] stats and dQ accumulator, [H_kv, T_kv] dK/dV accumulators,

@@ -1,22 +1,26 @@
 // GPU tests of BSA packed batches (SPEC 4; skip without a GPU).
 //
-// The portable and Hopper (sm90) forwards take packed batches (AUTO prefers the sm90 one on an
-// sm_90 device); the portable backward takes them too (AUTO runs it: the sm90 backward refuses by
-// name). Cases compare them against the fp64 reference on the same packed problem (fp64 copies
+// The portable and Hopper (sm90) forwards and backwards take packed batches (AUTO prefers the
+// sm90 ones on an sm_90 device; options.validate with packed batches is refused by name by both
+// sm90 entries). Cases compare them against the fp64 reference on the same packed problem (fp64 copies
 // of the inputs): empty and one-token sequences, sequences shorter than a block, partial blocks,
 // S_q != S_kv per sequence, queries without keys (lse -inf: dq exactly 0), keys without queries
 // (dk = dv exactly 0), MHA / GQA / MQA, every mask, block 64 and 128, D 64 and 128, rows of
 // N_q_max past every sequence, rows listing more than 32 blocks, NaN-poisoned outputs with NaN
-// padding and guards that must come back untouched. Every forward case runs on both forwards
-// (the sm90 ones named + "Sm90", skipped unless the device is sm_90 and the Hopper path is
-// built). The backward runs each case with the automatic bucket, one owner per row, rows split
-// in groups of 2 (the fp32 dK/dV accumulators) and deterministic mode (bitwise equal over three
-// runs). Captured graphs replay with new cu_seqlens and metadata values (grids and workspace
-// depend on shapes only), on both forwards and the backward.
+// padding and guards that must come back untouched. Every forward and backward case runs on both
+// implementations (the sm90 ones named + "Sm90", skipped unless the device is sm_90 and the
+// Hopper path is built). The backward runs each case with the automatic bucket, one owner per
+// row, rows split in groups of 2 (the fp32 dK/dV accumulators) and deterministic mode (bitwise
+// equal over three runs), plus the Hopper kernel's hazards at a sequence's end: query tiles and
+// KV blocks that cross into a neighbour whose inputs are NaN, single-owner dK/dV boxes that
+// cross into the next sequence's keys, second halves of a 128-key block wholly past the
+// sequence. Captured graphs replay with new cu_seqlens and metadata values (grids and workspace
+// depend on shapes only), on both forwards and both backwards.
 //
-// Filters: GpuBsaVarlen.*, GpuBsaVarlen/GpuBsaVarlenForward.* and
-// GpuBsaVarlen/GpuBsaVarlenBackward.*  (all match *GpuBsaVarlen*); the sm90 cases alone:
-// '*GpuBsaVarlen*Sm90*'.
+// Filters: GpuBsaVarlen.*, GpuBsaVarlen/GpuBsaVarlenForward.*, GpuBsaVarlen/GpuBsaVarlenGraph.*,
+// GpuBsaVarlen/GpuBsaVarlenBackward.* and GpuBsaVarlen/GpuBsaVarlenBackwardGraph.* (all match
+// *GpuBsaVarlen*); the sm90 cases alone: '*GpuBsaVarlen*Sm90*' (plus
+// GpuBsaVarlen.AutoRunsSm90ForwardAndBackward and GpuBsaVarlen.Sm90BackwardIgnoresTuningVariants).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -28,6 +32,7 @@
 #include <vector>
 
 #include "bsa_varlen_case.hpp"
+#include "common/tuning.hpp"
 #include "gpu_test_util.hpp"
 #include "sparse_attention/sparse_attention.h"
 #include "sparse_attention/sparse_attention.hpp"
@@ -224,10 +229,9 @@ TEST_P(GpuBsaVarlenForward, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(GpuBsaVarlen, GpuBsaVarlenForward, ::testing::ValuesIn(impl_cases()),
                          [](const ::testing::TestParamInfo<ImplCase>& i) { return i.param.name; });
 
-// AUTO runs the sm90 forward on an sm_90 device (else the portable one) and the portable
-// backward; forced sm90 with options.validate, and the forced sm90 backward, refuse by name,
-// writing nothing.
-TEST(GpuBsaVarlen, AutoRunsSm90ForwardPortableBackward) {
+// AUTO runs the sm90 forward and backward on an sm_90 device (else the portable ones); forced
+// sm90 with options.validate is refused by name by both, writing nothing.
+TEST(GpuBsaVarlen, AutoRunsSm90ForwardAndBackward) {
   SA_SKIP_WITHOUT_GPU();
   const VarlenCase c = gpu_case("gate", {70, 60}, {70, 60}, 2, 2, 64, 64, SA_MASK_NONE);
   std::mt19937_64 rng(1);
@@ -262,11 +266,40 @@ TEST(GpuBsaVarlen, AutoRunsSm90ForwardPortableBackward) {
     expect_forward_matches(d, p, c);
   }
 
-  // The backward: AUTO and forced portable run the portable kernels, forced sm90 refuses.
+  // The backward: AUTO runs sm90 on an sm_90 device, forced portable the portable kernels; forced
+  // sm90 with options.validate refuses by name before touching dq, dk, dv; forced sm90 runs.
   DeviceTensor dout(p.dout, 0, 0), dq(p.dq, 0, 0), dk(p.dk, 0, 0), dv(p.dv, 0, 0);
   ASSERT_TRUE(dout.ok() && dq.ok() && dk.ok() && dv.ok());
+  {
+    ASSERT_TRUE(dq.poison(nullptr) && dk.poison(nullptr) && dv.poison(nullptr));
+    sa_cpp::BsaForwardArgs f;
+    d.args(f, p, c);
+    sa_cpp::BsaBackwardArgs a;
+    a.q = f.q;
+    a.k = f.k;
+    a.v = f.v;
+    a.o = f.o;
+    a.lse = f.lse;
+    a.dout = dout.view();
+    a.dq = dq.view();
+    a.dk = dk.view();
+    a.dv = dv.view();
+    a.sparsity = f.sparsity;
+    a.options = f.options;
+    a.options.impl = SA_IMPL_SM90;
+    a.options.validate = 1;
+    const sa_cpp::Status st = sa_cpp::bsa_backward(a);
+    EXPECT_EQ(st.code(), SA_ERROR_UNSUPPORTED) << st.to_string();
+    const char* why = SA_HAVE_SM90 ? "options.validate with packed batches" : "sm90";
+    EXPECT_NE(st.message().find(why), std::string::npos) << st.message();
+    for (const DeviceTensor* t : {&dq, &dk, &dv}) {
+      HostTensor h(p.dq.dtype(), t == &dq ? p.dq.shape() : p.dk.shape());
+      ASSERT_TRUE(t->download(h));
+      for (double x : h.to_double()) ASSERT_TRUE(std::isnan(x)) << "an output was touched";
+    }
+  }
   std::vector<sa_impl> impls = {SA_IMPL_AUTO, SA_IMPL_PORTABLE};
-  if (SA_HAVE_SM90) impls.push_back(SA_IMPL_SM90);
+  if (sm90_runs()) impls.push_back(SA_IMPL_SM90);
   for (sa_impl impl : impls) {
     SCOPED_TRACE(sa_impl_name(impl));
     sa_cpp::BsaForwardArgs f;
@@ -284,13 +317,6 @@ TEST(GpuBsaVarlen, AutoRunsSm90ForwardPortableBackward) {
     a.sparsity = f.sparsity;
     a.options = f.options;
     a.options.impl = impl;
-    if (impl == SA_IMPL_SM90) {
-      const sa_cpp::Status st = sa_cpp::bsa_backward(a);
-      EXPECT_EQ(st.code(), SA_ERROR_UNSUPPORTED) << st.to_string();
-      EXPECT_NE(st.message().find("packed batches (options.cu_seqlens_q/k)"), std::string::npos)
-          << st.message();
-      continue;
-    }
     size_t bytes = 0;
     ASSERT_EQ(sa_bsa_backward_workspace_size(&a, &bytes), SA_OK) << sa_last_error();
     DeviceBuffer workspace(bytes);
@@ -302,7 +328,7 @@ TEST(GpuBsaVarlen, AutoRunsSm90ForwardPortableBackward) {
     ctx.impl_used = &used;
     ASSERT_EQ(sa_bsa_backward(&a, &ctx), SA_OK) << sa_last_error();
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(used, SA_IMPL_PORTABLE);
+    EXPECT_EQ(used, impl == SA_IMPL_PORTABLE || !sm90_runs() ? SA_IMPL_PORTABLE : SA_IMPL_SM90);
   }
 }
 
@@ -500,10 +526,46 @@ struct VarlenBwdCase {
   int32_t bucket;  // options.bucket_size: 0 automatic, kSingleOwner, or a split size
   bool deterministic;
   std::string name;
+  sa_impl impl = SA_IMPL_PORTABLE;
+  // Sequences whose q and dout (nan_q) or k and v (nan_kv) are NaN, set after the reference
+  // forward: sequences without keys (nan_q) or without queries (nan_kv), whose tokens the crossing
+  // tiles and blocks of their neighbours load. Their gradients are exact zeros.
+  std::vector<int64_t> nan_q, nan_kv;
 };
 void PrintTo(const VarlenBwdCase& c, std::ostream* os) { *os << c.name; }
 
+// NaN into the q and dout tokens of the sequences c.nan_q and the k and v tokens of c.nan_kv.
+void poison_neighbours(Packed& p, const VarlenBwdCase& c) {
+  const VarlenCase& v = c.base;
+  for (int64_t b : c.nan_q) {
+    const int64_t n = v.sq[static_cast<size_t>(b)] * v.Hq;
+    for (int64_t i = p.q0[b] * v.Hq * v.D; i < (p.q0[b] * v.Hq + n) * v.D; ++i) p.q.set(i, NAN);
+    for (int64_t i = p.q0[b] * v.Hq * v.Dv; i < (p.q0[b] * v.Hq + n) * v.Dv; ++i)
+      p.dout.set(i, NAN);
+  }
+  for (int64_t b : c.nan_kv) {
+    const int64_t n = v.skv[static_cast<size_t>(b)] * v.Hkv;
+    for (int64_t i = p.k0[b] * v.Hkv * v.D; i < (p.k0[b] * v.Hkv + n) * v.D; ++i) p.k.set(i, NAN);
+    for (int64_t i = p.k0[b] * v.Hkv * v.Dv; i < (p.k0[b] * v.Hkv + n) * v.Dv; ++i)
+      p.v.set(i, NAN);
+  }
+}
+
+// The cases on the portable backward (name as is) and the sm90 one (name + "Sm90").
+std::vector<VarlenBwdCase> portable_backward_cases();
 std::vector<VarlenBwdCase> backward_cases() {
+  std::vector<VarlenBwdCase> out = portable_backward_cases();
+  const size_t n = out.size();
+  for (size_t i = 0; i < n; ++i) {
+    VarlenBwdCase c = out[i];
+    c.impl = SA_IMPL_SM90;
+    c.name += "Sm90";
+    out.push_back(c);
+  }
+  return out;
+}
+
+std::vector<VarlenBwdCase> portable_backward_cases() {
   std::vector<VarlenBwdCase> out;
   for (const VarlenCase& c : forward_cases()) {
     if (c.dtype != SA_DTYPE_BF16) continue;  // the portable backward is bf16
@@ -519,6 +581,37 @@ std::vector<VarlenBwdCase> backward_cases() {
   out.push_back({many, 0, false, many.name + "_bucket_auto"});
   out.push_back({many, 3, false, many.name + "_bucket3"});
   out.push_back({many, 0, true, many.name + "_deterministic"});
+  // A sequence whose last query tile and last KV block cross into its neighbours: the next one
+  // has queries and no keys (q, dout NaN: the crossing Q / dO tile loads them), the one after it
+  // keys and no queries (k, v NaN: the crossing KV box loads them); a normal sequence follows.
+  // Expected: finite, correct gradients everywhere, exact zeros for the NaN sequences (Hopper
+  // hazards H1, H3: the producer zeroes the foreign Q / dO rows, padded keys are selected away).
+  VarlenCase nan128 = gpu_case("nan_neighbours_gqa_causal_b128_d128", {100, 50, 0, 90},
+                               {100, 0, 70, 90}, 4, 2, 128, 128, SA_MASK_CAUSAL);
+  VarlenCase nan64 = gpu_case("nan_neighbours_gqa_causal_b64_d64", {40, 30, 0, 50},
+                              {40, 0, 45, 50}, 4, 2, 64, 64, SA_MASK_CAUSAL);
+  for (const VarlenCase& c : {nan128, nan64}) {
+    out.push_back({c, 0, false, c.name + "_bucket_auto", SA_IMPL_PORTABLE, {1}, {2}});
+    out.push_back({c, kSingleOwner, false, c.name + "_single_owner", SA_IMPL_PORTABLE, {1}, {2}});
+    out.push_back({c, 2, false, c.name + "_bucket2", SA_IMPL_PORTABLE, {1}, {2}});
+  }
+  // Single owner with 12 sequences of 65..127 keys (none a multiple of 64), H_kv 2: every
+  // sequence's last KV block crosses into the next sequence's first one, whose CTA writes those
+  // keys (H4: only the valid rows of a crossing 64-key box may be stored).
+  VarlenCase cross = gpu_case("crossing_blocks_gqa_none_b128_d128",
+                              {70, 127, 65, 100, 90, 66, 127, 80, 75, 111, 65, 99},
+                              {65, 127, 66, 101, 90, 67, 126, 81, 75, 113, 65, 100}, 4, 2, 128,
+                              128, SA_MASK_NONE);
+  out.push_back({cross, kSingleOwner, false, cross.name + "_single_owner"});
+  out.push_back({cross, 0, false, cross.name + "_bucket_auto"});
+  // Block 128 with skv % 128 in (0, 64]: the second 64-key half of the last block lies wholly in
+  // the next sequence (warpgroup 1's box: nothing stored; its part of every tile is hidden), and
+  // S_q % 128 in (0, 64]: the second query tile of the last block is past the sequence (H9).
+  VarlenCase half = gpu_case("crossing_half_gqa_causal_b128_d64", {130, 40, 192, 64, 1},
+                             {130, 40, 192, 64, 1}, 4, 2, 64, 128, SA_MASK_CAUSAL);
+  out.push_back({half, kSingleOwner, false, half.name + "_single_owner"});
+  out.push_back({half, 0, false, half.name + "_bucket_auto"});
+  out.push_back({half, 0, true, half.name + "_deterministic"});
   return out;
 }
 
@@ -529,7 +622,7 @@ std::vector<VarlenBwdCase> backward_cases() {
   sa_bsa_bwd_args a = d.args(p, c.base);
   a.options.bucket_size = c.bucket;
   a.options.deterministic = c.deterministic ? 1 : 0;
-  a.options.impl = SA_IMPL_PORTABLE;
+  a.options.impl = c.impl;
   size_t bytes = 0;
   if (sa_bsa_backward_workspace_size(&a, &bytes) != SA_OK)
     return ::testing::AssertionFailure() << "workspace size: " << sa_last_error();
@@ -546,19 +639,21 @@ std::vector<VarlenBwdCase> backward_cases() {
   const cudaError_t err = cudaDeviceSynchronize();
   if (err != cudaSuccess)
     return ::testing::AssertionFailure() << "kernel failed: " << cudaGetErrorString(err);
-  if (used != SA_IMPL_PORTABLE)
-    return ::testing::AssertionFailure() << "ran " << sa_impl_name(used);
+  if (used != c.impl) return ::testing::AssertionFailure() << "ran " << sa_impl_name(used);
   return download(d, p, g);
 }
 
 class GpuBsaVarlenBackward : public ::testing::TestWithParam<VarlenBwdCase> {};
 
-TEST_P(GpuBsaVarlenBackward, PortableMatchesReference) {
+TEST_P(GpuBsaVarlenBackward, MatchesReference) {
   SA_SKIP_WITHOUT_GPU();
   const VarlenBwdCase& c = GetParam();
+  if (c.impl == SA_IMPL_SM90 && !sm90_runs())
+    GTEST_SKIP() << "needs an sm_90 device and the sm90 path";
   std::mt19937_64 rng(std::hash<std::string>{}(c.base.name));
   Packed p(c.base, rng);
   fill_forward(p, c.base);
+  poison_neighbours(p, c);
   DeviceBackward d(p, 8);
   ASSERT_TRUE(d.ok());
   Gradients g;
@@ -580,11 +675,48 @@ INSTANTIATE_TEST_SUITE_P(GpuBsaVarlen, GpuBsaVarlenBackward,
                            return i.param.name;
                          });
 
+// The Hopper backward under forced tuning values (Tuning::sm90_bsa_bwd_stats / _full): a packed
+// call runs the rule's kernel whatever they say (bsa_backward_varlen.cu), never the full-block
+// path (H11: every sequence here has a partial last block although T_kv % block == 0).
+TEST(GpuBsaVarlen, Sm90BackwardIgnoresTuningVariants) {
+  SA_SKIP_WITHOUT_GPU();
+  if (!sm90_runs()) GTEST_SKIP() << "needs an sm_90 device and the sm90 path";
+  for (int32_t block : {64, 128}) {
+    // T_kv = 256, a multiple of both blocks; no sequence's length is.
+    const VarlenCase c = gpu_case(block == 64 ? "tuning_b64" : "tuning_b128", {100, 90, 66},
+                                  {100, 90, 66}, 4, 2, 128, block, SA_MASK_CAUSAL);
+    std::mt19937_64 rng(11);
+    Packed p(c, rng);
+    fill_forward(p, c);
+    DeviceBackward d(p, 8);
+    ASSERT_TRUE(d.ok());
+    for (const auto& [stats, full] :
+         std::vector<std::pair<int, int>>{{0, 0}, {1, 0}, {0, 1}, {1, 1}}) {
+      SCOPED_TRACE("block " + std::to_string(block) + " stats " + std::to_string(stats) +
+                   " full " + std::to_string(full));
+      sa::detail::Tuning t;
+      t.sm90_bsa_bwd_stats = stats;
+      t.sm90_bsa_bwd_full = full;
+      const sa::detail::ScopedTuning tune(t);
+      const VarlenBwdCase bc{c, kSingleOwner, false, c.name, SA_IMPL_SM90};
+      Gradients g;
+      ASSERT_TRUE(run_backward(d, p, bc, &g));
+      expect_backward_matches(g, p, c);
+    }
+  }
+}
+
 // A backward graph captured on one set of offsets replays correctly with others of the same
 // shapes (B, T_q, T_kv, N_q_max, K_max): grids and workspace depend on shapes only, cu_seqlens is
-// read on the device. Every bucket mode, and deterministic mode.
-TEST(GpuBsaVarlen, BackwardGraphReplaysWithNewOffsets) {
+// read on the device. Every bucket mode, and deterministic mode; the portable backward and the
+// sm90 one (whose replay moves the empty sequence and changes which blocks cross).
+class GpuBsaVarlenBackwardGraph : public ::testing::TestWithParam<sa_impl> {};
+
+TEST_P(GpuBsaVarlenBackwardGraph, ReplaysWithNewOffsets) {
   SA_SKIP_WITHOUT_GPU();
+  const sa_impl impl = GetParam();
+  if (impl == SA_IMPL_SM90 && !sm90_runs())
+    GTEST_SKIP() << "needs an sm_90 device and the sm90 path";
   for (const auto& [bucket, deterministic] :
        std::vector<std::pair<int32_t, bool>>{{0, false}, {kSingleOwner, false}, {2, false},
                                              {0, true}}) {
@@ -601,7 +733,7 @@ TEST(GpuBsaVarlen, BackwardGraphReplaysWithNewOffsets) {
     sa_bsa_bwd_args a = d.args(p, c);
     a.options.bucket_size = bucket;
     a.options.deterministic = deterministic ? 1 : 0;
-    a.options.impl = SA_IMPL_PORTABLE;
+    a.options.impl = impl;
     size_t bytes = 0;
     ASSERT_EQ(sa_bsa_backward_workspace_size(&a, &bytes), SA_OK) << sa_last_error();
     DeviceBuffer workspace(bytes);
@@ -646,5 +778,11 @@ TEST(GpuBsaVarlen, BackwardGraphReplaysWithNewOffsets) {
     cudaStreamDestroy(stream);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(GpuBsaVarlen, GpuBsaVarlenBackwardGraph,
+                         ::testing::Values(SA_IMPL_PORTABLE, SA_IMPL_SM90),
+                         [](const ::testing::TestParamInfo<sa_impl>& i) {
+                           return std::string(i.param == SA_IMPL_SM90 ? "Sm90" : "Portable");
+                         });
 
 }  // namespace

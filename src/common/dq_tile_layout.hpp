@@ -3,8 +3,9 @@
 // bsa_dq_convert.cu beside the main kernel; src/cuda/bsa_backward_aux.cu after it, the
 // fallback). One place for the permutation both sides rely on.
 //
-// dq_accum stays [B, H_q, Sq_pad, D] fp32, so the 64 query rows of a tile starting at a multiple
-// of 64 are one contiguous run of 64 * D floats. Inside a run the order is that of the wgmma
+// dq_accum stays [B, H_q, Sq_pad, D] fp32 (packed batches: [H_q, Sq_pad, D], each sequence's
+// rows from its own base row), so the 64 query rows of a tile are one contiguous run of 64 * D
+// floats. Inside a run the order is that of the wgmma
 // accumulator fragments of a 64 x 64 tile, panel by panel (64 columns of D each): pair j (0..15)
 // of consumer thread t (0..127, warp w = t / 32, lane l = t % 32) holds rows
 // 16 w + l / 4 + 8 (j % 2), columns 8 (j / 2) + 2 (l % 4) + {0, 1}, and lands at floats
@@ -30,11 +31,19 @@ SA_HD int dq_tile_offset(int r, int col) {
   return panel * kDqPanelFloats + 2 * (128 * pair + thread) + (cc & 1);
 }
 
+// Float offset of (row s, column col) of a run of rows that starts at accumulator row row_base:
+// its 64-row tiles start at row_base + 64 k. Packed batches (cuda/bsa_packed_rows.hpp): row_base
+// = h * Sq_pad + packed_stat_row0(b, q0) (a multiple of 4, not of 64) and s the sequence's local
+// row, which is where the main kernel's bulk reductions put each tile of the sequence.
+SA_HD int64_t dq_tiled_index_at(int64_t row_base, int s, int D, int col) {
+  const int64_t tile0 = row_base + (s & ~(kDqTileRows - 1));
+  return tile0 * D + dq_tile_offset(s & (kDqTileRows - 1), col);
+}
+
 // Float offset of element (b, h, s, col) of a [B, H_q, Sq_pad, D] accumulator in this order
 // (Sq_pad a multiple of 64).
 SA_HD int64_t dq_tiled_index(int64_t bh, int64_t Sq_pad, int s, int D, int col) {
-  const int64_t tile0 = bh * Sq_pad + (s & ~(kDqTileRows - 1));
-  return tile0 * D + dq_tile_offset(s & (kDqTileRows - 1), col);
+  return dq_tiled_index_at(bh * Sq_pad, s, D, col);
 }
 
 }  // namespace sa

@@ -145,10 +145,7 @@ void launch_bwd_preprocess(const BsaBwdProblem& p, int64_t Sq_pad, float* lse2, 
 
 void launch_bwd_convert_dq(const BsaBwdProblem& p, int64_t Sq_pad, const float* dq_accum,
                            bool tiled, cudaStream_t stream) {
-  if (p.meta.varlen()) {
-    SA_CHECK(!tiled, SA_ERROR_INTERNAL, "bsa backward: no tiled dQ order for packed batches");
-    return launch_bwd_convert_dq_packed(p, Sq_pad, dq_accum, stream);
-  }
+  if (p.meta.varlen()) return launch_bwd_convert_dq_packed(p, Sq_pad, dq_accum, tiled, stream);
   ConvertDqArgs a{};
   a.dq = p.dq;
   a.acc = dq_accum;

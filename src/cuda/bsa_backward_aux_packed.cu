@@ -5,6 +5,7 @@
 #include "cuda/bsa_backward_aux_packed.hpp"
 
 #include "common/cuda_check.hpp"
+#include "common/dq_tile_layout.hpp"
 #include "cuda/bsa_aux_pack8.cuh"
 #include "cuda/bsa_packed_rows.hpp"
 
@@ -65,6 +66,7 @@ struct PackedConvertDqArgs {
   int32_t Sq_pad, D;
   float scale;
   bool bf16;
+  bool tiled;  // acc in the fragment-tile order (common/dq_tile_layout.hpp) from each sequence's base
   BsaMeta meta;
   BsaDims dims;
 };
@@ -90,8 +92,9 @@ __global__ void __launch_bounds__(kThreads)
     store8(dst, a.bf16, z, z, 1.f);
     return;
   }
-  const int64_t at =
-      (h * a.Sq_pad + packed_stat_row0(seq, sp.q0, a.dims.block) + local) * a.D + 8 * c;
+  const int64_t base = h * a.Sq_pad + packed_stat_row0(seq, sp.q0, a.dims.block);
+  const int64_t at = a.tiled ? dq_tiled_index_at(base, static_cast<int>(local), a.D, 8 * c)
+                             : (base + local) * a.D + 8 * c;
   const float4* src = reinterpret_cast<const float4*>(a.acc + at);
   store8(dst, a.bf16, src[0], src[1], a.scale);
 }
@@ -162,7 +165,7 @@ void launch_bwd_preprocess_packed(const BsaBwdProblem& p, int64_t Sq_pad, float*
 }
 
 void launch_bwd_convert_dq_packed(const BsaBwdProblem& p, int64_t Sq_pad, const float* dq_accum,
-                                  cudaStream_t stream) {
+                                  bool tiled, cudaStream_t stream) {
   PackedConvertDqArgs a{};
   a.dq = p.dq;
   a.acc = dq_accum;
@@ -171,6 +174,7 @@ void launch_bwd_convert_dq_packed(const BsaBwdProblem& p, int64_t Sq_pad, const 
   a.D = static_cast<int32_t>(p.dims.D);
   a.scale = p.scale;
   a.bf16 = p.dtype == SA_DTYPE_BF16;
+  a.tiled = tiled;
   a.meta = p.meta;
   a.dims = p.dims;
   bwd_convert_dq_packed_kernel<<<aux_blocks_for(a.chunks), kThreads, 0, stream>>>(a);

@@ -18,8 +18,10 @@ void launch_bwd_preprocess_packed(const BsaBwdProblem& p, int64_t Sq_pad, float*
                                   float* delta, float* dq_zero, uint32_t* u32_zero,
                                   int64_t u32_count, cudaStream_t stream);
 
+// dq from the [H_q, Sq_pad, D] accumulator: row-major, or with `tiled` (the Hopper main kernel's
+// bulk reductions) each sequence's 64-row tiles from its base row (dq_tiled_index_at).
 void launch_bwd_convert_dq_packed(const BsaBwdProblem& p, int64_t Sq_pad, const float* dq_accum,
-                                  cudaStream_t stream);
+                                  bool tiled, cudaStream_t stream);
 
 void launch_bwd_convert_dkv_packed(const BsaBwdProblem& p, int64_t Skv_pad, const float* dk_accum,
                                    const float* dv_accum, const int32_t* row_groups,

@@ -1,7 +1,7 @@
 // Hopper BSA backward, host side: problem checks, the kernel policy (CTA slots, tail order, TMA
 // descriptors, the launches) and the instantiations of bsa_backward_kernel.cuh:
 // {block 64, 128} x {D 64, 128}, bf16, and the same four with the token mask (BwdTraits::kMask;
-// dense batches). The steps around them are the driver's
+// dense batches). Packed batches run the kVarlen kernels of bsa_backward_varlen.cu. The steps around them are the driver's
 // (cuda/bsa_backward_driver.hpp); Hopper-specific are step 3, the main kernel, and the dQ
 // conversion launched beside it (bsa_dq_convert.hpp).
 #include "sm90/bsa_backward.hpp"
@@ -22,6 +22,7 @@
 #include "common/tuning.hpp"
 #include "cuda/bsa_backward_driver.hpp"
 #include "cuda/bsa_backward_plan.hpp"
+#include "cuda/bsa_packed_rows.hpp"
 #include "cuda/launch_checks.hpp"
 #include "cuda/reverse_map_gpu.hpp"
 #include "sm90/bsa_backward_kernel.cuh"
@@ -35,8 +36,16 @@ namespace {
 // ---- the instantiations (bsa_backward_launch.cuh; the tuning variants: bsa_backward_tuned.cu) --
 using bwd_launch::Kernel;
 
-// The same for a masked call: the mask adds no shared storage.
-size_t main_kernel_smem(int block, int64_t D) {
+// The same for a masked call: the mask adds no shared storage. Packed batches: the kVarlen kernel
+// (its CTA's sequence words and landing barrier).
+size_t main_kernel_smem(int block, int64_t D, bool packed) {
+  if (packed) {
+    constexpr int k128 = bwd_launch::varlen_tune(128), k64 = bwd_launch::varlen_tune(64);
+    if (block == 128)
+      return D == 128 ? Kernel<128, 128, true, k128, true>::kSmem
+                      : Kernel<128, 64, true, k128, true>::kSmem;
+    return D == 128 ? Kernel<64, 128, true, k64, true>::kSmem : Kernel<64, 64, true, k64, true>::kSmem;
+  }
   if (block == 128)
     return D == 128 ? Kernel<128, 128, false, 0>::kSmem : Kernel<128, 64, false, 0>::kSmem;
   return D == 128 ? Kernel<64, 128, false, 0>::kSmem : Kernel<64, 64, false, 0>::kSmem;
@@ -52,7 +61,10 @@ static_assert(Kernel<128, 128, true, bwd::kTuneStatsWarp | bwd::kTuneFullBlocks>
 // bench and tests only) asks for a variant. The full-block path only where every KV block of the
 // call is known to be full on the host: no kv_block_len tensor (its values are on the device) and
 // S_kv a multiple of the block; elsewhere the call runs the general kernel.
+// Packed batches: the rule's kernel always (bwd_launch::varlen_tune; never the full-block path,
+// whose test would read T_kv, not the sequences' lengths).
 int main_kernel_variant(const BsaBwdProblem& p) {
+  if (p.meta.varlen()) return bwd_launch::varlen_tune(static_cast<int>(p.dims.block));
   const detail::Tuning& t = detail::tuning();
   int tune = 0;
   const bool rule = p.dims.block == 128;  // the default: both at block 128 (Tuning)
@@ -87,12 +99,19 @@ bool launch_main_kernel(const BsaBwdProblem& p, const portable::BsaBwdPlan& plan
   const BsaDims& d = p.dims;
   BsaBwdSm90Params params{};
   constexpr const char* kOp = "sm90 bsa_backward";
-  params.tma_q = make_tensor_map(kOp, "q", p.q, d.B, d.Hq, d.Sq, d.D, 64);
-  params.tma_do = make_tensor_map(kOp, "dout", p.dout, d.B, d.Hq, d.Sq, d.D, 64);
-  params.tma_k = make_tensor_map(kOp, "k", p.k, d.B, d.Hkv, d.Skv, d.D, d.block);
-  params.tma_v = make_tensor_map(kOp, "v", p.v, d.B, d.Hkv, d.Skv, d.Dv, d.block);
-  params.tma_dk = make_tensor_map(kOp, "dk", p.dk, d.B, d.Hkv, d.Skv, d.D, 64);
-  params.tma_dv = make_tensor_map(kOp, "dv", p.dv, d.B, d.Hkv, d.Skv, d.Dv, 64);
+  // Packed batches: (D, T, H, 1), every sequence's rows at its offset along T (the kernel reads
+  // the offsets on the device; the descriptors depend on shapes only, so a captured graph replays
+  // with new cu_seqlens values).
+  const bool packed = p.meta.varlen();
+  const int64_t tb = packed ? 1 : d.B;
+  params.tma_q = make_tensor_map(kOp, "q", p.q, tb, d.Hq, d.Sq, d.D, 64);
+  params.tma_do = make_tensor_map(kOp, "dout", p.dout, tb, d.Hq, d.Sq, d.D, 64);
+  params.tma_k = make_tensor_map(kOp, "k", p.k, tb, d.Hkv, d.Skv, d.D, d.block);
+  params.tma_v = make_tensor_map(kOp, "v", p.v, tb, d.Hkv, d.Skv, d.Dv, d.block);
+  params.tma_dk = make_tensor_map(kOp, "dk", p.dk, tb, d.Hkv, d.Skv, d.D, 64);
+  params.tma_dv = make_tensor_map(kOp, "dv", p.dv, tb, d.Hkv, d.Skv, d.Dv, 64);
+  params.dk = p.dk;
+  params.dv = p.dv;
   portable::fill_bsa_bwd_common_params(params, p, plan, buf);
   portable::fill_bsa_bwd_map_params(params, map);
   params.item_order = map.item_order;  // the last waves' launch order (map step 6)
@@ -100,13 +119,15 @@ bool launch_main_kernel(const BsaBwdProblem& p, const portable::BsaBwdPlan& plan
   params.dq_ready = buf.dq_ready;
   // The token mask's band, clamped to [-S_q, S_kv] by validation (int32: S_q, S_kv < 2^31 - 256,
   // bsa_backward_unsupported). A masked call runs the kMask instantiations; the others have no
-  // mask code.
+  // mask code. Packed batches: each sequence's band comes from meta on the device.
   const bool masked = p.meta.mask.on;
-  params.mask_lo = masked ? narrow_i32(p.meta.mask.lo, "mask band lo") : 0;
-  params.mask_hi = masked ? narrow_i32(p.meta.mask.hi, "mask band hi") : 0;
+  params.mask_lo = masked && !packed ? narrow_i32(p.meta.mask.lo, "mask band lo") : 0;
+  params.mask_hi = masked && !packed ? narrow_i32(p.meta.mask.hi, "mask band hi") : 0;
   const int tune = main_kernel_variant(p);
   if (map.max_items > 0) {
-    if (tune != 0)
+    if (packed)
+      bwd_launch::launch_varlen(params, d.block, d.D, map.max_items, stream);
+    else if (tune != 0)
       bwd_launch::launch_tuned(params, d.block, d.D, masked, tune, map.max_items, stream);
     else if (masked)
       bwd_launch::dispatch<true, 0>(params, d.block, d.D, map.max_items, stream);
@@ -139,11 +160,10 @@ constexpr portable::bsa_bwd::KernelPolicy kPolicy = {
 std::string bsa_backward_unsupported(const BsaBwdProblem& p) {
   const BsaDims& d = p.dims;
   std::ostringstream os;
-  // Token masks: dense batches only (packed ones are also refused before, in sm90_impl.cpp). The
-  // reverse map drops the block pairs the mask hides entirely; the kernel classifies each 64-row
-  // tile (bsa_backward_kernel.cuh, "Token masks").
-  if (p.meta.varlen())
-    return "packed batches (options.cu_seqlens_q/k) are not implemented by the sm90 backward";
+  // Token masks: the reverse map drops the block pairs the mask hides entirely; the kernel
+  // classifies each 64-row tile (bsa_backward_kernel.cuh, "Token masks"). Packed batches: the
+  // kVarlen kernels, each work item's sequence read on the device.
+  const bool packed = p.meta.varlen();
   if (p.dtype != SA_DTYPE_BF16) {
     os << "dtype " << dtype_name(p.dtype) << " (sm90 backward supports bf16)";
     return os.str();
@@ -168,25 +188,42 @@ std::string bsa_backward_unsupported(const BsaBwdProblem& p) {
        << kMaxSeq << ")";
     return os.str();
   }
-  if (d.B > kMaxInt || d.Hq > kMaxInt || d.B * d.Hq * d.Nq * d.block > kMaxInt ||
-      d.B * d.Hkv * d.Nkv > kMaxInt) {
+  // Packed batches: N_q_max is the metadata's own dim; a query block's first row (m * block, int32
+  // in the kernel) must not wrap.
+  if (packed && d.Nq > kMaxSeq / d.block) {
+    os << "N_q_max = " << d.Nq << " (sm90 backward supports N_q_max * block_size <= " << kMaxSeq
+       << ")";
+    return os.str();
+  }
+  // Rows of the stats and dQ accumulator of all heads: B H_q N_q block dense, H_q Sq_pad packed
+  // (cuda/bsa_packed_rows.hpp).
+  const int64_t stat_rows =
+      packed ? d.Hq * portable::packed_stat_rows(d.Sq, d.B, static_cast<int32_t>(d.block))
+             : d.B * d.Hq * d.Nq * d.block;
+  // The dQ conversion beside the kernel hands out B H_q (N_q block / 64) tiles by an int32 ticket
+  // (packed: N_q_max block rows per sequence and head), with up to one grid of spare tickets.
+  const int64_t dq_tiles = d.B * d.Hq * ((d.Nq * d.block + 63) / 64) + 4096;
+  if (d.B > kMaxInt || d.Hq > kMaxInt || stat_rows > kMaxInt || d.B * d.Hkv * d.Nkv > kMaxInt ||
+      dq_tiles > kMaxInt) {
     os << "B = " << d.B << ", H_q = " << d.Hq << ", S_q = " << d.Sq
        << " (sm90 backward indexes rows of all heads with int32)";
     return os.str();
   }
-  for (std::string why : {check_tma_tensor("q", p.q, d.B, d.Hq, d.Sq),
-                          check_tma_tensor("dout", p.dout, d.B, d.Hq, d.Sq),
-                          check_tma_tensor("k", p.k, d.B, d.Hkv, d.Skv),
-                          check_tma_tensor("v", p.v, d.B, d.Hkv, d.Skv),
-                          portable::check_tensor_addressing("o", p.o, d.B, d.Hq, d.Sq),
-                          portable::check_tensor_addressing("dq", p.dq, d.B, d.Hq, d.Sq),
-                          check_tma_tensor("dk", p.dk, d.B, d.Hkv, d.Skv),
-                          check_tma_tensor("dv", p.dv, d.B, d.Hkv, d.Skv)}) {
+  // Packed batches: [T, H, D] tensors (sb = 0), described as one batch entry of T tokens.
+  const int64_t tb = packed ? 1 : d.B;
+  for (std::string why : {check_tma_tensor("q", p.q, tb, d.Hq, d.Sq),
+                          check_tma_tensor("dout", p.dout, tb, d.Hq, d.Sq),
+                          check_tma_tensor("k", p.k, tb, d.Hkv, d.Skv),
+                          check_tma_tensor("v", p.v, tb, d.Hkv, d.Skv),
+                          portable::check_tensor_addressing("o", p.o, tb, d.Hq, d.Sq),
+                          portable::check_tensor_addressing("dq", p.dq, tb, d.Hq, d.Sq),
+                          check_tma_tensor("dk", p.dk, tb, d.Hkv, d.Skv),
+                          check_tma_tensor("dv", p.dv, tb, d.Hkv, d.Skv)}) {
     if (!why.empty()) return why;
   }
   if (p.lse == nullptr) return "lse is missing";
   const std::string smem =
-      portable::smem_unsupported(p.device_index, main_kernel_smem(d.block, d.D));
+      portable::smem_unsupported(p.device_index, main_kernel_smem(d.block, d.D, packed));
   if (!smem.empty()) {
     os << "block " << d.block << ", D = " << d.D << ": " << smem;
     return os.str();

@@ -99,6 +99,16 @@
 // stores dS^T = 0 for the other warpgroup's [7] ("hidden part"). Rows that see no key have
 // lse2 = +inf (preprocess): P = exp2(min(-inf, 0)) = 0, no NaN.
 //
+// Packed (THD) batches (T::kVarlen, bsa_backward_varlen.cu; kVarlen implies kMask): a work item
+// is (sequence b, KV head, local KV block). Thread 0 stores the sequence's words (sq, skv, band,
+// q0, k0, stats base row; CtaSeqWords) before the CTA's first barrier and every role reads them
+// where it uses them (seq_sq / seq_skv / seq_lo / seq_hi / stat_row). Rows, keys and the band stay
+// local; TMA coordinates add q0 / k0 with batch coordinate 0; lse2, delta and dq_accum rows of the
+// sequence start at its stats base row (cuda/bsa_packed_rows.hpp). At the sequence's end: the
+// producer warp zeroes the rows of a crossing Q / dO tile that belong to the next sequence
+// (producer_main), K rows >= valid are zeroed and padded keys selected away as for dense padding,
+// and the single-owner epilogue stores only the valid rows of a partial 64-key box.
+//
 // Memory safety: Q/dO rows >= S_q are zero (TMA fill) and have lse2 = +inf, delta = 0 (preprocess)
 // so their P, dS are exactly 0 (a tile wholly past S_q is skipped, never loaded); K rows >= valid
 // are zeroed in shared memory before any GEMM (they are the B operand of dQ); P and dS of padded
@@ -123,9 +133,16 @@
 #include "common/work_item_slot.cuh"
 #include "sm90/bsa_forward_kernel.cuh"  // GmmaAtoms, gemm_issue, convert_p
 #include "sm90/hopper_primitives.cuh"
+#include "sm90/tile_seq.cuh"
+#include "cuda/bsa_packed_rows.hpp"  // packed_stat_row0
 
 namespace sa::sm90 {
 
+// Packed (THD) batches (BwdTraits::kVarlen): q, dout, k, v, dk, dv are [T, H, D] and their
+// descriptors (D, T, H, 1); Sq = T_q, Skv = T_kv, Nq = N_q_max; lse2 / delta are [H_q, Sq_pad]
+// and dq_accum [H_q, Sq_pad, D] with sequence b's rows from packed_stat_row0
+// (cuda/bsa_packed_rows.hpp); dk / dv_accum [H_kv, Skv_pad = T_kv, D] by the global key; the band
+// is each sequence's (meta, TileSeq), mask_lo / mask_hi are unused.
 struct BsaBwdSm90Params {
   CUtensorMap tma_q;   // q [B, Hq, Sq, D]: dims (D, Sq, Hq, B), box (64, 64, 1, 1), SW128
   CUtensorMap tma_do;  // dout, like q
@@ -162,6 +179,9 @@ struct BsaBwdSm90Params {
   // The token mask's band (T::kMask instantiations only): key s visible to query i iff
   // mask_lo <= s - i <= mask_hi (meta.mask, clamped to [-S_q, S_kv] by validation).
   int32_t mask_lo, mask_hi;
+  // dk, dv as tensors (packed batches: the single-owner epilogue's rows of a partial 64-key box,
+  // BwdTraits::kVarlen; unused otherwise).
+  Bhsd dk, dv;
 };
 
 namespace bwd {
@@ -196,12 +216,19 @@ constexpr uint32_t kDqHandoffThreads = 128 + 32;
 constexpr int kTuneStatsWarp = 1;
 constexpr int kTuneFullBlocks = 2;
 
-template <int kBlockN_, int kHeadDim_, bool kMask_ = false, int kTune_ = 0>
+template <int kBlockN_, int kHeadDim_, bool kMask_ = false, int kTune_ = 0, bool kVarlen_ = false>
 struct BwdTraits {
   using Element = cutlass::bfloat16_t;
   static constexpr bool kMask = kMask_;       // the token mask's tile classification and band
   static constexpr bool kStatsWarp = (kTune_ & kTuneStatsWarp) != 0;
   static constexpr bool kFullBlocks = (kTune_ & kTuneFullBlocks) != 0;
+  // A packed (THD) batch: the work item's sequence from cu_seqlens (the CTA's SeqWords). Packed
+  // items walk the masked path with their sequence's band (no mask: [-sq, skv], which every pair
+  // of the sequence passes), and never the full-block path: the valid keys of a block vary per
+  // sequence, which the host cannot know.
+  static constexpr bool kVarlen = kVarlen_;
+  static_assert(!kVarlen || kMask, "packed items walk the masked path");
+  static_assert(!kVarlen || !kFullBlocks, "packed blocks are not known to be full");
   // kStatsWarp: the ring's depth (the loader runs up to this many live tiles ahead).
   static constexpr int kStatsSlots = 4;
   static constexpr int kBlockN = kBlockN_;    // keys per CTA = the block size
@@ -297,6 +324,19 @@ struct alignas(16) StatsRing<T, true> {
   uint64_t empty[T::kStatsSlots];
 };
 
+// The CTA's sequence (T::kVarlen): its words (CtaSeqWords: sq, skv, band, q0, k0, stat_row0),
+// written by thread 0 before the CTA's first barrier, and q_pad, the producer's landing barrier
+// of a query tile that crosses the sequence's end (producer_main).
+template <class T, bool = T::kVarlen>
+struct SeqWords {
+  uint32_t unused;
+};
+template <class T>
+struct alignas(16) SeqWords<T, true> {
+  CtaSeqWords words;
+  uint64_t q_pad;
+};
+
 template <class T>
 struct alignas(1024) SharedStorage {
   using Element = typename T::Element;
@@ -316,12 +356,54 @@ struct alignas(1024) SharedStorage {
   uint64_t q_empty[T::kStages];
   // T::kStatsWarp only (last, so that the default kernel's offsets stay as they were).
   StatsRing<T> ring;
+  // T::kVarlen only (after the ring, for the same reason).
+  SeqWords<T> seq;
 };
 
 // The work item of this CTA.
+// b is the batch entry (packed: the sequence), key0 the block's first key in its sequence and kg
+// on the tensors' token axis (dense: key0; packed: k0 + key0), valid its keys (>= 1: the reverse
+// map has no item for a block past its sequence's end).
 struct Item {
-  int row, begin, num_tiles, b, hk, key0, valid;
+  int row, begin, num_tiles, b, hk, key0, valid, kg;
 };
+
+// The item's sequence: dense, the call's values from the params (the expressions the dense
+// kernels always used); packed (T::kVarlen), the CTA's words in shared memory, read at each use.
+template <class T>
+__device__ __forceinline__ int seq_sq(const BsaBwdSm90Params& p, const SharedStorage<T>& s) {
+  if constexpr (T::kVarlen) return cta_seq_word(s.seq.words, kSeqSq);
+  else return p.Sq;
+}
+template <class T>
+__device__ __forceinline__ int seq_skv(const BsaBwdSm90Params& p, const SharedStorage<T>& s) {
+  if constexpr (T::kVarlen) return cta_seq_word(s.seq.words, kSeqSkv);
+  else return p.Skv;
+}
+template <class T>
+__device__ __forceinline__ int seq_lo(const BsaBwdSm90Params& p, const SharedStorage<T>& s) {
+  if constexpr (T::kVarlen) return cta_seq_word(s.seq.words, kSeqLo);
+  else return p.mask_lo;
+}
+template <class T>
+__device__ __forceinline__ int seq_hi(const BsaBwdSm90Params& p, const SharedStorage<T>& s) {
+  if constexpr (T::kVarlen) return cta_seq_word(s.seq.words, kSeqHi);
+  else return p.mask_hi;
+}
+// Row of the stats (lse2, delta) and of the dQ accumulator that holds query row row0 of head h
+// of the item's sequence: (b H_q + h) Sq_pad + row0 dense, h Sq_pad + stat_row0 + row0 packed.
+template <class T>
+__device__ __forceinline__ int64_t stat_row(const BsaBwdSm90Params& p, const SharedStorage<T>& s,
+                                            const Item& it, int h, int row0) {
+  if constexpr (T::kVarlen)
+    return static_cast<int64_t>(h) * p.Sq_pad + cta_seq_word(s.seq.words, kSeqStatRow0) + row0;
+  else return (static_cast<int64_t>(it.b) * p.Hq + h) * p.Sq_pad + row0;
+}
+// The TMA boxes' batch coordinate (packed: the tensors are one batch entry of T tokens).
+template <class T>
+__device__ __forceinline__ int tma_batch(const Item& it) {
+  return T::kVarlen ? 0 : it.b;
+}
 
 // Query head and first query row of tile t of the item, from the tile's entry e = hl * Nq + m.
 template <class T>
@@ -342,11 +424,12 @@ __device__ __forceinline__ void tile_rows(const BsaBwdSm90Params& p, const Item&
 // BsaMeta::pair_outside judges the whole block (padded keys < S_kv are selected away at [3]).
 // int32 throughout: rows < Sq_pad, keys < Skv_pad and the band in [-S_q, S_kv].
 template <class T>
-__device__ __forceinline__ MaskClass tile_mask_class(const BsaBwdSm90Params& p, const Item& it,
+__device__ __forceinline__ MaskClass tile_mask_class(const BsaBwdSm90Params& p,
+                                                     const SharedStorage<T>& s, const Item& it,
                                                      int row0) {
-  const int r1 = min(row0 + T::kBlockM, p.Sq) - 1;
-  const int k1 = min(it.key0 + T::kBlockN, p.Skv) - 1;
-  return classify_tile<int>(row0, r1, it.key0, k1, p.mask_lo, p.mask_hi);
+  const int r1 = min(row0 + T::kBlockM, seq_sq<T>(p, s)) - 1;
+  const int k1 = min(it.key0 + T::kBlockN, seq_skv<T>(p, s)) - 1;
+  return classify_tile<int>(row0, r1, it.key0, k1, seq_lo<T>(p, s), seq_hi<T>(p, s));
 }
 
 // Does the tile at first query row row0 add anything? Not when it lies wholly past S_q (only the
@@ -354,44 +437,90 @@ __device__ __forceinline__ MaskClass tile_mask_class(const BsaBwdSm90Params& p, 
 // whole KV block. The one test of the producer, the reducer warp and the consumers' walk: a tile
 // it rejects takes no Q / dO stage, no dQ hand-off and no GEMM.
 template <class T>
-__device__ __forceinline__ bool tile_live(const BsaBwdSm90Params& p, const Item& it, int row0) {
-  if (row0 >= p.Sq) return false;
-  if constexpr (T::kMask) return tile_mask_class<T>(p, it, row0) != MaskClass::kOutside;
+__device__ __forceinline__ bool tile_live(const BsaBwdSm90Params& p, const SharedStorage<T>& s,
+                                          const Item& it, int row0) {
+  if (row0 >= seq_sq<T>(p, s)) return false;
+  if constexpr (T::kMask) return tile_mask_class<T>(p, s, it, row0) != MaskClass::kOutside;
   return true;
 }
 
-// ---- producer (lane 0 of warp 0) ----------------------------------------------------------------
+// ---- producer (lane 0 of warp 0; packed batches: warp 0) --------------------------------------
+// Packed (T::kVarlen): a query tile that crosses the sequence's end (row0 + 64 > sq) brings the
+// next sequence's Q and dO rows (or TMA's zero fill past T_q). They must not reach the GEMMs:
+// lse2 = +inf and delta = 0 of those rows make P = dS = 0 only for finite values, and a NaN there
+// would enter [4] dV += P^T dO and [5] dK += dS^T Q as 0 x NaN. The whole warp walks the tiles:
+// lane 0 lands such a tile on q_pad, the 32 lanes zero its rows [sq - row0, 64) of Q and dO,
+// fence, and lane 0 then completes the stage's q_full with a plain arrive (the forward's v_pad).
 template <class T>
 __device__ __forceinline__ void producer_main(const BsaBwdSm90Params& p, SharedStorage<T>& s,
                                               const Item& it) {
-  if (threadIdx.x != 0 || it.num_tiles == 0) return;
+  const int lane = threadIdx.x % 32;
+  if constexpr (T::kVarlen) {
+    if (it.num_tiles == 0) return;
+  } else {
+    if (threadIdx.x != 0 || it.num_tiles == 0) return;
+  }
+  const bool leader = !T::kVarlen || lane == 0;
   constexpr int kKvPanel = T::kBlockN * 64;
   constexpr int kQPanel = T::kBlockM * 64;
-  prefetch_tensor_map(&p.tma_q);
-  prefetch_tensor_map(&p.tma_do);
-  // [P0] K and V of the block, once.
-  mbarrier_arrive_expect_tx(&s.kv_full, 2 * T::kKvTileBytes);
+  const int tb = tma_batch<T>(it);
+  if (leader) {
+    prefetch_tensor_map(&p.tma_q);
+    prefetch_tensor_map(&p.tma_do);
+    // [P0] K and V of the block, once.
+    mbarrier_arrive_expect_tx(&s.kv_full, 2 * T::kKvTileBytes);
 #pragma unroll
-  for (int pnl = 0; pnl < T::kPanels; ++pnl) {
-    tma_load_4d(&p.tma_k, s.k + pnl * kKvPanel, &s.kv_full, pnl * 64, it.key0, it.hk, it.b);
-    tma_load_4d(&p.tma_v, s.v + pnl * kKvPanel, &s.kv_full, pnl * 64, it.key0, it.hk, it.b);
+    for (int pnl = 0; pnl < T::kPanels; ++pnl) {
+      tma_load_4d(&p.tma_k, s.k + pnl * kKvPanel, &s.kv_full, pnl * 64, it.kg, it.hk, tb);
+      tma_load_4d(&p.tma_v, s.v + pnl * kKvPanel, &s.kv_full, pnl * 64, it.kg, it.hk, tb);
+    }
   }
-  // [P1] Q and dO of each tile, once its stage is free.
+  // [P1] Q and dO of each tile, once its stage is free. phase: bit 0 the ring's; packed, bit 1
+  // q_pad's (one register: the producer warpgroup has 24).
   int stage = 0;
   uint32_t phase = 0;
 #pragma unroll 1
   for (int t = 0; t < it.num_tiles; ++t) {
     int h, row0;
     tile_rows<T>(p, it, t, h, row0);
-    if (!tile_live<T>(p, it, row0)) continue;  // past S_q or masked out (the consumers skip it too)
-    mbarrier_wait(&s.q_empty[stage], phase ^ 1);
-    mbarrier_arrive_expect_tx(&s.q_full[stage], 2 * T::kQTileBytes);
-    typename T::Element* q_dst = s.q + stage * T::kBlockM * T::kHeadDim;
-    typename T::Element* do_dst = s.dout + stage * T::kBlockM * T::kHeadDim;
+    if (!tile_live<T>(p, s, it, row0)) continue;  // past S_q or masked out (the consumers skip it too)
+    if constexpr (T::kVarlen) {
+      // Lane 0 alone waits for the stage: the other lanes touch it only after q_pad's phase, which
+      // completes after lane 0's loads, so no lane can take a later phase of q_empty for this one.
+      if (leader) mbarrier_wait(&s.q_empty[stage], (phase & 1) ^ 1);
+      typename T::Element* q_dst = s.q + stage * T::kBlockM * T::kHeadDim;
+      typename T::Element* do_dst = s.dout + stage * T::kBlockM * T::kHeadDim;
+      const int rows = cta_seq_word(s.seq.words, kSeqSq) - row0;  // >= 1: the tile is live
+      const int qrow = cta_seq_word(s.seq.words, kSeqQ0) + row0;
+      const bool crossing = rows < T::kBlockM;
+      uint64_t* bar = crossing ? &s.seq.q_pad : &s.q_full[stage];
+      if (leader) {
+        mbarrier_arrive_expect_tx(bar, 2 * T::kQTileBytes);
 #pragma unroll
-    for (int pnl = 0; pnl < T::kPanels; ++pnl) {
-      tma_load_4d(&p.tma_q, q_dst + pnl * kQPanel, &s.q_full[stage], pnl * 64, row0, h, it.b);
-      tma_load_4d(&p.tma_do, do_dst + pnl * kQPanel, &s.q_full[stage], pnl * 64, row0, h, it.b);
+        for (int pnl = 0; pnl < T::kPanels; ++pnl) {
+          tma_load_4d(&p.tma_q, q_dst + pnl * kQPanel, bar, pnl * 64, qrow, h, 0);
+          tma_load_4d(&p.tma_do, do_dst + pnl * kQPanel, bar, pnl * 64, qrow, h, 0);
+        }
+      }
+      if (crossing) {
+        mbarrier_wait(&s.seq.q_pad, (phase >> 1) & 1);
+        phase ^= 2;
+        zero_tile_rows<T::kPanels>(smem_u32(q_dst), kQPanel, rows, T::kBlockM - rows, lane);
+        zero_tile_rows<T::kPanels>(smem_u32(do_dst), kQPanel, rows, T::kBlockM - rows, lane);
+        fence_proxy_async_shared();  // the zeros are read by wgmma (async proxy)
+        __syncwarp();
+        if (leader) mbarrier_arrive(&s.q_full[stage]);
+      }
+    } else {
+      mbarrier_wait(&s.q_empty[stage], phase ^ 1);
+      mbarrier_arrive_expect_tx(&s.q_full[stage], 2 * T::kQTileBytes);
+      typename T::Element* q_dst = s.q + stage * T::kBlockM * T::kHeadDim;
+      typename T::Element* do_dst = s.dout + stage * T::kBlockM * T::kHeadDim;
+#pragma unroll
+      for (int pnl = 0; pnl < T::kPanels; ++pnl) {
+        tma_load_4d(&p.tma_q, q_dst + pnl * kQPanel, &s.q_full[stage], pnl * 64, row0, h, it.b);
+        tma_load_4d(&p.tma_do, do_dst + pnl * kQPanel, &s.q_full[stage], pnl * 64, row0, h, it.b);
+      }
     }
     if (++stage == T::kStages) {
       stage = 0;
@@ -428,9 +557,8 @@ __device__ __forceinline__ void reducer_main(const BsaBwdSm90Params& p, SharedSt
   for (int t = 0; t < it.num_tiles; ++t) {
     int h, row0;
     tile_rows<T>(p, it, t, h, row0);
-    if (!tile_live<T>(p, it, row0)) continue;  // past S_q or masked out (the consumers skip it too)
-    float* tile = p.dq_accum + ((static_cast<int64_t>(it.b) * p.Hq + h) * p.Sq_pad + row0) *
-                                   T::kHeadDim;
+    if (!tile_live<T>(p, s, it, row0)) continue;  // past S_q or masked out (the consumers skip it too)
+    float* tile = p.dq_accum + stat_row<T>(p, s, it, h, row0) * T::kHeadDim;
 #pragma unroll
     for (int w = 0; w < kWgs; ++w) {
       if (leader) {
@@ -472,7 +600,8 @@ __device__ __forceinline__ void reducer_main(const BsaBwdSm90Params& p, SharedSt
 //   2. stores the tile's info {row0, h, 1, mask bits} (st.shared), then arrives on full[i] with
 //      512 transaction bytes expected (release: the info is visible to whoever sees the phase);
 //   3. copies the tile's 64 lse2 and 64 delta (256 bytes each, 16-byte aligned: row0 and Sq_pad
-//      are multiples of 64) into the slot by two bulk copies that complete full[i].
+//      are multiples of 64, a packed sequence's stat_row0 of 4) into the slot by two bulk copies
+//      that complete full[i].
 // After the last live tile: one more slot with info {0, 0, 0, 0} (no bytes): the consumers' walk
 // ends there. Every phase armed here is waited for by the consumers before they exit.
 template <class T>
@@ -482,24 +611,25 @@ __device__ __forceinline__ void loader_main(const BsaBwdSm90Params& p, SharedSto
   constexpr uint32_t kRowBytes = T::kBlockM * 4;
   int slot = 0;
   uint32_t phase = 0;
-  const int64_t bh0 = static_cast<int64_t>(it.b) * p.Hq;
+  [[maybe_unused]] const int64_t bh0 = static_cast<int64_t>(it.b) * p.Hq;  // dense
 #pragma unroll 1
   for (int t = 0; t < it.num_tiles; ++t) {
     int h, row0;
     tile_rows<T>(p, it, t, h, row0);
-    if (!tile_live<T>(p, it, row0)) continue;  // past S_q or masked out (the consumers skip it too)
+    if (!tile_live<T>(p, s, it, row0)) continue;  // past S_q or masked out (the consumers skip it too)
     uint32_t band = 0;
     if constexpr (T::kMask) {
       // Consumer warpgroup w's MaskClass of its part in bits 2w, 2w + 1 (the consumers' wg_class:
       // keys wholly past S_kv count as outside).
-      const int r1 = min(row0 + T::kBlockM, p.Sq) - 1;
+      const int r1 = min(row0 + T::kBlockM, seq_sq<T>(p, s)) - 1;
 #pragma unroll
       for (int w = 0; w < T::kConsumerWgs; ++w) {
         const int k0 = it.key0 + w * 64;
-        const int k1 = min(k0 + 64, p.Skv) - 1;
-        const MaskClass c = !T::kFullBlocks && k0 > k1
-                                ? MaskClass::kOutside
-                                : classify_tile<int>(row0, r1, k0, k1, p.mask_lo, p.mask_hi);
+        const int k1 = min(k0 + 64, seq_skv<T>(p, s)) - 1;
+        const MaskClass c =
+            !T::kFullBlocks && k0 > k1
+                ? MaskClass::kOutside
+                : classify_tile<int>(row0, r1, k0, k1, seq_lo<T>(p, s), seq_hi<T>(p, s));
         band |= static_cast<uint32_t>(c) << (2 * w);
       }
     }
@@ -507,7 +637,8 @@ __device__ __forceinline__ void loader_main(const BsaBwdSm90Params& p, SharedSto
     st_shared_v4(smem_u32(&s.ring.info[slot]),
                  make_uint4(static_cast<uint32_t>(row0), static_cast<uint32_t>(h), 1u, band));
     mbarrier_arrive_expect_tx(&s.ring.full[slot], 2 * kRowBytes);
-    const int64_t off = (bh0 + h) * p.Sq_pad + row0;
+    const int64_t off =
+        T::kVarlen ? stat_row<T>(p, s, it, h, row0) : (bh0 + h) * p.Sq_pad + row0;
     bulk_copy_g2s(&s.ring.v[slot][0], p.lse2 + off, kRowBytes, &s.ring.full[slot]);
     bulk_copy_g2s(&s.ring.v[slot][T::kBlockM], p.delta + off, kRowBytes, &s.ring.full[slot]);
     if (++slot == T::kStatsSlots) {
@@ -616,7 +747,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
   // The token mask (T::kMask): this warpgroup's nominal keys [band_k0, band_k1] (none when the
   // block ends before them: every P^T is then 0 by key_lim alone).
   [[maybe_unused]] const int band_k0 = it.key0 + wg * 64;
-  [[maybe_unused]] const int band_k1 = min(band_k0 + 64, p.Skv) - 1;
+  [[maybe_unused]] const int band_k1 = min(band_k0 + 64, seq_skv<T>(p, s)) - 1;
   [[maybe_unused]] const bool band_keys_ok = T::kFullBlocks || band_k0 <= band_k1;
   // The token mask's class of a live tile (first query row rr) for this warpgroup's 64 keys
   // (T::kMask; warpgroup-uniform). Keys wholly past S_kv (band_keys_ok false: the last block's
@@ -624,8 +755,8 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
   // loader judged it the same way (StatsRing::info's mask bits, class_of_bits).
   [[maybe_unused]] const auto wg_class = [&](int rr) {
     if (!band_keys_ok) return MaskClass::kOutside;
-    return classify_tile<int>(rr, min(rr + T::kBlockM, p.Sq) - 1, band_k0, band_k1, p.mask_lo,
-                              p.mask_hi);
+    return classify_tile<int>(rr, min(rr + T::kBlockM, seq_sq<T>(p, s)) - 1, band_k0, band_k1,
+                              seq_lo<T>(p, s), seq_hi<T>(p, s));
   };
   [[maybe_unused]] const auto class_of_bits = [&](uint32_t bits) {
     return static_cast<MaskClass>((bits >> (2 * wg)) & 3u);
@@ -674,7 +805,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
         const int blk = tn / kTpe;
         e = blk == cur ? e_cur : (blk == cur + 1 ? e_nxt : load_entry(blk));
         entry_rows<T>(p, it, e, tn, hh, rr);
-        if (tile_live<T>(p, it, rr)) break;
+        if (tile_live<T>(p, s, it, rr)) break;
       }
       return tn;
     }
@@ -683,7 +814,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
   // (wtid < 64) or delta of row wtid % 64.
   const float* stat_src = wtid < 64 ? p.lse2 : p.delta;
   const auto stat_ptr = [&](int hh, int rr) {
-    return stat_src + ((static_cast<int64_t>(it.b) * p.Hq + hh) * p.Sq_pad + rr + wtid % 64);
+    return stat_src + (stat_row<T>(p, s, it, hh, rr) + wtid % 64);
   };
   // Shared addresses (explicit ld/st.shared: a generic pointer into s.stats compiles to generic
   // loads). stats_addr + 512 buf: this tile's buffer; + 4 r: lse2 of row r; + 256 + 4 r: delta.
@@ -895,8 +1026,8 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
         int band_lo[2] = {0, 0}, band_hi[2] = {0, 0};
         if constexpr (kBand) {
           const int64_t base = static_cast<int64_t>(it.key0 + wg * 64) - row0;
-          const int blo = static_cast<int>(clamp_to(base - p.mask_lo, -256, 256));
-          const int bhi = static_cast<int>(clamp_to(p.mask_hi - base, -256, 256));
+          const int blo = static_cast<int>(clamp_to(base - seq_lo<T>(p, s), -256, 256));
+          const int bhi = static_cast<int>(clamp_to(seq_hi<T>(p, s) - base, -256, 256));
           CUTE_UNROLL
           for (int r = 0; r < 2; ++r) {
             const int off_r = frag_row + 8 * r - frag_col;
@@ -1088,8 +1219,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
       } else {
         named_barrier_sync(3 + wg, 128);
         if (wtid == 0) {
-          float* tile = p.dq_accum +
-                        ((static_cast<int64_t>(it.b) * p.Hq + h) * p.Sq_pad + row0) * kHeadDim;
+          float* tile = p.dq_accum + stat_row<T>(p, s, it, h, row0) * kHeadDim;
           CUTE_UNROLL
           for (int j = 0; j < T::kDqPanels; ++j) {
             const int c = T::kDqSplitPanels ? wg * T::kDqPanels + j : j;
@@ -1165,12 +1295,35 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     }
     fence_proxy_async_shared();
     named_barrier_sync(3 + wg, 128);
-    if (wtid == 32) {
+    // Packed (T::kVarlen): a 64-key box past the block's valid keys holds the next sequence's keys
+    // (single owner: written by their own CTA in any order), so only a full box is a TMA store;
+    // a partial one is copied out row by row (valid keys only), an empty one not at all.
+    // Dense: keys >= valid (< S_kv) are the call's own padding, stored as zeros.
+    [[maybe_unused]] const int box_rows = min(max(it.valid - wg * 64, 0), 64);
+    if (T::kVarlen && box_rows < 64) {
+      if constexpr (T::kVarlen) {
+        // Row r, 16-byte chunk c of panel pnl of the staged box: byte pnl kBlockN 128 +
+        // (64 wg + r) 128 + ((c ^ r % 8) << 4) (the layout above; 64 wg is a multiple of 8).
+        for (int i = wtid; i < box_rows * 8 * T::kPanels; i += 128) {
+          const int pnl = i / (box_rows * 8), r = i % (box_rows * 8) / 8, c = i % 8;
+          const uint32_t off = pnl * kBlockN * 128 + (wg * 64 + r) * 128 + ((c ^ (r % 8)) << 4);
+          const int64_t key = it.kg + wg * 64 + r;
+          const int col = pnl * 64 + 8 * c;
+          *reinterpret_cast<uint4*>(static_cast<Element*>(p.dk.data) +
+                                    p.dk.offset(0, it.hk, key, col)) =
+              ld_shared_v4(smem_u32(s.k) + off);
+          *reinterpret_cast<uint4*>(static_cast<Element*>(p.dv.data) +
+                                    p.dv.offset(0, it.hk, key, col)) =
+              ld_shared_v4(smem_u32(s.v) + off);
+        }
+      }
+    } else if (wtid == 32) {
+      const int tb = tma_batch<T>(it);
       CUTE_UNROLL
       for (int pnl = 0; pnl < T::kPanels; ++pnl) {
         const int tile = pnl * kBlockN * 64 + wg * 64 * 64;
-        tma_store_4d(&p.tma_dk, s.k + tile, pnl * 64, it.key0 + wg * 64, it.hk, it.b);
-        tma_store_4d(&p.tma_dv, s.v + tile, pnl * 64, it.key0 + wg * 64, it.hk, it.b);
+        tma_store_4d(&p.tma_dk, s.k + tile, pnl * 64, it.kg + wg * 64, it.hk, tb);
+        tma_store_4d(&p.tma_dv, s.v + tile, pnl * 64, it.kg + wg * 64, it.hk, tb);
       }
       bulk_commit_group();
     }
@@ -1194,8 +1347,10 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
   } else {
     // [8] Epilogue, several owners: fp32 reductions of keys < valid into dk/dv_accum.
     const int key_base = wg * 64 + frag_row;  // + 8 r
+    // Packed: [H_kv, T_kv] by the global key.
     const int64_t row_base =
-        (static_cast<int64_t>(it.b) * p.Hkv + it.hk) * p.Skv_pad + it.key0;
+        T::kVarlen ? static_cast<int64_t>(it.hk) * p.Skv_pad + it.kg
+                   : (static_cast<int64_t>(it.b) * p.Hkv + it.hk) * p.Skv_pad + it.key0;
     CUTE_UNROLL
     for (int i = 0; i < size(tdKrdK); i += 2) {
       const int key = key_base + 8 * ((i / 2) % 2);
@@ -1239,6 +1394,14 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
         mbarrier_init(&s.ring.empty[i], T::kConsumerThreads);  // every consumer thread
       }
     }
+    if constexpr (T::kVarlen) {
+      // The item's sequence, once for the CTA (the barrier below publishes it).
+      mbarrier_init(&s.seq.q_pad, 1);
+      const int b = p.item_row[item] / (p.Nkv * p.Hkv);
+      const TileSeq<true> ts = TileSeq<true>::of(p, b);
+      cta_seq_store(s.seq.words, ts,
+                    static_cast<int>(portable::packed_stat_row0(b, ts.q0(), T::kBlockN)));
+    }
     fence_mbarrier_init();
   }
   __syncthreads();
@@ -1251,7 +1414,14 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
   it.hk = (it.row / p.Nkv) % p.Hkv;
   it.b = it.row / (p.Nkv * p.Hkv);
   it.key0 = n * T::kBlockN;
-  it.valid = min(p.meta.block_len(it.b, n, p.dims), p.Skv - it.key0);
+  if constexpr (T::kVarlen) {
+    // BsaMeta::block_len of the sequence (packed batches have no kv_block_len).
+    it.valid = min(T::kBlockN, cta_seq_word(s.seq.words, kSeqSkv) - it.key0);
+    it.kg = cta_seq_word(s.seq.words, kSeqK0) + it.key0;
+  } else {
+    it.valid = min(p.meta.block_len(it.b, n, p.dims), p.Skv - it.key0);
+    it.kg = it.key0;
+  }
 
   const Role role = static_cast<Role>(__shfl_sync(0xffffffffu, threadIdx.x / 128, 0));
   if (role == Role::kProducer) {

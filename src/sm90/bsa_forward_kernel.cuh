@@ -109,6 +109,7 @@
 #include "common/problem.hpp"
 #include "common/token_mask.cuh"
 #include "sm90/hopper_primitives.cuh"
+#include "sm90/tile_seq.cuh"  // TileSeq, SharedSeq, zero_tile_rows
 
 namespace sa::sm90 {
 
@@ -331,124 +332,6 @@ __device__ __forceinline__ TileCoord tile_coord(const BsaFwdSm90Params& p, int t
   return c;
 }
 
-// ---- the tile's sequence (packed batches, FwdTraits::kVarlen) -----------------------------------
-// A tile's query rows, keys and band are its sequence's, in the sequence's local coordinates;
-// q0() / k0() place them on the tensors' token axis (TMA rows, O and LSE rows) and tma_b() is the
-// TMA boxes' batch coordinate.
-// Dense batches (TileSeq<false>): one sequence per batch entry, the call's own values, read from
-// the params where they are used, so that the dense instantiations compile as before.
-// Packed (TileSeq<true>): BsaMeta::seq of cu_seqlens, read on the device at the tile's start by
-// each role (offsets clamped into [0, T], so that no value moves an access out of bounds; no host
-// read, so a captured graph replays with new offsets), and the sequence's band BsaMeta::mask_of
-// (clamped to [-sq, skv]: int32), or without a mask [-sq, skv], which every pair of the sequence
-// passes. Query blocks past the sequence's end (the grid has N_q_max per sequence) do nothing.
-template <bool kVarlen>
-struct TileSeq {
-  static constexpr bool kPacked = false;
-  __device__ __forceinline__ static TileSeq of(const BsaFwdSm90Params&, int) { return {}; }
-  __device__ __forceinline__ int q0() const { return 0; }
-  __device__ __forceinline__ int k0() const { return 0; }
-  __device__ __forceinline__ int sq(const BsaFwdSm90Params& p) const { return p.Sq; }
-  __device__ __forceinline__ int skv(const BsaFwdSm90Params& p) const { return p.Skv; }
-  __device__ __forceinline__ int lo(const BsaFwdSm90Params& p) const { return p.mask_lo; }
-  __device__ __forceinline__ int hi(const BsaFwdSm90Params& p) const { return p.mask_hi; }
-  __device__ __forceinline__ int tma_b(int b) const { return b; }
-  // Does the query block starting at local row row0 lie past the sequence's end?
-  __device__ __forceinline__ bool past_end(int) const { return false; }
-};
-template <>
-struct TileSeq<true> {
-  static constexpr bool kPacked = true;
-  int q0_, sq_, k0_, skv_, lo_, hi_;
-  __device__ __forceinline__ static TileSeq of(const BsaFwdSm90Params& p, int b) {
-    BsaDims d;
-    d.Sq = p.Sq;
-    d.Skv = p.Skv;
-    const SeqSpan s = p.meta.seq(b, d);
-    TileSeq t;
-    t.q0_ = static_cast<int>(s.q0);
-    t.sq_ = static_cast<int>(s.sq);
-    t.k0_ = static_cast<int>(s.k0);
-    t.skv_ = static_cast<int>(s.skv);
-    if (p.meta.mask.on) {
-      const TokenMask m = p.meta.mask_of(s);
-      t.lo_ = static_cast<int>(m.lo);
-      t.hi_ = static_cast<int>(m.hi);
-    } else {
-      t.lo_ = -t.sq_;
-      t.hi_ = t.skv_;
-    }
-    return t;
-  }
-  __device__ __forceinline__ int q0() const { return q0_; }
-  __device__ __forceinline__ int k0() const { return k0_; }
-  __device__ __forceinline__ int sq(const BsaFwdSm90Params&) const { return sq_; }
-  __device__ __forceinline__ int skv(const BsaFwdSm90Params&) const { return skv_; }
-  __device__ __forceinline__ int lo(const BsaFwdSm90Params&) const { return lo_; }
-  __device__ __forceinline__ int hi(const BsaFwdSm90Params&) const { return hi_; }
-  __device__ __forceinline__ int tma_b(int) const { return 0; }
-  __device__ __forceinline__ bool past_end(int row0) const { return row0 >= sq_; }
-};
-
-// A consumer warp's view of its tile's sequence (packed batches): the words {sq, skv, lo, hi, q0}
-// that its lane 0 stored in shared memory at the tile's start (SharedStorage::seq, 8 words a
-// warp), loaded where used (values(): one 16-byte load), so that no register holds them, nor O
-// and LSE row pointers derived from q0, through the mainloop. The warp's address is formed inside
-// each access from %tid.x and the uniform base: every form of it that the compiler could see
-// (per warp, + 4 i per word) was hoisted out of the tile loop and held in a register, and the
-// block-64 D-128 consumer spilled. Only the warp's own lanes read its words (__syncwarp orders).
-struct SharedSeq {
-  static constexpr bool kPacked = true;
-  uint32_t base;  // shared address of SharedStorage::seq minus 32 * 4 (consumer warps are 4..11)
-  __device__ __forceinline__ TileSeq<true> values() const {
-    TileSeq<true> t;
-    asm volatile(
-        "{\n"
-        ".reg .u32 a;\n"
-        "mov.u32 a, %%tid.x;\n"
-        "shr.u32 a, a, 5;\n"
-        "mad.lo.u32 a, a, 32, %4;\n"
-        "ld.shared.v4.b32 {%0, %1, %2, %3}, [a];\n"
-        "}\n"
-        : "=r"(t.sq_), "=r"(t.skv_), "=r"(t.lo_), "=r"(t.hi_)
-        : "r"(base));
-    t.q0_ = t.k0_ = 0;  // not loaded (q0())
-    return t;
-  }
-  __device__ __forceinline__ int q0() const {
-    int v;
-    asm volatile(
-        "{\n"
-        ".reg .u32 a;\n"
-        "mov.u32 a, %%tid.x;\n"
-        "shr.u32 a, a, 5;\n"
-        "mad.lo.u32 a, a, 32, %1;\n"
-        "ld.shared.b32 %0, [a+16];\n"
-        "}\n"
-        : "=r"(v)
-        : "r"(base));
-    return v;
-  }
-  __device__ __forceinline__ void store(const TileSeq<true>& t) const {
-    asm volatile(
-        "{\n"
-        ".reg .u32 a;\n"
-        "mov.u32 a, %%tid.x;\n"
-        "shr.u32 a, a, 5;\n"
-        "mad.lo.u32 a, a, 32, %0;\n"
-        "st.shared.v4.b32 [a], {%1, %2, %3, %4};\n"
-        "st.shared.b32 [a+16], %5;\n"
-        "}\n" ::"r"(base),
-        "r"(t.sq_), "r"(t.skv_), "r"(t.lo_), "r"(t.hi_), "r"(t.q0_)
-        : "memory");
-  }
-};
-// The sequence's values where a walker uses several: a register TileSeq as it is, a consumer's
-// SharedSeq loaded once.
-template <class Seq>
-__device__ __forceinline__ const Seq& seq_values(const Seq& s) { return s; }
-__device__ __forceinline__ TileSeq<true> seq_values(const SharedSeq& s) { return s.values(); }
-
 // The slots [lo, lo + n) of the row's block list that tile `tc` walks: all of them, or in split-KV
 // mode the split's share (balanced: the splits' counts differ by at most one).
 struct SlotRange {
@@ -648,13 +531,8 @@ __device__ __forceinline__ void producer_load_v(const BsaFwdSm90Params& p, Share
   for (int h = 0; h < T::kBlocksPerStage; ++h) {
     if ((slot.info[h] & kPadFlag) == 0) continue;
     const int valid = slot.info[h] & (kPadFlag - 1);
-    const int chunks = (T::kBlock - valid) * 8;  // 16-byte chunks per panel
-#pragma unroll
-    for (int pnl = 0; pnl < T::kPanels; ++pnl) {
-      uint4* dst =
-          reinterpret_cast<uint4*>(v_stage + pnl * kPanelElems + (h * T::kBlock + valid) * 64);
-      for (int c = lane; c < chunks; c += 32) dst[c] = make_uint4(0u, 0u, 0u, 0u);
-    }
+    zero_tile_rows<T::kPanels>(v_stage, kPanelElems, h * T::kBlock + valid, T::kBlock - valid,
+                               lane);
   }
   fence_proxy_async_shared();  // the zeros are read by wgmma (async proxy)
   __syncwarp();

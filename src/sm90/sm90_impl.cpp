@@ -3,8 +3,9 @@
 // (bench/notes-archive), i.e. everywhere except the DSA backward's deterministic mode. Exceptions,
 // pending their first GPU run: the indexer loss's Hopper attention target (below) and the BSA
 // forward's and backward's token masks (bsa_forward_kernel.cuh, FwdTraits::kMasked;
-// bsa_backward_kernel.cuh, BwdTraits::kMask; dense batches) and the forward's packed (varlen)
-// batches (FwdTraits::kVarlen), which AUTO serves before they were tested or measured.
+// bsa_backward_kernel.cuh, BwdTraits::kMask; dense batches) and the packed (varlen) batches of
+// the forward (FwdTraits::kVarlen) and the backward (BwdTraits::kVarlen), which AUTO serves
+// before they were tested or measured.
 // Compiled only with the Hopper objects (SA_HAVE_SM90): this file calls into src/sm90/*.cu.
 #if SA_HAVE_SM90
 #include <cuda_runtime_api.h>
@@ -54,10 +55,10 @@ std::string unsupported(const Problem& p, std::string (*path_unsupported)(const 
 }
 
 // ---- BSA forward ------------------------------------------------------------------------------
-// Packed (varlen) batches (docs/bsa.md, "Packed batches"): the forward takes them, with or without
-// a mask (FwdTraits::kVarlen; compiled, not yet run on a GPU), so AUTO prefers it; the backward
-// does not. Refusals are checked before the device, so that the reason reads the same on every
-// machine.
+// Packed (varlen) batches (docs/bsa.md, "Packed batches"): the forward and the backward take them,
+// with or without a mask (FwdTraits::kVarlen, BwdTraits::kVarlen; compiled, not yet run on a
+// GPU), so AUTO prefers them. Refusals are checked before the device, so that the reason reads
+// the same on every machine.
 std::string bsa_fwd_unsupported(const BsaFwdProblem& p) {
   if (p.meta.varlen() && p.options.validate)
     return "options.validate with packed batches (options.cu_seqlens_q/k): the GPU metadata "
@@ -78,11 +79,11 @@ void bsa_fwd_run(const BsaFwdProblem& p, const ExecContext& ctx) {
 }
 
 // ---- BSA backward ------------------------------------------------------------------------------
-// Packed batches: not in the Hopper backward (AUTO finds no CUDA backward for them yet; the
-// portable backward refuses them too).
+// Packed batches: as the forward (above), options.validate refused by name.
 std::string bsa_bwd_unsupported(const BsaBwdProblem& p) {
-  if (p.meta.varlen())
-    return "packed batches (options.cu_seqlens_q/k) are not implemented by the sm90 backward";
+  if (p.meta.varlen() && p.options.validate)
+    return "options.validate with packed batches (options.cu_seqlens_q/k): the GPU metadata "
+           "check does not read cu_seqlens yet (the CPU reference checks them)";
   return unsupported(p, &sm90::bsa_backward_unsupported);
 }
 
