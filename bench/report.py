@@ -32,8 +32,8 @@ def shape_label(op, s):
             extra += f" {s.get('pattern', '')} mask={s.get('mask', 'none')}".replace("  ", " ")
         if s.get("varlen"):
             extra += " packed"
-        return (f"S{s['S']} H{s['H']} D{s['D']} b{s['block']} {round(100 * s['density'], 1)}%"
-                f"{extra}")
+        dens = f" {round(100 * s['density'], 1)}%" if "density" in s else ""
+        return f"S{s['S']} H{s['H']} D{s['D']} b{s['block']}{dens}{extra}"
     tl = " len" if s.get("topk_length") else ""
     return f"S{s['S']} H{s['H']} Dqk{s['D_qk']} k{s['topk']}{tl}"
 
