@@ -270,8 +270,8 @@ TEST(GpuBsaVarlen, AutoRunsSm90ForwardAndBackward) {
   // sm90 with options.validate refuses by name before touching dq, dk, dv; forced sm90 runs.
   DeviceTensor dout(p.dout, 0, 0), dq(p.dq, 0, 0), dk(p.dk, 0, 0), dv(p.dv, 0, 0);
   ASSERT_TRUE(dout.ok() && dq.ok() && dk.ok() && dv.ok());
-  {
-    ASSERT_TRUE(dq.poison(nullptr) && dk.poison(nullptr) && dv.poison(nullptr));
+  // The forward's packed problem with the gradient tensors.
+  auto bwd_args = [&] {
     sa_cpp::BsaForwardArgs f;
     d.args(f, p, c);
     sa_cpp::BsaBackwardArgs a;
@@ -286,6 +286,11 @@ TEST(GpuBsaVarlen, AutoRunsSm90ForwardAndBackward) {
     a.dv = dv.view();
     a.sparsity = f.sparsity;
     a.options = f.options;
+    return a;
+  };
+  {
+    ASSERT_TRUE(dq.poison(nullptr) && dk.poison(nullptr) && dv.poison(nullptr));
+    sa_cpp::BsaBackwardArgs a = bwd_args();
     a.options.impl = SA_IMPL_SM90;
     a.options.validate = 1;
     const sa_cpp::Status st = sa_cpp::bsa_backward(a);
@@ -302,20 +307,7 @@ TEST(GpuBsaVarlen, AutoRunsSm90ForwardAndBackward) {
   if (sm90_runs()) impls.push_back(SA_IMPL_SM90);
   for (sa_impl impl : impls) {
     SCOPED_TRACE(sa_impl_name(impl));
-    sa_cpp::BsaForwardArgs f;
-    d.args(f, p, c);
-    sa_cpp::BsaBackwardArgs a;
-    a.q = f.q;
-    a.k = f.k;
-    a.v = f.v;
-    a.o = f.o;
-    a.lse = f.lse;
-    a.dout = dout.view();
-    a.dq = dq.view();
-    a.dk = dk.view();
-    a.dv = dv.view();
-    a.sparsity = f.sparsity;
-    a.options = f.options;
+    sa_cpp::BsaBackwardArgs a = bwd_args();
     a.options.impl = impl;
     size_t bytes = 0;
     ASSERT_EQ(sa_bsa_backward_workspace_size(&a, &bytes), SA_OK) << sa_last_error();
