@@ -342,6 +342,7 @@ std::string bsa_shape_json(const BsaShape& s) {
      << static_cast<double>(s.count()) / s.Nkv() << ", \"layout\": \""
      << (s.layout == SA_LAYOUT_BSHD ? "bshd" : "bhsd") << "\""
      << (s.causal_blocks ? ", \"blocks\": \"causal\"" : "")
+     << (s.sorted_blocks ? ", \"blocks\": \"sorted\"" : "")
      << (s.mask == SA_MASK_CAUSAL ? ", \"mask\": \"causal\"" : "") << "}";
   return os.str();
 }

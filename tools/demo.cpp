@@ -45,6 +45,7 @@ BsaShape bsa_shape(const DemoOptions& o, Target target) {
   s.layout = o.layout;
   s.dtype = o.dtype;
   s.causal_blocks = o.bsa_causal_blocks;
+  s.sorted_blocks = o.bsa_sorted_blocks;
   s.mask = o.bsa_mask;
   return s;
 }

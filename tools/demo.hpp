@@ -53,8 +53,10 @@ struct DemoOptions {
   bool causal = true;                    // k_start = 0, k_end = t + 1 (DeepSeek-V3.2 prefill)
   bool dense_loss = false;               // indexer_loss in dense mode (the warm-up stage)
   // The bench's BSA forward only: the causal block pattern (BsaShape::causal_blocks) and
-  // options.mask.
+  // options.mask. Either BSA op: each row's random blocks in ascending order
+  // (BsaShape::sorted_blocks).
   bool bsa_causal_blocks = false;
+  bool bsa_sorted_blocks = false;
   sa_mask bsa_mask = SA_MASK_NONE;
 };
 

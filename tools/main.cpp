@@ -78,9 +78,10 @@ std::string usage() {
   flag("--density X", "fraction of the KV blocks each query block attends, in (0, 1];");
   more("distinct, uniformly random blocks" + both(bc.density, bg.density));
   flag("--layout L", "bhsd | bshd (bhsd)");
-  flag("--blocks P", "bench, bsa_fwd only: random | causal (random). causal: query block m");
-  more("lists its diagonal block and round(density * m) distinct random earlier");
-  more("blocks (the MoBA pattern; per-row counts)");
+  flag("--blocks P", "bench: random | sorted | causal (random). sorted: the random blocks of");
+  more("each row in ascending order. causal (bsa_fwd only): query block m lists its");
+  more("diagonal block and round(density * m) distinct random earlier blocks (the");
+  more("MoBA pattern; per-row counts)");
   flag("--mask M", "bench, bsa_fwd only: options.mask, none | causal (none)");
   os << " DSA (D_v = 512):\n";
   flag("--dsa-heads N", "H" + both(dc.H, dg.H));
@@ -229,7 +230,9 @@ bool parse_demo(const std::vector<std::string>& args, DemoOptions* o, bool bench
        }},
       {"--blocks",
        [&](auto& f, auto& v) {
-         o->bsa_causal_blocks = parse_choice<bool>(f, v, {{"random", false}, {"causal", true}});
+         const int p = parse_choice<int>(f, v, {{"random", 0}, {"causal", 1}, {"sorted", 2}});
+         o->bsa_causal_blocks = p == 1;
+         o->bsa_sorted_blocks = p == 2;
        }},
       {"--mask",
        [&](auto& f, auto& v) {

@@ -164,6 +164,7 @@ std::string BsaShape::describe() const {
   if (causal_blocks)
     os << " blocks=causal (diagonal + " << density << " of the earlier blocks; K_max " << count()
        << ")";
+  if (sorted_blocks) os << " blocks=sorted";
   if (mask != SA_MASK_NONE) os << " mask=" << (mask == SA_MASK_CAUSAL ? "causal" : "other");
   return os.str();
 }
@@ -212,8 +213,11 @@ BsaProblem make_bsa_problem(const BsaShape& s, uint64_t seed) {
   } else {
     std::vector<int32_t> pool(static_cast<size_t>(s.Nkv()));
     std::iota(pool.begin(), pool.end(), 0);
-    for (int64_t row = 0; row < s.B * s.Hq * s.Nq(); ++row)
-      draw_distinct(pool, count, rng, p.q2k_index.i32() + row * count);
+    for (int64_t row = 0; row < s.B * s.Hq * s.Nq(); ++row) {
+      int32_t* out = p.q2k_index.i32() + row * count;
+      draw_distinct(pool, count, rng, out);
+      if (s.sorted_blocks) std::sort(out, out + count);
+    }
   }
 
   p.o = HostTensor(s.dtype, s.physical(s.B, s.Hq, s.S, s.D));

@@ -39,6 +39,9 @@ struct BsaShape {
   // round(density * m) distinct random earlier blocks (the MoBA pattern; per-row counts in
   // q2k_count, K_max = row_count(N_q - 1)); mask: options.mask (S_q = S_kv: offset 0).
   bool causal_blocks = false;
+  // Bench only: each row's distinct random blocks in ascending order (as bench/anchors.py and
+  // cuDNN-frontend's examples list them) instead of in draw order.
+  bool sorted_blocks = false;
   sa_mask mask = SA_MASK_NONE;
 
   int64_t Nq() const { return S <= 0 || block <= 0 ? 0 : (S - 1) / block + 1; }
