@@ -698,6 +698,38 @@ TEST(GpuBsaVarlen, Sm90BackwardIgnoresTuningVariants) {
   }
 }
 
+// cu_seqlens_k outside the contract (not monotonic: two sequences each span all T_kv keys) makes
+// more reverse rows live than the work-item bound counts (H_kv (T_kv + B (block - 1)) / block,
+// cuda/reverse_map_gpu.hpp). The items past it are dropped: the call finishes (the sm90 dQ
+// conversion waits only for the items that run), and nothing is written past any output
+// (padding and guards checked by the download). The gradients' values are unspecified.
+TEST(GpuBsaVarlen, BackwardWithNonMonotonicCuSeqlensKStaysInBounds) {
+  SA_SKIP_WITHOUT_GPU();
+  for (int32_t block : {64, 128}) {
+    const VarlenCase c = gpu_case(block == 64 ? "nonmono_b64" : "nonmono_b128", {64, 64, 64},
+                                  {100, 100, 104}, 4, 2, 64, block, SA_MASK_NONE);
+    std::mt19937_64 rng(21);
+    Packed p(c, rng);
+    fill_forward(p, c);
+    // Sequences 0 and 2 read as [0, 304); sequence 1 as empty (its start clamped to 304).
+    const int64_t T = p.Tkv;
+    const std::vector<int64_t> cu = {0, T, 0, T};
+    for (int64_t b = 0; b <= p.B; ++b) p.cu_k.set(b, static_cast<double>(cu[b]));
+    DeviceBackward d(p, 8);
+    ASSERT_TRUE(d.ok());
+    for (const sa_impl impl : {SA_IMPL_PORTABLE, SA_IMPL_SM90}) {
+      if (impl == SA_IMPL_SM90 && !sm90_runs()) continue;
+      for (const int32_t bucket : {0, kSingleOwner, 2}) {
+        SCOPED_TRACE("block " + std::to_string(block) + " " + sa_impl_name(impl) + " bucket " +
+                     std::to_string(bucket));
+        const VarlenBwdCase bc{c, bucket, false, c.name, impl, {}, {}};
+        Gradients g;
+        ASSERT_TRUE(run_backward(d, p, bc, &g));
+      }
+    }
+  }
+}
+
 // A backward graph captured on one set of offsets replays correctly with others of the same
 // shapes (B, T_q, T_kv, N_q_max, K_max): grids and workspace depend on shapes only, cu_seqlens is
 // read on the device. Every bucket mode, and deterministic mode; the portable backward and the

@@ -155,7 +155,7 @@ TEST_P(GpuReverseMap, MatchesCpuBuilder) {
   const sa::ReverseMap want = sa::build_reverse_map_cpu(s.dims(), pat.meta(), c.bucket);
 
   DeviceMeta dev(pat);
-  const size_t bytes = sa::portable::reverse_map_workspace_bytes(s.dims(), c.bucket);
+  const size_t bytes = sa::portable::reverse_map_workspace_bytes(s.dims(), c.bucket, 0, false);
   TestBuffer workspace(bytes);
   // Stale contents must not matter.
   ASSERT_EQ(cudaMemset(workspace.get(), 0xff, bytes), cudaSuccess);
@@ -224,7 +224,7 @@ TEST_P(GpuReverseMap, OrdersTheTailLongestFirst) {
   DeviceMeta dev(pat);
   for (const int32_t tail : {5, 265, sa::portable::kMaxTailItems}) {
     SCOPED_TRACE("tail " + std::to_string(tail));
-    const size_t bytes = sa::portable::reverse_map_workspace_bytes(s.dims(), c.bucket, tail);
+    const size_t bytes = sa::portable::reverse_map_workspace_bytes(s.dims(), c.bucket, tail, false);
     TestBuffer workspace(bytes);
     ASSERT_EQ(cudaMemset(workspace.get(), 0xff, bytes), cudaSuccess);
     const sa::portable::ReverseMapDevice map = sa::portable::build_reverse_map_gpu(
@@ -269,7 +269,7 @@ TEST(GpuReverseMapGraph, ReplayFollowsNewMetadataValues) {
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
   DeviceMeta dev(first);
-  const size_t bytes = sa::portable::reverse_map_workspace_bytes(s.dims(), bucket);
+  const size_t bytes = sa::portable::reverse_map_workspace_bytes(s.dims(), bucket, 0, false);
   TestBuffer workspace(bytes);
 
   cudaGraph_t graph = nullptr;
@@ -345,7 +345,7 @@ TEST(GpuReverseMapBadMetadata, StaysInsideWorkspaceAndDropsBadEntries) {
   for (int32_t bucket : {1, 4, 0}) {
     SCOPED_TRACE("bucket " + std::to_string(bucket));
     DeviceMeta dev(raw);
-    const size_t bytes = sa::portable::reverse_map_workspace_bytes(s.dims(), bucket);
+    const size_t bytes = sa::portable::reverse_map_workspace_bytes(s.dims(), bucket, 0, false);
     const size_t guard = 4096;
     TestBuffer buffer(bytes + 2 * guard);
     ASSERT_EQ(cudaMemset(buffer.get(), 0xa5, bytes + 2 * guard), cudaSuccess);
@@ -373,7 +373,7 @@ TEST(GpuReverseMapArguments, RefusesSmallOrMisalignedWorkspace) {
   std::mt19937_64 rng(3);
   const BsaPattern pat = sa_test::random_bsa_pattern(s, make_spec(true, true, -1), rng);
   DeviceMeta dev(pat);
-  const size_t bytes = sa::portable::reverse_map_workspace_bytes(s.dims(), 2);
+  const size_t bytes = sa::portable::reverse_map_workspace_bytes(s.dims(), 2, 0, false);
   TestBuffer workspace(bytes + 256);
   EXPECT_THROW(sa::portable::build_reverse_map_gpu(s.dims(), dev.meta(), 2, workspace.get(),
                                                    bytes - 1, nullptr),

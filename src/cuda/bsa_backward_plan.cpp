@@ -77,7 +77,7 @@ BsaBwdPlan make_bsa_backward_plan(const BsaBwdProblem& p, int64_t cta_slots, boo
     plan.dv_accum = take(plan.dkv_bytes);
   }
   plan.tail_items = tail_items;
-  plan.map_bytes = reverse_map_workspace_bytes(d, plan.bucket, plan.tail_items);
+  plan.map_bytes = reverse_map_workspace_bytes(d, plan.bucket, plan.tail_items, packed);
   plan.map = take(plan.map_bytes);
   plan.total = at + kAlign;
   return plan;

@@ -50,7 +50,7 @@ size_t align_up(size_t x) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-Layout make_layout(const BsaDims& d, int32_t bucket, int32_t tail_items) {
+Layout make_layout(const BsaDims& d, int32_t bucket, int32_t tail_items, bool packed) {
   SA_CHECK_ARG(d.B >= 1 && d.Hq >= 1 && d.Hkv >= 1 && d.Nq >= 1 && d.Nkv >= 1 && d.Kmax >= 0,
                "reverse map: expected B, Hq, Hkv, Nq, Nkv >= 1 and Kmax >= 0, got B="
                    << d.B << ", Hq=" << d.Hq << ", Hkv=" << d.Hkv << ", Nq=" << d.Nq
@@ -72,10 +72,18 @@ Layout make_layout(const BsaDims& d, int32_t bucket, int32_t tail_items) {
   // A forward row contributes at most min(Kmax, Nkv) distinct KV blocks.
   L.entries_capacity = d.B * d.Hq * d.Nq * std::min(d.Kmax, d.Nkv);
   narrow_i32(L.entries_capacity, "reverse map capacity (B * Hq * Nq * min(Kmax, Nkv))");
-  // sum_r max(1, ceil(len_r / bucket)) <= num_rows + ceil(sum_r len_r / bucket), and no row has
-  // more than ceil(longest / bucket) groups.
-  L.max_items = std::min(L.num_rows + ceil_div(L.entries_capacity, L.bucket),
-                         L.num_rows * ceil_div(longest, L.bucket));
+  // Rows that get groups: every row of a dense batch. In a packed batch only the rows inside
+  // their sequence do (step 3): sum_b ceil(skv_b / block) per KV head, which is at most
+  // (T_kv + B (block - 1)) / block when cu_seqlens_k meets the contract (sum_b skv_b <= T_kv).
+  // The bound is what the main kernel's grid provisions; with offsets outside the contract the
+  // items past it are dropped (step 5), so nothing is written out of bounds.
+  const int64_t item_rows =
+      packed ? std::min(L.num_rows, d.Hkv * ((d.Skv + d.B * (d.block - 1)) / d.block))
+             : L.num_rows;
+  // sum_r max(1, ceil(len_r / bucket)) <= rows + ceil(sum_r len_r / bucket) over the rows that
+  // get groups, and no row has more than ceil(longest / bucket) groups.
+  L.max_items = std::min(item_rows + ceil_div(L.entries_capacity, L.bucket),
+                         item_rows * ceil_div(longest, L.bucket));
   narrow_i32(L.max_items, "reverse map work items");
 
   const int scan_items = static_cast<int>(L.num_rows + 1);
@@ -194,7 +202,8 @@ __global__ void __launch_bounds__(kThreads)
     map.row_groups[r] = groups;
     if (r == map.num_rows - 1) {
       map.row_offsets[r + 1] = end;
-      *map.num_items = high_half(next);
+      *map.num_items = static_cast<int32_t>(min(static_cast<int64_t>(high_half(next)),
+                                                map.max_items));
     }
   }
 
@@ -223,7 +232,8 @@ __global__ void __launch_bounds__(kThreads)
 
   // Work items: group g covers entries [begin + g * bucket, min(end, begin + (g + 1) * bucket));
   // an empty row has the single group [begin, begin).
-  for (int32_t g = lane; g < groups; g += kWarp) {
+  // Items at or past max_items (packed offsets outside the contract only) are dropped.
+  for (int32_t g = lane; g < groups && first_item + g < map.max_items; g += kWarp) {
     const int64_t item_begin = begin + static_cast<int64_t>(g) * map.bucket;
     const int64_t item_end = min(static_cast<int64_t>(end), item_begin + map.bucket);
     map.item_row[first_item + g] = static_cast<int32_t>(r);
@@ -266,14 +276,15 @@ T* at_offset(void* base, size_t offset) {
 
 }  // namespace
 
-size_t reverse_map_workspace_bytes(const BsaDims& dims, int32_t bucket, int32_t tail_items) {
-  return make_layout(dims, bucket, tail_items).total;
+size_t reverse_map_workspace_bytes(const BsaDims& dims, int32_t bucket, int32_t tail_items,
+                                   bool packed) {
+  return make_layout(dims, bucket, tail_items, packed).total;
 }
 
 ReverseMapDevice build_reverse_map_gpu(const BsaDims& d, const BsaMeta& meta, int32_t bucket,
                                        void* workspace, size_t workspace_bytes,
                                        cudaStream_t stream, int32_t tail_items) {
-  Layout L = make_layout(d, bucket, tail_items);
+  Layout L = make_layout(d, bucket, tail_items, meta.varlen());
   SA_CHECK_ARG(workspace != nullptr, "reverse map: workspace is null");
   SA_CHECK_ARG(reinterpret_cast<uintptr_t>(workspace) % kReverseMapAlignment == 0,
                "reverse map: workspace must be " << kReverseMapAlignment << "-byte aligned");

@@ -38,7 +38,11 @@
 // and n its local KV block (Nkv = ceil(T_kv / block) bounds every sequence's blocks); step 2 reads
 // only the query blocks inside each sequence, keeps entries inside its KV blocks and applies its
 // mask; step 3 gives rows past their sequence's end 0 groups (no work item, row_groups 0).
-// cu_seqlens is read on the device only.
+// cu_seqlens is read on the device only. max_items counts only the rows inside the sequences,
+// H_kv (T_kv + B (block - 1)) / block of them, so a kernel launched with max_items CTAs does not
+// run a CTA per row of B x H_kv x N_kv (issue 38's packed batch: 8,416 CTAs for 8,192 items,
+// where that count was 65,536). With offsets outside the contract (sum of lengths > T_kv) the
+// items past max_items are dropped and *num_items is clamped to it.
 //
 // bucket <= 0 ("no split", one group per row): the CPU builder sets ReverseMap::bucket to the
 // longest row, which depends on the metadata values; this builder uses G * Nq (the longest row
@@ -76,7 +80,8 @@ struct ReverseMapDevice {
   const unsigned long long* row_scan = nullptr;
   int64_t num_rows = 0;            // B * Hkv * Nkv
   int32_t bucket = 0;              // entries per group (> 0); G * Nq when asked for bucket <= 0
-  int64_t max_items = 0;           // upper bound on *num_items, from the shapes
+  int64_t max_items = 0;           // upper bound on *num_items, from the shapes (packed: from
+                                   // the rows inside the sequences; *num_items <= max_items)
   int64_t entries_capacity = 0;    // upper bound on the number of entries, from the shapes
 };
 
@@ -88,7 +93,10 @@ constexpr size_t kReverseMapAlignment = 256;
 // Host only, no synchronisation; CUB's size query looks at the current device, so ask with the
 // device the build will run on current. Throws sa::Error if a size does not fit the map's int32
 // indices.
-size_t reverse_map_workspace_bytes(const BsaDims& dims, int32_t bucket, int32_t tail_items = 0);
+// `packed`: the map of a packed batch (BsaMeta::varlen()); its work items are bounded by the
+// rows inside the sequences, not by every row.
+size_t reverse_map_workspace_bytes(const BsaDims& dims, int32_t bucket, int32_t tail_items,
+                                   bool packed);
 
 // Most work items step 6 orders (one CTA).
 constexpr int32_t kMaxTailItems = 1024;

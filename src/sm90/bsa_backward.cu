@@ -142,6 +142,7 @@ bool launch_main_kernel(const BsaBwdProblem& p, const portable::BsaBwdPlan& plan
   c.dq_accum = buf.dq_accum;
   c.ready = buf.dq_ready;
   c.row_scan = map.row_scan;
+  c.max_items = map.max_items;
   c.Sq_pad = plan.Sq_pad;
   c.signals_per_item = bwd::consumer_warpgroups(d.block);
   c.sm_count = sms;

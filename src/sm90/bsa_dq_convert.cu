@@ -26,6 +26,7 @@ struct Params {
   uint32_t* ticket;  // ready[B * H_kv]
   const unsigned long long* row_scan;
   int32_t Hq, Hkv, group, Sq, Sq_pad, Nkv, tiles, chunks, signals_per_item;
+  int32_t max_items;  // the map's bound: items at or past it were dropped and never signal
   float scale;
 };
 // Packed batches: tiles = N_q_max block / 64 per (sequence b, head h); the sequences' offsets.
@@ -57,11 +58,14 @@ __device__ __forceinline__ uint32_t first_live_chunk(const PackedParams& a, uint
   return c;
 }
 
-// Work items of KV head `key` = b * H_kv + hk (rows [key * N_kv, (key + 1) * N_kv) of the map).
+// Work items of KV head `key` = b * H_kv + hk (rows [key * N_kv, (key + 1) * N_kv) of the map)
+// that run: those below max_items (the others exist only for packed offsets outside the
+// contract, which the map drops).
 __device__ __forceinline__ uint32_t head_items(const Params& a, int key) {
   const unsigned long long lo = __ldcg(a.row_scan + static_cast<int64_t>(key) * a.Nkv);
   const unsigned long long hi = __ldcg(a.row_scan + static_cast<int64_t>(key + 1) * a.Nkv);
-  return static_cast<uint32_t>((hi >> 32) - (lo >> 32));
+  const uint32_t cap = static_cast<uint32_t>(a.max_items);
+  return min(static_cast<uint32_t>(hi >> 32), cap) - min(static_cast<uint32_t>(lo >> 32), cap);
 }
 
 // Thread 0: until every consumer warpgroup of every work item of KV head `key` has signalled
@@ -190,6 +194,7 @@ void launch_dq_convert_beside(const BsaBwdProblem& p, const DqConvertBeside& c,
   a.chunks = narrow_i32(d.B * d.Hq * a.tiles, "dQ tiles");
   narrow_i32(d.B * d.Hq * a.tiles + grid, "dQ tiles and converter CTAs");
   a.signals_per_item = c.signals_per_item;
+  a.max_items = narrow_i32(c.max_items, "work items");
   a.scale = p.scale;
 
   cudaLaunchConfig_t cfg{};

@@ -39,6 +39,7 @@ struct DqConvertBeside {
   uint32_t* ready = nullptr;                     // [B * H_kv + 1]
   const unsigned long long* row_scan = nullptr;  // ReverseMapDevice::row_scan
   int64_t Sq_pad = 0;
+  int64_t max_items = 0;         // ReverseMapDevice::max_items (the main kernel's grid)
   int32_t signals_per_item = 1;  // the main kernel's consumer warpgroups
   int32_t sm_count = 0;          // > 0: the grid is sm_count x 4 CTAs
 };
