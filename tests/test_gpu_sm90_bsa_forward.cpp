@@ -162,23 +162,6 @@ TEST(Sm90BsaForwardSplitKv, MatchesReference) {
   }
 }
 
-// The rotated walk (Tuning::sm90_bsa_fwd_rotate): each unmasked tile walks its list from slot
-// m mod n, alone and with split-KV slices (each slice rotated inside its share); bf16 and fp16.
-TEST(Sm90BsaForwardRotate, MatchesReference) {
-  SA_SKIP_UNLESS_SM90();
-  for (int32_t splits : {1, 3}) {
-    sa::detail::Tuning t;
-    t.sm90_bsa_fwd_rotate = 1;
-    t.sm90_fwd_splits = splits;
-    const sa::detail::ScopedTuning tune(t);
-    for (const Sm90BsaCase& c : kCases) {
-      SCOPED_TRACE(c.name + " splits " + std::to_string(splits));
-      expect_case_matches_reference(c, SA_DTYPE_BF16);
-      if (splits == 1) expect_case_matches_reference(c, SA_DTYPE_FP16);
-    }
-  }
-}
-
 // fp16: the same cases.
 class Sm90BsaForwardFp16 : public ::testing::TestWithParam<Sm90BsaCase> {};
 

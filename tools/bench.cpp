@@ -378,8 +378,6 @@ void parse_tune(const std::string& key, const std::string& val, sa::detail::Tuni
     t->sm90_fwd_splits = tune_int(key, val, 1, 16, &defaults.sm90_fwd_splits);
   } else if (key == "tune.bwd_tail" || key == "env.SA_TUNE_SM90_BWD_TAIL") {
     t->sm90_bwd_tail = tune_int(key, val, 0, 1024, &defaults.sm90_bwd_tail);
-  } else if (key == "tune.sm90_bsa_fwd_rotate") {
-    t->sm90_bsa_fwd_rotate = tune_int(key, val, 0, 1);
   } else if (key == "tune.sm90_bsa_bwd_stats") {
     t->sm90_bsa_bwd_stats = tune_int(key, val, 0, 1);
   } else if (key == "tune.sm90_bsa_bwd_full") {
@@ -401,8 +399,7 @@ void parse_tune(const std::string& key, const std::string& val, sa::detail::Tuni
   } else {
     throw ToolError(kExitBadArgument,
                     "--variants: unknown tuning key '" + key +
-                        "' (tune.fwd_splits=, tune.sm90_bsa_fwd_rotate=, tune.bwd_tail=, "
-                        "tune.sm90_bsa_bwd_stats=, "
+                        "' (tune.fwd_splits=, tune.bwd_tail=, tune.sm90_bsa_bwd_stats=, "
                         "tune.sm90_bsa_bwd_full=, tune.dsa_bwd=, tune.sm90_dsa_bwd_groups=, "
                         "tune.dsa_fwd_pad=, "
                         "tune.topk=, tune.ptopk=, tune.sm90_indexer_target=, "

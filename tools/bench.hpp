@@ -51,8 +51,6 @@ struct BenchOptions {
 // "impl=portable,bucket=1/impl=sm90" -> two variants.
 // Keys: impl=, bucket=, deterministic=, anchor=flashmla, and the tuning keys
 //   tune.fwd_splits=auto|1..16   Hopper BSA forward split-KV slices (1: never split)
-//   tune.sm90_bsa_fwd_rotate=0|1 Hopper BSA forward: unmasked tiles walk their lists from slot
-//                                m mod n (an experiment; common/tuning.hpp)
 //   tune.bwd_tail=auto|0..1024   Hopper BSA backward: last work items launched longest first
 //   tune.sm90_bsa_bwd_stats=0|1  Hopper BSA backward: the loader warp's lse2 / delta ring
 //   tune.sm90_bsa_bwd_full=0|1   Hopper BSA backward: the full-block path (calls whose KV blocks

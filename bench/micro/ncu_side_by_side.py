@@ -28,7 +28,9 @@ def duration_us(k):
     for (sec, name, unit), v in k["m"].items():
         if name == "Duration":
             x = float(v.replace(",", ""))
-            return x / 1e3 if unit == "nsecond" else (x * 1e3 if unit == "msecond" else x)
+            scale = {"nsecond": 1e-3, "ns": 1e-3, "msecond": 1e3, "ms": 1e3, "second": 1e6,
+                     "s": 1e6}
+            return x * scale.get(unit, 1.0)
     return 0.0
 
 

@@ -14,10 +14,6 @@ struct Tuning {
   // Hopper BSA forward, split-KV: slices of each row's block list run as separate tiles.
   // 0: the automatic rule (sm90/bsa_forward.cu); 1: never split; 2..16: that many.
   int32_t sm90_fwd_splits = 0;
-  // Hopper BSA forward, unmasked dense calls: 1 walks each tile's block list from slot m mod n
-  // (m its query block, n its count) instead of slot 0, so that tiles running together do not
-  // start at the same blocks of sorted lists (an experiment, decisions/sm90_bsa_forward.md).
-  int32_t sm90_bsa_fwd_rotate = 0;
   // Hopper BSA backward: how many of the last work items the reverse map launches longest first
   // (its step 6). -1: two waves of CTAs; 0: item order; at most portable::kMaxTailItems.
   int32_t sm90_bwd_tail = -1;

@@ -187,7 +187,6 @@ void bsa_forward(const BsaFwdProblem& p, void* workspace, size_t workspace_bytes
   params.num_tiles = narrow_i32(d.B * d.Hq * d.Nq, "B * H_q * N_q");
   params.scale_log2 = scale_times_log2e(p.scale);
   params.masked_score = params.scale_log2 > 0.f ? -INFINITY : INFINITY;
-  params.rotate = detail::tuning().sm90_bsa_fwd_rotate != 0 ? 1 : 0;
   // The band, clamped to [-S_q, S_kv] by validation: int32 (S_q, S_kv < 2^31 - 256 above).
   // Packed batches: each sequence's own, computed in the kernel (TileSeq: BsaMeta::mask_of).
   if (!packed) {

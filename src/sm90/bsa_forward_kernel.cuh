@@ -140,9 +140,6 @@ struct BsaFwdSm90Params {
   // mask_lo <= s - i <= mask_hi (BsaMeta::mask, clamped to [-S_q, S_kv]: int32). Unused by packed
   // batches (each sequence's band is TileSeq's, from BsaMeta::mask_of).
   int32_t mask_lo, mask_hi;
-  // Unmasked tiles: 1 walks slot (lo + (w + m) mod n) at walk position w (walk_slot); 0 slot
-  // lo + w. Producer and consumers map positions the same way.
-  int32_t rotate;
 };
 
 // Warpgroup roles.
@@ -351,14 +348,6 @@ __device__ __forceinline__ SlotRange tile_slots(const BsaFwdSm90Params& p, const
   } else {
     return {0, count};
   }
-}
-
-// Slot of walk position w in [0, sr.n) of an unmasked tile of query block m.
-__device__ __forceinline__ int walk_slot(const BsaFwdSm90Params& p, const SlotRange& sr, int m,
-                                         int w) {
-  if (p.rotate == 0) return sr.lo + w;
-  const int x = w + m % sr.n;
-  return sr.lo + (x >= sr.n ? x - sr.n : x);
 }
 
 // KV block of slot j of a tile and its valid keys: block_len (when given) clipped to the keys inside
@@ -732,7 +721,7 @@ __device__ __forceinline__ void producer_main(const BsaFwdSm90Params& p, SharedS
       // Lane i reads slot first + i: its KV block and valid keys.
       int blk = 0, info = 0;
       if (first + lane < count) {
-        const BlockKeys bk = block_keys<kBlock>(p, tc, walk_slot(p, sr, tc.m, first + lane));
+        const BlockKeys bk = block_keys<kBlock>(p, tc, sr.lo + first + lane);
         blk = bk.blk;
         info = bk.valid | (bk.valid < bk.in_tensor ? kPadFlag : 0);
       }
@@ -1069,12 +1058,10 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
           list.next(p, tc, seq, sr, lane);
         }
       } else {
-        v0 = block_keys<kBlock>(p, tc, walk_slot(p, sr, tc.m, kPer * i)).valid;
+        v0 = block_keys<kBlock>(p, tc, sr.lo + kPer * i).valid;
         v1 = kBlock;
         if constexpr (kPer == 2)
-          v1 = 2 * i + 1 < count
-                   ? block_keys<kBlock>(p, tc, walk_slot(p, sr, tc.m, 2 * i + 1)).valid
-                   : 0;
+          v1 = 2 * i + 1 < count ? block_keys<kBlock>(p, tc, sr.lo + 2 * i + 1).valid : 0;
       }
     };
     if constexpr (T::kMasked && kKeySplit) {
