@@ -90,6 +90,11 @@ def parse():
     ap.add_argument("--check-fp64", type=int, default=1,
                     help="1: check ours and cuDNN-FE against an fp64 reference computed on the "
                          "GPU (DSA: every row; BSA: the first two heads)")
+    ap.add_argument("--kernel-time", type=int, default=1,
+                    help="1: also record each side's GPU time per call from torch.profiler (the "
+                         "sum of its kernels' durations: records' kernel_ms, anchor_kernel_ms, "
+                         "kernel_speedup), which leaves out the time between kernels that the "
+                         "whole-call timing includes (docs/performance.md, session 41)")
     ap.add_argument("--impls", default="auto,portable",
                     help="our implementations to time beside each anchor (auto, portable, sm90); "
                          "one that resolves to an implementation already listed is timed once")
@@ -145,12 +150,32 @@ def paired(fns):
     return med, spread
 
 
+def kernel_ms(fn, calls=10):
+    """GPU time per call of the kernels (and memsets / copies) fn launches, from torch.profiler;
+    None where the profiler gives nothing."""
+    try:
+        from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+        total = sum(e.time_range.elapsed_us() for e in prof.events()
+                    if e.device_type == torch.autograd.DeviceType.CUDA)
+        return round(total / calls / 1e3, 5) if total > 0 else None
+    except Exception as e:  # noqa: BLE001
+        print(f"  kernel time unavailable: {type(e).__name__}: {str(e)[:120]}", flush=True)
+        return None
+
+
 def rel_l2(a, b):
     a, b = a.double(), b.double()
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def record(op, shape, ours_ms, flops, anchor, anchor_ms, err, impl, spread, fp64=None):
+def record(op, shape, ours_ms, flops, anchor, anchor_ms, err, impl, spread, fp64=None,
+           kernel=None):
     r = {
         "op": op, "impl": impl, "shape": shape, "ms": round(ours_ms, 5),
         "tflops": round(flops / (ours_ms * 1e-3) / 1e12, 1), "anchor": anchor,
@@ -162,6 +187,9 @@ def record(op, shape, ours_ms, flops, anchor, anchor_ms, err, impl, spread, fp64
         "source": "bench/anchors.py", "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
     }
+    if kernel:
+        # GPU time per call from the profiler (kernel_ms), ours and the anchor's, and their ratio.
+        r.update(kernel)
     if fp64:
         # rel L2 against the fp64 reference computed on the GPU: ours and the anchor's.
         r["fp64_rel_l2"] = fp64
@@ -174,6 +202,10 @@ def record(op, shape, ours_ms, flops, anchor, anchor_ms, err, impl, spread, fp64
     err_txt = "-" if err is None else f"{err:.2e}"
     print(f"  {op:8s} vs {anchor:12s} ours {ours_ms:8.4f} ms {r['tflops']:7.1f} TFLOPS | "
           f"anchor {anchor_txt} | speedup {speed_txt} | rel L2 vs anchor {err_txt}", flush=True)
+    if kernel and kernel.get("kernel_speedup") is not None:
+        print(f"    kernels alone: ours {kernel['kernel_ms']:.4f} ms, anchor "
+              f"{kernel['anchor_kernel_ms']:.4f} ms, speedup {kernel['kernel_speedup']:.2f}x",
+              flush=True)
 
 
 def impl_name():
@@ -215,8 +247,15 @@ def paired_record(op, shape, flops, ours, anchor, anchor_fn, errs, fp64s=None):
     """Our implementations and one anchor in one pairing (alternating rounds); one record each."""
     meds, spreads = paired([f for _, f in ours] + [anchor_fn])
     fp64s = fp64s or [None] * len(ours)
-    for (impl, _), ms, sp, err, f64 in zip(ours, meds, spreads, errs, fp64s):
-        record(op, shape, ms, flops, anchor, meds[-1], err, impl, sp, f64)
+    anchor_k = kernel_ms(anchor_fn) if ARGS.kernel_time else None
+    for (impl, fn), ms, sp, err, f64 in zip(ours, meds, spreads, errs, fp64s):
+        kernel = None
+        if ARGS.kernel_time:
+            ours_k = kernel_ms(fn)
+            kernel = {"kernel_ms": ours_k, "anchor_kernel_ms": anchor_k,
+                      "kernel_speedup": (round(anchor_k / ours_k, 3)
+                                         if ours_k and anchor_k else None)}
+        record(op, shape, ms, flops, anchor, meds[-1], err, impl, sp, f64, kernel)
 
 
 def want(anchor):
