@@ -150,20 +150,12 @@ def paired(fns):
     return med, spread
 
 
-def kernel_ms(fn, calls=10):
-    """GPU time per call of the kernels (and memsets / copies) fn launches, from torch.profiler;
-    None where the profiler gives nothing."""
+def kernel_ms(fn):
+    """GPU time per call of fn's kernels (bench/_timing.py); None where the profiler gives
+    nothing."""
     try:
-        from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415
-        fn()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(calls):
-                fn()
-            torch.cuda.synchronize()
-        total = sum(e.time_range.elapsed_us() for e in prof.events()
-                    if e.device_type == torch.autograd.DeviceType.CUDA)
-        return round(total / calls / 1e3, 5) if total > 0 else None
+        ms, _ = _timing.kernel_ms(fn)
+        return round(ms, 5) if ms > 0 else None
     except Exception as e:  # noqa: BLE001
         print(f"  kernel time unavailable: {type(e).__name__}: {str(e)[:120]}", flush=True)
         return None

@@ -79,25 +79,6 @@ def graphed(fn, calls):
     return g.replay
 
 
-def kernel_us(fn, n=20):
-    """Mean GPU time per call of the kernels fn launches, from torch.profiler."""
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-    total, names = 0.0, {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            dt = e.time_range.elapsed_us()
-            total += dt
-            names[e.name[:60]] = names.get(e.name[:60], 0) + dt
-    top = sorted(names.items(), key=lambda kv: -kv[1])[:4]
-    return total / n, [(k, round(v / n, 1)) for k, v in top]
-
-
 def main():
     block, D = ARGS.block, ARGS.D
     scale = 1.0 / math.sqrt(D)
@@ -153,8 +134,8 @@ def main():
                        "order": lab[1], "timing": lab[2], "ms": round(med, 5),
                        "tflops": round(flops / med / 1e9, 1)}
                 if lab[2] == "eager":
-                    us, top = kernel_us(fns[i])
-                    rec["kernel_ms"] = round(us / 1e3, 5)
+                    ms, top = _timing.kernel_ms(fns[i], calls=20)
+                    rec["kernel_ms"] = round(ms, 5)
                     rec["kernels"] = top
                 records.append(rec)
                 print(json.dumps(rec), flush=True)
