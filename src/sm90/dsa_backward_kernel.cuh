@@ -56,8 +56,10 @@
 //   kConsumer0/1  warpgroups 1 and 2 (consumer warpgroups 0 and 1 below), setmaxnreg up.
 //
 // Per chunk (global index g over the CTA's items):
-//   consumer 0: wait kv_full (parity g % 2) | [1] | P | [2] | dS' | bar kPdsFree (consumer 1's
-//     last wgmma of chunk c - 1 is done with sP, sDs) | store sP, sDs, fence.proxy.async, arrive
+//   consumer 0: [1] in three batches, each after its panel group's kv_full (parity g % 2; an
+//     item's first chunk waits for the last group, which holds Q and dO) | P | [2] | dS' |
+//     bar kPdsFree (consumer 1's last wgmma of chunk c - 1 is done with sP, sDs) | store sP,
+//     sDs, fence.proxy.async, arrive
 //     kPdsReady | bar kWg0 | [4] and its first piece as two batches | wait for [4], arrive
 //     kv_empty | reduce the piece | its second piece: batch, wait, reduce
 //   consumer 1: bar kPdsReady | [4], pieces 0 and 1 on two accumulators as three batches | wait
@@ -156,6 +158,14 @@ struct DsaBwdTraits : DsaCta<kDqk_> {
   static constexpr bool kTokenGroups = kTokenGroups_;
   static constexpr int kWg0Pieces = kDqk_ == 576 ? 2 : 0;
   static constexpr bool kChunkTargets = kDqk_ == 512;
+  // The K stage lands in three panel groups of 3, 3 and the rest (2 nope + rope at D_qk 576, 2
+  // at 512), each on its own kv_full barrier, so that [1] starts on the first group
+  // (docs/decisions/sm90_dsa_backward.md, session 41).
+  static constexpr int kKvGroupPanels[2] = {3, 3};
+#ifndef SA_DSA_BWD_KV_GROUPS
+#define SA_DSA_BWD_KV_GROUPS 3
+#endif
+  static constexpr int kKvGroups = SA_DSA_BWD_KV_GROUPS;  // experiment: 1 or 3
   using Base = DsaCta<kDqk_>;
   using Element = typename Base::Element;
   using H64 = typename Base::H64;
@@ -201,7 +211,8 @@ struct alignas(1024) SharedStorage {
   };                           // (G 4-bit fields; 0 past the union)
   int32_t kidx[2][64];         // per chunk parity: the slot's kv row, -1 when inactive
   float dpart[2][64];          // per consumer warpgroup: its half of each row's delta
-  uint64_t kv_full;            // producer (128 arrivals) -> consumers: the chunk's rows landed
+  uint64_t kv_full[3];         // producer (128 arrivals each) -> consumers: panel group i of the
+                               // chunk's rows landed (kKvGroupPanels; group 0 with Q and dO)
   uint64_t kv_empty;           // consumers (kReleaseArrivals) -> producer: the K stage is free
   uint64_t qdo_empty;          // consumers (kReleaseArrivals) -> producer: Q and dO free (the
                                // item's last [5] is done), the next item's may land
@@ -243,6 +254,51 @@ __device__ __forceinline__ void producer_item(const Params& p, SharedStorage<T>&
       s.bias[buf][row] = active ? 0.f : -INFINITY;
       s.kidx[buf][row] = active ? jr : -1;
     };
+    // The chunk's rows in three panel groups (kKvGroupPanels), each its own cp.async group:
+    // group 0 also holds the row metadata (mark), the last one, on the item's first chunk, its
+    // Q and dO (issued after every row, so that the rows overlap the previous item's last [5],
+    // which still reads the old Q and dO).
+    auto gather_groups = [&](auto row_index, auto mark_row) {
+      constexpr int kG1 = T::kKvGroupPanels[0], kG2 = kG1 + T::kKvGroupPanels[1];
+      constexpr int kPanels = T::kNopePanels + (T::kRope ? 1 : 0);
+      const uint32_t nope = smem_u32(s.k_nope), rope = smem_u32(s.k_rope);
+      if constexpr (T::kKvGroups == 1) {
+        gather_chunk_panels<T::kRope, 0, kPanels, true>(nope, rope, kv, p.kv_ss, p.skv,
+                                                        row_index, warp, lane, mark_row);
+      } else {
+        gather_chunk_panels<T::kRope, 0, kG1, true>(nope, rope, kv, p.kv_ss, p.skv, row_index,
+                                                    warp, lane, mark_row);
+        cp_async_commit();
+        auto no_mark = [](int, bool, int32_t) {};
+        gather_chunk_panels<T::kRope, kG1, kG2, false>(nope, rope, kv, p.kv_ss, p.skv,
+                                                       row_index, warp, lane, no_mark);
+        cp_async_commit();
+        gather_chunk_panels<T::kRope, kG2, kPanels, false>(nope, rope, kv, p.kv_ss, p.skv,
+                                                           row_index, warp, lane, no_mark);
+      }
+      if (c == 0) {
+        // [P0] Q and dO of the item's heads, in the last group (the item's first chunk waits
+        // for all of it); with head padding (the last group of an H that is not a multiple of
+        // 64) the rows past H are zero-filled, not read (token groups: the rows past S_q H, in
+        // the last group).
+        mbarrier_wait(&s.qdo_empty, qdo_phase ^ 1);
+        qdo_phase ^= 1;
+        const DsaElement* q_tok = static_cast<const DsaElement*>(p.q) + tok * p.q_ss;
+        const DsaElement* do_tok = static_cast<const DsaElement*>(p.dout) + tok * p.do_ss;
+        const int rows = T::kTokenGroups ? group_rows<T>(p, tok) : p.H - h0;
+        if (rows >= T::kHeads) {
+          gather_head_rows<T::kRope>(smem_u32(s.q_nope), smem_u32(s.q_rope), q_tok, p.q_sh, h0,
+                                     warp, lane);
+          gather_head_rows<false>(smem_u32(s.dout), 0u, do_tok, p.do_sh, h0, warp, lane);
+        } else {
+          gather_head_rows<T::kRope, true>(smem_u32(s.q_nope), smem_u32(s.q_rope), q_tok, p.q_sh,
+                                           h0, warp, lane, rows);
+          gather_head_rows<false, true>(smem_u32(s.dout), 0u, do_tok, p.do_sh, h0, warp, lane,
+                                        rows);
+        }
+      }
+      cp_async_commit();
+    };
     if constexpr (T::kTokenGroups) {
       // The group's union (every entry active: the builder keeps active keys only), indices and
       // multiplicities read lane-parallel; the multiplicities stored by their lanes. The union
@@ -258,51 +314,39 @@ __device__ __forceinline__ void producer_item(const Params& p, SharedStorage<T>&
       const uint32_t m = lane < 16 && slot < n_slots ? p.group_mult[at + slot] : 0u;
       mbarrier_wait(&s.kv_empty, (g & 1) ^ 1);
       if (lane < 16) s.mult[buf][16 * warp + lane] = m;
-      gather_chunk<T::kRope>(smem_u32(s.k_nope), smem_u32(s.k_rope), kv, p.kv_ss, p.skv,
-                             ShuffledRowIndex{j}, warp, lane,
-                             [&](int row, bool active, int32_t jr) {
-                               s.kidx[buf][row] = active ? jr : -1;
-                             });
+      gather_groups(ShuffledRowIndex{j}, [&](int row, bool active, int32_t jr) {
+        s.kidx[buf][row] = active ? jr : -1;
+      });
     } else if ((p.tune & kTuneRowIndex) == 0) {
       const int32_t j = chunk_slot_index(idx_row, p.idx_si, n_slots, c, warp, lane);
       mbarrier_wait(&s.kv_empty, (g & 1) ^ 1);
-      gather_chunk<T::kRope>(smem_u32(s.k_nope), smem_u32(s.k_rope), kv, p.kv_ss, p.skv,
-                             ShuffledRowIndex{j}, warp, lane, mark);
+      gather_groups(ShuffledRowIndex{j}, mark);
     } else {
       mbarrier_wait(&s.kv_empty, (g & 1) ^ 1);
       const auto row_index = [&](int r_in_warp) {
         const int slot = c * T::kBlockN + 16 * warp + r_in_warp;
         return slot < n_slots ? idx_row[slot * p.idx_si] : int32_t{-1};
       };
-      gather_chunk<T::kRope>(smem_u32(s.k_nope), smem_u32(s.k_rope), kv, p.kv_ss, p.skv,
-                             row_index, warp, lane, mark);
+      gather_groups(row_index, mark);
     }
-    if (c == 0) {
-      // [P0] Q and dO of the item's heads; with head padding (the last group of an H that is not
-      // a multiple of 64) the rows past H are zero-filled, not read (token groups: the rows past
-      // S_q H, in the last group).
-      mbarrier_wait(&s.qdo_empty, qdo_phase ^ 1);
-      qdo_phase ^= 1;
-      const DsaElement* q_tok = static_cast<const DsaElement*>(p.q) + tok * p.q_ss;
-      const DsaElement* do_tok = static_cast<const DsaElement*>(p.dout) + tok * p.do_ss;
-      const int rows = T::kTokenGroups ? group_rows<T>(p, tok) : p.H - h0;
-      if (rows >= T::kHeads) {
-        gather_head_rows<T::kRope>(smem_u32(s.q_nope), smem_u32(s.q_rope), q_tok, p.q_sh, h0,
-                                   warp, lane);
-        gather_head_rows<false>(smem_u32(s.dout), 0u, do_tok, p.do_sh, h0, warp, lane);
-      } else {
-        gather_head_rows<T::kRope, true>(smem_u32(s.q_nope), smem_u32(s.q_rope), q_tok, p.q_sh,
-                                         h0, warp, lane, rows);
-        gather_head_rows<false, true>(smem_u32(s.dout), 0u, do_tok, p.do_sh, h0, warp, lane,
-                                      rows);
-      }
+    // [P2] This thread's copies of each group have landed: visible to wgmma (async proxy),
+    // published by the group's arrive (128 arrivals complete a phase). The last group holds Q
+    // and dO on an item's first chunk.
+    if constexpr (T::kKvGroups == 1) {
+      cp_async_wait_all();
+      fence_proxy_async_shared();
+      mbarrier_arrive(&s.kv_full[2]);
+    } else {
+      ::sa::cp_async_wait<2>();
+      fence_proxy_async_shared();
+      mbarrier_arrive(&s.kv_full[0]);
+      ::sa::cp_async_wait<1>();
+      fence_proxy_async_shared();
+      mbarrier_arrive(&s.kv_full[1]);
+      cp_async_wait_all();
+      fence_proxy_async_shared();
+      mbarrier_arrive(&s.kv_full[2]);
     }
-    cp_async_commit();
-    // [P2] This thread's copies (Q and dO too, for chunk 0) have landed: visible to wgmma
-    // (async proxy), published by the arrive (128 arrivals complete the phase).
-    cp_async_wait_all();
-    fence_proxy_async_shared();
-    mbarrier_arrive(&s.kv_full);
   }
 }
 
@@ -361,7 +405,6 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
   auto thr_dqr = mma_dqr.get_thread_slice(wtid);
   auto thr_kv = mma_kv.get_thread_slice(wtid);
 
-  Tensor sQn = make_tensor(make_smem_ptr(s.q_nope), typename T::SmemLayoutRows512{});
   Tensor sQr = make_tensor(make_smem_ptr(s.q_rope), typename T::SmemLayoutRows64{});
   Tensor sdO = make_tensor(make_smem_ptr(s.dout), typename T::SmemLayoutRows512{});
   Tensor sKn = make_tensor(make_smem_ptr(s.k_nope), typename T::SmemLayoutRows512{});
@@ -441,7 +484,7 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
       o_part[j] = o_real0 ? *reinterpret_cast<const uint4*>(o_row0 + 8 * (j ^ x))
                           : make_uint4(0u, 0u, 0u, 0u);
     if (o_real1) prefetch_l2(o_row0 + o_row_step);
-    mbarrier_wait(&s.kv_full, g0 & 1);  // chunk 0's rows, Q and dO have landed
+    mbarrier_wait(&s.kv_full[2], g0 & 1);  // chunk 0's rows, Q and dO have landed
     const uint32_t do_panel = smem_u32(s.dout) + (4 * wg + lane % 4) * T::kPanelElems * 2;
 #pragma unroll 1
     for (int r = 0; r < 2; ++r) {
@@ -665,7 +708,6 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
     // ---- warpgroup 0: S, P, dP, dS' over the chunk's 64 keys, then its half of dQ ----
     typename T::TiledMmaSdP mma_sdp;
     auto thr_sdp = mma_sdp.get_thread_slice(wtid);
-    Tensor tSrQn = thr_sdp.partition_fragment_A(sQn);
     Tensor tSrQr = thr_sdp.partition_fragment_A(sQr);
     Tensor tSrdO = thr_sdp.partition_fragment_A(sdO);
     Tensor tSrKn = thr_sdp.partition_fragment_B(sKn);  // all 64 keys
@@ -674,12 +716,39 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
     for (int c = 0; c < n_chunks; ++c) {
       const uint32_t g = g0 + static_cast<uint32_t>(c);
       const int buf = g & 1;
-      mbarrier_wait(&s.kv_full, g & 1);
+      // [1] S over the chunk's panel groups as they land (kKvGroupPanels): each group's k-blocks
+      // (4 per 64-column panel) are one batch, issued once its phase completes.
+      constexpr int kB1 = 4 * T::kKvGroupPanels[0];
+      constexpr int kB2 = kB1 + 4 * T::kKvGroupPanels[1];
+      constexpr int kBn = 4 * T::kNopePanels;
+      static_assert(kB2 < kBn, "the last group holds nope panels");
       Tensor tSrS = partition_fragment_C(mma_sdp, Shape<typename T::H64, typename T::H64>{});
       static_assert(decltype(size(tSrS))::value == 32, "S fragment: 64 x 64");
       warpgroup_fence_operand(tSrS);
-      warpgroup_arrive();
-      gemm_ss(mma_sdp, tSrQn, tSrKn, tSrS, true);
+      // Each batch's operands from fresh pointers: their descriptors are built after the
+      // group's wait, not hoisted out of the loop and kept live (they spilled).
+      auto batch = [&](auto b0, auto b1, bool zero_init) {
+        Tensor tQ = thr_sdp.partition_fragment_A(
+            make_tensor(make_smem_ptr(fresh_ptr(s.q_nope)), typename T::SmemLayoutRows512{}));
+        Tensor tK = thr_sdp.partition_fragment_B(
+            make_tensor(make_smem_ptr(fresh_ptr(s.k_nope)), typename T::SmemLayoutRows512{}));
+        warpgroup_arrive();
+        gemm_ss_kblocks<decltype(b0)::value, decltype(b1)::value>(mma_sdp, tQ, tK, tSrS,
+                                                                  zero_init);
+      };
+      if constexpr (T::kKvGroups == 1) {
+        mbarrier_wait(&s.kv_full[2], g & 1);
+        batch(cute::Int<0>{}, cute::Int<kBn>{}, true);
+      } else {
+        mbarrier_wait(&s.kv_full[c == 0 ? 2 : 0], g & 1);  // an item's first chunk: Q, dO too
+        batch(cute::Int<0>{}, cute::Int<kB1>{}, true);
+        warpgroup_commit_batch();
+        mbarrier_wait(&s.kv_full[1], g & 1);
+        batch(cute::Int<kB1>{}, cute::Int<kB2>{}, false);
+        warpgroup_commit_batch();
+        mbarrier_wait(&s.kv_full[2], g & 1);
+        batch(cute::Int<kB2>{}, cute::Int<kBn>{}, false);
+      }
       if constexpr (T::kRope) gemm_ss(mma_sdp, tSrQr, tSrKr, tSrS, false);
       warpgroup_commit_batch();
       if constexpr (!T::kTokenGroups) {  // (token groups: the builder's present words)
@@ -784,9 +853,10 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
         if (releaser && last_chunk) mbarrier_arrive(&s.qdo_empty);
       };
       named_barrier_sync(id(NamedBarrier::kPdsReady), T::kConsumerThreads);
-      // Returns at once (warpgroup 0 waited it before kPdsReady); it makes the order of the
-      // producer's K rows and kidx before this warpgroup's reads explicit (racecheck).
-      mbarrier_wait(&s.kv_full, g & 1);
+      // Returns at once (warpgroup 0 waited for every group before kPdsReady); it makes the
+      // order of the producer's K rows and kidx before this warpgroup's reads explicit
+      // (racecheck). The last group's phase completes after every group of the chunk has landed.
+      mbarrier_wait(&s.kv_full[2], g & 1);
       warpgroup_fence_operand(tQrdQ);
       warpgroup_arrive();
       gemm_ss(mma_dq, tQrDs, tQrKt, tQrdQ, false);
@@ -906,7 +976,7 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   SharedStorage<T>& s = aligned_shared_storage<SharedStorage<T>>(smem_raw);
 
   if (threadIdx.x == 0) {
-    mbarrier_init(&s.kv_full, T::kProducerThreads);
+    for (int i = 0; i < 3; ++i) mbarrier_init(&s.kv_full[i], T::kProducerThreads);
     mbarrier_init(&s.kv_empty, T::kReleaseArrivals);
     mbarrier_init(&s.qdo_empty, T::kReleaseArrivals);
     item_handoff_init(s.items, T::kThreads);

@@ -204,6 +204,39 @@ __device__ __forceinline__ void gather_chunk(uint32_t nope, uint32_t rope, const
   }
 }
 
+// Panels [kP0, kP1) of the chunk's 64 rows (0-7 the nope panels, 8 the rope panel when kRope),
+// with gather_chunk's thread mapping and zero-filled inactive rows: the backward gathers a chunk
+// in panel groups, each its own cp.async group, so that its first GEMM starts on the first group
+// (dsa_backward_kernel.cuh, kv_full). kMark: mark(row, active, index) once per row.
+template <bool kRope, int kP0, int kP1, bool kMark, class RowIndex, class Mark>
+__device__ __forceinline__ void gather_chunk_panels(uint32_t nope, uint32_t rope,
+                                                    const DsaElement* kv, int64_t kv_ss,
+                                                    int64_t skv, RowIndex row_index, int warp,
+                                                    int lane, Mark mark) {
+  static_assert(0 <= kP0 && kP0 < kP1 && kP1 <= (kRope ? 9 : 8), "panels 0-7, rope 8");
+  const int sub = lane % 8;
+#pragma unroll 1
+  for (int pass = 0; pass < 4; ++pass) {
+    const int r_in_warp = 4 * pass + lane / 8;
+    const int32_t jr = row_index(r_in_warp);
+    const int row = 16 * warp + r_in_warp;
+    const bool active = jr >= 0 && jr < skv;
+    const DsaElement* src = kv + (active ? jr * kv_ss : int64_t{0});
+    const int bytes = active ? 16 : 0;
+#pragma unroll
+    for (int pnl = kP0; pnl < kP1; ++pnl) {
+      if (pnl < 8)
+        cp_async_16_zfill(nope + pnl * 64 * 64 * 2 + swz(row, sub), src + pnl * 64 + sub * 8,
+                          bytes);
+      else
+        cp_async_16_zfill(rope + swz(row, sub), src + 512 + sub * 8, bytes);
+    }
+    if constexpr (kMark) {
+      if (lane % 8 == 0) mark(row, active, jr);
+    }
+  }
+}
+
 // Appends C (+)= A B over the K extent of a and b to the current wgmma batch (no arrive/commit).
 template <class TiledMma, class TA, class TB, class TC>
 __device__ __forceinline__ void gemm_ss(TiledMma& mma, const TA& a, const TB& b, TC& c,
@@ -212,6 +245,20 @@ __device__ __forceinline__ void gemm_ss(TiledMma& mma, const TA& a, const TB& b,
   mma.accumulate_ = zero_init ? SM90::GMMA::ScaleOut::Zero : SM90::GMMA::ScaleOut::One;
   CUTE_UNROLL
   for (int kb = 0; kb < size<2>(a); ++kb) {
+    cute::gemm(mma, a(_, _, kb), b(_, _, kb), c);
+    mma.accumulate_ = SM90::GMMA::ScaleOut::One;
+  }
+}
+
+// The same over k-blocks [kB0, kB1) of a and b only.
+template <int kB0, int kB1, class TiledMma, class TA, class TB, class TC>
+__device__ __forceinline__ void gemm_ss_kblocks(TiledMma& mma, const TA& a, const TB& b, TC& c,
+                                                bool zero_init) {
+  using namespace cute;
+  static_assert(0 <= kB0 && kB0 < kB1, "a non-empty k-block range");
+  mma.accumulate_ = zero_init ? SM90::GMMA::ScaleOut::Zero : SM90::GMMA::ScaleOut::One;
+  CUTE_UNROLL
+  for (int kb = kB0; kb < kB1; ++kb) {
     cute::gemm(mma, a(_, _, kb), b(_, _, kb), c);
     mma.accumulate_ = SM90::GMMA::ScaleOut::One;
   }

@@ -327,4 +327,13 @@ __device__ __forceinline__ uint32_t pack_x2<cutlass::half_t>(float lo, float hi)
   return pack_f16x2(lo, hi);
 }
 
+// p through an opaque move: operand descriptors built from it are rebuilt at each use (after the
+// barrier wait that precedes it) instead of being hoisted out of a loop and kept live.
+template <class E>
+__device__ __forceinline__ E* fresh_ptr(E* p) {
+  uint64_t v;
+  asm volatile("mov.b64 %0, %1;\n" : "=l"(v) : "l"(reinterpret_cast<uint64_t>(p)));
+  return reinterpret_cast<E*>(v);
+}
+
 }  // namespace sa::sm90

@@ -86,15 +86,6 @@ namespace sa::sm90::loss {
 
 using portable::indexer::LossParams;
 
-// p through an opaque move: operand descriptors built from it are rebuilt at each use instead of
-// being hoisted out of the chunk loop and kept live (indexer_target_kernel.cuh's fresh_ptr).
-template <class E>
-__device__ __forceinline__ E* fresh_ptr(E* p) {
-  uint64_t v;
-  asm volatile("mov.b64 %0, %1;\n" : "=l"(v) : "l"(reinterpret_cast<uint64_t>(p)));
-  return reinterpret_cast<E*>(v);
-}
-
 template <int kHeads_>
 struct LossTraits {
   using Element = cutlass::bfloat16_t;
