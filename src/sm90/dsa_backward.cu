@@ -4,7 +4,8 @@
 // main kernel is dsa_backward_kernel.cuh, instantiated here for D_qk in {512, 576} (H 64 and 128
 // share them: H / 64 work items per token; bf16), each with and without token groups (H 8, 16,
 // 32: G = 64 / H tokens per work item, cuda/dsa_token_groups.hpp; the driver picks them when not
-// deterministic, unless Tuning::sm90_dsa_bwd_groups is 0: one token per item, heads padded to 64).
+// deterministic, unless Tuning::sm90_dsa_bwd_groups is 0: one token per item, heads padded to 64)
+// and in deterministic mode (partial rows instead of reductions: its own instantiation).
 #include "sm90/dsa_backward.hpp"
 
 #include <cuda_runtime_api.h>
@@ -46,9 +47,9 @@ static_assert(sizeof(SharedStorage<DsaBwdTraits<576, true>>) ==
 static_assert(smem_bytes<576>() <= kMaxSmemSm90, "sm90 DSA backward exceeds 227 KB of smem");
 static_assert(smem_bytes<512>() <= kMaxSmemSm90, "sm90 DSA backward exceeds 227 KB of smem");
 
-template <int kDqk, bool kTokenGroups>
+template <int kDqk, bool kTokenGroups, bool kDeterministic = false>
 void launch(const dsa_bwd::Params& params, int64_t grid, cudaStream_t stream) {
-  using Traits = DsaBwdTraits<kDqk, kTokenGroups>;
+  using Traits = DsaBwdTraits<kDqk, kTokenGroups, kDeterministic>;
   constexpr size_t kSmem = smem_bytes<kDqk>();
   auto* kernel = &dsa_bwd::dsa_backward_sm90_kernel<Traits>;
   // Every launch (cheap, and right for whichever device is current).
@@ -80,10 +81,15 @@ void launch_main(const dsa_bwd::Params& prm, int64_t grid, int device, cudaStrea
   }
   grid = std::min<int64_t>(grid, sm_count(device));
   const bool groups = prm.group_len != nullptr;
-  if (prm.dqk == 576)
+  SA_CHECK(!(groups && prm.deterministic), SA_ERROR_INTERNAL,
+           "sm90 dsa_backward: token groups in deterministic mode");
+  if (prm.dqk == 576) {
+    if (prm.deterministic) return launch<576, false, true>(tuned, grid, stream);
     groups ? launch<576, true>(tuned, grid, stream) : launch<576, false>(tuned, grid, stream);
-  else
+  } else {
+    if (prm.deterministic) return launch<512, false, true>(tuned, grid, stream);
     groups ? launch<512, true>(tuned, grid, stream) : launch<512, false>(tuned, grid, stream);
+  }
 }
 
 // The driver's view of this kernel: 64 heads per work item, reductions in quad-16 column order,

@@ -153,9 +153,16 @@ __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint
 // row-active mask) read once per chunk instead of once per piece, and the dQ epilogue from two
 // row pointers. D_qk 512 only: +1.5-2.0% there (H100, session 37), -1.1 to -1.5% at D_qk 576
 // (session 35; docs/decisions/sm90_dsa_backward.md).
-template <int kDqk_, bool kTokenGroups_ = false>
+//
+// kDeterministic_: deterministic mode (the driver's step 2c): each piece is stored to its slot's
+// partial row instead of reduced into dkv_acc. A compile-time choice, so that the other kernels'
+// chunk loop holds only the reductions (the stores were 566 of warpgroup 1's 2,250 loop
+// instructions, never run outside this mode). Not with token groups.
+template <int kDqk_, bool kTokenGroups_ = false, bool kDeterministic_ = false>
 struct DsaBwdTraits : DsaCta<kDqk_> {
+  static_assert(!(kTokenGroups_ && kDeterministic_), "token groups are not deterministic");
   static constexpr bool kTokenGroups = kTokenGroups_;
+  static constexpr bool kDeterministic = kDeterministic_;
   static constexpr int kWg0Pieces = kDqk_ == 576 ? 2 : 0;
   static constexpr bool kChunkTargets = kDqk_ == 512;
   // The K stage lands in three panel groups of 3, 3 and the rest (2 nope + rope at D_qk 576, 2
@@ -592,7 +599,7 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
   };
   auto reduce_piece = [&](int c, int buf, int panel, auto& acc, const Targets& t) {
     warpgroup_fence_operand(acc);
-    if (!T::kTokenGroups && p.deterministic) {
+    if constexpr (T::kDeterministic) {
       // The kv rows of this thread's fragment rows frag_row + 8 r.
       int32_t j[2];
       CUTE_UNROLL
