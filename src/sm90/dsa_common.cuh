@@ -184,30 +184,12 @@ struct ShuffledRowIndex {
   }
 };
 
-// The 64 kv rows of a chunk, all columns (the backward's gather; row r_in_warp of warp w at index
-// row_index(r_in_warp)): active rows (0 <= index < skv) from their kv row, inactive ones
-// zero-filled without a read; mark(row, active, index) once per row (on lane % 8 == 0) for the
-// chunk's per-row metadata.
-template <bool kRope, class RowIndex, class Mark>
-__device__ __forceinline__ void gather_chunk(uint32_t nope, uint32_t rope, const DsaElement* kv,
-                                             int64_t kv_ss, int64_t skv, RowIndex row_index,
-                                             int warp, int lane, Mark mark) {
-#pragma unroll 1
-  for (int pass = 0; pass < 4; ++pass) {
-    const int r_in_warp = 4 * pass + lane / 8;
-    const int32_t jr = row_index(r_in_warp);
-    const int row = 16 * warp + r_in_warp;
-    const bool active = jr >= 0 && jr < skv;
-    gather_row<kRope>(nope, rope, row, kv + (active ? jr * kv_ss : int64_t{0}), active ? 16 : 0,
-                      lane);
-    if (lane % 8 == 0) mark(row, active, jr);
-  }
-}
-
-// Panels [kP0, kP1) of the chunk's 64 rows (0-7 the nope panels, 8 the rope panel when kRope),
-// with gather_chunk's thread mapping and zero-filled inactive rows: the backward gathers a chunk
-// in panel groups, each its own cp.async group, so that its first GEMM starts on the first group
-// (dsa_backward_kernel.cuh, kv_full). kMark: mark(row, active, index) once per row.
+// Panels [kP0, kP1) (0-7 the nope panels, 8 the rope panel when kRope) of a chunk's 64 kv rows,
+// row r_in_warp of warp w at index row_index(r_in_warp): active rows (0 <= index < skv) from
+// their kv row, inactive ones zero-filled without a read. The backward gathers a chunk in panel
+// groups, each its own cp.async group, so that its first GEMM starts on the first group
+// (dsa_backward_kernel.cuh, kv_full). kMark: mark(row, active, index) once per row (on lane % 8
+// == 0) for the chunk's per-row metadata.
 template <bool kRope, int kP0, int kP1, bool kMark, class RowIndex, class Mark>
 __device__ __forceinline__ void gather_chunk_panels(uint32_t nope, uint32_t rope,
                                                     const DsaElement* kv, int64_t kv_ss,
@@ -223,18 +205,32 @@ __device__ __forceinline__ void gather_chunk_panels(uint32_t nope, uint32_t rope
     const bool active = jr >= 0 && jr < skv;
     const DsaElement* src = kv + (active ? jr * kv_ss : int64_t{0});
     const int bytes = active ? 16 : 0;
+    if constexpr (kP0 == 0 && kP1 == (kRope ? 9 : 8)) {
+      // Every panel: gather_row's code (the small-H forward's gather, as measured).
+      gather_row<kRope>(nope, rope, row, src, bytes, lane);
+    } else {
 #pragma unroll
-    for (int pnl = kP0; pnl < kP1; ++pnl) {
-      if (pnl < 8)
-        cp_async_16_zfill(nope + pnl * 64 * 64 * 2 + swz(row, sub), src + pnl * 64 + sub * 8,
-                          bytes);
-      else
-        cp_async_16_zfill(rope + swz(row, sub), src + 512 + sub * 8, bytes);
+      for (int pnl = kP0; pnl < kP1; ++pnl) {
+        if (pnl < 8)
+          cp_async_16_zfill(nope + pnl * 64 * 64 * 2 + swz(row, sub), src + pnl * 64 + sub * 8,
+                            bytes);
+        else
+          cp_async_16_zfill(rope + swz(row, sub), src + 512 + sub * 8, bytes);
+      }
     }
     if constexpr (kMark) {
       if (lane % 8 == 0) mark(row, active, jr);
     }
   }
+}
+
+// All columns of a chunk's 64 kv rows (the small-H forward's gather), mark() once per row.
+template <bool kRope, class RowIndex, class Mark>
+__device__ __forceinline__ void gather_chunk(uint32_t nope, uint32_t rope, const DsaElement* kv,
+                                             int64_t kv_ss, int64_t skv, RowIndex row_index,
+                                             int warp, int lane, Mark mark) {
+  gather_chunk_panels<kRope, 0, kRope ? 9 : 8, true>(nope, rope, kv, kv_ss, skv, row_index, warp,
+                                                     lane, mark);
 }
 
 // Appends C (+)= A B over the K extent of a and b to the current wgmma batch (no arrive/commit).
