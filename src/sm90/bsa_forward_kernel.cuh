@@ -1120,13 +1120,10 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
       // [C1] First stage: S = Q K^T, softmax, P.
       mbarrier_wait(&s.q_full, q_phase);
       q_phase ^= 1;
-      // The stage's valid counts (needed after the S wait): unmasked, read behind the S GEMM's
-      // issue; masked, before it (the filtered cursor behind it spilled at block 64).
       int valid0, valid1;
-      if constexpr (T::kMasked) stage_valid(first, valid0, valid1);
+      stage_valid(first, valid0, valid1);  // used after the S GEMM: latency hidden
       mbarrier_wait(&s.k_full[stage], phase);
       gemm_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS);
-      if constexpr (!T::kMasked) stage_valid(first, valid0, valid1);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       if (releaser) mbarrier_arrive(&s.k_empty[stage]);
@@ -1144,14 +1141,13 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
       // together; the softmax of S_j runs while the P V GEMM does.
 #pragma unroll 1
       for (int j = 1; j < n_mine; ++j) {
-        if constexpr (T::kMasked) stage_valid(first + j * kStep, valid0, valid1);
+        stage_valid(first + j * kStep, valid0, valid1);
         mbarrier_wait(&s.k_full[stage], phase);
         named_barrier_sync(id(my_schedule), 256);
         gemm_issue<true>(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS);
         mbarrier_wait(&s.v_full[v_stage], v_phase);
         gemm_issue<false>(mma_pv, tOrP, tOrV(_, _, _, v_stage), tOrO);
         named_barrier_arrive(id(other_schedule), 256);
-        if constexpr (!T::kMasked) stage_valid(first + j * kStep, valid0, valid1);
         warpgroup_wait<1>();  // S_j is ready
         warpgroup_fence_operand(tSrS);
         if (releaser) mbarrier_arrive(&s.k_empty[stage]);

@@ -169,10 +169,6 @@ struct DsaBwdTraits : DsaCta<kDqk_> {
   // at 512), each on its own kv_full barrier, so that [1] starts on the first group
   // (docs/decisions/sm90_dsa_backward.md, session 41).
   static constexpr int kKvGroupPanels[2] = {3, 3};
-#ifndef SA_DSA_BWD_KV_GROUPS
-#define SA_DSA_BWD_KV_GROUPS 3
-#endif
-  static constexpr int kKvGroups = SA_DSA_BWD_KV_GROUPS;  // experiment: 1 or 3
   using Base = DsaCta<kDqk_>;
   using Element = typename Base::Element;
   using H64 = typename Base::H64;
@@ -269,20 +265,15 @@ __device__ __forceinline__ void producer_item(const Params& p, SharedStorage<T>&
       constexpr int kG1 = T::kKvGroupPanels[0], kG2 = kG1 + T::kKvGroupPanels[1];
       constexpr int kPanels = T::kNopePanels + (T::kRope ? 1 : 0);
       const uint32_t nope = smem_u32(s.k_nope), rope = smem_u32(s.k_rope);
-      if constexpr (T::kKvGroups == 1) {
-        gather_chunk_panels<T::kRope, 0, kPanels, true>(nope, rope, kv, p.kv_ss, p.skv,
-                                                        row_index, warp, lane, mark_row);
-      } else {
-        gather_chunk_panels<T::kRope, 0, kG1, true>(nope, rope, kv, p.kv_ss, p.skv, row_index,
-                                                    warp, lane, mark_row);
-        cp_async_commit();
-        auto no_mark = [](int, bool, int32_t) {};
-        gather_chunk_panels<T::kRope, kG1, kG2, false>(nope, rope, kv, p.kv_ss, p.skv,
-                                                       row_index, warp, lane, no_mark);
-        cp_async_commit();
-        gather_chunk_panels<T::kRope, kG2, kPanels, false>(nope, rope, kv, p.kv_ss, p.skv,
-                                                           row_index, warp, lane, no_mark);
-      }
+      gather_chunk_panels<T::kRope, 0, kG1, true>(nope, rope, kv, p.kv_ss, p.skv, row_index,
+                                                  warp, lane, mark_row);
+      cp_async_commit();
+      auto no_mark = [](int, bool, int32_t) {};
+      gather_chunk_panels<T::kRope, kG1, kG2, false>(nope, rope, kv, p.kv_ss, p.skv, row_index,
+                                                     warp, lane, no_mark);
+      cp_async_commit();
+      gather_chunk_panels<T::kRope, kG2, kPanels, false>(nope, rope, kv, p.kv_ss, p.skv,
+                                                         row_index, warp, lane, no_mark);
       if (c == 0) {
         // [P0] Q and dO of the item's heads, in the last group (the item's first chunk waits
         // for all of it); with head padding (the last group of an H that is not a multiple of
@@ -339,21 +330,15 @@ __device__ __forceinline__ void producer_item(const Params& p, SharedStorage<T>&
     // [P2] This thread's copies of each group have landed: visible to wgmma (async proxy),
     // published by the group's arrive (128 arrivals complete a phase). The last group holds Q
     // and dO on an item's first chunk.
-    if constexpr (T::kKvGroups == 1) {
-      cp_async_wait_all();
-      fence_proxy_async_shared();
-      mbarrier_arrive(&s.kv_full[2]);
-    } else {
-      ::sa::cp_async_wait<2>();
-      fence_proxy_async_shared();
-      mbarrier_arrive(&s.kv_full[0]);
-      ::sa::cp_async_wait<1>();
-      fence_proxy_async_shared();
-      mbarrier_arrive(&s.kv_full[1]);
-      cp_async_wait_all();
-      fence_proxy_async_shared();
-      mbarrier_arrive(&s.kv_full[2]);
-    }
+    ::sa::cp_async_wait<2>();
+    fence_proxy_async_shared();
+    mbarrier_arrive(&s.kv_full[0]);
+    ::sa::cp_async_wait<1>();
+    fence_proxy_async_shared();
+    mbarrier_arrive(&s.kv_full[1]);
+    cp_async_wait_all();
+    fence_proxy_async_shared();
+    mbarrier_arrive(&s.kv_full[2]);
   }
 }
 
@@ -743,19 +728,14 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
         gemm_ss_kblocks<decltype(b0)::value, decltype(b1)::value>(mma_sdp, tQ, tK, tSrS,
                                                                   zero_init);
       };
-      if constexpr (T::kKvGroups == 1) {
-        mbarrier_wait(&s.kv_full[2], g & 1);
-        batch(cute::Int<0>{}, cute::Int<kBn>{}, true);
-      } else {
-        mbarrier_wait(&s.kv_full[c == 0 ? 2 : 0], g & 1);  // an item's first chunk: Q, dO too
-        batch(cute::Int<0>{}, cute::Int<kB1>{}, true);
-        warpgroup_commit_batch();
-        mbarrier_wait(&s.kv_full[1], g & 1);
-        batch(cute::Int<kB1>{}, cute::Int<kB2>{}, false);
-        warpgroup_commit_batch();
-        mbarrier_wait(&s.kv_full[2], g & 1);
-        batch(cute::Int<kB2>{}, cute::Int<kBn>{}, false);
-      }
+      mbarrier_wait(&s.kv_full[c == 0 ? 2 : 0], g & 1);  // an item's first chunk: Q, dO too
+      batch(cute::Int<0>{}, cute::Int<kB1>{}, true);
+      warpgroup_commit_batch();
+      mbarrier_wait(&s.kv_full[1], g & 1);
+      batch(cute::Int<kB1>{}, cute::Int<kB2>{}, false);
+      warpgroup_commit_batch();
+      mbarrier_wait(&s.kv_full[2], g & 1);
+      batch(cute::Int<kB2>{}, cute::Int<kBn>{}, false);
       if constexpr (T::kRope) gemm_ss(mma_sdp, tSrQr, tSrKr, tSrS, false);
       warpgroup_commit_batch();
       if constexpr (!T::kTokenGroups) {  // (token groups: the builder's present words)
