@@ -213,7 +213,7 @@ void run_gpu(const DsaHostCase& c, const Inputs& in, Variant variant, bool deter
   if (variant == Variant::kPublicApi || variant == Variant::kSm90 || variant == Variant::kAuto ||
       variant == Variant::kSm90Padded) {
     // The implementation asked for, and the one that must run (AUTO: the Hopper backward on an
-    // sm_90 device, except in deterministic mode; else the portable one).
+    // sm_90 device, except in deterministic mode below 64 heads; else the portable one).
     const sa_impl impl = variant == Variant::kSm90 || variant == Variant::kSm90Padded
                              ? SA_IMPL_SM90
                          : variant == Variant::kAuto ? SA_IMPL_AUTO
@@ -224,8 +224,9 @@ void run_gpu(const DsaHostCase& c, const Inputs& in, Variant variant, bool deter
     if (variant == Variant::kSm90Padded) padded.sm90_dsa_bwd_groups = 0;
     const sa::detail::ScopedTuning tune(padded);
     const sa_impl expect_used = impl != SA_IMPL_AUTO                      ? impl
-                                : device_is_sm90() && !deterministic ? SA_IMPL_SM90
-                                                                     : SA_IMPL_PORTABLE;
+                                : device_is_sm90() && (!deterministic || s.H >= 64)
+                                    ? SA_IMPL_SM90
+                                    : SA_IMPL_PORTABLE;
     sa_dsa_bwd_args a = sa_dsa_bwd_args_default();
     a.q = view_of(q.get(), c.dtype, {s.Sq, s.H, s.Dqk}, SA_DEVICE_CUDA);
     a.kv = view_of(kv.get(), c.dtype, {s.Skv, s.Dqk}, SA_DEVICE_CUDA);
@@ -632,16 +633,19 @@ TEST(Sm90DsaBackwardTuned, TokenGroupsInOrderMatchReference) {
 }
 
 // AUTO picks the Hopper backward on an sm_90 device, and the portable one in deterministic mode
-// (expect_case_matches checks impl_used).
-TEST(Sm90DsaBackwardDispatch, AutoPicksTheHopperBackwardExceptDeterministic) {
+// below 64 heads (expect_case_matches checks impl_used).
+TEST(Sm90DsaBackwardDispatch, AutoPicksTheHopperBackwardExceptDeterministicBelow64Heads) {
   SA_SKIP_WITHOUT_GPU();
   SA_SKIP_UNLESS_SM90();
-  for (bool deterministic : {false, true}) {
-    const GpuDsaBwdCase p{"H64_D576_K64_Auto", shape_of(4, 300, 64, 576, 64),
-                          spec_of(DsaLengths::kMixed, true, false, DsaSink::kFinite),
-                          deterministic};
-    SCOPED_TRACE(deterministic ? "deterministic" : "default");
-    expect_case_matches(p, {Variant::kAuto});
+  for (int64_t H : {int64_t{64}, int64_t{32}}) {
+    for (bool deterministic : {false, true}) {
+      const GpuDsaBwdCase p{"Auto", shape_of(4, 300, H, 576, 64),
+                            spec_of(DsaLengths::kMixed, true, false, DsaSink::kFinite),
+                            deterministic};
+      SCOPED_TRACE(std::string(deterministic ? "deterministic" : "default") + ", H " +
+                   std::to_string(H));
+      expect_case_matches(p, {Variant::kAuto});
+    }
   }
 }
 

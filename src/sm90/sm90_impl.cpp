@@ -1,6 +1,7 @@
 // The Hopper (sm_90a) fast path as the dispatcher sees it. Every kernel here has passed its GPU
 // tests on an H200; AUTO takes each one where it measured faster than the portable path
-// (bench/notes-archive), i.e. everywhere except the DSA backward's deterministic mode. Exceptions,
+// (bench/notes-archive), i.e. everywhere except the DSA backward's deterministic mode below 64
+// heads. Exceptions,
 // pending their first GPU run: the indexer loss's Hopper attention target (below) and the BSA
 // forward's and backward's token masks (bsa_forward_kernel.cuh, FwdTraits::kMasked;
 // bsa_backward_kernel.cuh, BwdTraits::kMask; dense batches) and the packed (varlen) batches of
@@ -116,15 +117,18 @@ void dsa_fwd_run(const DsaFwdProblem& p, const ExecContext& ctx) {
 }
 
 // ---- DSA backward ------------------------------------------------------------------------------
-// Deterministic mode: the Hopper kernel's partial-row stores measured 113.9 TFLOPS against the
-// portable backward's 129.0 (H128 D576 topk 2048), so AUTO leaves that mode to the portable
-// backward; a caller that forces SA_IMPL_SM90 still gets it.
+// Deterministic mode: the Hopper kernel's own deterministic instantiation measured 1.13-1.24x the
+// portable backward at H 64 and 128 (session 42, H100, S 4096, topk 2048: H 64 D_qk 576 143.8
+// against 118.5 TFLOPS, H 128 D_qk 576 with topk_length 129.1 against 104.1, H 64 D_qk 512 157.6
+// against 138.9), so AUTO takes it there. Below 64 heads its rows are padded to 64 (token groups
+// are not deterministic) and it has not been measured against the portable backward, which AUTO
+// keeps; a caller that forces SA_IMPL_SM90 still gets the Hopper kernel.
 std::string dsa_bwd_unsupported(const DsaBwdProblem& p) {
   const std::string why = unsupported(p, &sm90::dsa_backward_unsupported);
   if (!why.empty()) return why;
-  if (p.options.deterministic && p.options.impl != SA_IMPL_SM90)
-    return "deterministic mode: the portable backward is faster here (set options.impl = "
-           "SA_IMPL_SM90 to use this one)";
+  if (p.options.deterministic && p.dims.H < 64 && p.options.impl != SA_IMPL_SM90)
+    return "deterministic mode below 64 heads: left to the portable backward (set "
+           "options.impl = SA_IMPL_SM90 to use this one)";
   return "";
 }
 
