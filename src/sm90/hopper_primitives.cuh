@@ -28,8 +28,7 @@ __device__ __forceinline__ uint8_t* align_smem_1024(uint8_t* raw) {
 // period of the 128-byte swizzle; each launch asks for 1024 bytes of slack).
 template <class S>
 __device__ __forceinline__ S& aligned_shared_storage(uint8_t* raw) {
-  return *reinterpret_cast<S*>((reinterpret_cast<uintptr_t>(raw) + 1023) &
-                               ~static_cast<uintptr_t>(1023));
+  return *reinterpret_cast<S*>(align_smem_1024(raw));
 }
 
 // ---- mbarrier (shared::cta) -----------------------------------------------------------------
