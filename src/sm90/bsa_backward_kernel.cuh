@@ -958,11 +958,6 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
     };
     // (T::kStatsWarp without early S: at the end of the tile instead, the only use of t_next.)
     if constexpr (!kEarlyS && !T::kStatsWarp) run_head();
-    // T::kStatsWarp with early S: the head is a ring wait and one shared load, first needed by
-    // issue_next_s_and_wait; it runs right after [7]'s first issue (or, without dQ, before the
-    // next S), off the dP -> dS -> [5] chain where it sat after [4] (session 43's profile: 74
-    // cycles a tile there, ~470 of issue slack behind [7]).
-    constexpr bool kHeadAfterDq = kEarlyS && T::kStatsWarp;
     // The stage of tile t_next.
     const int stage_next = stage + 1 == T::kStages ? 0 : stage + 1;
     const uint32_t phase_next = stage + 1 == T::kStages ? phase ^ 1 : phase;
@@ -1067,7 +1062,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
         // [4] issued before dP^T is waited for: the fp32 S^T dies here, so S^T and dP^T are never
         // live together with dK and dV (that spilled at 232 registers).
         gemm_issue<false>(mma_kv, tKVrP, tKVrdOt(_, _, _, stage), tdVrdV);
-        if constexpr (kEarlyS && !kHeadAfterDq) run_head();
+        if constexpr (kEarlyS) run_head();
         warpgroup_wait<1>();  // dP^T is ready; [4] may still run
         warpgroup_fence_operand(tSrdP);
         CUTE_UNROLL
@@ -1097,7 +1092,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
       // P^T and dS^T are zeroed (not left undefined) so that the fences at [7] do not keep the
       // previous tile's values alive around the loop's back edge.
       if (kSkipHidden && cls == MaskClass::kOutside) {
-        if constexpr (kEarlyS && !kHeadAfterDq) run_head();
+        if constexpr (kEarlyS) run_head();
         if constexpr (T::kStatsWarp) mbarrier_arrive(&ring_of(s).empty[buf]);  // no read of it
         clear(tKVrP);
         clear(tKVrdS);
@@ -1142,7 +1137,7 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
       // [4] issued before dP^T is waited for: the fp32 S^T dies here, so S^T and dP^T are never
       // live together with dK and dV (that spilled at 232 registers).
       gemm_issue<false>(mma_kv, tKVrP, tKVrdOt(_, _, _, stage), tdVrdV);
-      if constexpr (kEarlyS && !kHeadAfterDq) run_head();
+      if constexpr (kEarlyS) run_head();
       warpgroup_wait<1>();  // dP^T is ready; [4] may still run
       warpgroup_fence_operand(tSrdP);
       CUTE_UNROLL
@@ -1188,9 +1183,6 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
                                  typename T::SmemLayoutKtPanel{});
         Tensor tQrKt = thr_dq.partition_fragment_B(sKt);
         gemm_issue<true>(mma_dq, tQrDs, tQrKt, tQrdQ);
-        if constexpr (kHeadAfterDq) {
-          if (j == 0) run_head();
-        }
         if (j == 0) {
           // [4], [5] are complete: the Q / dO stage is free, and so are the registers of P^T and
           // dS^T (which ptxas places in S^T's: [1] of the next tile may now write them).
@@ -1246,7 +1238,6 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
       warpgroup_fence_operand(tdVrdV);
       warpgroup_fence_operand(tdKrdK);
       if (lane == 0) mbarrier_arrive(&s.q_empty[stage]);
-      if constexpr (kHeadAfterDq) run_head();
       if constexpr (kEarlyS) issue_next_s_and_wait();
     }
     if (!T::kStatsWarp && !with_dq) sync_async_copies();  // the ring needs no barrier
