@@ -449,8 +449,9 @@ class IndexerSm90Loss : public ::testing::TestWithParam<LossCase> {};
 // dense, the portable loss kernel the deterministic ones, so every case must still match;
 // tuning 2 (dense mode's two tokens per CTA; odd token counts leave the last CTA's second token
 // absent; causal pairs differ by one key, packed and odd ranges give pairs with disjoint ranges
-// or one empty row); and the default (tuning 0 = 4: dense mode's pipelined pair kernel,
-// sm90/indexer_loss_pipe_kernel.cuh: the same pairs, log Z_A from pass 1's online sums).
+// or one empty row); and the default (tuning 0 = 4, sm90/indexer_loss_pipe_kernel.cuh: dense
+// mode's pipelined pair kernel, the same pairs, log Z_A from pass 1's online sums; sparse mode's
+// pipelined one-token kernel, a producer warpgroup and the consumer's GEMMs in flight).
 TEST_P(IndexerSm90Loss, MatchesReference) {
   SA_SKIP_UNLESS_SM90_PATH();
   struct Variant {
@@ -461,7 +462,7 @@ TEST_P(IndexerSm90Loss, MatchesReference) {
                            Variant{3, 3, "target: Q in shared memory, portable loss kernel"},
                            Variant{0, 1, "target: Q in registers, Hopper loss kernel"},
                            Variant{0, 2, "Hopper loss kernel, pairs in dense mode"},
-                           Variant{0, 0, "default: Hopper loss kernel, pipelined pairs"}}) {
+                           Variant{0, 0, "default: Hopper loss kernels, pipelined"}}) {
     SCOPED_TRACE(v.name);
     sa::detail::Tuning t;
     t.sm90_indexer_target = v.target;

@@ -71,8 +71,8 @@ struct BenchOptions {
 //                                wgmma one (sm90/indexer_loss_kernel.cuh; sparse or dense, not
 //                                deterministic, H_I 16/32/64; the portable one elsewhere), 2 as 1
 //                                with two tokens per CTA in dense mode, 3 the portable loss kernel,
-//                                4 as 2 with dense mode's pipelined kernel
-//                                (sm90/indexer_loss_pipe_kernel.cuh)
+//                                4 the pipelined kernels (sm90/indexer_loss_pipe_kernel.cuh:
+//                                dense mode's pair kernel, sparse mode's one-token kernel)
 // The former spellings env.SA_TUNE_SM90_{FWD_SPLITS,BWD_TAIL,DSA_BWD,DSA_FWD_PAD}=VALUE are
 // accepted for the same keys.
 std::vector<BenchVariant> parse_variants(const std::string& text);

@@ -62,7 +62,8 @@ struct Tuning {
   // the portable entry). H100, session 36: 1 against 3 sparse S 4096 1.075x, dense S 8192
   // 1.061x; 2 dense 1.105x. 4 (the default) as 2 with dense mode's pipelined kernel
   // (loss_sm90_pipe_kernel, sm90/indexer_loss_pipe_kernel.cuh; H100, session 37: dense S 8192
-  // 1.23x tuning 2); sparse mode as 1.
+  // 1.23x tuning 2) and sparse mode's pipelined one-token kernel (loss_sm90_sparse_pipe_kernel,
+  // session 43).
   int32_t sm90_indexer_loss_kernel = 0;
 };
 

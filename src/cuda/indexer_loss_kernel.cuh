@@ -241,8 +241,9 @@ __device__ __forceinline__ void row_scores(const float (&acc)[Cfg::kNt][4], cons
 // Hopper pair kernel); where a function holds a barrier, every thread of the CTA calls it.
 
 // [a] sparse: the slots i of row tok in K_t (IndexerMeta::slot_in_loss), compacted in slot order
-// into s_key, s_slot and s_la (log A); returns |K_t|. on_outside(i) runs for each active slot
-// (SPEC 2's rule) outside K_t (deterministic mode: its zero partial row). s_count: kT / 32 int32.
+// into s_key, s_slot (nullptr: not kept) and s_la (log A); returns |K_t|. on_outside(i) runs for
+// each active slot (SPEC 2's rule) outside K_t (deterministic mode: its zero partial row).
+// s_count: kT / 32 int32; every thread of the CTA (kT of them) calls it.
 template <int kT, class OnOutside>
 __device__ __forceinline__ int compact_slots(const LossParams& p, int64_t tok, int32_t* s_key,
                                              int32_t* s_slot, float* s_la, int* s_count,
@@ -275,7 +276,7 @@ __device__ __forceinline__ int compact_slots(const LossParams& p, int64_t tok, i
     }
     if (in) {
       s_key[pos] = key;
-      s_slot[pos] = i;
+      if (s_slot != nullptr) s_slot[pos] = i;
       s_la[pos] = log_a_at(p, tok, i);
     }
     if (active && !in) on_outside(i);
@@ -326,17 +327,18 @@ __device__ __forceinline__ void write_row_loss(const LossParams& p, int64_t tok,
 }
 
 // [d] sparse: log Z_I from I of the list (s_val), the row's loss coeff sum p (log p - log r)
-// (p = 0 terms: 0), and dI = coeff (r - p) in place of I.
-template <int kT>
+// (p = 0 terms: 0), and dI = coeff (r - p) in place of I. kTokens, Bar: as block_reduce's (the
+// Hopper pipelined sparse kernel: its consumer warpgroup, the second of two 128-thread groups).
+template <int kT, int kTokens = 1, class Bar = CtaBarrier>
 __device__ __forceinline__ float sparse_row_loss(int n, const float* s_la, float* s_val,
                                                  float log_za, float coeff, float* red) {
-  const int tid = threadIdx.x;
+  const int tid = token_thread<kT, kTokens>();
   float m_loc = -INFINITY;
   for (int i = tid; i < n; i += kT) m_loc = fmaxf(m_loc, s_val[i]);
-  const float m_i = block_reduce<kT, true>(m_loc, red);
+  const float m_i = block_reduce<kT, true, kTokens, Bar>(m_loc, red);
   float z_loc = 0.f;
   for (int i = tid; i < n; i += kT) z_loc += expf(s_val[i] - m_i);
-  const float log_zi = m_i + logf(block_reduce<kT, false>(z_loc, red));
+  const float log_zi = m_i + logf(block_reduce<kT, false, kTokens, Bar>(z_loc, red));
   float term = 0.f;
   for (int i = tid; i < n; i += kT) {
     const float lp = s_la[i] - log_za, lr = s_val[i] - log_zi;
@@ -344,7 +346,7 @@ __device__ __forceinline__ float sparse_row_loss(int n, const float* s_la, float
     if (pr > 0.f) term += pr * (lp - lr);
     s_val[i] = coeff * (expf(lr) - pr);
   }
-  return coeff * block_reduce<kT, false>(term, red);
+  return coeff * block_reduce<kT, false, kTokens, Bar>(term, red);
 }
 
 // Dense pass 1, one thread's keys: an online logsumexp of I, and with p = exp(lp), lp = log A -

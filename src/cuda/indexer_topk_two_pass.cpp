@@ -44,8 +44,11 @@ IndexerScoresProblem chunk_scores(const IndexerTopkProblem& p, int64_t r0, int64
 TwoPassPlan two_pass_plan(const IndexerTopkProblem& p, int64_t chunk_rows) {
   TwoPassPlan plan;
   plan.ld = (std::max<int64_t>(p.dims.Skv, 1) + 3) / 4 * 4;
-  plan.chunk = std::clamp<int64_t>(chunk_rows > 0 ? chunk_rows : kTwoPassBudget / (plan.ld * 4),
-                                   1, std::max<int64_t>(p.dims.Sq, 1));
+  // The whole workspace, the alignment slack included, within the budget (at S 131072 the
+  // budget is exactly the output's S k 4 bytes, the O(S k) bound).
+  plan.chunk = std::clamp<int64_t>(
+      chunk_rows > 0 ? chunk_rows : (kTwoPassBudget - int64_t{kAlign}) / (plan.ld * 4), 1,
+      std::max<int64_t>(p.dims.Sq, 1));
   plan.bytes = static_cast<size_t>(plan.chunk * plan.ld) * sizeof(float) + kAlign;
   return plan;
 }

@@ -1,7 +1,8 @@
 // The indexer top-k in two passes (SPEC 5), the driver every CUDA path shares: for each chunk of
 // query rows, an arch's score kernel writes the chunk's dense fp32 scores into the workspace,
 // then topk_rows (indexer_topk_rows.cu) selects each row's top-k. The chunk is as many rows as
-// kTwoPassBudget bytes of scores hold. The selection is SPEC 5's over the score kernel's bits.
+// kTwoPassBudget bytes hold with the workspace's alignment slack. The selection is SPEC 5's over
+// the score kernel's bits.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -15,7 +16,7 @@
 
 namespace sa::portable::indexer {
 
-constexpr int64_t kTwoPassBudget = int64_t{1} << 30;  // bytes of scores per chunk of rows
+constexpr int64_t kTwoPassBudget = int64_t{1} << 30;  // workspace bytes: a chunk's scores + slack
 
 struct TwoPassPlan {
   int64_t ld = 0;     // floats per score row: S_kv rounded up to 4 (16-byte rows)

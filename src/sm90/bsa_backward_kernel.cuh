@@ -1071,9 +1071,9 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
           CUTE_UNROLL
           for (int u = 0; u < 4; ++u) {
             const int i = 4 * j + u;
-            // P from its bf16 copy (the A operand of [4], only read here).
+            // P from its 16-bit copy (the A operand of [4], only read here).
             const float ds =
-                static_cast<float>(tKVrP(i)) * (tSrdP(i) - (u % 2 == 0 ? dl.x : dl.y));
+                packed_elem_f32(tKVrP, i) * (tSrdP(i) - (u % 2 == 0 ? dl.x : dl.y));
             tSrdP(i) = T::kFullBlocks || 8 * (u / 2) < key_lim ? ds : 0.f;
           }
         }
@@ -1146,9 +1146,9 @@ __device__ __forceinline__ void consumer_main(const BsaBwdSm90Params& p, SharedS
         CUTE_UNROLL
         for (int u = 0; u < 4; ++u) {
           const int i = 4 * j + u;
-          // P from its bf16 copy (the A operand of [4], only read here).
+          // P from its 16-bit copy (the A operand of [4], only read here).
           const float ds =
-              static_cast<float>(tKVrP(i)) * (tSrdP(i) - (u % 2 == 0 ? dl.x : dl.y));
+              packed_elem_f32(tKVrP, i) * (tSrdP(i) - (u % 2 == 0 ? dl.x : dl.y));
           tSrdP(i) = T::kFullBlocks || 8 * (u / 2) < key_lim ? ds : 0.f;
         }
       }

@@ -99,6 +99,7 @@
 #include <cuda.h>  // CUtensorMap (a type only: no driver call is made from here)
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <cute/atom/mma_atom.hpp>
@@ -880,6 +881,20 @@ __device__ __forceinline__ void convert_p(const FragS& s, FragP& p) {
   auto p32 = cute::recast<uint32_t>(p);
   CUTE_UNROLL
   for (int j = 0; j < cute::size(p32); ++j) p32(j) = pack_x2<Element>(s(2 * j), s(2 * j + 1));
+}
+
+// Element i (a constant once unrolled) of a 16-bit register fragment that convert_p packed, as
+// fp32. bf16: from its 32-bit word by a shift or a mask (the exact widening), so that ptxas keeps
+// the packed words and splits no 16-bit halves out of them (PRMT); fp16: the conversion.
+template <class FragP>
+__device__ __forceinline__ float packed_elem_f32(const FragP& p, int i) {
+  using Element = typename FragP::value_type;
+  if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
+    const uint32_t w = cute::recast<const uint32_t>(p)(i / 2);
+    return __uint_as_float(i % 2 == 0 ? w << 16 : w & 0xffff0000u);
+  } else {
+    return static_cast<float>(p(i));
+  }
 }
 
 template <class FragO>

@@ -16,12 +16,19 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// The first 1024-aligned byte of the kernel's dynamic shared memory `raw` (the period of the
+// 128-byte swizzle; each launch asks for 1024 bytes of slack), by pointer arithmetic on the shared
+// array: a round trip through an integer loses the address space, and C++ accesses through the
+// result then compile to generic LD / ST instead of LDS / STS.
+__device__ __forceinline__ uint8_t* align_smem_1024(uint8_t* raw) {
+  return raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u);
+}
+
 // The kernel's dynamic shared memory `raw` as its storage struct S, aligned up to 1024 bytes (the
 // period of the 128-byte swizzle; each launch asks for 1024 bytes of slack).
 template <class S>
 __device__ __forceinline__ S& aligned_shared_storage(uint8_t* raw) {
-  return *reinterpret_cast<S*>((reinterpret_cast<uintptr_t>(raw) + 1023) &
-                               ~static_cast<uintptr_t>(1023));
+  return *reinterpret_cast<S*>(align_smem_1024(raw));
 }
 
 // ---- mbarrier (shared::cta) -----------------------------------------------------------------

@@ -121,14 +121,28 @@ void launch_loss_pipe_for(const LossParams& prm, int64_t tokens, cudaStream_t st
                    prm, tokens, stream);
 }
 
-// mode: 0 sparse, 1 dense, 2 dense with two tokens per CTA, 3 the same pipelined.
+// loss_sm90_sparse_pipe_kernel: one CTA per token.
+template <int kHeads>
+void launch_loss_sparse_pipe_for(const LossParams& prm, int64_t tokens, cudaStream_t stream) {
+  using T = loss::LossTraits<kHeads>;
+  using L = loss::SparsePipeTraits<T>;
+  auto* kernel = &loss::loss_sm90_sparse_pipe_kernel<T>;
+  const int smem = L::smem_bytes(prm.topk);
+  SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  kernel<<<static_cast<unsigned>(tokens), L::kThreads, smem, stream>>>(prm);
+  SA_CUDA_CHECK_LAUNCH();
+}
+
+// mode: 0 sparse, 1 dense, 2 dense with two tokens per CTA, 3 the same pipelined, 4 sparse
+// pipelined.
 template <int kHeads>
 size_t loss_smem_bytes(int mode, int topk, int groups) {
   using T = loss::LossTraits<kHeads>;
   const int bytes = mode == 0   ? T::smem_bytes(topk)
                     : mode == 1 ? T::dense_smem_bytes(groups)
                     : mode == 2 ? loss::PairTraits<T>::smem_bytes(groups)
-                                : loss::PipeTraits<T>::smem_bytes(groups);
+                    : mode == 3 ? loss::PipeTraits<T>::smem_bytes(groups)
+                                : loss::SparsePipeTraits<T>::smem_bytes(topk);
   return static_cast<size_t>(bytes);
 }
 
@@ -138,7 +152,7 @@ size_t loss_smem_bytes(int mode, int topk, int groups) {
 // groups <= ~330, with two tokens per CTA ~110, pipelined 9: its six log A_g stages).
 bool loss_kernel_serves(int64_t heads, int mode, int topk, int groups) {
   if (heads != 16 && heads != 32 && heads != 64) return false;
-  if (mode == 0 ? topk <= 0 : groups <= 0) return false;
+  if (mode == 0 || mode == 4 ? topk <= 0 : groups <= 0) return false;
   size_t smem = 0;
   switch (heads) {
     case 16:
@@ -154,10 +168,12 @@ bool loss_kernel_serves(int64_t heads, int mode, int topk, int groups) {
   return smem <= kMaxSmemSm90;
 }
 
-// kMode: 0 sparse, 1 dense, 2 dense with two tokens per CTA, 3 the same pipelined.
+// kMode: as loss_smem_bytes's mode.
 template <int kMode, int kHeads>
 void launch_loss_heads(const LossParams& prm, int64_t tokens, cudaStream_t stream) {
-  if constexpr (kMode == 3)
+  if constexpr (kMode == 4)
+    launch_loss_sparse_pipe_for<kHeads>(prm, tokens, stream);
+  else if constexpr (kMode == 3)
     launch_loss_pipe_for<kHeads>(prm, tokens, stream);
   else if constexpr (kMode == 2)
     launch_loss_pair_for<kHeads>(prm, tokens, stream);
@@ -181,18 +197,21 @@ void launch_loss_mode(const LossParams& prm, int64_t heads, int64_t tokens, cuda
 }
 
 // portable::indexer::LossLaunch: the wgmma loss kernel (tuning sm90_indexer_loss_kernel 0 / 4:
-// dense mode's pipelined pair kernel, the pair kernel where its shared memory does not fit;
-// 2: dense mode with two tokens per CTA; 1: one token per CTA) where it serves the call
-// (sparse or dense, not deterministic; sparse mode is the one token per CTA kernel under 1, 2
-// and 4); false (nothing launched: the driver's portable kernel) elsewhere and under tuning 3.
+// the pipelined kernels, dense mode's pair kernel and sparse mode's one-token kernel, or where
+// their shared memory does not fit the pair kernel / the one-token kernel; 2: dense mode with two
+// tokens per CTA; 1: one token per CTA; sparse mode under 1 and 2 is the unpipelined one-token
+// kernel) where it serves the call (sparse or dense, not deterministic); false (nothing
+// launched: the driver's portable kernel) elsewhere and under tuning 3.
 bool launch_loss(const LossParams& prm, bool dense, int64_t heads, int64_t tokens,
                  cudaStream_t stream) {
   int32_t kernel = detail::tuning().sm90_indexer_loss_kernel;
   if (kernel == 0) kernel = 4;
   if (kernel != 1 && kernel != 2 && kernel != 4) return false;
-  int mode = !dense ? 0 : kernel == 4 ? 3 : kernel;
-  // The pipelined kernel's six log A_g stages hold fewer head groups: the pair kernel beyond.
+  int mode = !dense ? (kernel == 4 ? 4 : 0) : kernel == 4 ? 3 : kernel;
+  // The pipelined dense kernel's six log A_g stages hold fewer head groups: the pair kernel
+  // beyond; the pipelined sparse kernel's list and ring fewer slots than the one-token kernel's.
   if (mode == 3 && !loss_kernel_serves(heads, mode, prm.topk, prm.head_groups)) mode = 2;
+  if (mode == 4 && !loss_kernel_serves(heads, mode, prm.topk, prm.head_groups)) mode = 0;
   if (prm.dk_part != nullptr || !loss_kernel_serves(heads, mode, prm.topk, prm.head_groups))
     return false;
   if (tokens == 0) return true;
@@ -202,8 +221,10 @@ bool launch_loss(const LossParams& prm, bool dense, int64_t heads, int64_t token
     launch_loss_mode<1>(prm, heads, tokens, stream);
   else if (mode == 2)
     launch_loss_mode<2>(prm, heads, tokens, stream);
-  else
+  else if (mode == 3)
     launch_loss_mode<3>(prm, heads, tokens, stream);
+  else
+    launch_loss_mode<4>(prm, heads, tokens, stream);
   return true;
 }
 

@@ -3,10 +3,12 @@
 // (cuda/indexer_loss_kernel.cuh, [a] .. [f]; its row math, the list compaction, log Z_A, the
 // empty row, the sparse and dense loss, dI and dw are that file's functions, called by both
 // kernels), with the four indexer GEMMs per chunk on wgmma instead of mma.sync + ldmatrix.
-// The default since session 36 (tests, memcheck and racecheck pass on an H100; 1.075x the
-// portable loss kernel's whole sparse call, 1.105x dense with two tokens per CTA:
-// docs/indexer_decisions.md); sm90/indexer_loss.cu decides where it serves, the portable kernel
-// serves everything else and the internal tuning Tuning::sm90_indexer_loss_kernel = 3.
+// Measured in session 36 (tests, memcheck and racecheck pass on an H100; 1.075x the portable
+// loss kernel's whole sparse call, 1.105x dense with two tokens per CTA:
+// docs/indexer_decisions.md); the pipelined kernels of indexer_loss_pipe_kernel.cuh, built from
+// this file's pieces, are the defaults in both modes since sessions 37 (dense) and 43 (sparse).
+// sm90/indexer_loss.cu decides where each serves, the portable kernel serves everything else
+// and the internal tuning Tuning::sm90_indexer_loss_kernel = 3.
 //
 // Dense mode: K_t is the range [begin, begin + n), so a chunk is 64 consecutive k_I rows (the
 // same 16-byte cp.async per row, the tail chunk's rows past n zero-filled and masked out of I, G,
@@ -244,6 +246,27 @@ __device__ __forceinline__ void g_epilogue(const Frag& acc, const float (&di)[2]
   }
 }
 
+// The RS A operand of dK (ag32, g_epilogue<kRs>'s words and values) rebuilt from the G that
+// g_epilogue stored at sg (the words this thread stored itself, so no barrier is needed): G_ij is
+// dI_i where a_ij > 0 and 0 elsewhere, so A_ij = dI_i w_j scale_I where G_ij != 0 (the same fp32
+// product, the same bits), else 0.
+template <class T, class AFrag>
+__device__ __forceinline__ void rs_a_from_g(const float (&di)[2], const float* s_w, float scale,
+                                            AFrag& ag32, uint32_t sg, int warp) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  CUTE_UNROLL
+  for (int nt = 0; nt < T::kNt; ++nt) {
+    const float2 wv = *reinterpret_cast<const float2*>(s_w + 8 * nt + 2 * t4);
+    CUTE_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      const uint32_t gw = ld_shared_u32(sg + T::g_offset(8 * nt + 2 * t4, 16 * warp + g + 8 * i));
+      const float lo = (gw & 0x7fffu) != 0u ? di[i] * wv.x * scale : 0.f;
+      const float hi = (gw & 0x7fff0000u) != 0u ? di[i] * wv.y * scale : 0.f;
+      ag32(2 * nt + i) = pack2<__nv_bfloat16>(lo, hi);
+    }
+  }
+}
+
 // dQ^T (128 x H_I) += k_I^T G over a chunk, appended as one wgmma batch (arrive, issue, commit;
 // the caller waits): A = the k_I stage seen MN-major, B = the token's G (MN-major).
 template <class T, class Thr, class Frag>
@@ -258,6 +281,29 @@ __device__ __forceinline__ void dq_issue(typename T::Mma3& mma3, Thr& thr3,
   warpgroup_fence_operand(dq);
   warpgroup_arrive();
   gemm_ss(mma3, tA3, tB3, dq, false);
+  warpgroup_commit_batch();
+}
+
+// dK of a chunk, columns [64 half, +64): dk[64 keys x 64] = (scale_I w G, the RS A fragment tAg:
+// g_epilogue's ag32) x q_I's panel `half` seen MN-major (H_I x 64), appended as one wgmma batch
+// (arrive, issue, commit; the caller waits, then fences dk and tAg before touching them).
+template <class T, class Thr, class AFrag, class Frag>
+__device__ __forceinline__ void dk_rs_issue(typename T::Mma2& mma2, Thr& thr2,
+                                            typename T::Element* q_el, int half, AFrag& tAg,
+                                            Frag& dk) {
+  using namespace cute;
+  Tensor sQh = make_tensor(make_smem_ptr(fresh_ptr(q_el) + half * (T::kQPanelBytes / 2)),
+                           typename T::LayoutQPanelT{});
+  Tensor tBq = thr2.partition_fragment_B(sQh);  // (MMA, 1, H_I / 16)
+  warpgroup_fence_operand(dk);
+  warpgroup_fence_operand(tAg);
+  warpgroup_arrive();
+  mma2.accumulate_ = SM90::GMMA::ScaleOut::Zero;
+  CUTE_UNROLL
+  for (int kb = 0; kb < T::kKSteps; ++kb) {
+    cute::gemm(mma2, tAg(_, _, kb), tBq(_, _, kb), dk);
+    mma2.accumulate_ = SM90::GMMA::ScaleOut::One;
+  }
   warpgroup_commit_batch();
 }
 
@@ -347,8 +393,7 @@ __global__ void __launch_bounds__(T::kThreads, 2) loss_sm90_kernel(const __grid_
   const float kInf = INFINITY;
 
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* const smem = reinterpret_cast<uint8_t*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+  uint8_t* const smem = align_smem_1024(smem_raw);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
   const int64_t tok = p.tok_begin + blockIdx.x;
@@ -509,20 +554,8 @@ __global__ void __launch_bounds__(T::kThreads, 2) loss_sm90_kernel(const __grid_
     // dK of the chunk's 64 keys, two halves of 64 columns.
     CUTE_UNROLL
     for (int half = 0; half < 2; ++half) {
-      Tensor sQh = make_tensor(make_smem_ptr(fresh_ptr(q_el) + half * (T::kQPanelBytes / 2)),
-                               typename T::LayoutQPanelT{});
-      Tensor tBq = thr2.partition_fragment_B(sQh);  // (MMA, 1, H_I / 16)
       Tensor dk = partition_fragment_C(mma2, Shape<typename T::N64, typename T::D64>{});
-      warpgroup_fence_operand(dk);
-      warpgroup_fence_operand(tAg);
-      warpgroup_arrive();
-      mma2.accumulate_ = SM90::GMMA::ScaleOut::Zero;
-      CUTE_UNROLL
-      for (int kb = 0; kb < T::kKSteps; ++kb) {
-        cute::gemm(mma2, tAg(_, _, kb), tBq(_, _, kb), dk);
-        mma2.accumulate_ = SM90::GMMA::ScaleOut::One;
-      }
-      warpgroup_commit_batch();
+      dk_rs_issue<T>(mma2, thr2, q_el, half, tAg, dk);
       warpgroup_wait<0>();
       warpgroup_fence_operand(dk);
       warpgroup_fence_operand(tAg);
@@ -653,8 +686,7 @@ __global__ void __launch_bounds__(2 * T::kThreads, 1)
   const float kInf = INFINITY;
 
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* const smem = reinterpret_cast<uint8_t*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+  uint8_t* const smem = align_smem_1024(smem_raw);
   const int tid = threadIdx.x, wg = tid / kT, wtid = tid % kT;
   const int lane = tid & 31, warp = wtid >> 5;  // warp: in the warpgroup
   const int g = lane >> 2, t4 = lane & 3;

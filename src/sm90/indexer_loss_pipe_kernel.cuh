@@ -1,5 +1,8 @@
-// The pipelined Hopper indexer loss kernel, dense mode (SPEC 5; internal tuning
-// sm90_indexer_loss_kernel = 4; sparse mode under that tuning runs loss_sm90_kernel): the dense
+// The pipelined Hopper indexer loss kernels (SPEC 5; internal tuning sm90_indexer_loss_kernel =
+// 4, the default): dense mode's pair kernel here, sparse mode's one-token kernel at the end of
+// this file (loss_sm90_sparse_pipe_kernel, its own header there).
+//
+// Dense mode (loss_sm90_pipe_kernel): the dense
 // pair kernel's work split and math (two tokens per CTA on the same 64-key chunks of the span of
 // their ranges, warpgroup w on token t0 + w; GEMM1, the pair dK with K = 2 H_I, dQ^T, the
 // shared row functions), with the loads moved to a producer warpgroup and each consumer's GEMMs
@@ -426,8 +429,7 @@ __global__ void __launch_bounds__(PipeTraits<T>::kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = PipeTraits<T>;
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* const smem = reinterpret_cast<uint8_t*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~static_cast<uintptr_t>(1023));
+  uint8_t* const smem = align_smem_1024(smem_raw);
   const PipeSpan sp = pipe_span<T>(p);
   const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
   if (sp.n_chunks == 0) {  // no key in either range: empty rows (CTA-uniform)
@@ -450,6 +452,351 @@ __global__ void __launch_bounds__(PipeTraits<T>::kThreads, 1)
   } else {
     setmaxnreg_inc<L::kConsumerRegs>();
     pipe_consumer<T>(p, smem, sp, wg - 1);
+  }
+#endif
+}
+
+// ---- Sparse mode: one token per CTA, pipelined ------------------------------------------------
+// loss_sm90_sparse_pipe_kernel: loss_sm90_kernel's sparse contract, list and math ([a] .. [f],
+// the same shared row functions, GEMM1, the RS dK of scale_I w G, dQ^T), with the k_I gathers on
+// a producer warpgroup and the consumer warpgroup's GEMMs in flight while its epilogue and dk
+// reductions run (the one-token kernel waits for every GEMM before the next step and takes a CTA
+// barrier per chunk). Why, the arithmetic and the prediction: docs/indexer_decisions.md, "The
+// pipelined sm90 loss kernel, sparse mode".
+//
+// 256 threads, two CTAs per SM (shared memory and the register pool: setmaxnreg 40 / 216).
+//   Every thread: [a] the list (compact_slots: key and log A per position; no slot kept, this
+//   kernel is not deterministic), [b] log Z_A, the empty row; then the roles split.
+//   warpgroup 0, producer: ring index k, pass 1 chunk c is k = c, pass 2 chunk c is k = n_chunks +
+//     c, into kStages stages of 64 k_I rows (gather_k_rows, 16-byte cp.async, keys from the list;
+//     positions past |K_t| zero-filled); each thread's copies arrive on full[stage] when they land
+//     (cp.async.mbarrier.arrive.noinc, 128 arrivals: no wait in the producer; the consumers fence
+//     after their wait, as in the Hopper target kernel); it waits for empty[stage] (128 consumer
+//     arrivals) before refilling. (A first form published chunk k only after issuing chunk k + 1
+//     and waiting for k's group, as the dense kernel does: with three stages the consumer then
+//     waited at every full[] for the producer's next issue, ~25% of its time in session 43's ncu.)
+//   warpgroup 1, consumer (A = the RS A operand of dK, scale_I w G in bf16, rebuilt at each
+//   body's start from G and dI (rs_a_from_g: the one-token kernel's values), so that no copy of it
+//   is live across E2; G in shared memory in two slots by chunk parity, the B operand of dQ^T; |
+//   = the warpgroup's named barrier; [x] = batches in flight while the code on the left runs):
+//     q_I and w | pass 1 (chunk_loop, two accumulators): G1(c + 1) issued before E1(c) = I of
+//     the chunk's positions -> the list; the stage released when G1(c) retired
+//     | [d] sparse_row_loss: log Z_I, the loss, dI in place of I
+//     pass 2: G1(0); wait; E2(0) |
+//       body c (not the last): A(c); dK0(c); wait dQ(c - 1); release(c - 1)   [dK0(c)]
+//                              G1(c + 1); wait dK0(c); R0(c)              [G1(c + 1)]
+//                              dK1(c); dQ(c); wait G1(c + 1); E2(c + 1) | [dK1(c), dQ(c)]
+//                              wait dK1(c); R1(c)                         [dQ(c)]
+//       the last chunk: A; dK0; wait dQ(c - 1); release; wait; R0; dK1; dQ; wait; R1; wait;
+//       release
+//     | [f] dq_I, dw
+//   E2(c) = dI of the chunk's positions, G -> slot c % 2, dw; fence.proxy.async; R0 / R1 = the
+//   fp32 dk reductions of the chunk's columns [0, 64) / [64, 128) (reduce_dk_row). Slot c % 2 is
+//   rewritten by E2(c + 2) in body c + 1, after dQ(c) retired at that body's start; A(c + 1) is
+//   written after dK1(c) retired. Each body reads only accumulators of batches it issued; dQ(c)
+//   alone crosses the loop's back edge (as in the pair kernel above: no C7514).
+// Registers (H_I 64, consumer): dq^T 64, G1 accumulator 32 (two in pass 1), dk 32, A 16, dw 16,
+// addresses and loop state (two A copies by parity, written in E2, spilled 80 bytes).
+// Shared memory (bytes from a 1024-aligned base; H_I 64, topk 2048, 3 stages): q_I 16,384, k_I
+// ring 3 x 16,384, G 2 x 8,192, w / scratch (256 threads) / dw / counts / barriers ~2.4 KB, the
+// list 12 bytes per position (topk rounded up to 256): 108,880 + 1,024 slack = 109,904: two CTAs
+// per SM up to topk ~2,300, one beyond.
+template <class T>
+struct SparsePipeTraits {
+  static constexpr int kStages = 3;
+  static constexpr int kThreads = 256;
+  static constexpr int kProducerThreads = 128;
+  static constexpr int kConsumerThreads = 128;
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 216;
+  static_assert(kProducerThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <=
+                    setmaxnreg_pool(kThreads, 2),
+                "register split exceeds the CTA's register pool at two CTAs per SM");
+  static constexpr int kGSlotBytes = T::kChunk * T::kHeads * 2;
+  static constexpr int kQOff = 0;                                  // q_I
+  static constexpr int kKOff = kQOff + T::kQBytes;                 // k_I ring, [stage]
+  static constexpr int kGOff = kKOff + kStages * T::kStageBytes;   // G, [slot]
+  static constexpr int kWOff = kGOff + 2 * kGSlotBytes;            // w, H_I fp32
+  static constexpr int kRedOff = kWOff + T::kHeads * 4;            // block_reduce, 256 fp32
+  static constexpr int kDwOff = kRedOff + kThreads * 4;            // [warp][H_I] fp32
+  static constexpr int kCountOff = kDwOff + T::kWarps * T::kHeads * 4;  // compact_slots, 8 int32
+  static constexpr int kBarOff = kCountOff + kThreads / 32 * 4;   // full[kStages], empty[]
+  static constexpr int kListOff = kBarOff + 2 * kStages * 8;      // key, log A, I / dI per position
+  static_assert(kKOff % 1024 == 0 && kGOff % 1024 == 0 && kGSlotBytes % 1024 == 0,
+                "swizzled tiles on 1024 bytes");
+  static_assert(kBarOff % 8 == 0, "mbarriers aligned");
+  static constexpr int list_slots(int topk) {
+    return (topk + kThreads - 1) / kThreads * kThreads;
+  }
+  static constexpr int smem_bytes(int topk) { return kListOff + 12 * list_slots(topk) + 1024; }
+};
+
+// The consumer warpgroup's barrier (named barrier 1, 128 threads): the row functions' Bar.
+struct SparseConsumerBarrier {
+  __device__ __forceinline__ static void sync() { named_barrier_sync(1, 128); }
+};
+
+template <class T>
+__device__ __forceinline__ void sparse_pipe_producer(const LossParams& p, uint8_t* smem, int n,
+                                                     int n_chunks) {
+  using L = SparsePipeTraits<T>;
+  constexpr int kStages = L::kStages;
+  const int t = threadIdx.x;  // 0..127
+  const uint32_t sk = smem_u32(smem + L::kKOff);
+  const int32_t* const s_key = reinterpret_cast<const int32_t*>(smem + L::kListOff);
+  uint64_t* const full = reinterpret_cast<uint64_t*>(smem + L::kBarOff);
+  uint64_t* const empty = full + kStages;
+  const int total = (p.grads ? 2 : 1) * n_chunks;
+#pragma unroll 1
+  for (int k = 0; k < total; ++k) {
+    const int stage = k % kStages;
+    mbarrier_wait(&empty[stage], ((k / kStages) & 1) ^ 1);  // use 0: at once
+    gather_k_rows<T, L::kProducerThreads>(p, sk, k < n_chunks ? k : k - n_chunks, stage, n,
+                                          [&](int pos) { return int64_t{s_key[pos]}; }, t);
+    cp_async_mbarrier_arrive_noinc(&full[stage]);
+  }
+}
+
+template <class T>
+__device__ __forceinline__ void sparse_pipe_consumer(const LossParams& p, uint8_t* smem,
+                                                     int64_t tok, int n, int n_chunks,
+                                                     float log_za) {
+  using namespace cute;
+  using Element = typename T::Element;
+  using namespace portable::indexer;
+  using L = SparsePipeTraits<T>;
+  using Bar = SparseConsumerBarrier;
+  constexpr int kT = T::kThreads;  // 128: the consumer warpgroup
+  constexpr int kChunk = T::kChunk;
+  constexpr int kHeads = T::kHeads;
+  constexpr int kStages = L::kStages;
+  const int wtid = threadIdx.x % kT;
+  const int lane = wtid & 31, warp = wtid >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int slots = L::list_slots(p.topk);
+  const int32_t* const s_key = reinterpret_cast<const int32_t*>(smem + L::kListOff);
+  const float* const s_la = reinterpret_cast<const float*>(s_key + slots);
+  float* const s_val = const_cast<float*>(s_la) + slots;
+  float* const s_w = reinterpret_cast<float*>(smem + L::kWOff);
+  float* const s_red = reinterpret_cast<float*>(smem + L::kRedOff);
+  float* const s_dw = reinterpret_cast<float*>(smem + L::kDwOff);
+  uint64_t* const full = reinterpret_cast<uint64_t*>(smem + L::kBarOff);
+  uint64_t* const empty = full + kStages;
+  const uint32_t sq = smem_u32(smem + L::kQOff);
+
+  // [c] q_I and w, visible to the warpgroup's wgmma.
+  load_q_and_w<T, kT>(p, tok, true, sq, s_w, wtid, wtid & 15);
+  cp_async_commit();
+  cp_async_wait_all();
+  fence_proxy_async_shared();
+  Bar::sync();
+
+  Element* const q_el = reinterpret_cast<Element*>(smem + L::kQOff);
+  auto k_el = [&](int k) {
+    return fresh_ptr(reinterpret_cast<Element*>(smem + L::kKOff)) +
+           (k % kStages) * (T::kStageBytes / 2);
+  };
+  auto wait_full = [&](int k) {
+    mbarrier_wait(&full[k % kStages], static_cast<uint32_t>(k / kStages) & 1u);
+    fence_proxy_async_shared();
+  };
+  auto release = [&](int k) { mbarrier_arrive(&empty[k % kStages]); };
+
+  typename T::Mma1 mma1;
+  using FragA = decltype(partition_fragment_C(mma1, Shape<typename T::N64, typename T::HT>{}));
+
+  // Pass 1 (ring indices 0 .. n_chunks - 1): I of every position -> the list.
+  {
+    FragA acc0 = partition_fragment_C(mma1, Shape<typename T::N64, typename T::HT>{});
+    FragA acc1 = partition_fragment_C(mma1, Shape<typename T::N64, typename T::HT>{});
+    clear(acc0);  // defined before the first batch (no phi copies of undefined values later)
+    clear(acc1);
+    warpgroup_fence_operand(acc0);
+    warpgroup_fence_operand(acc1);
+    auto issue = [&](auto, auto& acc, int c) {
+      wait_full(c);
+      gemm1_issue<T>(k_el(c), q_el, acc, wtid);
+    };
+    auto retire = [&](auto, auto& acc, int c) {
+      warpgroup_wait<0>();  // only this chunk's batch is in flight here
+      release(c);
+      scale_acc(acc, p.scale_I);
+    };
+    auto epilogue = [&](auto, auto& acc, int c) {
+      float row[2];
+      wg_row_scores<T>(acc, s_w, row);
+      CUTE_UNROLL
+      for (int i = 0; i < 2; ++i) {
+        const int pos = c * kChunk + 16 * warp + g + 8 * i;
+        if (t4 == 0 && pos < n) s_val[pos] = row[i];
+      }
+    };
+    indexer::chunk_loop(n_chunks, acc0, acc1, issue, retire, epilogue);
+  }
+  Bar::sync();  // every I in the list
+
+  // [d] log Z_I, the row's loss, dI in place of I.
+  const float row_loss =
+      sparse_row_loss<kT, 2, Bar>(n, s_la, s_val, log_za, p.coeff, s_red);
+  write_row_loss<kT, 2>(p, tok, row_loss);
+  if (!p.grads) return;
+
+  // [e] Pass 2 (ring indices n_chunks + c).
+  typename T::Mma2 mma2;
+  typename T::Mma3 mma3;
+  auto thr2 = mma2.get_thread_slice(wtid);
+  auto thr3 = mma3.get_thread_slice(wtid);
+  Tensor dq = partition_fragment_C(mma3, Shape<typename T::D128, typename T::HT>{});
+  clear(dq);
+  float dw_acc[T::kNt][2];
+  CUTE_UNROLL
+  for (int nt = 0; nt < T::kNt; ++nt) dw_acc[nt][0] = dw_acc[nt][1] = 0.f;
+  // The RS A operand of dK: scale_I w G in bf16, ((2, 2, 2), 1, H_I / 16).
+  Tensor tAg = make_tensor<Element>(
+      partition_shape_A(mma2, Shape<typename T::N64, typename T::HT>{}));
+  FragA acc = partition_fragment_C(mma1, Shape<typename T::N64, typename T::HT>{});
+  Tensor dk = partition_fragment_C(mma2, Shape<typename T::N64, typename T::D64>{});
+  const int k0 = n_chunks;
+  auto g_slot = [&](int c) {
+    return fresh_ptr(reinterpret_cast<Element*>(smem + L::kGOff)) +
+           (c & 1) * (L::kGSlotBytes / 2);
+  };
+
+  // dI of this thread's two positions of chunk c (0 past |K_t|).
+  auto chunk_di = [&](int c, float (&di)[2]) {
+    CUTE_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      const int pos = c * kChunk + 16 * warp + g + 8 * i;
+      di[i] = pos < n ? s_val[pos] : 0.f;
+    }
+  };
+  // E2(c): acc holds G1(c) (retired): a = scale_I acc (a copy), G -> slot c % 2, dw; then G
+  // visible to the wgmma.
+  auto epilogue2 = [&](int c) {
+    warpgroup_fence_operand(acc);
+    FragA a = make_fragment_like(acc);
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc); ++i) a(i) = acc(i) * p.scale_I;
+    float di[2];
+    chunk_di(c, di);
+    int no_rs_operand = 0;
+    g_epilogue<T, false>(a, di, s_w, p.scale_I, dw_acc, no_rs_operand, smem_u32(g_slot(c)),
+                         warp);
+    fence_proxy_async_shared();
+    Bar::sync();
+  };
+  // A(c) from slot c % 2 (dK(c - 1), its last reader, retired).
+  auto build_a = [&](int c) {
+    float di[2];
+    chunk_di(c, di);
+    warpgroup_fence_operand(tAg);
+    auto ag32 = recast<uint32_t>(tAg);
+    rs_a_from_g<T>(di, s_w, p.scale_I, ag32, smem_u32(g_slot(c)), warp);
+    warpgroup_fence_operand(tAg);
+  };
+  // R(c, half): dK(c)'s columns [64 half, +64) retired in dk -> the dk accumulator rows.
+  auto reduce_half = [&](int c, int half) {
+    warpgroup_fence_operand(dk);
+    CUTE_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      const int pos = c * kChunk + 16 * warp + g + 8 * i;
+      if (pos < n)
+        reduce_dk_row(dk, i, p.dk_acc + int64_t{s_key[pos]} * 128 + 64 * half + 2 * t4);
+    }
+  };
+  // Body c (c + 1 < n_chunks): G(c) in slot c % 2 and visible; dQ(c - 1) may be in flight. The
+  // wait counts are immediates.
+  auto body = [&](int c) {
+    build_a(c);
+    dk_rs_issue<T>(mma2, thr2, q_el, 0, tAg, dk);
+    warpgroup_wait<1>();  // dQ(c - 1); dK0(c) in flight
+    warpgroup_fence_operand(dq);
+    if (c > 0) release(k0 + c - 1);
+    wait_full(k0 + c + 1);
+    gemm1_issue<T>(k_el(k0 + c + 1), q_el, acc, wtid);
+    warpgroup_wait<1>();  // dK0(c); G1(c + 1) in flight
+    reduce_half(c, 0);
+    dk_rs_issue<T>(mma2, thr2, q_el, 1, tAg, dk);
+    dq_issue<T>(mma3, thr3, k_el(k0 + c), g_slot(c), dq);
+    warpgroup_wait<2>();  // G1(c + 1); dK1(c), dQ(c) in flight
+    epilogue2(c + 1);
+    warpgroup_wait<1>();  // dK1(c); dQ(c) in flight
+    reduce_half(c, 1);
+  };
+  auto last = [&](int c) {
+    build_a(c);
+    dk_rs_issue<T>(mma2, thr2, q_el, 0, tAg, dk);
+    warpgroup_wait<1>();  // dQ(c - 1); dK0(c) in flight
+    warpgroup_fence_operand(dq);
+    if (c > 0) release(k0 + c - 1);
+    warpgroup_wait<0>();
+    reduce_half(c, 0);
+    dk_rs_issue<T>(mma2, thr2, q_el, 1, tAg, dk);
+    dq_issue<T>(mma3, thr3, k_el(k0 + c), g_slot(c), dq);
+    warpgroup_wait<1>();  // dK1(c); dQ(c) in flight
+    reduce_half(c, 1);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(dq);
+    release(k0 + c);
+  };
+
+  clear(acc);
+  clear(dk);
+  warpgroup_fence_operand(acc);
+  warpgroup_fence_operand(dk);
+  wait_full(k0);
+  gemm1_issue<T>(k_el(k0), q_el, acc, wtid);
+  warpgroup_wait<0>();
+  epilogue2(0);
+#pragma unroll 1
+  for (int c = 0; c + 1 < n_chunks; ++c) body(c);
+  last(n_chunks - 1);
+
+  // [f]
+  store_dq<T>(dq, p, tok, s_w, warp);
+  store_dw<kT, kHeads, 2, Bar>(dw_acc, s_dw, p, tok);
+}
+
+// Sparse mode, one token per CTA, pipelined (tuning sm90_indexer_loss_kernel = 4, the default).
+template <class T>
+__global__ void __launch_bounds__(SparsePipeTraits<T>::kThreads, 2)
+    loss_sm90_sparse_pipe_kernel(const __grid_constant__ LossParams p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = SparsePipeTraits<T>;
+  using namespace portable::indexer;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* const smem = align_smem_1024(smem_raw);  // the list's accesses stay LDS / STS
+  const int64_t tok = p.tok_begin + blockIdx.x;
+  const int slots = L::list_slots(p.topk);
+  int32_t* const s_key = reinterpret_cast<int32_t*>(smem + L::kListOff);
+  float* const s_la = reinterpret_cast<float*>(s_key + slots);
+  float* const s_red = reinterpret_cast<float*>(smem + L::kRedOff);
+  int* const s_count = reinterpret_cast<int*>(smem + L::kCountOff);
+
+  // [a] K_t in slot order, [b] log Z_A; an empty row (CTA-uniform).
+  const int n = compact_slots<L::kThreads>(p, tok, s_key, nullptr, s_la, s_count, [](int) {});
+  const float log_za = row_log_z_a<L::kThreads>(n, [&](int i) { return s_la[i]; }, s_red);
+  if (n == 0 || log_za == -INFINITY) {
+    write_empty_row<L::kThreads, T::kHeads>(p, tok);
+    return;
+  }
+  const int n_chunks = (n + T::kChunk - 1) / T::kChunk;
+  if (threadIdx.x == 0) {
+    uint64_t* const full = reinterpret_cast<uint64_t*>(smem + L::kBarOff);
+    for (int b = 0; b < L::kStages; ++b) {
+      mbarrier_init(&full[b], L::kProducerThreads);
+      mbarrier_init(&full[L::kStages + b], L::kConsumerThreads);
+    }
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
+  if (wg == 0) {
+    setmaxnreg_dec<L::kProducerRegs>();
+    sparse_pipe_producer<T>(p, smem, n, n_chunks);
+  } else {
+    setmaxnreg_inc<L::kConsumerRegs>();
+    sparse_pipe_consumer<T>(p, smem, tok, n, n_chunks, log_za);
   }
 #endif
 }
