@@ -51,7 +51,10 @@ struct IndexerMeta {
   // index in [0, Skv)) and the key inside range(t). Never dereferences a key.
   SA_HD bool slot_in_loss(int64_t t, int64_t i, const IndexerDims& d) const {
     if (topk_length.data && i >= static_cast<int64_t>(topk_length.at(t))) return false;
-    const int64_t s = topk_idx.at(t, i);
+    return key_in_loss(t, topk_idx.at(t, i), d);
+  }
+  // The range test of slot_in_loss for a slot of row t that holds key s.
+  SA_HD bool key_in_loss(int64_t t, int64_t s, const IndexerDims& d) const {
     return s >= range_begin(t, d) && s < range_end(t, d);
   }
 };

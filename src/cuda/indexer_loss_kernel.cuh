@@ -253,17 +253,18 @@ __device__ __forceinline__ int compact_slots(const LossParams& p, int64_t tok, i
   const uint32_t lt = (1u << lane) - 1u;
   const IndexerDims& d = p.dims;
   int n = 0;
+  // A slot's key, -1 past topk or topk_length; loaded one round ahead, so that the next round's
+  // loads are in flight during this round's ballot, barriers and log A loads.
+  const int64_t len = p.meta.topk_length.data != nullptr ? p.meta.topk_length.at(tok) : p.topk;
+  auto slot_key = [&](int i) { return i < p.topk && i < len ? p.meta.topk_idx.at(tok, i) : -1; };
+  int32_t key_next = slot_key(tid);
   for (int base = 0; base < p.topk; base += kT) {
     const int i = base + tid;
-    bool in = false, active = false;
-    int32_t key = -1;
-    if (i < p.topk) {
-      const bool before_len =
-          p.meta.topk_length.data == nullptr || i < p.meta.topk_length.at(tok);
-      key = p.meta.topk_idx.at(tok, i);
-      active = before_len && key >= 0 && key < d.Skv;
-      in = active && p.meta.slot_in_loss(tok, i, d);
-    }
+    const int32_t key = key_next;
+    key_next = slot_key(i + kT);
+    // slot_in_loss(tok, i, d) on the loaded key.
+    const bool active = key >= 0 && key < d.Skv;
+    const bool in = active && p.meta.key_in_loss(tok, key, d);
     const uint32_t mask = __ballot_sync(0xffffffffu, in);
     if (lane == 0) s_count[warp] = __popc(mask);
     __syncthreads();
