@@ -4,10 +4,10 @@
 // session 35), or with the internal tuning sm90_indexer_target = 3 of indexer_target_kernel.cuh
 // (Q in shared memory, SS); one CTA per (token, pair of 64-head groups), D_qk 512 or 576. The loss
 // kernel (the driver's step 3) is the wgmma one (indexer_loss_kernel.cuh: sparse and dense mode,
-// not deterministic, H_I 16 / 32 / 64, its shared memory within 227 KB; dense mode's pipelined
-// pair kernel of indexer_loss_pipe_kernel.cuh, two tokens per CTA), injected as the driver's LossLaunch;
-// the driver launches the portable kernel where it declines and under the internal tuning
-// sm90_indexer_loss_kernel = 3.
+// not deterministic, H_I 16 / 32 / 64, its shared memory within 227 KB; the pipelined kernels of
+// indexer_loss_pipe_kernel.cuh: dense mode's pair kernel, two tokens per CTA, and sparse mode's
+// one-token kernel), injected as the driver's LossLaunch; the driver launches the portable kernel
+// where it declines and under the internal tuning sm90_indexer_loss_kernel = 3.
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -146,26 +146,34 @@ size_t loss_smem_bytes(int mode, int topk, int groups) {
   return static_cast<size_t>(bytes);
 }
 
+// loss_smem_bytes for H_I `heads` (16, 32 or 64).
+size_t loss_smem_for(int64_t heads, int mode, int topk, int groups) {
+  switch (heads) {
+    case 16:
+      return loss_smem_bytes<16>(mode, topk, groups);
+    case 32:
+      return loss_smem_bytes<32>(mode, topk, groups);
+    default:
+      return loss_smem_bytes<64>(mode, topk, groups);
+  }
+}
+
 // Whether the wgmma loss kernel of `mode` (as loss_smem_bytes) serves a non-deterministic call of
 // H_I `heads` (the tuning aside): sparse with `topk` slots per row, or dense with `groups` head
-// groups of log A; its shared memory within 227 KB (sparse: topk <= ~12,000; dense at H_I 64:
-// groups <= ~330, with two tokens per CTA ~110, pipelined 9: its six log A_g stages).
+// groups of log A; its shared memory within 227 KB (sparse: topk <= ~10,700 one token per CTA,
+// ~12,000 pipelined, both beyond the driver's 8,192; dense at H_I 64: groups <= ~330, with two
+// tokens per CTA ~110, pipelined 9: its six log A_g stages).
 bool loss_kernel_serves(int64_t heads, int mode, int topk, int groups) {
   if (heads != 16 && heads != 32 && heads != 64) return false;
   if (mode == 0 || mode == 4 ? topk <= 0 : groups <= 0) return false;
-  size_t smem = 0;
-  switch (heads) {
-    case 16:
-      smem = loss_smem_bytes<16>(mode, topk, groups);
-      break;
-    case 32:
-      smem = loss_smem_bytes<32>(mode, topk, groups);
-      break;
-    default:
-      smem = loss_smem_bytes<64>(mode, topk, groups);
-      break;
-  }
-  return smem <= kMaxSmemSm90;
+  return loss_smem_for(heads, mode, topk, groups) <= kMaxSmemSm90;
+}
+
+// Whether two CTAs of the wgmma loss kernel of `mode` fit one SM's shared memory (228 KB, 1 KB
+// of it reserved per CTA).
+bool two_ctas_per_sm(int64_t heads, int mode, int topk, int groups) {
+  return loss_kernel_serves(heads, mode, topk, groups) &&
+         2 * (loss_smem_for(heads, mode, topk, groups) + 1024) <= size_t{233472};
 }
 
 // kMode: as loss_smem_bytes's mode.
@@ -209,9 +217,14 @@ bool launch_loss(const LossParams& prm, bool dense, int64_t heads, int64_t token
   if (kernel != 1 && kernel != 2 && kernel != 4) return false;
   int mode = !dense ? (kernel == 4 ? 4 : 0) : kernel == 4 ? 3 : kernel;
   // The pipelined dense kernel's six log A_g stages hold fewer head groups: the pair kernel
-  // beyond; the pipelined sparse kernel's list and ring fewer slots than the one-token kernel's.
+  // beyond.
   if (mode == 3 && !loss_kernel_serves(heads, mode, prm.topk, prm.head_groups)) mode = 2;
-  if (mode == 4 && !loss_kernel_serves(heads, mode, prm.topk, prm.head_groups)) mode = 0;
+  // The pipelined sparse kernel (measured at topk 2048, two CTAs per SM) keeps two CTAs per SM up
+  // to topk ~2,300 at H_I 64 (~3,800 at 32), the one-token kernel up to ~3,400 (~4,200): between
+  // the two the one-token kernel serves (not measured either way there).
+  if (mode == 4 && !two_ctas_per_sm(heads, 4, prm.topk, prm.head_groups) &&
+      two_ctas_per_sm(heads, 0, prm.topk, prm.head_groups))
+    mode = 0;
   if (prm.dk_part != nullptr || !loss_kernel_serves(heads, mode, prm.topk, prm.head_groups))
     return false;
   if (tokens == 0) return true;

@@ -3,12 +3,10 @@
 // (cuda/indexer_loss_kernel.cuh, [a] .. [f]; its row math, the list compaction, log Z_A, the
 // empty row, the sparse and dense loss, dI and dw are that file's functions, called by both
 // kernels), with the four indexer GEMMs per chunk on wgmma instead of mma.sync + ldmatrix.
-// Measured in session 36 (tests, memcheck and racecheck pass on an H100; 1.075x the portable
-// loss kernel's whole sparse call, 1.105x dense with two tokens per CTA:
-// docs/indexer_decisions.md); the pipelined kernels of indexer_loss_pipe_kernel.cuh, built from
-// this file's pieces, are the defaults in both modes since sessions 37 (dense) and 43 (sparse).
-// sm90/indexer_loss.cu decides where each serves, the portable kernel serves everything else
-// and the internal tuning Tuning::sm90_indexer_loss_kernel = 3.
+// The pipelined kernels of indexer_loss_pipe_kernel.cuh, built from this file's pieces, are the
+// defaults in both modes (docs/indexer_decisions.md); sm90/indexer_loss.cu decides where each
+// kernel serves, the portable kernel serves everything else and the internal tuning
+// Tuning::sm90_indexer_loss_kernel = 3.
 //
 // Dense mode: K_t is the range [begin, begin + n), so a chunk is 64 consecutive k_I rows (the
 // same 16-byte cp.async per row, the tail chunk's rows past n zero-filled and masked out of I, G,
@@ -246,10 +244,11 @@ __device__ __forceinline__ void g_epilogue(const Frag& acc, const float (&di)[2]
   }
 }
 
-// The RS A operand of dK (ag32, g_epilogue<kRs>'s words and values) rebuilt from the G that
-// g_epilogue stored at sg (the words this thread stored itself, so no barrier is needed): G_ij is
-// dI_i where a_ij > 0 and 0 elsewhere, so A_ij = dI_i w_j scale_I where G_ij != 0 (the same fp32
-// product, the same bits), else 0.
+// The RS A operand of dK (ag32, g_epilogue<kRs>'s words) rebuilt from the G that g_epilogue
+// stored at sg (the words this thread stored itself, so no barrier is needed): G_ij is dI_i where
+// a_ij > 0 and 0 elsewhere, so A_ij = dI_i w_j scale_I where G_ij != 0, else 0 -- g_epilogue's
+// fp32 product and bits, except where dI_i != 0 rounds to a bf16 zero (|dI| < 2^-133: A = 0 here)
+// or w_j is not finite where G_ij = 0 (0 here, NaN there).
 template <class T, class AFrag>
 __device__ __forceinline__ void rs_a_from_g(const float (&di)[2], const float* s_w, float scale,
                                             AFrag& ag32, uint32_t sg, int warp) {

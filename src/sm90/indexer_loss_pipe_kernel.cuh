@@ -43,8 +43,9 @@
 //
 // Shared-memory reuse: a k_I stage and its log A are released after the chunk's dQ retired
 // (pass 2) or its E1 (pass 1). Warpgroup w's panel of G ring slot c % 2 is rewritten by its
-// E2(c + 2) in body c + 1: its own dQ(c) retired at that body's start, and both warpgroups' dK(c)
-// (which read both panels) retired before they reached the barrier of E2(c + 1).
+// E2(c + 2) in body c + 1: dQ(c) retired in every consumer thread (E2 waits for empty[]'s phase of
+// chunk c's stage: a thread's wgmma.wait_group covers its own warp's slice only), and both
+// warpgroups' dK(c) (which read both panels) retired before they reached the barrier of E2(c + 1).
 //
 // Registers (H_I 64, per consumer thread): dq^T 64, G1 accumulator 32 (two in pass 1), dK 32, dw
 // 16, the rest (addresses, dI, ring state): ptxas (CUTLASS 4.2, CUDA 13.0) allocates R0..R178 in
@@ -66,6 +67,7 @@ namespace sa::sm90::loss {
 // Named barriers of the pipelined kernel (0 is __syncthreads, taken only before the roles split).
 enum class PipeBarrier : uint32_t {
   kConsumers = 1,  // both consumer warpgroups (256 threads): row reductions, the G ring, q_w
+  kSparseConsumer = 1,  // the sparse kernel's one consumer warpgroup (128 threads)
 };
 
 // The shared row functions' barrier (portable::indexer::CtaBarrier's place) over the consumers.
@@ -343,6 +345,16 @@ __device__ __forceinline__ void pipe_consumer(const LossParams& p, uint8_t* smem
   Tensor dk = partition_fragment_C(mma2, Shape<typename T::N64, typename T::D64>{});
   const int k0 = n_chunks;
 
+  // Before E2(c) rewrites slot c % 2: chunk c - 2's dQ, which read it, retired in every consumer
+  // thread. A thread's wgmma.wait_group covers only its own warp's slice, and each slice reads
+  // the whole panel; every thread releases chunk c - 2's stage right after its dQ retired, so the
+  // completed phase of that use of empty[] says all of them have (no later phase of that barrier
+  // can complete before this thread's next release).
+  auto wait_g_slot_read = [&](int c) {
+    if (c < 2) return;
+    const int j = k0 + c - 2;
+    mbarrier_wait(&empty[j % kStages], static_cast<uint32_t>(j / kStages) & 1u);
+  };
   // E2(c): acc holds G1(c) (retired), a = scale_I acc (a copy: no instruction but a wgmma
   // defines accumulator registers while a batch is in flight). dI, G -> slot c % 2, dw; then
   // both tokens' G visible.
@@ -360,6 +372,7 @@ __device__ __forceinline__ void pipe_consumer(const LossParams& p, uint8_t* smem
                   ? dense_di(p.coeff, row[i], log_zi, chunk_la(k0 + c, r), log_za)
                   : 0.f;
     }
+    wait_g_slot_read(c);
     int no_rs_operand = 0;
     g_epilogue<T, false>(a, di, s_w, p.scale_I, dw_acc, no_rs_operand,
                          smem_u32(g_slot(c)) + wg * P::kGPanelBytes, warp);
@@ -472,9 +485,8 @@ __global__ void __launch_bounds__(PipeTraits<T>::kThreads, 1)
 //     positions past |K_t| zero-filled); each thread's copies arrive on full[stage] when they land
 //     (cp.async.mbarrier.arrive.noinc, 128 arrivals: no wait in the producer; the consumers fence
 //     after their wait, as in the Hopper target kernel); it waits for empty[stage] (128 consumer
-//     arrivals) before refilling. (A first form published chunk k only after issuing chunk k + 1
-//     and waiting for k's group, as the dense kernel does: with three stages the consumer then
-//     waited at every full[] for the producer's next issue, ~25% of its time in session 43's ncu.)
+//     arrivals) before refilling (the dense kernel's publish-after-the-next-issue left the
+//     consumer waiting at full[] with three stages: docs/indexer_decisions.md).
 //   warpgroup 1, consumer (A = the RS A operand of dK, scale_I w G in bf16, rebuilt at each
 //   body's start from G and dI (rs_a_from_g: the one-token kernel's values), so that no copy of it
 //   is live across E2; G in shared memory in two slots by chunk parity, the B operand of dQ^T; |
@@ -492,11 +504,11 @@ __global__ void __launch_bounds__(PipeTraits<T>::kThreads, 1)
 //     | [f] dq_I, dw
 //   E2(c) = dI of the chunk's positions, G -> slot c % 2, dw; fence.proxy.async; R0 / R1 = the
 //   fp32 dk reductions of the chunk's columns [0, 64) / [64, 128) (reduce_dk_row). Slot c % 2 is
-//   rewritten by E2(c + 2) in body c + 1, after dQ(c) retired at that body's start; A(c + 1) is
-//   written after dK1(c) retired. Each body reads only accumulators of batches it issued; dQ(c)
+//   rewritten by E2(c + 2) in body c + 1, once dQ(c) retired in all four warps (empty[]'s phase of
+//   chunk c's stage); A(c + 1) is written after dK1(c) retired. Each body reads only accumulators of batches it issued; dQ(c)
 //   alone crosses the loop's back edge (as in the pair kernel above: no C7514).
 // Registers (H_I 64, consumer): dq^T 64, G1 accumulator 32 (two in pass 1), dk 32, A 16, dw 16,
-// addresses and loop state (two A copies by parity, written in E2, spilled 80 bytes).
+// addresses and loop state.
 // Shared memory (bytes from a 1024-aligned base; H_I 64, topk 2048, 3 stages): q_I 16,384, k_I
 // ring 3 x 16,384, G 2 x 8,192, w / scratch (256 threads) / dw / counts / barriers ~2.4 KB, the
 // list 12 bytes per position (topk rounded up to 256): 108,880 + 1,024 slack = 109,904: two CTAs
@@ -533,7 +545,9 @@ struct SparsePipeTraits {
 
 // The consumer warpgroup's barrier (named barrier 1, 128 threads): the row functions' Bar.
 struct SparseConsumerBarrier {
-  __device__ __forceinline__ static void sync() { named_barrier_sync(1, 128); }
+  __device__ __forceinline__ static void sync() {
+    named_barrier_sync(static_cast<uint32_t>(PipeBarrier::kSparseConsumer), 128);
+  }
 };
 
 template <class T>
@@ -555,6 +569,7 @@ __device__ __forceinline__ void sparse_pipe_producer(const LossParams& p, uint8_
                                           [&](int pos) { return int64_t{s_key[pos]}; }, t);
     cp_async_mbarrier_arrive_noinc(&full[stage]);
   }
+  cp_async_wait_all();  // no copy of this thread in flight when it leaves
 }
 
 template <class T>
@@ -670,6 +685,15 @@ __device__ __forceinline__ void sparse_pipe_consumer(const LossParams& p, uint8_
       di[i] = pos < n ? s_val[pos] : 0.f;
     }
   };
+  // Before E2(c) rewrites slot c % 2: chunk c - 2's dQ, its last reader, retired in all four
+  // warps (a warp's wgmma.wait_group covers its own slice only, and each slice reads the whole
+  // slot): the completed phase of empty[] for chunk c - 2's stage, which every consumer thread
+  // releases right after its dQ retired, as in the pair kernel above.
+  auto wait_g_slot_read = [&](int c) {
+    if (c < 2) return;
+    const int j = k0 + c - 2;
+    mbarrier_wait(&empty[j % kStages], static_cast<uint32_t>(j / kStages) & 1u);
+  };
   // E2(c): acc holds G1(c) (retired): a = scale_I acc (a copy), G -> slot c % 2, dw; then G
   // visible to the wgmma.
   auto epilogue2 = [&](int c) {
@@ -679,6 +703,7 @@ __device__ __forceinline__ void sparse_pipe_consumer(const LossParams& p, uint8_
     for (int i = 0; i < size(acc); ++i) a(i) = acc(i) * p.scale_I;
     float di[2];
     chunk_di(c, di);
+    wait_g_slot_read(c);
     int no_rs_operand = 0;
     g_epilogue<T, false>(a, di, s_w, p.scale_I, dw_acc, no_rs_operand, smem_u32(g_slot(c)),
                          warp);
