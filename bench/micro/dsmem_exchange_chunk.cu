@@ -92,24 +92,10 @@
 #include <string>
 #include <vector>
 
-#define CK(x)                                                                         \
-  do {                                                                                \
-    cudaError_t e_ = (x);                                                             \
-    if (e_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
+#include "dsa_traffic.cuh"
 
-constexpr int kRows = 4096;                                  // S_kv
-constexpr int kCols = 576;                                   // D_qk
-constexpr int kChunkRows = 64;                               // keys per chunk
-constexpr int kSegs = kCols / 32;                            // 128-byte fp32 segments per row: 18
-constexpr int kKvRowBytes = kCols * 2;                       // 1,152
 constexpr int kTileBytes = kChunkRows * kCols * 4;           // 147,456
 constexpr int kHalfTileBytes = kTileBytes / 2;               // 73,728
-constexpr int kGatherChunkBytes = kChunkRows * kKvRowBytes;  // 73,728
-constexpr int kSets = 4096;                                  // precomputed index sets
 constexpr int kSliceBytes = kChunkRows * 32 * 4;             // 8,192: one segment of 64 rows
 constexpr int kSlices = kSegs / 2;                           // 9 slices per half tile
 constexpr int kXThreads = 256;                               // exchanging threads per CTA
@@ -134,14 +120,6 @@ enum Xchg : int { kNone = 0, kStCluster = 1, kStAsync = 2, kBulk = 3 };
 // ---- device helpers
 // ------------------------------------------------------------------------------
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// ((t & 15) + 1) / 16 exactly, with one LOP3 and one FFMA (as in l2_ceiling.cu).
-__device__ __forceinline__ float val(int t) {
-  return fmaf(__int_as_float(0x4B000000 | (t & 15)), 0.0625f, -524287.9375f);
-}
 // The tile of offset cb (7 b + c): float4 j (0..511) of segment seg, i.e. row slot j / 8, columns
 // col = 32 seg + 4 (j % 8) .. + 3, values val(cb + 3 slot + col + 5 seg).
 __device__ __forceinline__ float4 tile4(int cb, int seg, int j) {
@@ -152,20 +130,6 @@ __device__ __forceinline__ float4 add4(float4 a, float4 b) {
   return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
 }
 
-__device__ __forceinline__ void red_f32x4(float* a, float4 v) {
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(a), "f"(v.x), "f"(v.y),
-               "f"(v.z), "f"(v.w));
-}
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
@@ -290,36 +254,6 @@ __device__ __forceinline__ void bulk_copy_to_cluster(uint32_t remote_dst, uint32
       : "memory");
 }
 
-// ---- the chunk's rows (as l2_ceiling.cu) ----
-struct Idx {
-  int lo, hi;  // lane i: the rows of slots i and 32 + i
-};
-__device__ __forceinline__ int chunk_set(int cluster, int c, int clusters) {
-  return (c * clusters + cluster) % kSets;
-}
-__device__ __forceinline__ Idx load_idx(const int* __restrict__ idx, int set, int lane) {
-  const int* p = idx + set * kChunkRows;
-  return {__ldg(p + lane), __ldg(p + 32 + lane)};
-}
-__device__ __forceinline__ int row_of(const Idx& x, bool hi, int slot) {
-  return __shfl_sync(0xffffffffu, hi ? x.hi : x.lo, slot & 31);
-}
-
-// Warp w of nw gathering warps copies row quads w, w + nw, .. of the chunk into sbuf (l2_ceiling's
-// gather: 16-byte cp.async.cg, 8 lanes per row, 4 rows x 128 B per warp instruction).
-__device__ __forceinline__ void gather_chunk(uint32_t sbuf, const uint8_t* __restrict__ kv,
-                                             const Idx& ix, int w, int nw, int lane) {
-  const int sub = lane & 7, rsub = lane >> 3;
-  for (int q = w; q < kChunkRows / 4; q += nw) {
-    const int slot = 4 * q + rsub;
-    const int row = row_of(ix, q >= 8, slot);
-    const uint8_t* const src = kv + static_cast<size_t>(row) * kKvRowBytes + 16 * sub;
-    const uint32_t dst = sbuf + slot * kKvRowBytes + 16 * sub;
-#pragma unroll
-    for (int j = 0; j < kKvRowBytes / 128; ++j) cp_async_16(dst + 128 * j, src + 128 * j);
-  }
-}
-
 // The exchange between the two CTAs of a cluster, for the 256 exchanging threads (x = 0..255 of
 // them; lane = x % 32): slice i goes through ring slot i % kDepth (use u = i / kDepth).
 template <int kX, int kDepth>
@@ -398,11 +332,6 @@ struct Exchange {
     if (lane == 0) mbar_arrive_remote_after(p_empty + 8 * slot, v[0].x, v[1].x);
   }
 };
-
-__device__ __forceinline__ void store_cycles(unsigned long long* cycles, long long t0) {
-  __syncthreads();
-  if (threadIdx.x == 0) cycles[blockIdx.x] = static_cast<unsigned long long>(clock64() - t0);
-}
 
 // ---- kernels
 // -------------------------------------------------------------------------------------
@@ -612,24 +541,6 @@ struct Test {
   std::function<void(int)> verify;  // dsmem tests: the kVerify build
 };
 
-static float time_launch(const Test& t, int chunks) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  CK(cudaEventRecord(a));
-  t.launch(chunks);
-  CK(cudaEventRecord(b));
-  CK(cudaEventSynchronize(b));
-  CK(cudaGetLastError());
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, a, b));
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  return ms;
-}
-
-static double hval(long long t) { return double((t & 15) + 1) / 16.0; }
-
 // The accumulator after `chunks` chunks per CTA from zero: every CTA's whole tile (half: each
 // CTA's own column half only).
 static std::vector<double> expected_acc(const std::vector<int>& idx, int grid, int chunks,
@@ -689,7 +600,7 @@ int main(int argc, char** argv) {
   const double dsa_ms = argc > 2 ? std::atof(argv[2]) : 14.96;
   const double ref_us = argc > 3 ? std::atof(argv[3]) : 6.342;
   const double dsa_tflops = argc > 4 ? std::atof(argv[4]) : 395.0;
-  constexpr int kReps = 5, kCal = 32, kCheckDsmemChunks = 5, kCheckMixedChunks = 3;
+  constexpr int kCheckDsmemChunks = 5, kCheckMixedChunks = 3;
 
   int dev = 0, sms = 0, major = 0, minor = 0, l2 = 0, cluster_ok = 0;
   CK(cudaGetDevice(&dev));
@@ -726,18 +637,7 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&errors, sizeof(unsigned)));
   CK(cudaMalloc(&cycles, size_t(grid) * sizeof(unsigned long long)));
   CK(cudaMemset(kv, 0x3c, kv_bytes));
-  std::vector<int> h_idx(size_t{kSets} * kChunkRows);
-  {
-    std::mt19937 rng(12345);
-    std::vector<int> perm(kRows);
-    for (int i = 0; i < kRows; ++i) perm[i] = i;
-    for (int s = 0; s < kSets; ++s)  // 64 distinct random rows per set (partial Fisher-Yates)
-      for (int k = 0; k < kChunkRows; ++k) {
-        const int j = k + int(rng() % unsigned(kRows - k));
-        std::swap(perm[k], perm[j]);
-        h_idx[size_t(s) * kChunkRows + k] = perm[k];
-      }
-  }
+  const std::vector<int> h_idx = make_index_sets();
   CK(cudaMemcpy(idx, h_idx.data(), h_idx.size() * sizeof(int), cudaMemcpyHostToDevice));
 
   // ---- the tests ----
@@ -844,25 +744,13 @@ int main(int argc, char** argv) {
               "chunks/CTA", "ms(med)", "us/chunk", "clk/chunk", "DSMEM GB/s", "GB/s/SM", "B/clk/SM",
               "L2 GB/s", "L2 B/clk", "MHz");
   std::vector<double> us(tests.size(), 0.0);
-  std::vector<unsigned long long> cyc(grid);
   for (size_t ti = 0; ti < tests.size(); ++ti) {
     const Test& t = tests[ti];
     CK(cudaMemset(acc, 0, acc_bytes));
-    t.launch(4);  // warm up
-    auto size_for = [&](int n, float ms, double want) {
-      return int(std::clamp(std::llround(n * want / std::max(ms, 1e-3f)), 32LL, 400000LL));
-    };
-    const int n1 = size_for(kCal, time_launch(t, kCal), target_ms / 8);
-    const int chunks = size_for(n1, time_launch(t, n1), target_ms);
-    t.launch(chunks);
-    std::vector<float> ms(kReps);
-    for (int r = 0; r < kReps; ++r) ms[r] = time_launch(t, chunks);
-    CK(cudaMemcpy(cyc.data(), cycles, grid * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
-    std::vector<float> sorted = ms;
-    std::sort(sorted.begin(), sorted.end());
-    const double med = sorted[kReps / 2];
-    double mean_cyc = 0;
-    for (auto c : cyc) mean_cyc += double(c) / grid;
+    const Timed tm = time_calibrated(t.launch, target_ms);
+    const int chunks = tm.chunks;
+    const double med = tm.med_ms;
+    const double mean_cyc = mean_cycles(cycles, grid);  // the last timed launch's
     const double total = double(chunks) * grid;  // CTA-chunks
     const double clk_chunk = mean_cyc / chunks;
     const double xgbps = total * t.xbytes / med / 1e6;

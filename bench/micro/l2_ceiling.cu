@@ -46,40 +46,15 @@
 #include <string>
 #include <vector>
 
-#define CK(x)                                                                         \
-  do {                                                                                \
-    cudaError_t e_ = (x);                                                             \
-    if (e_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
+#include "dsa_traffic.cuh"
 
-constexpr int kRows = 4096;                                  // S_kv
-constexpr int kCols = 576;                                   // D_qk
-constexpr int kChunkRows = 64;                               // keys per chunk
-constexpr int kSegs = kCols / 32;                            // 128-byte fp32 segments per row: 18
 constexpr int kAccRowBytes = kCols * 4;                      // 2,304
-constexpr int kKvRowBytes = kCols * 2;                       // 1,152
 constexpr int kRedChunkBytes = kChunkRows * kAccRowBytes;    // 147,456
-constexpr int kGatherChunkBytes = kChunkRows * kKvRowBytes;  // 73,728
-constexpr int kSets = 4096;                                  // precomputed index sets
 constexpr int kSmemBytes = 2 * kGatherChunkBytes;            // 147,456 (= kRedChunkBytes)
 static_assert(kSmemBytes == kRedChunkBytes, "one shared-memory size for every test");
 
 // ---- device helpers
 // ------------------------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// ((t & 15) + 1) / 16 exactly, with one LOP3 and one FFMA (no I2F): 2^23 + m scaled by 1/16 is
-// 2^19 + m / 16, and 2^19 - 1/16 is representable. The value added at (slot, col) of a chunk is
-// val(h(cb, slot, col)), h = cb + 3 slot + col + 5 (col >> 5), cb a per-(CTA, chunk) offset.
-__device__ __forceinline__ float val(int t) {
-  return fmaf(__int_as_float(0x4B000000 | (t & 15)), 0.0625f, -524287.9375f);
-}
 
 // Reductions, no return value (no "memory" clobber, like src/common/device_math.cuh).
 __device__ __forceinline__ void red_f32(float* a, float x) {
@@ -87,10 +62,6 @@ __device__ __forceinline__ void red_f32(float* a, float x) {
 }
 __device__ __forceinline__ void red_f32x2(float* a, float x, float y) {
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(a), "f"(x), "f"(y));
-}
-__device__ __forceinline__ void red_f32x4(float* a, float4 v) {
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(a), "f"(v.x), "f"(v.y),
-               "f"(v.z), "f"(v.w));
 }
 __device__ __forceinline__ void red_f32x4_hint(float* a, float4 v, uint64_t policy) {
   asm volatile("red.global.add.L2::cache_hint.v4.f32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(a),
@@ -100,17 +71,6 @@ __device__ __forceinline__ uint64_t evict_last_policy() {
   uint64_t p;
   asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
   return p;
-}
-
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
 __device__ __forceinline__ void bulk_red_f32(float* gdst, uint32_t ssrc, uint32_t bytes) {
@@ -137,18 +97,6 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 }
 
 // A chunk's 64 row indices, lane-parallel: lane i holds slots i (lo) and 32 + i (hi).
-struct Idx {
-  int lo, hi;
-};
-__device__ __forceinline__ int chunk_set(int b, int c, int grid) { return (c * grid + b) % kSets; }
-__device__ __forceinline__ Idx load_idx(const int* __restrict__ idx, int set, int lane) {
-  const int* p = idx + set * kChunkRows;
-  return {__ldg(p + lane), __ldg(p + 32 + lane)};
-}
-// The row of `slot`; `hi` (warp-uniform) says whether the instruction's slots are in 32..63.
-__device__ __forceinline__ int row_of(const Idx& x, bool hi, int slot) {
-  return __shfl_sync(0xffffffffu, hi ? x.hi : x.lo, slot & 31);
-}
 __device__ __forceinline__ int chunk_offset(int b, int c) { return 7 * b + c; }
 
 // Warp w of nw reducing warps issues its contiguous share of the chunk's 18 x 64 / kVec warp
@@ -194,27 +142,6 @@ __device__ __forceinline__ void reduce_chunk(float* __restrict__ acc, const Idx&
     }
     i += n;
   }
-}
-
-// Warp w of nw gathering warps copies row quads w, w + nw, .. (16 quads of 4 rows) of the chunk:
-// per quad 9 cp.async of 16 B per lane, 8 lanes per row, 128 contiguous bytes per row and
-// instruction (gather_row's pattern). Shared layout: slot-major rows of 1,152 B.
-__device__ __forceinline__ void gather_chunk(uint32_t sbuf, const uint8_t* __restrict__ kv,
-                                             const Idx& ix, int w, int nw, int lane) {
-  const int sub = lane & 7, rsub = lane >> 3;
-  for (int q = w; q < kChunkRows / 4; q += nw) {
-    const int slot = 4 * q + rsub;
-    const int row = row_of(ix, q >= 8, slot);
-    const uint8_t* const src = kv + static_cast<size_t>(row) * kKvRowBytes + 16 * sub;
-    const uint32_t dst = sbuf + slot * kKvRowBytes + 16 * sub;
-#pragma unroll
-    for (int j = 0; j < kKvRowBytes / 128; ++j) cp_async_16(dst + 128 * j, src + 128 * j);
-  }
-}
-
-__device__ __forceinline__ void store_cycles(unsigned long long* cycles, long long t0) {
-  __syncthreads();
-  if (threadIdx.x == 0) cycles[blockIdx.x] = static_cast<unsigned long long>(clock64() - t0);
 }
 
 // ---- kernels
@@ -390,24 +317,6 @@ struct Result {
   bool ok = false;
 };
 
-static float time_launch(const Test& t, int chunks) {
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  CK(cudaEventRecord(a));
-  t.launch(chunks);
-  CK(cudaEventRecord(b));
-  CK(cudaEventSynchronize(b));
-  CK(cudaGetLastError());
-  float ms = 0;
-  CK(cudaEventElapsedTime(&ms, a, b));
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  return ms;
-}
-
-static double hval(long long t) { return double((t & 15) + 1) / 16.0; }
-
 // The accumulator after `chunks` chunks per CTA from zero.
 static std::vector<double> expected(const std::vector<int>& idx, int grid, int chunks,
                                     bool static_tile) {
@@ -428,7 +337,7 @@ static std::vector<double> expected(const std::vector<int>& idx, int grid, int c
 int main(int argc, char** argv) {
   const double target_ms = argc > 1 ? std::atof(argv[1]) : 60.0;
   const double ref_ms = argc > 2 ? std::atof(argv[2]) : 7.31;
-  constexpr int kReps = 5, kCal = 32, kCheckChunks = 3;
+  constexpr int kCheckChunks = 3;
 
   int dev = 0, sms = 0, major = 0, minor = 0, l2 = 0;
   CK(cudaGetDevice(&dev));
@@ -454,18 +363,7 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&idx, size_t{kSets} * kChunkRows * sizeof(int)));
   CK(cudaMalloc(&cycles, size_t(grid) * sizeof(unsigned long long)));
   CK(cudaMemset(kv, 0x3c, kv_bytes));
-  std::vector<int> h_idx(size_t{kSets} * kChunkRows);
-  {
-    std::mt19937 rng(12345);
-    std::vector<int> perm(kRows);
-    for (int i = 0; i < kRows; ++i) perm[i] = i;
-    for (int s = 0; s < kSets; ++s)  // 64 distinct random rows per set (partial Fisher-Yates)
-      for (int k = 0; k < kChunkRows; ++k) {
-        const int j = k + int(rng() % unsigned(kRows - k));
-        std::swap(perm[k], perm[j]);
-        h_idx[size_t(s) * kChunkRows + k] = perm[k];
-      }
-  }
+  const std::vector<int> h_idx = make_index_sets();
   CK(cudaMemcpy(idx, h_idx.data(), h_idx.size() * sizeof(int), cudaMemcpyHostToDevice));
 
   // ---- the tests ----
@@ -542,27 +440,13 @@ int main(int argc, char** argv) {
               "ms(med)", "GB moved", "GB/s tot", "GB/s red", "GB/s gth", "us/chunk", "clk/chunk",
               "B/clk/SM", "MHz");
   std::vector<Result> results(tests.size());
-  std::vector<unsigned long long> cyc(grid);
   for (size_t ti = 0; ti < tests.size(); ++ti) {
     const Test& t = tests[ti];
     CK(cudaMemset(acc, 0, acc_bytes));
-    t.launch(4);  // warm up (L2 residency, clocks)
-    // Calibrate in two steps (32 chunks, then ~1/8 of the target) so that a launch takes
-    // ~target_ms; then one untimed launch of that size.
-    auto size_for = [&](int n, float ms, double want) {
-      return int(std::clamp(std::llround(n * want / std::max(ms, 1e-3f)), 32LL, 400000LL));
-    };
-    const int n1 = size_for(kCal, time_launch(t, kCal), target_ms / 8);
-    const int chunks = size_for(n1, time_launch(t, n1), target_ms);
-    t.launch(chunks);
-    std::vector<float> ms(kReps);
-    for (int r = 0; r < kReps; ++r) ms[r] = time_launch(t, chunks);
-    CK(cudaMemcpy(cyc.data(), cycles, grid * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
-    std::vector<float> sorted = ms;
-    std::sort(sorted.begin(), sorted.end());
-    const double med = sorted[kReps / 2];
-    double mean_cyc = 0;
-    for (auto x : cyc) mean_cyc += double(x) / grid;
+    const Timed tm = time_calibrated(t.launch, target_ms);
+    const int chunks = tm.chunks;
+    const double med = tm.med_ms;
+    const double mean_cyc = mean_cycles(cycles, grid);  // the last timed launch's
     const double total = double(chunks) * grid;
     const double bytes = total * (t.red_bytes + t.gather_bytes);
     const double clk_chunk = mean_cyc / chunks;
