@@ -77,6 +77,44 @@ struct ConsumerBarrier {
   }
 };
 
+// The k_I ring's mbarriers (full[kStages], then empty[kStages], from `bars`), by ring index k
+// (stage k % kStages, use k / kStages): the producer acquires a stage (its previous use released;
+// use 0 at once) and arrives on full; a consumer waits for full, then fences (the copies are
+// cp.async, read by wgmma), and releases; wait_released(k) waits until every consumer released
+// use k (whose next use no one can release before this thread does).
+template <int kStages>
+struct StageRing {
+  uint64_t* full;
+  __device__ __forceinline__ explicit StageRing(uint8_t* bars)
+      : full(reinterpret_cast<uint64_t*>(bars)) {}
+  __device__ __forceinline__ static uint32_t use_parity(int k) {
+    return static_cast<uint32_t>(k / kStages) & 1u;
+  }
+  __device__ __forceinline__ uint64_t* full_of(int k) const { return full + k % kStages; }
+  __device__ __forceinline__ uint64_t* empty_of(int k) const {
+    return full + kStages + k % kStages;
+  }
+  // One thread, before the CTA barrier that precedes every use.
+  __device__ __forceinline__ void init(uint32_t producers, uint32_t consumers) const {
+    for (int b = 0; b < kStages; ++b) {
+      mbarrier_init(full + b, producers);
+      mbarrier_init(full + kStages + b, consumers);
+    }
+    fence_mbarrier_init();
+  }
+  __device__ __forceinline__ void acquire(int k) const {
+    mbarrier_wait(empty_of(k), use_parity(k) ^ 1u);
+  }
+  __device__ __forceinline__ void wait_full(int k) const {
+    mbarrier_wait(full_of(k), use_parity(k));
+    fence_proxy_async_shared();
+  }
+  __device__ __forceinline__ void release(int k) const { mbarrier_arrive(empty_of(k)); }
+  __device__ __forceinline__ void wait_released(int k) const {
+    mbarrier_wait(empty_of(k), use_parity(k));
+  }
+};
+
 template <class T>
 struct PipeTraits {
   using Pair = PairTraits<T>;
@@ -176,8 +214,7 @@ __device__ __forceinline__ void pipe_producer(const LossParams& p, uint8_t* smem
   const uint32_t sk = smem_u32(smem + L::kKOff);
   float* const s_la = reinterpret_cast<float*>(smem + L::kLaOff);
   float* const s_lag = reinterpret_cast<float*>(smem + L::kLagOff);
-  uint64_t* const full = reinterpret_cast<uint64_t*>(smem + L::kBarOff);
-  uint64_t* const empty = full + kStages;
+  const StageRing<kStages> ring(smem + L::kBarOff);
   const int groups = p.head_groups;
   const int total = (p.grads ? 2 : 1) * sp.n_chunks;
   const int64_t rb = sp.range_b(w), re = rb + sp.range_n(w);
@@ -194,14 +231,13 @@ __device__ __forceinline__ void pipe_producer(const LossParams& p, uint8_t* smem
                          : -INFINITY;
     s_la[(stage * 2 + w) * kChunk + r] = la;
     fence_proxy_async_shared();  // this thread's landed k_I rows, for the consumers' wgmma
-    mbarrier_arrive(&full[stage]);
+    mbarrier_arrive(ring.full_of(j));
   };
 #pragma unroll 1
   for (int k = 0; k < total; ++k) {
     const int stage = k % kStages;
     const int c = chunk_of(k);
-    // The stage's previous use released (use 0: at once).
-    mbarrier_wait(&empty[stage], ((k / kStages) & 1) ^ 1);
+    ring.acquire(k);
     gather_k_rows<T, L::kProducerThreads>(p, sk, c, stage, sp.n,
                                           [&](int pos) { return sp.begin + pos; }, t);
     const int64_t key = sp.begin + c * kChunk + r;
@@ -244,8 +280,7 @@ __device__ __forceinline__ void pipe_consumer(const LossParams& p, uint8_t* smem
   float* const s_dw = reinterpret_cast<float*>(smem + L::kDwOff) + wg * T::kWarps * kHeads;
   int64_t* const s_range = reinterpret_cast<int64_t*>(smem + L::kRangeOff);  // [2][begin, end]
   const float* const s_la = reinterpret_cast<const float*>(smem + L::kLaOff);
-  uint64_t* const full = reinterpret_cast<uint64_t*>(smem + L::kBarOff);
-  uint64_t* const empty = full + kStages;
+  const StageRing<kStages> ring(smem + L::kBarOff);
   const uint32_t sq = smem_u32(smem + L::kQOff + wg * T::kQBytes);
 
   // [c] q_I and w of the token (zeros when absent), visible to both consumers' wgmma.
@@ -260,12 +295,8 @@ __device__ __forceinline__ void pipe_consumer(const LossParams& p, uint8_t* smem
     return fresh_ptr(reinterpret_cast<Element*>(smem + L::kKOff)) +
            (k % kStages) * (T::kStageBytes / 2);
   };
-  // Ring index k landed (the cp.async data visible to this thread, then to its async proxy).
-  auto wait_full = [&](int k) {
-    mbarrier_wait(&full[k % kStages], static_cast<uint32_t>(k / kStages) & 1u);
-    fence_proxy_async_shared();
-  };
-  auto release = [&](int k) { mbarrier_arrive(&empty[k % kStages]); };
+  auto wait_full = [&](int k) { ring.wait_full(k); };
+  auto release = [&](int k) { ring.release(k); };
   auto chunk_la = [&](int k, int r) { return s_la[((k % kStages) * 2 + wg) * kChunk + r]; };
   const int64_t raw_b = sp.range_b(wg), raw_e = raw_b + sp.range_n(wg);
   auto key_at = [&](int c, int r) { return sp.begin + c * kChunk + r; };
@@ -351,9 +382,7 @@ __device__ __forceinline__ void pipe_consumer(const LossParams& p, uint8_t* smem
   // completed phase of that use of empty[] says all of them have (no later phase of that barrier
   // can complete before this thread's next release).
   auto wait_g_slot_read = [&](int c) {
-    if (c < 2) return;
-    const int j = k0 + c - 2;
-    mbarrier_wait(&empty[j % kStages], static_cast<uint32_t>(j / kStages) & 1u);
+    if (c >= 2) ring.wait_released(k0 + c - 2);
   };
   // E2(c): acc holds G1(c) (retired), a = scale_I acc (a copy: no instruction but a wgmma
   // defines accumulator registers while a batch is in flight). dI, G -> slot c % 2, dw; then
@@ -450,14 +479,8 @@ __global__ void __launch_bounds__(PipeTraits<T>::kThreads, 1)
       portable::indexer::write_empty_row<T::kThreads, T::kHeads, 2>(p, sp.t0 + wg - 1);
     return;
   }
-  if (threadIdx.x == 0) {
-    uint64_t* const full = reinterpret_cast<uint64_t*>(smem + L::kBarOff);
-    for (int b = 0; b < L::kStages; ++b) {
-      mbarrier_init(&full[b], L::kProducerThreads);
-      mbarrier_init(&full[L::kStages + b], L::kConsumerThreads);
-    }
-    fence_mbarrier_init();
-  }
+  if (threadIdx.x == 0)
+    StageRing<L::kStages>(smem + L::kBarOff).init(L::kProducerThreads, L::kConsumerThreads);
   __syncthreads();
   if (wg == 0) {
     setmaxnreg_dec<L::kProducerRegs>();
@@ -558,16 +581,15 @@ __device__ __forceinline__ void sparse_pipe_producer(const LossParams& p, uint8_
   const int t = threadIdx.x;  // 0..127
   const uint32_t sk = smem_u32(smem + L::kKOff);
   const int32_t* const s_key = reinterpret_cast<const int32_t*>(smem + L::kListOff);
-  uint64_t* const full = reinterpret_cast<uint64_t*>(smem + L::kBarOff);
-  uint64_t* const empty = full + kStages;
+  const StageRing<kStages> ring(smem + L::kBarOff);
   const int total = (p.grads ? 2 : 1) * n_chunks;
 #pragma unroll 1
   for (int k = 0; k < total; ++k) {
     const int stage = k % kStages;
-    mbarrier_wait(&empty[stage], ((k / kStages) & 1) ^ 1);  // use 0: at once
+    ring.acquire(k);
     gather_k_rows<T, L::kProducerThreads>(p, sk, k < n_chunks ? k : k - n_chunks, stage, n,
                                           [&](int pos) { return int64_t{s_key[pos]}; }, t);
-    cp_async_mbarrier_arrive_noinc(&full[stage]);
+    cp_async_mbarrier_arrive_noinc(ring.full_of(k));
   }
   cp_async_wait_all();  // no copy of this thread in flight when it leaves
 }
@@ -595,8 +617,7 @@ __device__ __forceinline__ void sparse_pipe_consumer(const LossParams& p, uint8_
   float* const s_w = reinterpret_cast<float*>(smem + L::kWOff);
   float* const s_red = reinterpret_cast<float*>(smem + L::kRedOff);
   float* const s_dw = reinterpret_cast<float*>(smem + L::kDwOff);
-  uint64_t* const full = reinterpret_cast<uint64_t*>(smem + L::kBarOff);
-  uint64_t* const empty = full + kStages;
+  const StageRing<kStages> ring(smem + L::kBarOff);
   const uint32_t sq = smem_u32(smem + L::kQOff);
 
   // [c] q_I and w, visible to the warpgroup's wgmma.
@@ -611,11 +632,8 @@ __device__ __forceinline__ void sparse_pipe_consumer(const LossParams& p, uint8_
     return fresh_ptr(reinterpret_cast<Element*>(smem + L::kKOff)) +
            (k % kStages) * (T::kStageBytes / 2);
   };
-  auto wait_full = [&](int k) {
-    mbarrier_wait(&full[k % kStages], static_cast<uint32_t>(k / kStages) & 1u);
-    fence_proxy_async_shared();
-  };
-  auto release = [&](int k) { mbarrier_arrive(&empty[k % kStages]); };
+  auto wait_full = [&](int k) { ring.wait_full(k); };
+  auto release = [&](int k) { ring.release(k); };
 
   typename T::Mma1 mma1;
   using FragA = decltype(partition_fragment_C(mma1, Shape<typename T::N64, typename T::HT>{}));
@@ -690,9 +708,7 @@ __device__ __forceinline__ void sparse_pipe_consumer(const LossParams& p, uint8_
   // slot): the completed phase of empty[] for chunk c - 2's stage, which every consumer thread
   // releases right after its dQ retired, as in the pair kernel above.
   auto wait_g_slot_read = [&](int c) {
-    if (c < 2) return;
-    const int j = k0 + c - 2;
-    mbarrier_wait(&empty[j % kStages], static_cast<uint32_t>(j / kStages) & 1u);
+    if (c >= 2) ring.wait_released(k0 + c - 2);
   };
   // E2(c): acc holds G1(c) (retired): a = scale_I acc (a copy), G -> slot c % 2, dw; then G
   // visible to the wgmma.
@@ -806,14 +822,8 @@ __global__ void __launch_bounds__(SparsePipeTraits<T>::kThreads, 2)
     return;
   }
   const int n_chunks = (n + T::kChunk - 1) / T::kChunk;
-  if (threadIdx.x == 0) {
-    uint64_t* const full = reinterpret_cast<uint64_t*>(smem + L::kBarOff);
-    for (int b = 0; b < L::kStages; ++b) {
-      mbarrier_init(&full[b], L::kProducerThreads);
-      mbarrier_init(&full[L::kStages + b], L::kConsumerThreads);
-    }
-    fence_mbarrier_init();
-  }
+  if (threadIdx.x == 0)
+    StageRing<L::kStages>(smem + L::kBarOff).init(L::kProducerThreads, L::kConsumerThreads);
   __syncthreads();
   const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x / 128), 0);
   if (wg == 0) {
