@@ -54,7 +54,17 @@ struct LossCase {
   float scale_I = 0.f;
   bool dense = false;  // no topk_idx: K_t is the range
   sa_impl impl = SA_IMPL_PORTABLE;  // the options' impl
+  double lse_shift = 0.0;  // nats added to every finite lse (the same p: the target's range)
 };
+
+// Every finite lse of c moved by d nats: A scales by e^-d and p does not change.
+void shift_lse(IndexerCase& c, double d) {
+  if (d == 0.0) return;
+  for (int64_t i = 0; i < c.lse.numel(); ++i) {
+    const double v = c.lse.get(i);
+    if (std::isfinite(v)) c.lse.set(i, v + d);
+  }
+}
 
 // The implementation that must serve lc: the forced one; AUTO: sm90 on an sm_90 device when the
 // library has the sm90 path, else portable.
@@ -294,6 +304,7 @@ void expect_matches(const LossCase& lc, const IndexerCase& c, const HostTensor& 
 // twice more and compare bitwise (dk_I only in deterministic mode: fp32 reductions otherwise).
 void check_loss_case(const LossCase& lc, bool every_run_same = false) {
   IndexerCase c = make_indexer_case(lc.shape, lc.ranges, SA_DTYPE_BF16, loss_seed(lc.name));
+  shift_lse(c, lc.lse_shift);
   HostTensor idx, len;
   make_meta(c, std::max<int64_t>(lc.topk, 1), loss_seed(lc.name) + 1, &idx, &len);
   LossOutputs want;
@@ -436,6 +447,19 @@ std::vector<LossCase> sm90_loss_cases() {
        false, false, true, 1.f, 0.f, true},
   };
   cases.insert(cases.end(), more.begin(), more.end());
+  // The Hopper target sums 2^(x + 64) without a per-key maximum (docs/indexer.md, "lse"): exact
+  // for an lse from 39 nats below to ~130 nats above the attention's; these move every finite
+  // lse by +100 and -30 nats (p unchanged, so the reference's loss is the same).
+  auto shifted = [](LossCase lc, double d) {
+    lc.lse_shift = d;
+    return lc;
+  };
+  cases.push_back(shifted({"HI64_H128_D576_K160_LseAbove100", loss_shape(14, 300, 64, 128, 576),
+                           R::kCausal, 160},
+                          100.0));
+  cases.push_back(shifted({"Dense_HI32_H128_D576_LseBelow30", loss_shape(20, 150, 32, 128, 576),
+                           R::kCausal, 0, false, false, true, 1.f, 0.f, true},
+                          -30.0));
   for (LossCase& lc : cases) lc.impl = SA_IMPL_SM90;
   return cases;
 }
@@ -474,6 +498,35 @@ TEST_P(IndexerSm90Loss, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, IndexerSm90Loss, ::testing::ValuesIn(sm90_loss_cases()),
                          [](const auto& info) { return info.param.name; });
+
+// Past the Hopper target's range on the high side (docs/indexer.md): with every lse 200 nats above
+// the attention's, every term 2^(x + 64) falls below fp32's normal range, so every key's log A is
+// -inf and every row is empty: loss 0, per-token terms 0, dq_I and dw 0, no NaN (the portable
+// target and the reference, which rescale by the maximum, still see the unchanged p).
+TEST(IndexerSm90LossLseContract, FarAboveTheAttentionLseGivesEmptyRows) {
+  SA_SKIP_UNLESS_SM90_PATH();
+  for (const bool dense : {false, true}) {
+    SCOPED_TRACE(dense ? "dense" : "sparse");
+    LossCase lc{"lse_far_above", loss_shape(10, 120, 32, 128, 576), IndexerRanges::kCausal,
+                dense ? 0 : 64};
+    lc.dense = dense;
+    lc.impl = SA_IMPL_SM90;
+    IndexerCase c =
+        make_indexer_case(lc.shape, lc.ranges, SA_DTYPE_BF16, loss_seed(lc.name) + dense);
+    shift_lse(c, 200.0);
+    HostTensor idx, len;
+    make_meta(c, std::max<int64_t>(lc.topk, 1), loss_seed(lc.name) + 1, &idx, &len);
+    LossDevice dev(c, idx, len, output_shapes(c, SA_DTYPE_FP32, SA_DTYPE_BF16));
+    ASSERT_TRUE(dev.ok());
+    LossOutputs got;
+    ASSERT_TRUE(run_gpu_loss(lc, c, dev, &got));
+    EXPECT_EQ(got.loss.get(0), 0.0);
+    for (double v : got.per_token.to_double()) ASSERT_EQ(v, 0.0) << "per-token term";
+    for (double v : got.dq_I.to_double()) ASSERT_EQ(v, 0.0) << "dq_I";
+    for (double v : got.dw.to_double()) ASSERT_EQ(v, 0.0) << "dw";
+    EXPECT_FALSE(any_nan(got.dk_I.to_double())) << "NaN in dk_I";
+  }
+}
 
 // The internal tuning Tuning::sm90_indexer_target = 1 (the bench's A/B) runs the portable target
 // on the sm90 entry: impl_used says sm90, the results match the reference.

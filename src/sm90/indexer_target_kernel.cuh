@@ -37,12 +37,13 @@
 //               empty[c % 2]: the producer refills the stage while chunk c + 1's copies may still
 //               be landing (two fills in flight)
 //   issue c + 1
-//   [E1] c      x = S scale_log2 - lse2 (2 rows per thread); per key column the maximum, then the
-//               sum of 2^(x - m), over the thread's 2 rows and the 8 lanes of the column (xor
-//               shuffles 4, 8, 16) -> (m, l) of the warp's 16 heads -> smem part[w][c % 2][warp]
+//   [E1] c      2^(x + 64), x = S scale_log2 - lse2 (no maximum: reduce_store_chunk says why),
+//               summed over the thread's 2 rows, then reduce-scattered over the 8 lanes of a
+//               column (xor shuffles 16, 8, 4) -> one key's sum over the warp's 16 heads per
+//               lane -> smem part[w][c % 2][warp]
 //   [E2] c      named barrier of the warpgroup (128 threads); lanes 0..7 of each warp take 8 keys:
-//               the 4 warps' (m, l) combined in warp order (deterministic), log A_g = ln 2 (m +
-//               log2 l) (-inf when m = -inf) -> global, slot < n_slots
+//               the 4 warps' sums added in warp order (deterministic), log A_g = ln 2 (log2 l -
+//               64) (-inf when l = 0) -> global, slot < n_slots
 //   retire c + 1, issue c + 2, epilogue c + 1, ...
 // so each epilogue runs under the next chunk's batch, and both warpgroups' batches share the
 // tensor pipe. part is double-buffered by chunk parity: chunk c + 2's writes follow every read of
@@ -51,8 +52,8 @@
 //
 // Shared memory (bytes, D_qk 576; 512 leaves the rope panels unused): Q 2 groups x (64 x 512 +
 // 64 x 64) x 2 = 147,456; kv 2 stages x (32 x 512 + 32 x 64) x 2 = 73,728; part 2 x 2 x 4 x 32 x
-// 8 = 4,096; 5 mbarriers: 225,320, rounded to 226,304 by the 1024-byte alignment, + 1,024 slack
-// for aligning the dynamic base = 227,328 of sm_90's 232,448.
+// 4 = 2,048; 5 mbarriers: 223,272, rounded to 224,256 by the 1024-byte alignment, + 1,024 slack
+// for aligning the dynamic base = 225,280 of sm_90's 232,448.
 //
 // Registers (ptxas 13.0 -v, all four instantiations: D_qk 512 / 576, sparse / dense): 72 per
 // thread, no stack frame, no spill; no register reconfiguration. The operand descriptors are
@@ -120,7 +121,7 @@ struct alignas(1024) TargetStorage {
   Element q_rope[T::kGroups][T::kQRopeElems];
   Element kv_nope[T::kStages][T::kKNopeElems];
   Element kv_rope[T::kStages][T::kKRopeElems];
-  float2 part[T::kGroups][2][4][T::kBlockN];  // (m, l) per group, chunk parity, warp, key
+  float part[T::kGroups][2][4][T::kBlockN];  // sums per group, chunk parity, warp, key
   uint64_t q_full;                            // producer's Q copies (128, noinc)
   uint64_t full[T::kStages];                  // producer's kv copies (128, noinc)
   uint64_t empty[T::kStages];                 // every thread of the present consumers
@@ -165,68 +166,85 @@ __device__ __forceinline__ TargetItem target_item(const TargetParams& p) {
 }
 
 // ---- consumer pieces both target kernels share -------------------------------------------------
-// This thread's rows of group g (fragment slot r: row 16 warp + lane / 4 + 8 r) in log2 units;
-// +inf: no term (lse = +inf, or a row past H).
-__device__ __forceinline__ void load_lse2(const TargetParams& p, int64_t tok, int h0, int warp,
-                                          int lane, float (&lse2)[2]) {
+// The sum over heads runs without a per-key maximum: each term is 2^(x_h + kTargetBias) with
+// x_h = S scale_log2 - lse2_h. When lse is the attention forward's LSE over the same keys (SPEC 5),
+// x_h <= 0 up to rounding, so a term is at most 2^kTargetBias and 64 of them at most 2^70: no
+// overflow. The bias keeps terms down to x_h = -190 in fp32's normal range; a key whose every head
+// has x_h < -190 (probability below 2^-190) gets log A = -inf. With the attention's lse such a
+// key's target probability A / sum A = A / H_finite is below 2^-184, under fp32's smallest
+// denormal, so the loss sees the same p. An lse more than 57 log2 units (39.5 nats) below the
+// attention's can overflow a term (log A = +inf, and the loss NaN); docs/indexer.md states the
+// contract.
+constexpr float kTargetBias = 64.f;
+
+// This thread's rows of group g (fragment slot r: row 16 warp + lane / 4 + 8 r): kTargetBias -
+// lse log2(e), the offset of x_h + kTargetBias; -inf: no term (lse = +inf, or a row past H).
+__device__ __forceinline__ void load_target_offset2(const TargetParams& p, int64_t tok, int h0,
+                                                    int warp, int lane, float (&off2)[2]) {
   constexpr float kLog2e = 1.4426950408889634f;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int h = h0 + 16 * warp + lane / 4 + 8 * r;
     const float l = h < p.H ? p.lse[tok * p.lse_ss + h * p.lse_sh] : INFINITY;
-    lse2[r] = l == INFINITY ? INFINITY : l * kLog2e;
+    off2[r] = l == INFINITY ? -INFINITY : kTargetBias - l * kLog2e;
   }
 }
 
-// A chunk's S (64 heads x kBlockN keys, its batch complete) -> log A_g of its keys: [E1] per key
-// column the maximum, then the sum of 2^(x - m), over the thread's 2 rows and the 8 lanes of the
-// column -> part[warp][key] (this chunk parity's [4][kBlockN] partials of the warpgroup); the
-// warpgroup's named barrier bar_id; [E2] lanes 0..7 of warp v: keys 8 v .. 8 v + 7, the 4 warps'
-// (m, l) in warp order -> out[slot0 + key] for slots < n_slots.
+// A chunk's S (64 heads x kBlockN keys, its batch complete) -> log A_g of its keys.
+// [E1] Fragment index 4 j + 2 r + e is row slot r, column 8 j + 2 (lane % 4) + e: the thread sums
+//      its 2 rows' terms per column (v[2 j + e]), then the 8 lanes of a column (lane / 4 = 0..7,
+//      the same lane % 4) reduce-scatter their 8 columns over lane bits 4, 3, 2 (xor 16, 8, 4:
+//      4 + 2 + 1 shuffles), so lane l ends with column k = l / 4's sum over the warp's 16 heads
+//      -> part[warp][column] (this chunk parity's [4][kBlockN] partials of the warpgroup); the
+//      warpgroup's named barrier bar_id.
+// [E2] Lanes 0..7 of warp v: keys 8 v .. 8 v + 7, the 4 warps' sums in warp order
+//      (deterministic) -> ln 2 (log2 l - kTargetBias) -> out[slot0 + key] for slots < n_slots
+//      (-inf when l = 0: no term, or every term under 2^-126).
 template <int kBlockN, class FragS>
-__device__ __forceinline__ void reduce_store_chunk(const FragS& tS, float2* part,
-                                                   const float (&lse2)[2], float scale_log2,
+__device__ __forceinline__ void reduce_store_chunk(const FragS& tS, float* part,
+                                                   const float (&off2)[2], float scale_log2,
                                                    uint32_t bar_id, int warp, int lane, float* out,
                                                    int slot0, int n_slots) {
   static_assert(kBlockN == 32, "lanes 0..7 of 4 warps store the chunk's keys");
   constexpr float kLn2 = 0.693147180559945309f;
-  // [E1] Fragment index 4 j + 2 r + e: row slot r, column 8 j + 2 (lane % 4) + e.
+  float v[8];
   CUTE_UNROLL
   for (int j = 0; j < kBlockN / 8; ++j) {
     CUTE_UNROLL
     for (int e = 0; e < 2; ++e) {
-      // lse = +inf: fmaf(s, scale, -inf) = -inf for finite s (no term).
-      const float x0 = fmaf(tS(4 * j + e), scale_log2, -lse2[0]);
-      const float x1 = fmaf(tS(4 * j + 2 + e), scale_log2, -lse2[1]);
-      float m = fmaxf(x0, x1);
-      CUTE_UNROLL
-      for (int off = 4; off < 32; off *= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-      float l = 0.f;
-      if (m != -INFINITY) l = exp2_approx(x0 - m) + exp2_approx(x1 - m);
-      CUTE_UNROLL
-      for (int off = 4; off < 32; off *= 2) l += __shfl_xor_sync(0xffffffffu, l, off);
-      if (lane < 4) part[warp * kBlockN + 8 * j + 2 * lane + e] = make_float2(m, l);
+      // off2 = -inf: fmaf(s, scale, -inf) = -inf for finite s, 2^-inf = 0 (no term).
+      v[2 * j + e] = exp2_approx(fmaf(tS(4 * j + e), scale_log2, off2[0])) +
+                     exp2_approx(fmaf(tS(4 * j + 2 + e), scale_log2, off2[1]));
     }
   }
+  // Reduce-scatter: at each step a lane keeps the half of its columns selected by its lane bit
+  // and adds the partner's copy of that half.
+  const bool hi4 = lane & 16, hi3 = lane & 8, hi2 = lane & 4;
+  float v4[4];
+  CUTE_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    const float keep = hi4 ? v[i + 4] : v[i];
+    const float send = hi4 ? v[i] : v[i + 4];
+    v4[i] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
+  }
+  float v2[2];
+  CUTE_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    const float keep = hi3 ? v4[i + 2] : v4[i];
+    const float send = hi3 ? v4[i] : v4[i + 2];
+    v2[i] = keep + __shfl_xor_sync(0xffffffffu, send, 8);
+  }
+  const float keep = hi2 ? v2[1] : v2[0];
+  const float send = hi2 ? v2[0] : v2[1];
+  const float l_warp = keep + __shfl_xor_sync(0xffffffffu, send, 4);
+  const int k = lane / 4;  // v index 2 j + e
+  part[warp * kBlockN + 8 * (k / 2) + 2 * (lane % 4) + k % 2] = l_warp;
   named_barrier_sync(bar_id, 128);
-  // [E2]
   if (lane < 8) {
     const int key = 8 * warp + lane;
-    float2 pw[4];
-    float m = -INFINITY;
-    CUTE_UNROLL
-    for (int v = 0; v < 4; ++v) {
-      pw[v] = part[v * kBlockN + key];
-      m = fmaxf(m, pw[v].x);
-    }
-    float log_a = -INFINITY;
-    if (m != -INFINITY) {
-      float l = 0.f;
-      CUTE_UNROLL
-      for (int v = 0; v < 4; ++v) l += pw[v].y * exp2_approx(pw[v].x - m);  // 2^-inf = 0
-      log_a = (m + log2f(l)) * kLn2;
-    }
-    if (slot0 + key < n_slots) out[slot0 + key] = log_a;
+    const float l = ((part[key] + part[kBlockN + key]) + part[2 * kBlockN + key]) +
+                    part[3 * kBlockN + key];
+    if (slot0 + key < n_slots) out[slot0 + key] = (log2_approx(l) - kTargetBias) * kLn2;
   }
 }
 
@@ -258,6 +276,43 @@ __device__ __forceinline__ void chunk_loop(int n_chunks, FragS& tS0, FragS& tS1,
     }
     issue(b0, tS0, c + 2);
     epilogue(b1, tS1, c + 1);
+  }
+}
+
+// chunk_loop with each chunk's ring stage known at compile time: chunk c sits in stage (kStage0
+// + c) % kStages, and the loop is unrolled by kStages (even: a whole number of the two S
+// buffers' turns), so that issue(stage_tag, tS, c) and retire(stage_tag, tS, c) get Int<stage>
+// and form their shared-memory descriptors from constants instead of rebuilding them per wgmma
+// from a run-time stage. The same batches in flight at the loop's head and exits as chunk_loop;
+// epilogue(parity_tag, tS, c) as there. Each step leaves the loop by its own break (steps that
+// returned to a common exit made ptxas keep both S accumulators live there: 36-108 B of spill).
+template <int kStages, int kStage0, class FragS, class Issue, class Retire, class Epilogue>
+__device__ __forceinline__ void chunk_loop_staged(int n_chunks, FragS& tS0, FragS& tS1,
+                                                  Issue&& issue, Retire&& retire,
+                                                  Epilogue&& epilogue) {
+  static_assert(kStages == 6, "the unrolled steps below are written for six stages");
+  using cute::Int;
+  issue(Int<kStage0 % kStages>{}, tS0, 0);
+  // Step i of a pass: chunk c + i in stage (kStage0 + i) % kStages and S buffer i % 2.
+  auto step = [&](auto i_tag, int c, auto& cur, auto& nxt) {
+    constexpr int kI = decltype(i_tag)::value;
+    retire(Int<(kStage0 + kI) % kStages>{}, cur, c + kI);
+    if (c + kI + 1 >= n_chunks) {
+      epilogue(Int<kI % 2>{}, cur, c + kI);
+      return true;
+    }
+    issue(Int<(kStage0 + kI + 1) % kStages>{}, nxt, c + kI + 1);
+    epilogue(Int<kI % 2>{}, cur, c + kI);
+    return false;
+  };
+#pragma unroll 1
+  for (int c = 0;; c += kStages) {
+    if (step(Int<0>{}, c, tS0, tS1)) break;
+    if (step(Int<1>{}, c, tS1, tS0)) break;
+    if (step(Int<2>{}, c, tS0, tS1)) break;
+    if (step(Int<3>{}, c, tS1, tS0)) break;
+    if (step(Int<4>{}, c, tS0, tS1)) break;
+    if (step(Int<5>{}, c, tS1, tS0)) break;
   }
 }
 
@@ -337,8 +392,8 @@ __device__ __forceinline__ void target_consumer(const TargetParams& p, TargetSto
   Tensor tS1 = partition_fragment_C(mma, Shape<typename T::H64, typename T::N32>{});
   static_assert(decltype(size(tS0))::value == 16, "S fragment: 64 x 32 per warpgroup");
 
-  float lse2[2];
-  load_lse2(p, it.tok, h0, warp, lane, lse2);
+  float off2[2];
+  load_target_offset2(p, it.tok, h0, warp, lane, off2);
   const float scale_log2 = p.scale_log2;
   float* const out = p.log_a + int64_t{g} * p.la_gs + (it.tok - p.tok_begin) * p.la_ts;
 
@@ -386,7 +441,7 @@ __device__ __forceinline__ void target_consumer(const TargetParams& p, TargetSto
   // Chunk c's S (its batch complete): reduce over the heads, store (under chunk c + 1's batch).
   auto epilogue = [&](auto stage_tag, auto& tS, int c) {
     constexpr int kStage = decltype(stage_tag)::value;
-    reduce_store_chunk<T::kBlockN>(tS, s.part[w][kStage][0], lse2, scale_log2, bar_id, warp,
+    reduce_store_chunk<T::kBlockN>(tS, s.part[w][kStage][0], off2, scale_log2, bar_id, warp,
                                    lane, out, c * T::kBlockN, it.n_slots);
   };
 

@@ -2,7 +2,8 @@
 // indexer_target_kernel.cuh's loss on an H100 (session 35; internal tuning
 // Tuning::sm90_indexer_target = 3, bench `tune.sm90_indexer_target=3`, runs that one): the same
 // contract, work split (a token and a pair of 64-head
-// groups per CTA), epilogue (reduce_store_chunk) and chunk loop; what differs is where Q lives.
+// groups per CTA) and epilogue (reduce_store_chunk); what differs is where Q lives, and the chunk
+// loop, unrolled by the six stages (chunk_loop_staged) so each issue site's stage is a constant.
 //
 // The default kernel keeps both groups' Q in shared memory (147 KB) for the SS wgmma, which leaves
 // room for two kv stages of 32 keys: one stage computing, at most one refilling, so the gather's
@@ -20,8 +21,8 @@
 // producer waits for phase u - 1 before filling chunk c.
 //
 // Registers: setmaxnreg, producer 40, consumers 232 (Q 144 + two S fragments 32 + the rest).
-// Shared memory as the default kernel's: 6 x 36,864 + partials 4,096 + 13 mbarriers = 225,384,
-// 226,304 aligned, + 1,024 slack = 227,328 bytes.
+// Shared memory as the default kernel's: 6 x 36,864 + partials 2,048 + 13 mbarriers = 223,336,
+// 224,256 aligned, + 1,024 slack = 225,280 bytes.
 #pragma once
 
 #include <cstdint>
@@ -74,7 +75,7 @@ template <class T>
 struct alignas(1024) TargetRsStorage {
   using Element = typename T::Element;
   Element kv[T::kStages][T::kStageElems];     // stage: 8 nope panels of 32 rows, the rope panel
-  float2 part[T::kGroups][2][4][T::kBlockN];  // as TargetStorage::part
+  float part[T::kGroups][2][4][T::kBlockN];  // as TargetStorage::part
   uint64_t q_full;                            // producer's Q copies (128, noinc)
   uint64_t full[T::kStages];                  // producer's kv copies of a chunk (128, noinc)
   uint64_t empty[T::kStages];                 // every thread of the present consumers
@@ -172,8 +173,8 @@ __device__ __forceinline__ void target_rs_consumer(const TargetParams& p, Target
       make_tensor<Element>(partition_shape_A(mma, Shape<typename T::H64, typename T::DQK>{}));
   static_assert(decltype(size(tQ))::value == 8 * T::kKBlocks, "Q fragment: 64 x D_qk");
 
-  float lse2[2];
-  load_lse2(p, it.tok, h0, warp, lane, lse2);
+  float off2[2];
+  load_target_offset2(p, it.tok, h0, warp, lane, off2);
   const float scale_log2 = p.scale_log2;
   float* const out = p.log_a + int64_t{g} * p.la_gs + (it.tok - p.tok_begin) * p.la_ts;
 
@@ -199,14 +200,15 @@ __device__ __forceinline__ void target_rs_consumer(const TargetParams& p, Target
   CUTE_UNROLL
   for (int st = 0; st < T::kQStages; ++st) mbarrier_arrive(&s.empty[st]);
 
-  auto stage_of = [](int c) { return (c + T::kQStages) % T::kStages; };
-  auto issue = [&](auto, auto& tS, int c) {
-    const int stage = stage_of(c);
+  // Chunk c sits in stage (c + kQStages) % kStages, known at compile time at each issue site
+  // (chunk_loop_staged): the B descriptors are constants plus the shared base, not rebuilt per
+  // wgmma from a run-time stage (docs/research/indexer_target_profile_s43.md).
+  auto issue = [&](auto stage_tag, auto& tS, int c) {
+    constexpr int kStage = decltype(stage_tag)::value;
     const uint32_t use = static_cast<uint32_t>((c + T::kQStages) / T::kStages);
-    mbarrier_wait(&s.full[stage], (use - (stage < T::kQStages ? 1u : 0u)) & 1u);
+    mbarrier_wait(&s.full[kStage], (use - (kStage < T::kQStages ? 1u : 0u)) & 1u);
     fence_proxy_async_shared();
-    // B descriptors from a pointer the compiler cannot hoist (as the default kernel's).
-    Element* const k_stage = fresh_ptr(&s.kv[0][0]) + stage * T::kStageElems;
+    Element* const k_stage = &s.kv[kStage][0];
     Tensor tKn = thr.partition_fragment_B(
         make_tensor(make_smem_ptr(k_stage), typename T::SmemLayoutKNope{}));  // (MMA, 1, 32)
     Tensor tKr = thr.partition_fragment_B(make_tensor(
@@ -226,17 +228,17 @@ __device__ __forceinline__ void target_rs_consumer(const TargetParams& p, Target
     }
     warpgroup_commit_batch();
   };
-  auto retire = [&](auto, auto& tS, int c) {
+  auto retire = [&](auto stage_tag, auto& tS, int) {
     warpgroup_wait<0>();
     warpgroup_fence_operand(tS);
-    mbarrier_arrive(&s.empty[stage_of(c)]);
+    mbarrier_arrive(&s.empty[decltype(stage_tag)::value]);
   };
   auto epilogue = [&](auto parity_tag, auto& tS, int c) {
     constexpr int kParity = decltype(parity_tag)::value;
-    reduce_store_chunk<T::kBlockN>(tS, s.part[w][kParity][0], lse2, scale_log2, bar_id, warp,
+    reduce_store_chunk<T::kBlockN>(tS, s.part[w][kParity][0], off2, scale_log2, bar_id, warp,
                                    lane, out, c * T::kBlockN, it.n_slots);
   };
-  chunk_loop(n_chunks, tS0, tS1, issue, retire, epilogue);
+  chunk_loop_staged<T::kStages, T::kQStages>(n_chunks, tS0, tS1, issue, retire, epilogue);
 }
 
 // ---- kernel -------------------------------------------------------------------------------------
