@@ -665,7 +665,8 @@ int main(int argc, char** argv) {
     CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     min_clusters = std::min(min_clusters, max_active_clusters(kernel, grid, kMixedThreads));
     tests.push_back({name, kMixedThreads, ex ? double(kHalfTileBytes) : 0.0,
-                     double(kGatherChunkBytes), full ? double(kTileBytes) : double(kHalfTileBytes),
+                     double(kGatherChunkBytes),
+                     full && !ex ? double(kTileBytes) : double(kHalfTileBytes),  // reduced
                      full ? 2 : 3,
                      [=](int chunks) {
                        launch_cluster(kernel, grid, kMixedThreads, kv, acc, idx, chunks, cycles);
