@@ -190,6 +190,20 @@ __device__ __forceinline__ void load_target_offset2(const TargetParams& p, int64
   }
 }
 
+// One reduce-scatter step over the lanes lane and lane ^ xor_mask: each keeps the half of its 2N
+// values that its lane bit `hi` selects (the upper half when set) and adds the partner's copy of
+// that half.
+template <int N>
+__device__ __forceinline__ void reduce_scatter_half(const float (&in)[2 * N], float (&out)[N],
+                                                    bool hi, int xor_mask) {
+  CUTE_UNROLL
+  for (int i = 0; i < N; ++i) {
+    const float keep = hi ? in[i + N] : in[i];
+    const float send = hi ? in[i] : in[i + N];
+    out[i] = keep + __shfl_xor_sync(0xffffffffu, send, xor_mask);
+  }
+}
+
 // A chunk's S (64 heads x kBlockN keys, its batch complete) -> log A_g of its keys.
 // [E1] Fragment index 4 j + 2 r + e is row slot r, column 8 j + 2 (lane % 4) + e: the thread sums
 //      its 2 rows' terms per column (v[2 j + e]), then the 8 lanes of a column (lane / 4 = 0..7,
@@ -217,28 +231,13 @@ __device__ __forceinline__ void reduce_store_chunk(const FragS& tS, float* part,
                      exp2_approx(fmaf(tS(4 * j + 2 + e), scale_log2, off2[1]));
     }
   }
-  // Reduce-scatter: at each step a lane keeps the half of its columns selected by its lane bit
-  // and adds the partner's copy of that half.
-  const bool hi4 = lane & 16, hi3 = lane & 8, hi2 = lane & 4;
-  float v4[4];
-  CUTE_UNROLL
-  for (int i = 0; i < 4; ++i) {
-    const float keep = hi4 ? v[i + 4] : v[i];
-    const float send = hi4 ? v[i] : v[i + 4];
-    v4[i] = keep + __shfl_xor_sync(0xffffffffu, send, 16);
-  }
-  float v2[2];
-  CUTE_UNROLL
-  for (int i = 0; i < 2; ++i) {
-    const float keep = hi3 ? v4[i + 2] : v4[i];
-    const float send = hi3 ? v4[i] : v4[i + 2];
-    v2[i] = keep + __shfl_xor_sync(0xffffffffu, send, 8);
-  }
-  const float keep = hi2 ? v2[1] : v2[0];
-  const float send = hi2 ? v2[0] : v2[1];
-  const float l_warp = keep + __shfl_xor_sync(0xffffffffu, send, 4);
+  // Reduce-scatter over lane bits 4, 3, 2: 8 -> 4 -> 2 -> 1 column sums per lane.
+  float v4[4], v2[2], l_warp[1];
+  reduce_scatter_half(v, v4, lane & 16, 16);
+  reduce_scatter_half(v4, v2, lane & 8, 8);
+  reduce_scatter_half(v2, l_warp, lane & 4, 4);
   const int k = lane / 4;  // v index 2 j + e
-  part[warp * kBlockN + 8 * (k / 2) + 2 * (lane % 4) + k % 2] = l_warp;
+  part[warp * kBlockN + 8 * (k / 2) + 2 * (lane % 4) + k % 2] = l_warp[0];
   named_barrier_sync(bar_id, 128);
   if (lane < 8) {
     const int key = 8 * warp + lane;
