@@ -448,7 +448,7 @@ std::vector<LossCase> sm90_loss_cases() {
   };
   cases.insert(cases.end(), more.begin(), more.end());
   // The Hopper target sums 2^(x + 64) without a per-key maximum (docs/indexer.md, "lse"): exact
-  // for an lse from 39 nats below to ~100 nats above the attention's; these move every finite
+  // for an lse from 39.5 nats below to ~100 nats above the attention's; these move every finite
   // lse by +100 and -30 nats (p unchanged, so the reference's loss is the same).
   auto shifted = [](LossCase lc, double d) {
     lc.lse_shift = d;

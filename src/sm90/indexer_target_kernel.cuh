@@ -6,7 +6,7 @@
 //                                                            lse_h log2(e)
 //
 // over the heads whose lse is finite (lse = +inf and rows past H: no term; -inf when no head has
-// one), stored for every slot below the active prefix (sparse: key = idx[t, i], an inactive index
+// one, or every term is below 2^-126: reduce_store_chunk), stored for every slot below the active prefix (sparse: key = idx[t, i], an inactive index
 // reads nothing and its kv row is zeros) or every key of the token's range (dense mode, kDense:
 // key = range_begin(t) + i, contiguous rows, no index loads). Nothing else of log_a is written.
 //
@@ -55,8 +55,8 @@
 // 4 = 2,048; 5 mbarriers: 223,272, rounded to 224,256 by the 1024-byte alignment, + 1,024 slack
 // for aligning the dynamic base = 225,280 of sm_90's 232,448.
 //
-// Registers (ptxas 13.0 -v, all four instantiations: D_qk 512 / 576, sparse / dense): 72 per
-// thread, no stack frame, no spill; no register reconfiguration. The operand descriptors are
+// Registers (ptxas 13.0 -v, sparse and dense): 58 per thread at D_qk 512, 60 at 576, no stack
+// frame, no spill; no register reconfiguration. The operand descriptors are
 // rebuilt at each issue from a pointer the compiler cannot hoist (fresh_ptr): built once before
 // the loop, the issue sites' descriptors stayed live (168 registers and 76-140 bytes of spills).
 #pragma once
@@ -173,8 +173,8 @@ __device__ __forceinline__ TargetItem target_item(const TargetParams& p) {
 // has x_h < -190 (probability below 2^-190) gets log A = -inf. With the attention's lse such a
 // key's target probability A / sum A = A / H_finite is below 2^-184, under fp32's smallest
 // denormal, so the loss sees the same p. An lse more than 57 log2 units (39.5 nats) below the
-// attention's can overflow a term (log A = +inf, and the loss NaN); docs/indexer.md states the
-// contract.
+// attention's can overflow the 64-head sum (log A = +inf, and the loss NaN); docs/indexer.md
+// states the contract (indexer_decisions.md, "Session 44": the window above, and the precision).
 constexpr float kTargetBias = 64.f;
 
 // This thread's rows of group g (fragment slot r: row 16 warp + lane / 4 + 8 r): kTargetBias -
