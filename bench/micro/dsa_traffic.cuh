@@ -2,7 +2,8 @@
 // problem's sizes, the 64-row chunks of precomputed random row sets (loaded lane-parallel one chunk
 // ahead, broadcast by shuffle), the row gather (16-byte cp.async.cg, 8 lanes per 1,152-byte row,
 // 4 rows x 128 B per warp instruction, as gather_row in src/sm90/dsa_common.cuh), the exact test
-// values, and the host's calibrated timing of a test (check.cuh's time_ms).
+// values, the host's calibrated timing of a test (check.cuh's time_ms) and a test run's cycles,
+// the device query, and the traffic's buffers.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -126,3 +127,73 @@ inline Timed time_calibrated(const std::function<void(int)>& launch, double targ
   std::sort(ms.begin(), ms.end());
   return {chunks, ms[reps / 2]};
 }
+
+// One test from a zeroed accumulator: time_calibrated, then the mean per-CTA cycles of its last
+// timed launch (cycles[grid], written by each CTA).
+struct ChunkRun {
+  int chunks = 0;         // per CTA, per launch
+  double med_ms = 0;      // the median launch time
+  double mean_cyc = 0;    // per CTA, the last timed launch
+  double total = 0;       // CTA-chunks per launch
+  double clk_chunk = 0;   // mean cycles per chunk
+};
+inline ChunkRun run_chunks(const std::function<void(int)>& launch, double target_ms, float* acc,
+                           size_t acc_bytes, const unsigned long long* cycles, int grid) {
+  CK(cudaMemset(acc, 0, acc_bytes));
+  const Timed tm = time_calibrated(launch, target_ms);
+  ChunkRun r;
+  r.chunks = tm.chunks;
+  r.med_ms = tm.med_ms;
+  r.mean_cyc = mean_cycles(cycles, grid);
+  r.total = double(tm.chunks) * grid;
+  r.clk_chunk = r.mean_cyc / tm.chunks;
+  return r;
+}
+
+// The current device: its SM count, compute capability, L2 size and name.
+struct Gpu {
+  int dev = 0, sms = 0, major = 0, minor = 0, l2 = 0;
+  cudaDeviceProp prop{};
+};
+inline Gpu query_gpu() {
+  Gpu g;
+  CK(cudaGetDevice(&g.dev));
+  CK(cudaDeviceGetAttribute(&g.sms, cudaDevAttrMultiProcessorCount, g.dev));
+  CK(cudaDeviceGetAttribute(&g.major, cudaDevAttrComputeCapabilityMajor, g.dev));
+  CK(cudaDeviceGetAttribute(&g.minor, cudaDevAttrComputeCapabilityMinor, g.dev));
+  CK(cudaDeviceGetAttribute(&g.l2, cudaDevAttrL2CacheSize, g.dev));
+  CK(cudaGetDeviceProperties(&g.prop, g.dev));
+  return g;
+}
+
+// The traffic's device buffers: the fp32 accumulator (acc_bytes), the bf16 kv rows (filled with
+// 0x3c bytes), the kSets index sets (make_index_sets; h_idx keeps the host copy for the checks)
+// and one cycle count per CTA.
+struct TrafficBuffers {
+  float* acc = nullptr;
+  uint8_t* kv = nullptr;
+  int* idx = nullptr;
+  unsigned long long* cycles = nullptr;
+  size_t acc_bytes = 0;
+  std::vector<int> h_idx;
+};
+inline TrafficBuffers alloc_traffic(size_t acc_bytes, int grid) {
+  TrafficBuffers b;
+  b.acc_bytes = acc_bytes;
+  const size_t kv_bytes = size_t{kRows} * kKvRowBytes;
+  CK(cudaMalloc(&b.acc, acc_bytes));
+  CK(cudaMalloc(&b.kv, kv_bytes));
+  CK(cudaMalloc(&b.idx, size_t{kSets} * kChunkRows * sizeof(int)));
+  CK(cudaMalloc(&b.cycles, size_t(grid) * sizeof(unsigned long long)));
+  CK(cudaMemset(b.kv, 0x3c, kv_bytes));
+  b.h_idx = make_index_sets();
+  CK(cudaMemcpy(b.idx, b.h_idx.data(), b.h_idx.size() * sizeof(int), cudaMemcpyHostToDevice));
+  return b;
+}
+inline void free_traffic(const TrafficBuffers& b) {
+  CK(cudaFree(b.acc));
+  CK(cudaFree(b.kv));
+  CK(cudaFree(b.idx));
+  CK(cudaFree(b.cycles));
+}
+

@@ -497,36 +497,34 @@ __global__ void __launch_bounds__(kMixedThreads, 1)
 // ---- host
 // ----------------------------------------------------------------------------------------
 
-template <class... Params, class... Args>
-static void launch_cluster(void (*kernel)(Params...), int grid, int threads, Args... args) {
+// A launch of `grid` CTAs in clusters of 2 with kSmemBytes of dynamic shared memory; `attr` holds
+// the cluster attribute that cfg points to.
+static cudaLaunchConfig_t cluster_config(int grid, int threads, cudaLaunchAttribute (&attr)[1]) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3(threads);
   cfg.dynamicSmemBytes = kSmemBytes;
   cfg.stream = nullptr;
-  cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = 2;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
+  return cfg;
+}
+
+template <class... Params, class... Args>
+static void launch_cluster(void (*kernel)(Params...), int grid, int threads, Args... args) {
+  cudaLaunchAttribute attr[1];
+  const cudaLaunchConfig_t cfg = cluster_config(grid, threads, attr);
   CK(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...));
 }
 
 template <class... Params>
 static int max_active_clusters(void (*kernel)(Params...), int grid, int threads) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = kSmemBytes;
   cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 2;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  const cudaLaunchConfig_t cfg = cluster_config(grid, threads, attr);
   int n = 0;
   CK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
   return n;
@@ -602,43 +600,32 @@ int main(int argc, char** argv) {
   const double dsa_tflops = argc > 4 ? std::atof(argv[4]) : 395.0;
   constexpr int kCheckDsmemChunks = 5, kCheckMixedChunks = 3;
 
-  int dev = 0, sms = 0, major = 0, minor = 0, l2 = 0, cluster_ok = 0;
-  CK(cudaGetDevice(&dev));
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  CK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
-  CK(cudaDeviceGetAttribute(&cluster_ok, cudaDevAttrClusterLaunch, dev));
-  cudaDeviceProp prop{};
-  CK(cudaGetDeviceProperties(&prop, dev));
-  const int grid = sms / 2 * 2, clusters = grid / 2;
+  const Gpu gpu = query_gpu();
+  int cluster_ok = 0;
+  CK(cudaDeviceGetAttribute(&cluster_ok, cudaDevAttrClusterLaunch, gpu.dev));
+  const int grid = gpu.sms / 2 * 2, clusters = grid / 2;
   std::printf(
       "device %s, sm_%d%d, %d SMs, L2 %.1f MB; grid %d CTAs = %d clusters of 2, %d B dynamic "
       "shared memory per CTA\n",
-      prop.name, major, minor, sms, l2 / 1e6, grid, clusters, kSmemBytes);
-  if (major != 9) std::printf("warning: built for sm_90a; this is not a Hopper GPU\n");
+      gpu.prop.name, gpu.major, gpu.minor, gpu.sms, gpu.l2 / 1e6, grid, clusters, kSmemBytes);
+  if (gpu.major != 9) std::printf("warning: built for sm_90a; this is not a Hopper GPU\n");
   if (!cluster_ok) {
     std::printf("error: this device cannot launch clusters\n");
     return 1;
   }
 
-  float* acc = nullptr;
-  uint8_t* kv = nullptr;
-  int* idx = nullptr;
+  const TrafficBuffers buf = alloc_traffic(size_t{kRows} * kCols * 4, grid);
+  float* const acc = buf.acc;
+  uint8_t* const kv = buf.kv;
+  int* const idx = buf.idx;
+  unsigned long long* const cycles = buf.cycles;
+  const size_t acc_bytes = buf.acc_bytes;
+  const std::vector<int>& h_idx = buf.h_idx;
   float* sink = nullptr;
   unsigned* errors = nullptr;
-  unsigned long long* cycles = nullptr;
-  const size_t acc_bytes = size_t{kRows} * kCols * 4, kv_bytes = size_t{kRows} * kKvRowBytes;
   const size_t sink_floats = size_t(grid) * kXThreads * 8;
-  CK(cudaMalloc(&acc, acc_bytes));
-  CK(cudaMalloc(&kv, kv_bytes));
-  CK(cudaMalloc(&idx, size_t{kSets} * kChunkRows * sizeof(int)));
   CK(cudaMalloc(&sink, sink_floats * sizeof(float)));
   CK(cudaMalloc(&errors, sizeof(unsigned)));
-  CK(cudaMalloc(&cycles, size_t(grid) * sizeof(unsigned long long)));
-  CK(cudaMemset(kv, 0x3c, kv_bytes));
-  const std::vector<int> h_idx = make_index_sets();
-  CK(cudaMemcpy(idx, h_idx.data(), h_idx.size() * sizeof(int), cudaMemcpyHostToDevice));
 
   // ---- the tests ----
   std::vector<Test> tests;
@@ -747,13 +734,10 @@ int main(int argc, char** argv) {
   std::vector<double> us(tests.size(), 0.0);
   for (size_t ti = 0; ti < tests.size(); ++ti) {
     const Test& t = tests[ti];
-    CK(cudaMemset(acc, 0, acc_bytes));
-    const Timed tm = time_calibrated(t.launch, target_ms);
-    const int chunks = tm.chunks;
-    const double med = tm.med_ms;
-    const double mean_cyc = mean_cycles(cycles, grid);  // the last timed launch's
-    const double total = double(chunks) * grid;  // CTA-chunks
-    const double clk_chunk = mean_cyc / chunks;
+    const ChunkRun run = run_chunks(t.launch, target_ms, acc, acc_bytes, cycles, grid);
+    const int chunks = run.chunks;
+    const double med = run.med_ms, mean_cyc = run.mean_cyc, total = run.total;
+    const double clk_chunk = run.clk_chunk;
     const double xgbps = total * t.xbytes / med / 1e6;
     const double l2b = t.gbytes + t.rbytes;
     us[ti] = med * 1e3 / chunks;
@@ -793,12 +777,9 @@ int main(int argc, char** argv) {
                   dsa_tflops * dsa_ms / (floor_ms * dist));
     }
   }
-  CK(cudaFree(acc));
-  CK(cudaFree(kv));
-  CK(cudaFree(idx));
+  free_traffic(buf);
   CK(cudaFree(sink));
   CK(cudaFree(errors));
-  CK(cudaFree(cycles));
   if (!all) std::printf("check FAILED: the timings above are of wrong kernels\n");
   return all ? 0 : 1;
 }

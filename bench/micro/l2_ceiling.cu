@@ -339,32 +339,20 @@ int main(int argc, char** argv) {
   const double ref_ms = argc > 2 ? std::atof(argv[2]) : 7.31;
   constexpr int kCheckChunks = 3;
 
-  int dev = 0, sms = 0, major = 0, minor = 0, l2 = 0;
-  CK(cudaGetDevice(&dev));
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  CK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
-  cudaDeviceProp prop{};
-  CK(cudaGetDeviceProperties(&prop, dev));
-  std::printf("device %s, sm_%d%d, %d SMs, L2 %.1f MB; grid %d CTAs (one per SM)\n", prop.name,
-              major, minor, sms, l2 / 1e6, sms);
-  if (major != 9) std::printf("warning: built for sm_90a; this is not a Hopper GPU\n");
-  const int grid = sms;
+  const Gpu gpu = query_gpu();
+  std::printf("device %s, sm_%d%d, %d SMs, L2 %.1f MB; grid %d CTAs (one per SM)\n",
+              gpu.prop.name, gpu.major, gpu.minor, gpu.sms, gpu.l2 / 1e6, gpu.sms);
+  if (gpu.major != 9) std::printf("warning: built for sm_90a; this is not a Hopper GPU\n");
+  const int grid = gpu.sms;
 
   // Buffers: the fp32 accumulator (9.4 MB), the bf16 kv rows (4.7 MB), 4096 index sets (1 MB).
-  float* acc = nullptr;
-  uint8_t* kv = nullptr;
-  int* idx = nullptr;
-  unsigned long long* cycles = nullptr;
-  const size_t acc_bytes = size_t{kRows} * kAccRowBytes, kv_bytes = size_t{kRows} * kKvRowBytes;
-  CK(cudaMalloc(&acc, acc_bytes));
-  CK(cudaMalloc(&kv, kv_bytes));
-  CK(cudaMalloc(&idx, size_t{kSets} * kChunkRows * sizeof(int)));
-  CK(cudaMalloc(&cycles, size_t(grid) * sizeof(unsigned long long)));
-  CK(cudaMemset(kv, 0x3c, kv_bytes));
-  const std::vector<int> h_idx = make_index_sets();
-  CK(cudaMemcpy(idx, h_idx.data(), h_idx.size() * sizeof(int), cudaMemcpyHostToDevice));
+  const TrafficBuffers buf = alloc_traffic(size_t{kRows} * kAccRowBytes, grid);
+  float* const acc = buf.acc;
+  uint8_t* const kv = buf.kv;
+  int* const idx = buf.idx;
+  unsigned long long* const cycles = buf.cycles;
+  const size_t acc_bytes = buf.acc_bytes;
+  const std::vector<int>& h_idx = buf.h_idx;
 
   // ---- the tests ----
   std::vector<Test> tests;
@@ -442,14 +430,11 @@ int main(int argc, char** argv) {
   std::vector<Result> results(tests.size());
   for (size_t ti = 0; ti < tests.size(); ++ti) {
     const Test& t = tests[ti];
-    CK(cudaMemset(acc, 0, acc_bytes));
-    const Timed tm = time_calibrated(t.launch, target_ms);
-    const int chunks = tm.chunks;
-    const double med = tm.med_ms;
-    const double mean_cyc = mean_cycles(cycles, grid);  // the last timed launch's
-    const double total = double(chunks) * grid;
+    const ChunkRun run = run_chunks(t.launch, target_ms, acc, acc_bytes, cycles, grid);
+    const int chunks = run.chunks;
+    const double med = run.med_ms, mean_cyc = run.mean_cyc, total = run.total;
+    const double clk_chunk = run.clk_chunk;
     const double bytes = total * (t.red_bytes + t.gather_bytes);
-    const double clk_chunk = mean_cyc / chunks;
     Result& res = results[ti];
     res = {med, bytes / med / 1e6, med * 1e3 / chunks, static_cast<long long>(total), true};
     std::printf("%-26s %5d %10d %8.3f %9.3f %9.1f %9.1f %9.1f %9.3f %9.0f %8.2f %6.0f\n",
@@ -494,10 +479,7 @@ int main(int argc, char** argv) {
     floor_line("gather + reductions (mixed 4g+4r sync)", find("mixed 4g+4r sync", 8),
                kRedChunkBytes + kGatherChunkBytes);
   }
-  CK(cudaFree(acc));
-  CK(cudaFree(kv));
-  CK(cudaFree(idx));
-  CK(cudaFree(cycles));
+  free_traffic(buf);
   if (!all) std::printf("check FAILED: the timings above are of wrong kernels\n");
   return all ? 0 : 1;
 }
