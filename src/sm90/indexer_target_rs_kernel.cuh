@@ -120,14 +120,16 @@ __device__ __forceinline__ void target_rs_producer(const TargetParams& p, Target
       }
     }
   };
-  int32_t j[2];
-  load_indices(0, j);
+  // Chunk c's indices sit in set c % 2 and are loaded two chunks ahead, right after the set's
+  // previous chunk was copied: a fill waits only for a load issued a whole chunk earlier (loaded
+  // one chunk ahead and moved at the loop's end, every chunk waited out the load's L2 latency
+  // there: docs/research/indexer_target_profile_s43.md, p2).
+  int32_t j0[2], j1[2];
+  load_indices(0, j0);
+  load_indices(1, j1);
   int stage = T::kQStages;  // (c + 4) % 6
   uint32_t use = 0;         // (c + 4) / 6
-#pragma unroll 1
-  for (int c = 0; c < n_chunks; ++c) {
-    int32_t j_next[2] = {-1, -1};
-    if (c + 1 < n_chunks) load_indices(c + 1, j_next);
+  auto fill = [&](int c, int32_t(&j)[2]) {
     // The stage's previous use (Q, or chunk c - 6) released it (use 0 passes at once).
     mbarrier_wait(&s.empty[stage], (use & 1) ^ 1);
     const uint32_t nope = base + stage * T::kStageBytes;
@@ -139,12 +141,16 @@ __device__ __forceinline__ void target_rs_producer(const TargetParams& p, Target
                                        active ? 16 : 0, lane);
     }
     cp_async_mbarrier_arrive_noinc(&s.full[stage]);
-    j[0] = j_next[0];
-    j[1] = j_next[1];
     if (++stage == T::kStages) {
       stage = 0;
       ++use;
     }
+    load_indices(c + 2, j);  // slots past n_slots: -1 without a load
+  };
+#pragma unroll 1
+  for (int c = 0; c < n_chunks; c += 2) {
+    fill(c, j0);
+    if (c + 1 < n_chunks) fill(c + 1, j1);
   }
 }
 
