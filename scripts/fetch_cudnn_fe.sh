@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Fetches cuDNN-frontend 1.32 (the anchor of issue 33) and the wheels it needs for Python 3.12 on
 # x86-64 into .whl/ (git-ignored), packed for the GPU machine, whose calls carry at most 64 MiB
-# with the working tree (about 13 MiB):
-#   .whl/cfe-a/   the files of the CUTLASS DSL's cu13 libraries wheel, tar.xz, first 40 MiB
-#   .whl/cfe-b/   the rest of it (21 MiB) and every other wheel (29 MiB)
+# with the working tree (about 15 MiB, growing with bench/results/logs):
+#   .whl/cfe-a/   the files of the CUTLASS DSL's cu13 libraries wheel, tar.xz, first 44 MiB
+#   .whl/cfe-b/   the rest of it (17 MiB) and every other wheel (28 MiB)
+# The split point balances the two parts (~44 MiB each), so that each call keeps ~4 MiB beside
+# the tree (session 45: with a 40 MiB split, cfe-b and a 15.2 MiB tree passed 64 MiB).
 # Each folder holds MANIFEST (every file of the set with its sha256). Send cfe-a in one device
 # call and cfe-b in the next, while the machine is still held (30 s after a call);
 # scripts/cudnn_fe_env.sh, sourced in each call, gathers the parts under /tmp and installs the
@@ -46,7 +48,7 @@ big=$(ls "$DL"/nvidia_cutlass_dsl_libs_cu13-*.whl)
 tmp=$(mktemp -d)
 unzip -q "$big" -d "$tmp/site"
 tar -C "$tmp/site" -cf - . | xz -9 -T2 > "$tmp/cu13.tar.xz"
-split -b 40M -d "$tmp/cu13.tar.xz" .whl/cfe-b/cu13.tar.xz.part
+split -b 44M -d "$tmp/cu13.tar.xz" .whl/cfe-b/cu13.tar.xz.part
 rm -rf "$tmp"
 mv .whl/cfe-b/cu13.tar.xz.part00 .whl/cfe-a/
 for w in "$DL"/*.whl; do [ "$w" = "$big" ] || cp "$w" .whl/cfe-b/; done
