@@ -29,7 +29,7 @@ pids=()
 for i in 0 1 2 3 4 5 6 7; do
   GTEST_TOTAL_SHARDS=8 GTEST_SHARD_INDEX=$i timeout 200 $B/t_t --gtest_brief=1 --gtest_filter='*IndexerSm90Loss*:*IndexerGpuLoss*:*IndexerGpuAuto*:*IndexerSm90Auto*' > /tmp/t_$i 2>&1 & pids+=($!)
 done
-C='Cases/IndexerSm90Loss.MatchesReference/HI64_H128_D576_K129_FiveStages:Cases/IndexerSm90Loss.MatchesReference/HI16_H128_D576_K1_OneKey:Cases/IndexerSm90Loss.MatchesReference/Dense_HI64_H128_D576_OddRanges_Skv200:Cases/IndexerSm90Loss.MatchesReference/HI32_H192_D576_K96_ThreeGroups:Cases/IndexerSm90Loss.MatchesReference/HI16_H300_D512_K33_FiveGroups'
+C='Cases/IndexerSm90Loss.MatchesReference/HI64_H128_D576_K129_FiveStages:Cases/IndexerSm90Loss.MatchesReference/HI16_H128_D576_K1_OneKey:Cases/IndexerSm90Loss.MatchesReference/Dense_HI64_H128_D576_OddRanges_Skv200:Cases/IndexerSm90Loss.MatchesReference/HI32_H192_D576_K96_ThreeGroups:Cases/IndexerSm90Loss.MatchesReference/HI16_H300_D512_K33_FiveGroups:Cases/IndexerSm90Loss.MatchesReference/HI32_H128_D576_K416_ThirteenStages'
 for tool in memcheck racecheck synccheck; do
   (timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 $B/t_t --gtest_brief=1 --gtest_filter="$C" > /tmp/$tool.log 2>&1; echo "$tool rc=$?" >> /tmp/$tool.log) & pids+=($!)
 done
