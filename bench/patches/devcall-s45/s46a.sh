@@ -2,8 +2,8 @@
 # (Copy into .devcall/ before use: the script runs from there.)
 # Prepared in session 45 for session 46's first call (carry .devcall/s46a.tar.xz and this
 # script; ~250 s). s46a.tar.xz holds bins/: cli_q (main's CLI at 2e0dfff, the baseline),
-# cli_sel (s45-dsa-bwd-cluster-pair-lag1.patch applied: dQ panel move + lag-1 pair with runtime
-# rank selects), cli_t and t_t (s45-target-consumer-turns.patch applied: CLI and sa_tests). If
+# cli_sel and t_sel (s45-dsa-bwd-cluster-pair-lag1.patch applied: dQ panel move + lag-1 pair with
+# runtime rank selects; CLI and sa_tests), cli_t and t_t (s45-target-consumer-turns.patch applied: CLI and sa_tests). If
 # .devcall/ is gone, rebuild them from the two patches (bench/patches/README.md).
 set -u
 cd "$(dirname "$0")/.."
@@ -23,6 +23,21 @@ for pass in 1 2; do
   echo "pass $pass q: $(timeout 60 $B/cli_q bench $S --variants impl=sm90 --rounds 3 $CHK 2>&1 | grep -E '^  impl=' | tr -s ' ')" | tee -a $L
   timeout 120 $B/cli_sel bench $S --variants "$V" --rounds 3 $CHK 2>&1 | tee -a $OUT/sel_bench.log | grep -E "^  impl=" | sed "s/^/pass $pass sel: /" | tee -a $L
 done
+# 1b. If lag 1 (mode 2, tune 24) beat main by 5% in pass 2: the DSA backward suites on the
+#     branch's tests (t_sel: the dQ move is in every D_qk 512 kernel, token groups and
+#     deterministic included), in shards, and memcheck / racecheck on the pair.
+q=$(grep "^pass 2 q:" $L | awk '{print $6}'); m2=$(grep "^pass 2 sel:.*tune.dsa_bwd=24 " $L | awk '{print $6}')
+echo "pass 2: main $q ms, mode 2 $m2 ms" | tee -a $L
+if [ -n "$q" ] && [ -n "$m2" ] && awk -v a="$q" -v b="$m2" 'BEGIN{exit !(a / b >= 1.05)}'; then
+  pids=()
+  for i in 0 1 2 3 4 5 6 7; do
+    GTEST_TOTAL_SHARDS=8 GTEST_SHARD_INDEX=$i timeout 200 $B/t_sel --gtest_brief=1 --gtest_filter='*Sm90DsaBackward*:*DsaTokenGroups*:*DsaBackwardGpu*' > /tmp/s_$i 2>&1 & pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait $p; done
+  cat /tmp/s_* > $OUT/tests_sel.log
+  echo "sel tests:" $(grep -hE "FAILED|PASSED|SKIPPED" /tmp/s_* | sort | uniq -c | tr '\n' ' ') | tee -a $L
+  grep -hE "^\[  FAILED" /tmp/s_* | head -10 | tee -a $L
+fi
 # 2. The indexer target's consumer turns: loss suites, sanitizers (incl. the one-group shapes),
 #    then the sparse / dense loss A/B against main.
 pids=()
