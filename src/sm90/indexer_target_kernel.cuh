@@ -6,8 +6,9 @@
 //                                                            lse_h log2(e)
 //
 // over the heads whose lse is finite (lse = +inf and rows past H: no term; -inf when no head has
-// one, or every term is below 2^-126: reduce_store_chunk), stored for every slot below the active prefix (sparse: key = idx[t, i], an inactive index
-// reads nothing and its kv row is zeros) or every key of the token's range (dense mode, kDense:
+// one, or every term is below 2^-126: reduce_store_chunk), stored for every slot below the active
+// prefix (sparse: key = idx[t, i], an inactive index reads nothing and its kv row is zeros) or
+// every key of the token's range (dense mode, kDense:
 // key = range_begin(t) + i, contiguous rows, no index loads). Nothing else of log_a is written.
 //
 // Work split. A CTA is one token and a PAIR of head groups (2 x 64 heads; the pair's second group

@@ -120,10 +120,9 @@ __device__ __forceinline__ void target_rs_producer(const TargetParams& p, Target
       }
     }
   };
-  // Chunk c's indices sit in set c % 2 and are loaded two chunks ahead, right after the set's
-  // previous chunk was copied: a fill waits only for a load issued a whole chunk earlier (loaded
-  // one chunk ahead and moved at the loop's end, every chunk waited out the load's L2 latency
-  // there: docs/research/indexer_target_profile_s43.md, p2).
+  // Chunk c's indices sit in set c % 2, loaded right after the set's previous chunk (c - 2) was
+  // copied: a fill waits only for a load issued a whole fill earlier, so the indices' L2 latency
+  // is off the fill's path (docs/research/indexer_target_profile_s43.md, p2).
   int32_t j0[2], j1[2];
   load_indices(0, j0);
   load_indices(1, j1);
