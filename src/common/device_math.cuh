@@ -1,7 +1,8 @@
-// Arch-neutral device helpers that the portable (sm80+) and Hopper kernels share: the MUFU
-// exponential, quad reductions over mma accumulator rows, small cp.async copies, fp32 pair
-// reductions and a predicated counter increment in global memory, fp32 -> 16-bit pair packing.
-// Device code only; each function is one to three instructions.
+// Arch-neutral device helpers that the portable (sm80+) and Hopper kernels share: the CTA order
+// for kernels whose later items are heavier, the MUFU exponential, quad reductions over mma
+// accumulator rows, small cp.async copies, fp32 pair reductions and a predicated counter increment
+// in global memory, fp32 -> 16-bit pair packing. Device code only; each function is one to three
+// instructions.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,6 +11,12 @@
 #include <cstdint>
 
 namespace sa {
+
+// The CTA's index counted from the grid's end. The hardware starts a grid's CTAs in about blockIdx
+// order, so a kernel whose later items carry more work (causal ranges: token t sees min(t + 1, n)
+// keys) maps this index to its items: the heaviest start first and the lightest fill the tail
+// (longest-processing-time-first), instead of the heaviest starting last on a partly idle GPU.
+__device__ __forceinline__ unsigned heavy_first_cta() { return gridDim.x - 1u - blockIdx.x; }
 
 // 2^x with one MUFU instruction (relative error ~2^-22); 2^-inf = +0, results below 2^-126 flush
 // to +0.

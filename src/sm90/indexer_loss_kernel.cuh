@@ -395,7 +395,7 @@ __global__ void __launch_bounds__(T::kThreads, 2) loss_sm90_kernel(const __grid_
   uint8_t* const smem = align_smem_1024(smem_raw);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
-  const int64_t tok = p.tok_begin + blockIdx.x;
+  const int64_t tok = p.tok_begin + heavy_first_cta();  // causal: later tokens, more keys
   const IndexerDims& d = p.dims;
   const int slots = kDense ? 0 : T::list_slots(p.topk);
   // Sparse: the per-slot list. Dense: log A_g of two chunks, [stage][group][64] fp32.
@@ -659,18 +659,18 @@ __device__ __forceinline__ void pair_dk_issue(Mma& mma2, Thr& thr2, typename T::
 }
 
 // ---- Dense mode, two tokens per CTA (tuning sm90_indexer_loss_kernel = 2) ----------------------
-// Tokens t0 = tok_begin + 2 blockIdx.x and t0 + 1 (absent past tok_end), warpgroup w on token
-// t0 + w; both on the same chunks of the span [min begin, max end) of the live tokens' ranges (a
-// causal pair: the second range, one key longer). Per chunk, against two single-token CTAs: the
+// Tokens t0 = tok_begin + 2 heavy_first_cta() and t0 + 1 (absent past tok_end), warpgroup w on
+// token t0 + w; both on the same chunks of the span [min begin, max end) of the live tokens' ranges
+// (a causal pair: the second range, one key longer). Per chunk, against two single-token CTAs: the
 // k_I rows are loaded once, and dK = G_pair q_w,pair takes K = 2 H_I (A = both tokens' G from
-// shared memory, K-major, token panels side by side; B = both tokens' q_I rows times scale_I w_j
-// in bf16, MN-major), warpgroup w computing the columns [64 w, +64) of both tokens' sum, so each
+// shared memory, K-major, token panels side by side; B = both tokens' q_I rows times scale_I w_j in
+// bf16, MN-major), warpgroup w computing the columns [64 w, +64) of both tokens' sum, so each
 // (pair, key) is reduced once: half the fp32 reductions. GEMM1 and dQ^T are the single-token
 // kernel's, per warpgroup. A key of the span outside a token's range has dI = 0 there (G = 0, not
-// folded into its sums); a token with an empty row (or absent) runs the loops with every key
-// masked and writes nothing more than write_empty_row's zeros. Every barrier is the CTA's (both
-// warpgroups run the same chunks and the same reductions), the per-token reductions reduce within
-// each warpgroup (block_reduce over 128 threads, s_red per warpgroup).
+// folded into its sums); a token with an empty row (or absent) runs the loops with every key masked
+// and writes nothing more than write_empty_row's zeros. Every barrier is the CTA's (both warpgroups
+// run the same chunks and the same reductions), the per-token reductions reduce within each
+// warpgroup (block_reduce over 128 threads, s_red per warpgroup).
 template <class T>
 __global__ void __launch_bounds__(2 * T::kThreads, 1)
     loss_sm90_pair_kernel(const __grid_constant__ LossParams p) {
@@ -689,7 +689,7 @@ __global__ void __launch_bounds__(2 * T::kThreads, 1)
   const int tid = threadIdx.x, wg = tid / kT, wtid = tid % kT;
   const int lane = tid & 31, warp = wtid >> 5;  // warp: in the warpgroup
   const int g = lane >> 2, t4 = lane & 3;
-  const int64_t tok = p.tok_begin + 2 * int64_t{blockIdx.x} + wg;
+  const int64_t tok = p.tok_begin + 2 * int64_t{heavy_first_cta()} + wg;  // later: more keys
   const bool present = tok < p.tok_end;
   const IndexerDims& d = p.dims;
   float* const s_w = reinterpret_cast<float*>(smem + L::kWOff) + wg * kHeads;

@@ -154,8 +154,9 @@ template <bool kDense>
 __device__ __forceinline__ TargetItem target_item(const TargetParams& p) {
   TargetItem it;
   const int pairs = (p.head_groups + 1) / 2;
-  it.tok = p.tok_begin + static_cast<int64_t>(blockIdx.x / static_cast<unsigned>(pairs));
-  it.pair = static_cast<int>(blockIdx.x % static_cast<unsigned>(pairs));
+  const unsigned cta = heavy_first_cta();  // causal: the later tokens hold the most keys
+  it.tok = p.tok_begin + static_cast<int64_t>(cta / static_cast<unsigned>(pairs));
+  it.pair = static_cast<int>(cta % static_cast<unsigned>(pairs));
   if constexpr (kDense) {
     it.begin = p.meta.range_begin(it.tok, p.dims);
     it.n_slots = static_cast<int>(p.meta.range_size(it.tok, p.dims));
