@@ -477,7 +477,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 2) loss_kernel(const LossParams
   uint8_t* smem = dsa::dynamic_smem();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3, x = lane & 7;
-  const int64_t tok = p.tok_begin + heavy_first_cta();  // causal: later tokens, more keys
+  const int64_t tok = p.tok_begin + blockIdx.x;
   const IndexerDims& d = p.dims;
   const int slots = (p.topk + kT - 1) / kT * kT;
   int32_t* s_key = reinterpret_cast<int32_t*>(smem + Cfg::kListOff);

@@ -38,7 +38,6 @@
 #include <cmath>
 #include <cstdint>
 
-#include "common/device_math.cuh"
 #include "common/dsa_device.cuh"
 #include "common/indexer_problem.hpp"
 #include "cuda/dsa_mma.hpp"
@@ -93,9 +92,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) target_kernel(const TargetPa
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int rg = warp & 1, cq = warp >> 1;
   const int g = lane >> 2, t4 = lane & 3;
-  const unsigned cta = heavy_first_cta();  // causal: the later tokens hold the most keys
-  const int64_t tok = p.tok_begin + cta / p.head_groups;
-  const int hg = static_cast<int>(cta % p.head_groups);
+  const int64_t tok = p.tok_begin + blockIdx.x / p.head_groups;
+  const int hg = static_cast<int>(blockIdx.x % p.head_groups);
   const int h0 = hg * Cfg::kBlockM;
   const int rows = min(Cfg::kBlockM, p.H - h0);
   const int row0 = Cfg::kGroupRows * rg;

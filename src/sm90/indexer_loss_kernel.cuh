@@ -395,7 +395,8 @@ __global__ void __launch_bounds__(T::kThreads, 2) loss_sm90_kernel(const __grid_
   uint8_t* const smem = align_smem_1024(smem_raw);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
-  const int64_t tok = p.tok_begin + heavy_first_cta();  // causal: later tokens, more keys
+  // Dense: the heaviest tokens first; sparse: token order (indexer_decisions.md, session 46).
+  const int64_t tok = p.tok_begin + (kDense ? heavy_first_cta() : blockIdx.x);
   const IndexerDims& d = p.dims;
   const int slots = kDense ? 0 : T::list_slots(p.topk);
   // Sparse: the per-slot list. Dense: log A_g of two chunks, [stage][group][64] fp32.

@@ -168,7 +168,7 @@ struct PipeSpan {
 template <class T>
 __device__ __forceinline__ PipeSpan pipe_span(const LossParams& p) {
   PipeSpan sp;
-  sp.t0 = p.tok_begin + 2 * int64_t{heavy_first_cta()};  // causal: later tokens, more keys
+  sp.t0 = p.tok_begin + 2 * int64_t{heavy_first_cta()};  // dense, causal: later tokens, more keys
   int64_t b = INT64_MAX, e = INT64_MIN;
   int64_t rb[2] = {0, 0};
   int rn[2] = {0, 0};
@@ -807,7 +807,7 @@ __global__ void __launch_bounds__(SparsePipeTraits<T>::kThreads, 2)
   using namespace portable::indexer;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* const smem = align_smem_1024(smem_raw);  // the list's accesses stay LDS / STS
-  const int64_t tok = p.tok_begin + heavy_first_cta();  // causal: later tokens, more keys
+  const int64_t tok = p.tok_begin + blockIdx.x;  // token order (indexer_decisions.md, session 46)
   const int slots = L::list_slots(p.topk);
   int32_t* const s_key = reinterpret_cast<int32_t*>(smem + L::kListOff);
   float* const s_la = reinterpret_cast<float*>(s_key + slots);

@@ -154,7 +154,8 @@ template <bool kDense>
 __device__ __forceinline__ TargetItem target_item(const TargetParams& p) {
   TargetItem it;
   const int pairs = (p.head_groups + 1) / 2;
-  const unsigned cta = heavy_first_cta();  // causal: the later tokens hold the most keys
+  // Dense: the heaviest tokens first; sparse: token order (indexer_decisions.md, session 46).
+  const unsigned cta = kDense ? heavy_first_cta() : blockIdx.x;
   it.tok = p.tok_begin + static_cast<int64_t>(cta / static_cast<unsigned>(pairs));
   it.pair = static_cast<int>(cta % static_cast<unsigned>(pairs));
   if constexpr (kDense) {
