@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from ncu_range import load_library, profile
+
 ap = argparse.ArgumentParser()
 ap.add_argument("--lib", required=True)
 ap.add_argument("--S", type=int, default=8192)
@@ -25,14 +23,10 @@ ap.add_argument("--H", type=int, default=32)
 ap.add_argument("--block", type=int, default=64)
 ap.add_argument("--density", type=float, default=0.5)
 ARGS = ap.parse_args()
-os.environ["SPARSE_ATTENTION_LIBRARY"] = str(Path(ARGS.lib).resolve())
-sys.path.insert(0, str(ROOT / "python"))
+OPS = load_library(ARGS.lib)
 
 import torch  # noqa: E402
 
-import sparse_attention  # noqa: E402,F401
-
-OPS = torch.ops.sparse_attention
 DEV = torch.device("cuda")
 
 
@@ -61,15 +55,7 @@ def main():
         subjects.append(("cudnn_fe", theirs))
     except Exception as e:  # noqa: BLE001
         print(f"cuDNN-frontend unavailable: {type(e).__name__}: {e}", flush=True)
-    for name, fn in subjects:
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        print(f"profiling {name}", flush=True)
-        torch.cuda.profiler.start()
-        fn()
-        torch.cuda.synchronize()
-        torch.cuda.profiler.stop()
+    profile(subjects)
 
 
 main()

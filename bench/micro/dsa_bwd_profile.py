@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from ncu_range import load_library, profile
+
 ap = argparse.ArgumentParser()
 ap.add_argument("--lib", required=True)
 ap.add_argument("--S", type=int, default=4096)
@@ -24,14 +22,10 @@ ap.add_argument("--H", type=int, default=64)
 ap.add_argument("--Dqk", type=int, default=576)
 ap.add_argument("--topk", type=int, default=2048)
 ARGS = ap.parse_args()
-os.environ["SPARSE_ATTENTION_LIBRARY"] = str(Path(ARGS.lib).resolve())
-sys.path.insert(0, str(ROOT / "python"))
+OPS = load_library(ARGS.lib)
 
 import torch  # noqa: E402
 
-import sparse_attention  # noqa: E402,F401
-
-OPS = torch.ops.sparse_attention
 DEV = torch.device("cuda")
 
 
@@ -62,15 +56,7 @@ def main():
         subjects.append(("cudnn_fe", theirs))
     except Exception as e:  # noqa: BLE001
         print(f"cuDNN-frontend unavailable: {type(e).__name__}: {e}", flush=True)
-    for name, fn in subjects:
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        print(f"profiling {name}", flush=True)
-        torch.cuda.profiler.start()
-        fn()
-        torch.cuda.synchronize()
-        torch.cuda.profiler.stop()
+    profile(subjects)
 
 
 main()
