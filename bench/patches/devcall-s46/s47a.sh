@@ -17,19 +17,8 @@ for blk in 64 128; do for h in 32 33 32 33; do
   echo "tail b$blk H$h: $(timeout 60 $B/cli_m bench --op bsa_fwd --batch 1 --heads $h --kv-heads $h --seq 8192 --dim 128 --block $blk --density 0.5 --variants impl=sm90 --rounds 3 --no-check 2>&1 | grep -E '^  impl=' | tr -s ' ')" | tee -a $L
 done; done
 F='*Sm90BsaForward*:*GpuBsaMask*:*GpuBsaVarlen*:*GpuBsaForward*'
-pids=()
-for i in $(seq 0 9); do
-  GTEST_TOTAL_SHARDS=10 GTEST_SHARD_INDEX=$i timeout 240 $B/t_v3 --gtest_brief=1 --gtest_filter="$F" > /tmp/t_$i 2>&1 & pids+=($!)
-done
 CF='Cases/Sm90BsaForward.MatchesReference/Block64D128GqaBshdPartialLenEmptyRows:Cases/Sm90BsaForward.MatchesReference/Block64D64CountZero:Cases/Sm90BsaForward.MatchesReference/Block64D64RowOf150Blocks:Cases/Sm90BsaForward.MatchesReference/Block64D64PersistentManyTiles:Cases/Sm90BsaForward.MatchesReference/Block128D128CountZero:Cases/Sm90BsaForward.MatchesReference/Block128D64PersistentManyTiles'
-for tool in memcheck racecheck synccheck; do
-  (timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 $B/t_v3 --gtest_brief=1 --gtest_filter="$CF" > /tmp/s_$tool.log 2>&1; echo "$tool rc=$?" >> /tmp/s_$tool.log) & pids+=($!)
-done
-for p in "${pids[@]}"; do wait $p; done
-cat /tmp/t_* /tmp/s_*.log > $OUT/tests.log
-echo "tests:" $(grep -hE "FAILED|PASSED|SKIPPED" /tmp/t_* | sort | uniq -c | tr '\n' ' ') | tee -a $L
-grep -hE "^\[  FAILED" /tmp/t_* | head -12 | tee -a $L
-grep -hE "ERROR SUMMARY|rc=|RACECHECK SUMMARY" /tmp/s_*.log | tee -a $L
+scripts/shard_check.sh $B/t_v3 "$F" 10 "$CF" $OUT | tee -a $L
 H="--batch 1 --heads 32 --kv-heads 32 --seq 8192 --dim 128"
 SHAPES="--op bsa_fwd $H --block 128 --density 0.125;--op bsa_fwd $H --block 64 --density 0.125;--op bsa_fwd $H --block 128 --density 0.5;--op bsa_fwd $H --block 64 --density 0.5"
 OUT=$OUT/abf SHAPES="$SHAPES" PASSES=2 ROUNDS=3 scripts/ab_bins.sh m=$B/cli_m v3=$B/cli_v3 | tee -a $L

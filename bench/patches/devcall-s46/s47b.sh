@@ -15,19 +15,8 @@ L=$OUT/log.txt
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv | tee $L
 F='Cases/Sm90BsaForwardTail.*:Sm90BsaForwardTailRealGrid.*:Sm90BsaForwardTailGraph.*:Sm90BsaForwardSplitKv.*'
 F+=':Cases/Sm90BsaForward.*:Cases/Sm90BsaForwardFp16.*:*GpuBsaMask*:*GpuBsaVarlen*:*GpuBsaForward*'
-pids=()
-for i in $(seq 0 9); do
-  GTEST_TOTAL_SHARDS=10 GTEST_SHARD_INDEX=$i timeout 240 $B/t_tail --gtest_brief=1 --gtest_filter="$F" > /tmp/t_$i 2>&1 & pids+=($!)
-done
 C='Cases/Sm90BsaForwardTail.MatchesReference/Block128D128R1Auto:Cases/Sm90BsaForwardTail.MatchesReference/Block64D128R7ForcedS3TailCounts01:Cases/Sm90BsaForwardTail.MatchesReference/Block64D64Fp16ForcedS16MoreSlicesThanBlocks:Cases/Sm90BsaForwardTail.MatchesReference/Block128D128GqaB2TailAcrossKvHeads:Cases/Sm90BsaForwardTail.WithoutWorkspaceRunsUnsplit/Block128D128R1Auto'
-for tool in memcheck racecheck synccheck; do
-  (timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 $B/t_tail --gtest_brief=1 --gtest_filter="$C" > /tmp/s_$tool.log 2>&1; echo "$tool rc=$?" >> /tmp/s_$tool.log) & pids+=($!)
-done
-for p in "${pids[@]}"; do wait $p; done
-cat /tmp/t_* /tmp/s_*.log > $OUT/tests.log
-echo "tests:" $(grep -hE "FAILED|PASSED|SKIPPED" /tmp/t_* | sort | uniq -c | tr '\n' ' ') | tee -a $L
-grep -hE "^\[  FAILED" /tmp/t_* | head -12 | tee -a $L
-grep -hE "ERROR SUMMARY|rc=|RACECHECK SUMMARY" /tmp/s_*.log | tee -a $L
+scripts/shard_check.sh $B/t_tail "$F" 10 "$C" $OUT | tee -a $L
 H="--batch 1 --heads 32 --kv-heads 32 --seq 8192 --dim 128"
 SHAPES="--op bsa_fwd $H --block 64 --density 0.5;--op bsa_fwd $H --block 64 --density 0.125;--op bsa_fwd $H --block 128 --density 0.5"
 OUT=$OUT/ab SHAPES="$SHAPES" PASSES=2 ROUNDS=3 scripts/ab_bins.sh m=$B/cli_m tail=$B/cli_tail | tee -a $L
