@@ -123,12 +123,16 @@ size_t tile_counter_offset(const BsaFwdProblem& p) {
 }
 
 // The counter of a masked or packed call, or null: the static order. Tuning::sm90_fwd_dyn (set by
-// the bench and tests only): 0 the rule (dynamic where the workspace holds the counter), 1 static,
-// 2 dynamic, an error where the workspace lacks room. A null or short workspace is not an error
-// under the rule: the C ABI passes none when the caller gave neither workspace nor allocator.
+// the bench and tests only): 0 the rule (dynamic at block 128 where the workspace holds the
+// counter, static at block 64), 1 static, 2 dynamic, an error where the workspace lacks room. A
+// null or short workspace is not an error under the rule: the C ABI passes none when the caller
+// gave neither workspace nor allocator. The rule, measured on an H100 (session 47, causal MoBA,
+// B1 H32 S8192 D128, against the static order of the same build): block 128 dynamic +4.9%, block
+// 64 dynamic -2.5% (the L2-bound block-64 kernel loses more to the claim than the balance gives;
+// docs/decisions/sm90_bsa_forward.md, "Session 47").
 uint32_t* tile_counter(const BsaFwdProblem& p, void* workspace, size_t workspace_bytes) {
   const int32_t mode = detail::tuning().sm90_fwd_dyn;
-  if (!wants_tile_counter(p) || mode == 1) return nullptr;
+  if (!wants_tile_counter(p) || mode == 1 || (mode == 0 && p.dims.block == 64)) return nullptr;
   const uintptr_t base = reinterpret_cast<uintptr_t>(workspace);
   const uintptr_t at = (base + tile_counter_offset(p) + 3) & ~uintptr_t{3};
   const bool fits = workspace != nullptr && at + sizeof(uint32_t) <= base + workspace_bytes;
