@@ -23,6 +23,7 @@
 
 #include "bsa_mask_oracle.hpp"
 #include "bsa_problem_builder.hpp"
+#include "common/tuning.hpp"
 #include "dsa_problem_builder.hpp"
 #include "test_util.hpp"
 
@@ -230,11 +231,13 @@ inline sa_bsa_fwd_args bsa_fwd_args(const DeviceTensor& q, const DeviceTensor& k
 // followed by guard regions, with the pattern's metadata on the device. The oracle is the reference
 // run through the same public API on fp64 copies of the same host values.
 // Pass: padding and guards untouched; no NaN in o; rel L2 of o below `tol`; exactly 0 in the rows
-// without keys; lse within 1e-4 and -inf exactly where the reference has it.
+// without keys; lse within 1e-4 and -inf exactly where the reference has it. `workspace_given`
+// false: the call gets no workspace (where it is optional: the Hopper masked and packed kernels'
+// tile counter, whose absence means the static tile order).
 inline void expect_bsa_forward_matches_reference(const BsaShape& s, BsaPattern& pat,
                                                  const BsaTensors& t,
                                                  const sa_bsa_options& options, int64_t pad,
-                                                 double tol) {
+                                                 double tol, bool workspace_given = true) {
   // ---- GPU: CUDA tensors, o and lse poisoned, the implementation of options.impl ----
   const int64_t guard = 64 * s.Dv;
   DeviceTensor q(t.q, pad, 0), k(t.k, pad, 0), v(t.v, pad, 0), o(t.o, pad, guard);
@@ -252,9 +255,10 @@ inline void expect_bsa_forward_matches_reference(const BsaShape& s, BsaPattern& 
   sa_impl used = SA_IMPL_AUTO;
   sa_context ctx = sa_context_default();
   ctx.impl_used = &used;
-  // The workspace the call asks for (split-KV mode), filled with garbage first.
+  // The workspace the call asks for (split-KV mode, the tile counter), filled with garbage first.
   size_t ws_bytes = 0;
   ASSERT_EQ(sa_bsa_forward_workspace_size(&args, &ws_bytes), SA_OK) << sa_last_error();
+  if (!workspace_given) ws_bytes = 0;
   DeviceBuffer workspace(ws_bytes);
   ASSERT_TRUE(workspace.ok());
   if (ws_bytes > 0) {
@@ -301,6 +305,85 @@ inline void expect_bsa_forward_matches_reference(const BsaShape& s, BsaPattern& 
       }
   // LSE: within 1e-4, -inf exactly where the reference has it, no NaN.
   EXPECT_TRUE(all_close(lse_gpu.to_double(), lse_ref.to_double(), 1e-4, 0.0)) << "lse";
+}
+
+// ---- BSA forward: the Hopper masked and packed kernels' tile order ---------------------------
+// sa_bsa_forward(args) on `stream` with Tuning::sm90_fwd_dyn = `tiles` (0 the rule, 1 static, 2
+// dynamic), given the queried workspace filled with garbage (the call must zero its counter) or,
+// with `workspace_given` false, none. Waits for the stream.
+inline ::testing::AssertionResult run_bsa_forward_tiles(const sa_bsa_fwd_args& args, int32_t tiles,
+                                                        bool workspace_given,
+                                                        cudaStream_t stream = nullptr) {
+  sa::detail::Tuning t;
+  t.sm90_fwd_dyn = tiles;
+  const sa::detail::ScopedTuning tune(t);
+  size_t bytes = 0;
+  if (sa_bsa_forward_workspace_size(&args, &bytes) != SA_OK)
+    return ::testing::AssertionFailure() << "workspace size: " << sa_last_error();
+  DeviceBuffer workspace(workspace_given ? bytes : 0);
+  if (!workspace.ok()) return ::testing::AssertionFailure() << "cudaMalloc failed";
+  if (workspace.bytes() > 0 && cudaMemset(workspace.get(), 0xff, workspace.bytes()) != cudaSuccess)
+    return ::testing::AssertionFailure() << "workspace memset failed";
+  sa_context ctx = sa_context_default();
+  ctx.stream = stream;
+  ctx.workspace = workspace.get();
+  ctx.workspace_bytes = workspace.bytes();
+  if (sa_bsa_forward(&args, &ctx) != SA_OK)
+    return ::testing::AssertionFailure() << "sa_bsa_forward: " << sa_last_error();
+  const cudaError_t err = cudaStreamSynchronize(stream);
+  if (err != cudaSuccess)
+    return ::testing::AssertionFailure() << "kernel failed: " << cudaGetErrorString(err);
+  return ::testing::AssertionSuccess();
+}
+
+// sa_bsa_forward(args) captured once in a CUDA graph on a non-blocking stream, with
+// Tuning::sm90_fwd_dyn = `tiles` and the queried workspace, then replayed `replays` times. Before
+// each replay the workspace is filled with garbage (0xff: a tile counter left so would end every
+// CTA after its first tile, so the results depend on the captured memset that zeroes it) and
+// `poison(stream)` runs; after each, `check(replay)`.
+inline void replay_bsa_forward_graph(const sa_bsa_fwd_args& args, int32_t tiles, int replays,
+                                     const std::function<bool(cudaStream_t)>& poison,
+                                     const std::function<void(int)>& check) {
+  sa::detail::Tuning t;
+  t.sm90_fwd_dyn = tiles;
+  size_t bytes = 0;
+  {
+    const sa::detail::ScopedTuning tune(t);
+    ASSERT_EQ(sa_bsa_forward_workspace_size(&args, &bytes), SA_OK) << sa_last_error();
+  }
+  DeviceBuffer workspace(bytes);
+  ASSERT_TRUE(workspace.ok());
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  sa_context ctx = sa_context_default();
+  ctx.stream = stream;
+  ctx.workspace = workspace.get();
+  ctx.workspace_bytes = bytes;
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  sa_status status = SA_OK;
+  {
+    const sa::detail::ScopedTuning tune(t);
+    status = sa_bsa_forward(&args, &ctx);
+  }
+  const std::string error = status == SA_OK ? "" : sa_last_error();
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_EQ(status, SA_OK) << error;
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int replay = 0; replay < replays; ++replay) {
+    SCOPED_TRACE("replay " + std::to_string(replay));
+    if (bytes > 0) {
+      ASSERT_EQ(cudaMemsetAsync(workspace.get(), 0xff, bytes, stream), cudaSuccess);
+    }
+    ASSERT_TRUE(poison(stream));
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    check(replay);
+  }
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
 }
 
 // ---- BSA backward: cases, one problem, a run, the checks -------------------------------------

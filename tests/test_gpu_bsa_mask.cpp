@@ -21,6 +21,16 @@
 //  * GpuBsaMaskRouting: on an sm_90 device with the Hopper path built, AUTO runs a masked forward
 //    on the sm90 path; the backward under AUTO (sm90) and on the portable path, fed the sm90
 //    forward's o and lse, match the reference backward of those same o and lse.
+//  * GpuBsaMaskDynamicTiles (sm90): the masked kernel's tile order on issue 38's causal MoBA lists
+//    (query block m lists its diagonal block and round(0.25 m) earlier ones), with several tiles
+//    per CTA: dynamic tiles (Tuning::sm90_fwd_dyn 2, the counter in a workspace full of garbage)
+//    give the same bytes as the static order (1) and as the rule without a workspace (the static
+//    fallback); both match the reference on the smaller cases; a captured graph replays twice
+//    with the counter reset by its captured memset.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <ostream>
@@ -68,6 +78,31 @@ void list_all_blocks(const BsaShape& s, BsaPattern& p, std::mt19937_64& rng) {
         std::shuffle(blocks.begin(), blocks.end(), rng);
         for (int64_t slot = 0; slot < s.Nkv(); ++slot)
           p.index(b, h, m, slot) = blocks[static_cast<size_t>(slot)];
+      }
+}
+
+// Issue 38's causal MoBA lists (S_q = S_kv): query block m lists its diagonal block m and
+// round(0.25 m) distinct random earlier blocks, in a random order, with per-row counts; slots past
+// a row's count hold garbage. K_max must be at least 1 + round(0.25 (N_q - 1)).
+void moba_causal_blocks(const BsaShape& s, BsaPattern& p, std::mt19937_64& rng) {
+  p = BsaPattern{};
+  p.q2k_index = HostTensor(SA_DTYPE_INT32, {s.B, s.Hq, s.Nq(), s.Kmax});
+  p.q2k_count = HostTensor(SA_DTYPE_INT32, {s.B, s.Hq, s.Nq()});
+  p.has_count = true;
+  for (int64_t i = 0; i < p.q2k_index.numel(); ++i) p.q2k_index.i32()[i] = -7;
+  std::vector<int32_t> row;
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t h = 0; h < s.Hq; ++h)
+      for (int64_t m = 0; m < s.Nq(); ++m) {
+        row.resize(static_cast<size_t>(m));
+        for (int32_t n = 0; n < m; ++n) row[static_cast<size_t>(n)] = n;
+        std::shuffle(row.begin(), row.end(), rng);
+        row.resize(static_cast<size_t>(std::llround(0.25 * static_cast<double>(m))));
+        row.push_back(static_cast<int32_t>(m));
+        std::shuffle(row.begin(), row.end(), rng);
+        p.q2k_count.i32()[(b * s.Hq + h) * s.Nq() + m] = static_cast<int32_t>(row.size());
+        for (size_t slot = 0; slot < row.size(); ++slot)
+          p.index(b, h, m, static_cast<int64_t>(slot)) = row[slot];
       }
 }
 
@@ -350,6 +385,190 @@ TEST(GpuBsaMaskDeterministic, Sm90BitwiseIdenticalOverThreeRuns) {
   if (!o.download(p.t.o) || !lse.download(p.t.lse))
     return ::testing::AssertionFailure() << "download failed";
   return ::testing::AssertionSuccess();
+}
+
+// ---- dynamic tiles (sm90) -----------------------------------------------------------------------
+struct DynTilesCase {
+  std::string name;
+  BsaShape shape;  // S_q = S_kv, K_max = 1 + round(0.25 (N_q - 1))
+  sa_dtype dtype;
+};
+void PrintTo(const DynTilesCase& c, std::ostream* os) { *os << c.name; }
+
+BsaShape moba_shape(int64_t B, int64_t Hq, int64_t Hkv, int64_t S, int64_t D, int32_t block) {
+  const int64_t nq = (S + block - 1) / block;
+  return shape_of(B, Hq, Hkv, S, S, D, block, 1 + std::llround(0.25 * static_cast<double>(nq - 1)),
+                  kBshd);
+}
+
+// Every case has at least 256 tiles: 2 to 4 per CTA of a 132-SM H100 (the hand-off's two slots
+// both turn over, k >= 2), the shortest rows last in the dynamic order. The first two (512 tiles,
+// S 8192) are compared bit for bit with the static order only; the last two (256 tiles, S not a
+// multiple of the block) also against the fp64 reference.
+const DynTilesCase kDynCases[] = {
+    {"MobaBlock128D128Gqa", moba_shape(1, 8, 2, 8192, 128, 128), SA_DTYPE_BF16},
+    {"MobaBlock64D128", moba_shape(1, 4, 4, 8192, 128, 64), SA_DTYPE_BF16},
+    {"MobaBlock128D64TwoBatchesFp16", moba_shape(2, 8, 2, 2048 - 40, 64, 128), SA_DTYPE_FP16},
+    {"MobaBlock64D64TwoBatches", moba_shape(2, 4, 2, 2048 - 17, 64, 64), SA_DTYPE_BF16},
+};
+
+// Device copies of a dense masked problem's forward tensors (o and lse followed by NaN guards).
+struct MaskedForwardDevice {
+  DeviceTensor q, k, v, o, lse, index, count;
+  MaskedForwardDevice(const BsaTensors& t, const BsaPattern& pat)
+      : q(t.q, 8, 0), k(t.k, 8, 0), v(t.v, 8, 0), o(t.o, 8, 64 * t.o.shape().back()),
+        lse(t.lse, 0, 64), index(pat.q2k_index, 0, 0), count(pat.q2k_count, 0, 0) {}
+  bool ok() const {
+    return q.ok() && k.ok() && v.ok() && o.ok() && lse.ok() && index.ok() && count.ok();
+  }
+  bool poison(cudaStream_t stream) { return o.poison(stream) && lse.poison(stream); }
+  // o and lse into `out` (o, lse order); fails when a guard was written or a NaN is left.
+  ::testing::AssertionResult download(const BsaTensors& t, std::vector<HostTensor>* out) const {
+    out->assign({HostTensor(t.o.dtype(), t.o.shape()), HostTensor(SA_DTYPE_FP32, t.lse.shape())});
+    if (auto r = o.download((*out)[0]); !r) return r;
+    if (auto r = lse.download((*out)[1]); !r) return r;
+    for (const HostTensor& x : *out)
+      if (any_nan(x.to_double())) return ::testing::AssertionFailure() << "NaN left in an output";
+    return ::testing::AssertionSuccess();
+  }
+};
+
+sa_bsa_options moba_options(const BsaShape& s) {
+  sa_bsa_options options = sa_bsa_options_default();
+  options.layout = s.layout;
+  options.block_size = s.block;
+  options.count = -1;
+  options.impl = SA_IMPL_SM90;
+  options.mask = SA_MASK_CAUSAL;
+  return options;
+}
+
+class GpuBsaMaskDynamicTiles : public ::testing::TestWithParam<DynTilesCase> {};
+
+// Dynamic tiles (2) against the static order (1), and the rule (0) with and without the
+// workspace: the same bytes (each tile's result does not depend on which CTA runs it or when).
+TEST_P(GpuBsaMaskDynamicTiles, Sm90DynamicEqualsStaticBitwise) {
+  SA_SKIP_WITHOUT_GPU();
+  if (!sm90_available()) GTEST_SKIP() << "needs an sm_90 device and the sm90 path";
+  const DynTilesCase& c = GetParam();
+  const BsaShape& s = c.shape;
+  std::mt19937_64 rng(std::hash<std::string>{}(c.name));
+  BsaPattern pat;
+  moba_causal_blocks(s, pat, rng);
+  const BsaTensors t = make_bsa_tensors(s, c.dtype, rng);
+  MaskedForwardDevice d(t, pat);
+  ASSERT_TRUE(d.ok());
+  sa_bsa_fwd_args args = bsa_fwd_args(d.q, d.k, d.v, d.o, d.lse, d.index, &d.count);
+  args.options = moba_options(s);
+  size_t bytes = 0;
+  ASSERT_EQ(sa_bsa_forward_workspace_size(&args, &bytes), SA_OK) << sa_last_error();
+  EXPECT_GE(bytes, sizeof(uint32_t)) << "a masked call asks for the tile counter";
+  std::vector<HostTensor> want;
+  ASSERT_TRUE(d.poison(nullptr));
+  ASSERT_TRUE(run_bsa_forward_tiles(args, 1, true));
+  ASSERT_TRUE(d.download(t, &want));
+  const std::pair<int32_t, bool> runs[] = {{2, true}, {0, true}, {0, false}, {2, true}};
+  for (const auto& [tiles, workspace_given] : runs) {
+    SCOPED_TRACE("tuning " + std::to_string(tiles) + (workspace_given ? "" : ", no workspace"));
+    ASSERT_TRUE(d.poison(nullptr));
+    ASSERT_TRUE(run_bsa_forward_tiles(args, tiles, workspace_given));
+    std::vector<HostTensor> got;
+    ASSERT_TRUE(d.download(t, &got));
+    EXPECT_TRUE(bitwise_equal(got[0], want[0])) << "o differs from the static order's";
+    EXPECT_TRUE(bitwise_equal(got[1], want[1])) << "lse differs from the static order's";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GpuBsaMaskDynamicTiles, ::testing::ValuesIn(kDynCases),
+                         [](const ::testing::TestParamInfo<DynTilesCase>& i) {
+                           return i.param.name;
+                         });
+
+// The smaller cases against the fp64 reference: dynamic tiles (the queried workspace, garbage in
+// it) and the static fallback of the rule without a workspace.
+class GpuBsaMaskDynamicTilesReference : public ::testing::TestWithParam<DynTilesCase> {};
+
+TEST_P(GpuBsaMaskDynamicTilesReference, Sm90MatchesReference) {
+  SA_SKIP_WITHOUT_GPU();
+  if (!sm90_available()) GTEST_SKIP() << "needs an sm_90 device and the sm90 path";
+  const DynTilesCase& c = GetParam();
+  const BsaShape& s = c.shape;
+  std::mt19937_64 rng(std::hash<std::string>{}(c.name));
+  BsaPattern pat;
+  moba_causal_blocks(s, pat, rng);
+  const BsaTensors t = make_bsa_tensors(s, c.dtype, rng);
+  const double tol = c.dtype == SA_DTYPE_FP16 ? 2e-3 : 1e-2;
+  {
+    SCOPED_TRACE("dynamic tiles");
+    sa::detail::Tuning tuning;
+    tuning.sm90_fwd_dyn = 2;
+    const sa::detail::ScopedTuning tune(tuning);
+    expect_bsa_forward_matches_reference(s, pat, t, moba_options(s), 8, tol);
+  }
+  {
+    SCOPED_TRACE("no workspace: the static order");
+    expect_bsa_forward_matches_reference(s, pat, t, moba_options(s), 8, tol,
+                                         /*workspace_given=*/false);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GpuBsaMaskDynamicTilesReference,
+                         ::testing::Values(kDynCases[2], kDynCases[3]),
+                         [](const ::testing::TestParamInfo<DynTilesCase>& i) {
+                           return i.param.name;
+                         });
+
+// Forced dynamic tiles with no room for the counter: refused by name, nothing run.
+TEST(GpuBsaMaskDynamicTilesRefusal, Sm90ForcedWithoutWorkspaceIsAnError) {
+  SA_SKIP_WITHOUT_GPU();
+  if (!sm90_available()) GTEST_SKIP() << "needs an sm_90 device and the sm90 path";
+  const BsaShape s = moba_shape(1, 2, 2, 512, 64, 64);
+  std::mt19937_64 rng(3);
+  BsaPattern pat;
+  moba_causal_blocks(s, pat, rng);
+  const BsaTensors t = make_bsa_tensors(s, SA_DTYPE_BF16, rng);
+  MaskedForwardDevice d(t, pat);
+  ASSERT_TRUE(d.ok());
+  sa_bsa_fwd_args args = bsa_fwd_args(d.q, d.k, d.v, d.o, d.lse, d.index, &d.count);
+  args.options = moba_options(s);
+  sa::detail::Tuning tuning;
+  tuning.sm90_fwd_dyn = 2;
+  const sa::detail::ScopedTuning tune(tuning);
+  EXPECT_EQ(sa_bsa_forward(&args, nullptr), SA_ERROR_WORKSPACE);
+  EXPECT_NE(std::string(sa_last_error()).find("dynamic tiles"), std::string::npos)
+      << sa_last_error();
+}
+
+// A graph captured with dynamic tiles replays twice, the workspace's counter full of garbage
+// before each replay: the captured memset zeroes it, and each replay gives the static order's
+// bytes (block 64: the key-split consumers' lead alternation follows the dynamic sequence).
+TEST(GpuBsaMaskDynamicTilesGraph, Sm90ReplaysResetTheCounter) {
+  SA_SKIP_WITHOUT_GPU();
+  if (!sm90_available()) GTEST_SKIP() << "needs an sm_90 device and the sm90 path";
+  for (const DynTilesCase& c : {kDynCases[1], kDynCases[0]}) {
+    SCOPED_TRACE(c.name);
+    const BsaShape& s = c.shape;
+    std::mt19937_64 rng(std::hash<std::string>{}(c.name) + 1);
+    BsaPattern pat;
+    moba_causal_blocks(s, pat, rng);
+    const BsaTensors t = make_bsa_tensors(s, c.dtype, rng);
+    MaskedForwardDevice d(t, pat);
+    ASSERT_TRUE(d.ok());
+    sa_bsa_fwd_args args = bsa_fwd_args(d.q, d.k, d.v, d.o, d.lse, d.index, &d.count);
+    args.options = moba_options(s);
+    std::vector<HostTensor> want;
+    ASSERT_TRUE(d.poison(nullptr));
+    ASSERT_TRUE(run_bsa_forward_tiles(args, 1, true));
+    ASSERT_TRUE(d.download(t, &want));
+    replay_bsa_forward_graph(
+        args, 2, 2, [&](cudaStream_t stream) { return d.poison(stream); },
+        [&](int) {
+          std::vector<HostTensor> got;
+          ASSERT_TRUE(d.download(t, &got));
+          EXPECT_TRUE(bitwise_equal(got[0], want[0])) << "o differs from the static order's";
+          EXPECT_TRUE(bitwise_equal(got[1], want[1])) << "lse differs from the static order's";
+        });
+  }
 }
 
 TEST(GpuBsaMaskRouting, AutoRunsSm90ForwardAndBackward) {

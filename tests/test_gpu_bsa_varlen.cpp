@@ -15,7 +15,9 @@
 // KV blocks that cross into a neighbour whose inputs are NaN, single-owner dK/dV boxes that
 // cross into the next sequence's keys, second halves of a 128-key block wholly past the
 // sequence. Captured graphs replay with new cu_seqlens and metadata values (grids and workspace
-// depend on shapes only), on both forwards and both backwards.
+// depend on shapes only), on both forwards and both backwards. The sm90 forward's tile order:
+// dynamic tiles (from the workspace's counter, longest first) give the static order's bytes on
+// batches with empty and one-token sequences, match the reference, and replay in a graph.
 //
 // Filters: GpuBsaVarlen.*, GpuBsaVarlen/GpuBsaVarlenForward.*, GpuBsaVarlen/GpuBsaVarlenGraph.*,
 // GpuBsaVarlen/GpuBsaVarlenBackward.* and GpuBsaVarlen/GpuBsaVarlenBackwardGraph.* (all match
@@ -29,6 +31,7 @@
 #include <ostream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bsa_varlen_case.hpp"
@@ -380,6 +383,89 @@ INSTANTIATE_TEST_SUITE_P(GpuBsaVarlen, GpuBsaVarlenGraph,
                          [](const ::testing::TestParamInfo<sa_impl>& i) {
                            return std::string(i.param == SA_IMPL_SM90 ? "Sm90" : "Portable");
                          });
+
+// ---- the sm90 forward's tile order -------------------------------------------------------------
+// Packed batches with empty and one-token sequences between long causal ones: B x H_q x N_q_max =
+// 672 and 336 tiles (several per CTA; most of the short sequences' lie past their end and load
+// nothing), block 64 (key-split) and block 128.
+std::vector<VarlenCase> dynamic_tile_cases() {
+  return {gpu_case("dyn_mixed_causal_b64_d64", {0, 1, 700, 1, 0, 1500, 129},
+                   {0, 1, 700, 1, 0, 1500, 129}, 4, 2, 64, 64, SA_MASK_CAUSAL),
+          gpu_case("dyn_mixed_causal_b128_d128", {1, 0, 900, 1, 1500, 0, 257},
+                   {1, 5, 900, 200, 1500, 0, 257}, 4, 1, 128, 128, SA_MASK_CAUSAL)};
+}
+
+// o and lse of the device copies (guards checked, no NaN left).
+::testing::AssertionResult download_forward(const DeviceForward& d, const Packed& p,
+                                            HostTensor* o, HostTensor* lse) {
+  *o = HostTensor(p.o.dtype(), p.o.shape());
+  *lse = HostTensor(SA_DTYPE_FP32, p.lse.shape());
+  if (auto r = d.o.download(*o); !r) return r;
+  if (auto r = d.lse.download(*lse); !r) return r;
+  if (sa_test::any_nan(o->to_double()) || sa_test::any_nan(lse->to_double()))
+    return ::testing::AssertionFailure() << "NaN left in an output";
+  return ::testing::AssertionSuccess();
+}
+
+// Dynamic tiles (Tuning::sm90_fwd_dyn 2, the counter in a workspace full of garbage) against the
+// static order (1) and the rule without a workspace (the static fallback): the same bytes; the
+// dynamic result also against the fp64 reference.
+TEST(GpuBsaVarlen, Sm90DynamicTilesEqualStaticBitwise) {
+  SA_SKIP_WITHOUT_GPU();
+  if (!sm90_runs()) GTEST_SKIP() << "needs an sm_90 device and the sm90 path";
+  for (const VarlenCase& c : dynamic_tile_cases()) {
+    SCOPED_TRACE(c.name);
+    std::mt19937_64 rng(std::hash<std::string>{}(c.name));
+    Packed p(c, rng);
+    DeviceForward d(p, 8);
+    ASSERT_TRUE(d.ok());
+    sa_cpp::BsaForwardArgs a;
+    d.args(a, p, c);
+    a.options.impl = SA_IMPL_SM90;
+    HostTensor o_want, lse_want;
+    ASSERT_TRUE(d.poison(nullptr));
+    ASSERT_TRUE(sa_test::run_bsa_forward_tiles(a, 1, true));
+    ASSERT_TRUE(download_forward(d, p, &o_want, &lse_want));
+    const std::pair<int32_t, bool> runs[] = {{2, true}, {0, false}, {0, true}};
+    for (const auto& [tiles, workspace_given] : runs) {
+      SCOPED_TRACE("tuning " + std::to_string(tiles) + (workspace_given ? "" : ", no workspace"));
+      ASSERT_TRUE(d.poison(nullptr));
+      ASSERT_TRUE(sa_test::run_bsa_forward_tiles(a, tiles, workspace_given));
+      HostTensor o, lse;
+      ASSERT_TRUE(download_forward(d, p, &o, &lse));
+      EXPECT_TRUE(sa_test::bitwise_equal(o, o_want)) << "o differs from the static order's";
+      EXPECT_TRUE(sa_test::bitwise_equal(lse, lse_want)) << "lse differs from the static order's";
+      if (tiles == 2) expect_forward_matches(d, p, c);
+    }
+  }
+}
+
+// A graph captured with dynamic tiles replays twice, the counter full of garbage before each
+// replay (the captured memset zeroes it): the static order's bytes each time.
+TEST(GpuBsaVarlen, Sm90DynamicTilesGraphReplaysResetTheCounter) {
+  SA_SKIP_WITHOUT_GPU();
+  if (!sm90_runs()) GTEST_SKIP() << "needs an sm_90 device and the sm90 path";
+  const VarlenCase c = dynamic_tile_cases()[0];
+  std::mt19937_64 rng(std::hash<std::string>{}(c.name) + 1);
+  Packed p(c, rng);
+  DeviceForward d(p, 8);
+  ASSERT_TRUE(d.ok());
+  sa_cpp::BsaForwardArgs a;
+  d.args(a, p, c);
+  a.options.impl = SA_IMPL_SM90;
+  HostTensor o_want, lse_want;
+  ASSERT_TRUE(d.poison(nullptr));
+  ASSERT_TRUE(sa_test::run_bsa_forward_tiles(a, 1, true));
+  ASSERT_TRUE(download_forward(d, p, &o_want, &lse_want));
+  sa_test::replay_bsa_forward_graph(
+      a, 2, 2, [&](cudaStream_t stream) { return d.poison(stream); },
+      [&](int) {
+        HostTensor o, lse;
+        ASSERT_TRUE(download_forward(d, p, &o, &lse));
+        EXPECT_TRUE(sa_test::bitwise_equal(o, o_want)) << "o differs from the static order's";
+        EXPECT_TRUE(sa_test::bitwise_equal(lse, lse_want)) << "lse differs from the static order's";
+      });
+}
 
 // ---- backward ----------------------------------------------------------------------------------
 // The device copies of a packed problem's backward tensors: inputs with `pad` NaN elements past

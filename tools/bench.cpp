@@ -376,6 +376,8 @@ void parse_tune(const std::string& key, const std::string& val, sa::detail::Tuni
   const sa::detail::Tuning defaults;
   if (key == "tune.fwd_splits" || key == "env.SA_TUNE_SM90_FWD_SPLITS") {
     t->sm90_fwd_splits = tune_int(key, val, 1, 16, &defaults.sm90_fwd_splits);
+  } else if (key == "tune.fwd_dyn") {
+    t->sm90_fwd_dyn = tune_int(key, val, 0, 2, &defaults.sm90_fwd_dyn);
   } else if (key == "tune.bwd_tail" || key == "env.SA_TUNE_SM90_BWD_TAIL") {
     t->sm90_bwd_tail = tune_int(key, val, 0, 1024, &defaults.sm90_bwd_tail);
   } else if (key == "tune.sm90_bsa_bwd_stats") {
@@ -399,7 +401,8 @@ void parse_tune(const std::string& key, const std::string& val, sa::detail::Tuni
   } else {
     throw ToolError(kExitBadArgument,
                     "--variants: unknown tuning key '" + key +
-                        "' (tune.fwd_splits=, tune.bwd_tail=, tune.sm90_bsa_bwd_stats=, "
+                        "' (tune.fwd_splits=, tune.fwd_dyn=, tune.bwd_tail=, "
+                        "tune.sm90_bsa_bwd_stats=, "
                         "tune.sm90_bsa_bwd_full=, tune.dsa_bwd=, tune.sm90_dsa_bwd_groups=, "
                         "tune.dsa_fwd_pad=, "
                         "tune.topk=, tune.ptopk=, tune.sm90_indexer_target=, "

@@ -51,6 +51,9 @@ struct BenchOptions {
 // "impl=portable,bucket=1/impl=sm90" -> two variants.
 // Keys: impl=, bucket=, deterministic=, anchor=flashmla, and the tuning keys
 //   tune.fwd_splits=auto|1..16   Hopper BSA forward split-KV slices (1: never split)
+//   tune.fwd_dyn=auto|0|1|2      Hopper BSA forward, masked and packed calls: the tile order (0 =
+//                                auto: dynamic where the workspace holds the counter, 1 static,
+//                                2 dynamic; unmasked dense calls ignore it)
 //   tune.bwd_tail=auto|0..1024   Hopper BSA backward: last work items launched longest first
 //   tune.sm90_bsa_bwd_stats=0|1  Hopper BSA backward: the loader warp's lse2 / delta ring
 //   tune.sm90_bsa_bwd_full=0|1   Hopper BSA backward: the full-block path (calls whose KV blocks

@@ -267,6 +267,13 @@ SA_INLINE sa_bsa_bwd_args sa_bsa_bwd_args_default(void) {
   return a;
 }
 
+/* The forward's workspace: on the Hopper path, split-KV (bf16 calls whose query blocks cannot fill
+ * the GPU) needs the size reported. Masked and packed calls (options.mask, options.cu_seqlens_*)
+ * ask for a few bytes, a counter from which the persistent CTAs take their query blocks at block
+ * 128, the last block of each head first (under a causal mask, the longest rows first; block 64
+ * keeps a fixed order); that workspace is optional: given none (or a shorter one) and no
+ * allocator, they take them in a fixed order instead (slower on causal lists at block 128, the
+ * same results, no error). */
 SA_API sa_status sa_bsa_forward_workspace_size(const sa_bsa_fwd_args* args, size_t* bytes);
 SA_API sa_status sa_bsa_forward(const sa_bsa_fwd_args* args, const sa_context* ctx);
 SA_API sa_status sa_bsa_backward_workspace_size(const sa_bsa_bwd_args* args, size_t* bytes);

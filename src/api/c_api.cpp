@@ -127,7 +127,7 @@ sa_status run_op(const Args* args, const sa_context* ctx,
     Problem p = sa::api::make_problem(read_args(args));
     const sa::Implementation& impl = sa::api::select(p);
     const sa::OpEntry<Problem>& e = impl.*entry;
-    Workspace ws(c, workspace_of(e, p), e.workspace_optional);
+    Workspace ws(c, workspace_of(e, p), e.workspace_optional && e.workspace_optional(p));
     e.run(p, ws.exec());
     if (c.impl_used) *c.impl_used = impl.id;
   });

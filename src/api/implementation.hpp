@@ -30,9 +30,10 @@ struct OpEntry {
   std::string (*unsupported)(const Problem& p) = nullptr;
   size_t (*workspace_bytes)(const Problem& p) = nullptr;  // null: none
   void (*run)(const Problem& p, const ExecContext& ctx) = nullptr;
-  // The workspace only speeds the call up: without a workspace of that size and without an
-  // allocator, run() gets none and takes a slower path instead of the call failing.
-  bool workspace_optional = false;
+  // True for the problems whose workspace only speeds the call up: without a workspace of that
+  // size and without an allocator, run() gets none and takes a slower path instead of the call
+  // failing. Null: the workspace is required.
+  bool (*workspace_optional)(const Problem& p) = nullptr;
 };
 
 struct Implementation {

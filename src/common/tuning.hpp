@@ -14,6 +14,13 @@ struct Tuning {
   // Hopper BSA forward, split-KV: slices of each row's block list run as separate tiles.
   // 0: the automatic rule (sm90/bsa_forward.cu); 1: never split; 2..16: that many.
   int32_t sm90_fwd_splits = 0;
+  // Hopper BSA forward, masked and packed calls: the order of the persistent CTAs' tiles. 0: the
+  // rule (block 128: dynamic where the workspace holds the tile counter: tiles from the counter,
+  // each head's query blocks from the last; static without it; block 64: static); 1: static
+  // (blockIdx.x + k gridDim.x); 2: dynamic, an error where the workspace lacks the counter.
+  // Unmasked dense calls ignore it. H100, session 47, causal MoBA: dynamic over static +4.9% at
+  // block 128, -2.5% at block 64.
+  int32_t sm90_fwd_dyn = 0;
   // Hopper BSA backward: how many of the last work items the reverse map launches longest first
   // (its step 6). -1: two waves of CTAs; 0: item order; at most portable::kMaxTailItems.
   int32_t sm90_bwd_tail = -1;

@@ -4,6 +4,9 @@
 // blocks cannot fill the GPU; see forward_splits), plus the token mask's eight (the same axes,
 // FwdTraits::kMasked; dense batches, no split-KV), plus the packed batches' eight (the same axes,
 // FwdTraits::kVarlen, on the masked kernel's filtered walk; with or without a mask, no split-KV).
+// The masked and packed kernels take their tiles from a counter in the workspace where it has room
+// (dynamic tiles, each head's last query block first; see tile_counter below); the others in the
+// static order.
 #include "sm90/bsa_forward.hpp"
 
 #include <cuda.h>
@@ -106,6 +109,40 @@ size_t split_workspace_bytes(const BsaDims& d, int splits) {
   return rows * (d.D + 1) * sizeof(float) + 2 * 256;
 }
 
+// Dynamic tiles (FwdTraits::kDynamicTiles, bsa_forward_kernel.cuh): the masked and packed kernels,
+// whose rows differ in length (causal lists grow with the query block), take each CTA's tiles
+// after its first from a counter, query blocks in descending order (under a causal list, the
+// longest rows first), instead of the static round robin. Those calls never split
+// (forward_splits is 1 for them), so the counter sits alone at the workspace's first 4-byte
+// boundary; it is placed after the split-KV partials anyway, which it then cannot overlap.
+bool wants_tile_counter(const BsaFwdProblem& p) { return p.meta.mask.on || p.meta.varlen(); }
+constexpr size_t kTileCounterBytes = 256;  // one uint32_t, padded to an allocation granule
+
+size_t tile_counter_offset(const BsaFwdProblem& p) {
+  return split_workspace_bytes(p.dims, forward_splits(p));
+}
+
+// The counter of a masked or packed call, or null: the static order. Tuning::sm90_fwd_dyn (set by
+// the bench and tests only): 0 the rule (dynamic at block 128 where the workspace holds the
+// counter, static at block 64), 1 static, 2 dynamic, an error where the workspace lacks room. A
+// null or short workspace is not an error under the rule: the C ABI passes none when the caller
+// gave neither workspace nor allocator. The rule, measured on an H100 (session 47, causal MoBA,
+// B1 H32 S8192 D128, against the static order of the same build): block 128 dynamic +4.9%, block
+// 64 dynamic -2.5% (the L2-bound block-64 kernel loses more to the claim than the balance gives;
+// docs/decisions/sm90_bsa_forward.md, "Session 47").
+uint32_t* tile_counter(const BsaFwdProblem& p, void* workspace, size_t workspace_bytes) {
+  const int32_t mode = detail::tuning().sm90_fwd_dyn;
+  if (!wants_tile_counter(p) || mode == 1 || (mode == 0 && p.dims.block == 64)) return nullptr;
+  const uintptr_t base = reinterpret_cast<uintptr_t>(workspace);
+  const uintptr_t at = (base + tile_counter_offset(p) + 3) & ~uintptr_t{3};
+  const bool fits = workspace != nullptr && at + sizeof(uint32_t) <= base + workspace_bytes;
+  SA_CHECK(fits || mode != 2, SA_ERROR_WORKSPACE,
+           "sm90 bsa_forward: dynamic tiles (tuning 2) need " << bsa_forward_workspace_bytes(p)
+                                                              << " bytes of workspace, got "
+                                                              << workspace_bytes);
+  return fits ? reinterpret_cast<uint32_t*>(at) : nullptr;
+}
+
 }  // namespace
 
 std::string bsa_forward_unsupported(const BsaFwdProblem& p) {
@@ -156,8 +193,11 @@ std::string bsa_forward_unsupported(const BsaFwdProblem& p) {
 }
 
 size_t bsa_forward_workspace_bytes(const BsaFwdProblem& p) {
-  return split_workspace_bytes(p.dims, forward_splits(p));
+  return split_workspace_bytes(p.dims, forward_splits(p)) +
+         (wants_tile_counter(p) ? kTileCounterBytes : 0);
 }
+
+bool bsa_forward_workspace_optional(const BsaFwdProblem& p) { return forward_splits(p) <= 1; }
 
 void bsa_forward(const BsaFwdProblem& p, void* workspace, size_t workspace_bytes,
                  cudaStream_t stream) {
@@ -228,7 +268,11 @@ void bsa_forward(const BsaFwdProblem& p, void* workspace, size_t workspace_bytes
   }
   // Packed batches, with or without a mask, run their own instantiations (FwdTraits::kVarlen, on
   // the masked kernel's walk); a token mask on a dense batch its own (FwdTraits::kMasked); the
-  // default ones have no mask or sequence code.
+  // default ones have no mask or sequence code. The first two take dynamic tiles where the
+  // workspace holds the counter, zeroed here in stream order (a memset node under graph capture).
+  params.tile_counter = tile_counter(p, workspace, workspace_bytes);
+  if (params.tile_counter != nullptr)
+    SA_CUDA_CHECK(cudaMemsetAsync(params.tile_counter, 0, sizeof(uint32_t), stream));
   if (packed) {
     if (p.dtype == SA_DTYPE_FP16)
       launch_for<cutlass::half_t, false, true, true>(d, params, stream);

@@ -6,6 +6,14 @@
 // attending the KV blocks of its row of q2k_index. The query block index m varies fastest, so the
 // CTAs that run together share the K/V of one head in L2. One CTA per SM.
 //
+// Dynamic tiles (FwdTraits::kDynamicTiles: the masked and packed instantiations, whose rows differ
+// in length; BsaFwdSm90Params::tile_counter not null): each CTA's tiles after its first come from
+// a counter in the workspace, and the t-th tile handed out has query block m = N_q - 1 - t % N_q
+// (still fastest), so that the longest rows of a causal list go first. In these kernels producer
+// warp 0 takes the next tile after issuing this one's loads and hands it to itself and the
+// consumers through shared memory (persistent_items.cuh; next_tile), from the counter or, without
+// one, in the static order above.
+//
 // A stage of the K/V ring holds 128 keys: one KV block at block 128, two consecutive slots of the
 // block list at block 64 (two TMA boxes per panel; when the count is odd, the last stage's second
 // block repeats its first, and all its keys are masked).
@@ -61,6 +69,9 @@
 //   NamedBarrier::kScheduleWg0/1   ping-pong of the two consumers' GEMM issue (FA3-style)
 //   NamedBarrier::kEpilogueWg0/1   a consumer's O staging tile is written / is free again
 //   xchg_full / xchg_empty         key-split mode: consumer 1's state is in s.xchg / was read
+//   tiles.full / tiles.empty       masked and packed kernels: producer warp 0 -> itself and the
+//                                  consumers: the CTA's next tile is in tiles.next (one arrival)
+//                                  / was read (kTileWalkers = 32 + 256 arrivals)
 //
 // Split-KV (FwdTraits::kSplit, a separate instantiation; the default kernels do not contain it):
 // tile t = split * base_tiles + (query block, head, batch) walks only slots [lo, hi) of its row's
@@ -110,6 +121,7 @@
 #include "common/problem.hpp"
 #include "common/token_mask.cuh"
 #include "sm90/hopper_primitives.cuh"
+#include "sm90/persistent_items.cuh"  // ItemHandoff and its pieces (next_tile)
 #include "sm90/tile_seq.cuh"  // TileSeq, SharedSeq, zero_tile_rows
 
 namespace sa::sm90 {
@@ -141,6 +153,9 @@ struct BsaFwdSm90Params {
   // mask_lo <= s - i <= mask_hi (BsaMeta::mask, clamped to [-S_q, S_kv]: int32). Unused by packed
   // batches (each sequence's band is TileSeq's, from BsaMeta::mask_of).
   int32_t mask_lo, mask_hi;
+  // Dynamic tiles (FwdTraits::kDynamicTiles instantiations only; null: static tiles): the counter
+  // the CTAs take their tiles after the first from, zeroed by the host before the launch.
+  uint32_t* tile_counter;
 };
 
 // Warpgroup roles.
@@ -208,6 +223,11 @@ struct FwdTraits {
   // serves packed calls with and without a mask.
   static constexpr bool kVarlen = kVarlen_;
   static_assert(!kVarlen || kMasked, "packed tiles walk the filtered (masked) list");
+  // Tiles from a counter, m descending, where the host gives one (BsaFwdSm90Params::tile_counter),
+  // handed to the consumers through shared memory: the masked and packed instantiations only
+  // (rows of different lengths); the default and split-KV ones keep the static loop and contain
+  // none of its code.
+  static constexpr bool kDynamicTiles = kMasked || kVarlen;
   static constexpr int kBlock = kBlock_;        // query rows per tile = keys per KV block
   static constexpr int kHeadDim = kHeadDim_;    // D = D_v
   // Block 64 runs in key-split mode: a stage holds two KV blocks (128 keys, so that the S GEMM,
@@ -289,6 +309,18 @@ struct alignas(16) VRing<T, true> {
   uint64_t empty[kVSlots];
 };
 
+// Masked and packed kernels (kDynamicTiles): the hand-off of each CTA's next tile
+// (persistent_items.cuh), read by producer warp 0 and the two consumer warpgroups (kTileWalkers;
+// warp 1, which follows VRing, and the exited warps 2-3 do not take part).
+template <class T, bool = T::kDynamicTiles>
+struct TileHandoff {
+  uint32_t unused;
+};
+template <class T>
+struct TileHandoff<T, true> : ItemHandoff {};
+template <class T>
+constexpr uint32_t kTileWalkers = 32 + T::kConsumerThreads;
+
 template <class T>
 struct alignas(1024) SharedStorage {
   using Element = typename T::Element;
@@ -312,6 +344,9 @@ struct alignas(1024) SharedStorage {
   // Key-split mode: warp 0's hand-off of each stage's V loads to warp 1 (VRing; last, so that no
   // other member moves).
   VRing<T> vring;
+  // Dynamic tiles: the next tile, from producer warp 0 to itself and the consumers (TileHandoff;
+  // last, so that no other member moves).
+  TileHandoff<T> tiles;
 };
 
 struct TileCoord {
@@ -331,6 +366,55 @@ __device__ __forceinline__ TileCoord tile_coord(const BsaFwdSm90Params& p, int t
   c.h = bh % p.Hq;
   c.b = bh / p.Hq;
   return c;
+}
+
+// ---- the CTA's walk over its tiles --------------------------------------------------------------
+// Static order: tile blockIdx.x, then + gridDim.x each time (the default and split-KV kernels, and
+// the masked and packed ones without a counter). Dynamic tiles: the t-th tile handed out (t =
+// blockIdx.x first, then gridDim.x + the counter's next value) is tile descending_tile(t), the same
+// (batch, head) with query block m = N_q - 1 - t % N_q, so that m still runs fastest, downwards.
+// In the masked and packed kernels producer warp 0 hands every tile after the first to itself and
+// the consumers through s.tiles (persistent_items.cuh), in either order; the consumers hold no
+// counter, grid size or mode across their tile loop (each cost the block-64 kernels a spill).
+__device__ __forceinline__ uint32_t descending_tile(const BsaFwdSm90Params& p, uint32_t t) {
+  const uint32_t nq = static_cast<uint32_t>(p.Nq);
+  const uint32_t m = t % nq;
+  return t - m + (nq - 1 - m);  // < num_tiles, a multiple of N_q
+}
+
+template <class T>
+__device__ __forceinline__ int first_tile(const BsaFwdSm90Params& p) {
+  if constexpr (T::kDynamicTiles) {
+    if (p.tile_counter != nullptr) return static_cast<int>(descending_tile(p, blockIdx.x));
+  }
+  return static_cast<int>(blockIdx.x);
+}
+
+// The tile after `tile` in this CTA's walk (num_tiles or more: the end); k counts the CTA's tiles
+// before `tile` and is advanced here. kClaims: the producer's copy (warp 0), which publishes the
+// next tile before reading it back. Every lane of the warp calls it; the result is warp-uniform.
+template <class T, bool kClaims>
+__device__ __forceinline__ int next_tile(const BsaFwdSm90Params& p, SharedStorage<T>& s, int tile,
+                                         uint32_t& k) {
+  if constexpr (T::kDynamicTiles) {
+    if constexpr (kClaims) {
+      const bool lane0 = threadIdx.x == 0;
+      const uint32_t items = static_cast<uint32_t>(p.num_tiles);
+      const uint32_t grid = grid_ctas();
+      wait_item_slot(s.tiles, k);
+      uint32_t next;
+      if (p.tile_counter != nullptr) {
+        next = counter_item(p.tile_counter, items, grid, lane0);
+        if (next < items) next = descending_tile(p, next);
+      } else {
+        next = min(static_cast<uint32_t>(tile) + grid, items);
+      }
+      publish_item(s.tiles, k, next, lane0);
+    }
+    return static_cast<int>(handed_item(s.tiles, ++k));
+  } else {
+    return static_cast<int>(tile + gridDim.x);
+  }
 }
 
 // The slots [lo, lo + n) of the row's block list that tile `tc` walks: all of them, or in split-KV
@@ -687,8 +771,10 @@ __device__ __forceinline__ void producer_main(const BsaFwdSm90Params& p, SharedS
   KvSlot<T> next{};  // the ring position the next stage takes
   uint32_t pad_phase = 0;  // of v_pad
   [[maybe_unused]] uint32_t vc = 0;  // key-split mode: stages handed to warp 1 (vring_push)
+  [[maybe_unused]] uint32_t walked = 0;  // masked and packed kernels: the tiles before this one
 #pragma unroll 1
-  for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
+  for (int tile = first_tile<T>(p); tile < p.num_tiles;
+       tile = next_tile<T, true>(p, s, tile, walked)) {
     const TileCoord tc = tile_coord<T>(p, tile);
     // Packed: the tile's sequence; a query block past its end loads nothing (nor does it read its
     // row of the metadata).
@@ -964,8 +1050,11 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
   int lead_wg = 0;
   uint8_t* s_o = reinterpret_cast<uint8_t*>(s.o) + wg * 64 * T::kRowBytes;
 
+  [[maybe_unused]] uint32_t walked = 0;  // masked and packed kernels: the tiles before this one
+
 #pragma unroll 1
-  for (int tile = blockIdx.x; tile < p.num_tiles; tile += gridDim.x) {
+  for (int tile = first_tile<T>(p); tile < p.num_tiles;
+       tile = next_tile<T, false>(p, s, tile, walked)) {
     const TileCoord tc = tile_coord<T>(p, tile);
     // Packed: the tile's sequence, its values in this warp's words in shared memory (SharedSeq;
     // dense batches read the params). A query block past the sequence's end reads no metadata
@@ -1297,11 +1386,12 @@ __device__ __forceinline__ void consumer_main(const BsaFwdSm90Params& p, SharedS
       }
     }
     named_barrier_sync(id(my_epilogue), 128);
-    // Packed: the copy-out's thread index made opaque here, so that its per-thread row addresses
-    // are formed in the epilogue instead of being hoisted out of the tile loop (held through the
-    // mainloop, the block-64 D-128 consumer spilled them).
+    // Masked and packed: the copy-out's thread index made opaque here, so that its per-thread row
+    // addresses are formed in the epilogue instead of being hoisted out of the tile loop (held
+    // through the mainloop, the block-64 D-128 consumer spilled them: packed since session 37,
+    // masked under nvcc 13.0 before session 47, both with the tile hand-off's state).
     int out_tid = wtid;
-    if constexpr (T::kVarlen) asm volatile("" : "+r"(out_tid));
+    if constexpr (T::kMasked) asm volatile("" : "+r"(out_tid));
 #pragma unroll
     for (int it = 0; it < 64 * kChunks / 128; ++it) {
       const int idx = it * 128 + out_tid;
@@ -1343,6 +1433,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kCtasPerSm)
         mbarrier_init(&s.vring.empty[i], 32);
       }
     }
+    if constexpr (T::kDynamicTiles) item_handoff_init(s.tiles, kTileWalkers<T>);
     fence_mbarrier_init();
   }
   __syncthreads();

@@ -72,6 +72,13 @@ size_t bsa_fwd_workspace_bytes(const BsaFwdProblem& p) {
   return sm90::bsa_forward_workspace_bytes(p);
 }
 
+// Split-KV's partials are required; the masked and packed calls' tile counter is not (without
+// it their kernels take the static tile order).
+bool bsa_fwd_workspace_optional(const BsaFwdProblem& p) {
+  DeviceScope scope(p.device_index);
+  return sm90::bsa_forward_workspace_optional(p);
+}
+
 void bsa_fwd_run(const BsaFwdProblem& p, const ExecContext& ctx) {
   DeviceScope scope(p.device_index);
   cudaStream_t stream = ctx.stream;
@@ -110,6 +117,9 @@ std::string dsa_fwd_unsupported(const DsaFwdProblem& p) {
 size_t dsa_fwd_workspace_bytes(const DsaFwdProblem& p) {
   return sm90::dsa_forward_workspace_bytes(p);
 }
+
+// The forward's workspace (an item counter, with topk_length) is optional.
+bool dsa_fwd_workspace_optional(const DsaFwdProblem&) { return true; }
 
 void dsa_fwd_run(const DsaFwdProblem& p, const ExecContext& ctx) {
   DeviceScope scope(p.device_index);
@@ -202,10 +212,11 @@ void indexer_loss_run(const IndexerLossProblem& p, const ExecContext& ctx) {
 extern const Implementation kSm90Implementation = {
     SA_IMPL_SM90,
     "sm90",
-    /*bsa_fwd=*/{&bsa_fwd_unsupported, &bsa_fwd_workspace_bytes, &bsa_fwd_run},
+    /*bsa_fwd=*/{&bsa_fwd_unsupported, &bsa_fwd_workspace_bytes, &bsa_fwd_run,
+                 &bsa_fwd_workspace_optional},
     /*bsa_bwd=*/{&bsa_bwd_unsupported, &bsa_bwd_workspace_bytes, &bsa_bwd_run},
-    // The forward's workspace (an item counter, with topk_length) is optional.
-    /*dsa_fwd=*/{&dsa_fwd_unsupported, &dsa_fwd_workspace_bytes, &dsa_fwd_run, true},
+    /*dsa_fwd=*/{&dsa_fwd_unsupported, &dsa_fwd_workspace_bytes, &dsa_fwd_run,
+                 &dsa_fwd_workspace_optional},
     /*dsa_bwd=*/{&dsa_bwd_unsupported, &dsa_bwd_workspace_bytes, &dsa_bwd_run},
     // The DSA indexer (SPEC 5): scores, top-k, and the loss with the Hopper attention target.
     /*indexer_scores=*/{&indexer_scores_unsupported, nullptr, &indexer_scores_run},
