@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# (Copy into .devcall/ before use.) s48a.sh and s48b.sh in one call (~450 s; carry this script,
-# .devcall/s47g.tar.xz, s48a.tar.xz and s48b.tar.xz, ~31 MB): the no-dk diagnostic, one A/B of
-# main / red.v4 / prologue, then each patch's loss suites and sanitizers (shards in parallel).
+# (Copy into .devcall/ before use.) Prepared in session 47 for session 48 (~450 s; carry this
+# script, .devcall/s47g.tar.xz (bins/cli_diag: main + s47-indexer-order-and-no-dk-diag.patch),
+# s48a.tar.xz (bins/cli_main = main's CLI, cli_v4 / t_v4 = main + s47-indexer-dk-red-v4.patch) and
+# s48b.tar.xz (bins/cli_pro / t_pro = main + s47-indexer-loss-prologue.patch), ~31 MB; rebuild them
+# from the patches if .devcall/ is gone): the no-dk diagnostic, one A/B of main / red.v4 /
+# prologue, then each patch's loss suites and sanitizers (shards in parallel).
 set -u
 cd "$(dirname "$0")/.."
 mkdir -p /tmp/g /tmp/a /tmp/b
