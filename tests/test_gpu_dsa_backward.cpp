@@ -676,6 +676,44 @@ TEST(Sm90DsaBackwardFixedPoint, ScaleExtremesAndRetriesMatchReference) {
   }
 }
 
+// Deterministic mode's NaN rows: a NaN in q (token 1, head 3) reaches every dkv row that token
+// selected, and those rows are NaN in every column in the reference as in the fixed-point mode;
+// every other element is finite and matches; three runs bitwise equal (NaN bits included).
+TEST(Sm90DsaBackwardFixedPoint, NaNInQMarksExactlyTheReferenceRows) {
+  SA_SKIP_WITHOUT_GPU();
+  SA_SKIP_UNLESS_SM90();
+  const DsaShape shape = shape_of(6, 200, 64, 576, 48);
+  DsaHostCase c = make_dsa_host_case(shape, spec_of(DsaLengths::kNone, false, false, DsaSink::kNone),
+                                     SA_DTYPE_BF16, seed_of(0xdb5a, "FixedPointNaN"));
+  poison_unselected_kv_rows(c);
+  Inputs in;
+  ASSERT_NO_FATAL_FAILURE(run_reference_forward(c, &in));
+  c.q.set((1 * shape.H + 3) * shape.Dqk + 17, std::numeric_limits<double>::quiet_NaN());
+  Grads want, got, again;
+  ASSERT_NO_FATAL_FAILURE(run_reference_backward(c, in, &want));
+  ASSERT_NO_FATAL_FAILURE(run_gpu(c, in, Variant::kSm90, true, &got));
+  ASSERT_NO_FATAL_FAILURE(run_gpu(c, in, Variant::kSm90, true, &again));
+  EXPECT_TRUE(bitwise_equal(again.dkv, got.dkv));
+  const std::vector<double> a = got.dkv.to_double(), b = want.dkv.to_double();
+  int64_t nan_rows = 0;
+  std::vector<double> fa, fb;
+  for (int64_t j = 0; j < shape.Skv; ++j) {
+    bool ref_nan_row = true;
+    for (int64_t d = 0; d < shape.Dqk; ++d) ref_nan_row &= std::isnan(b[j * shape.Dqk + d]);
+    nan_rows += ref_nan_row ? 1 : 0;
+    for (int64_t d = 0; d < shape.Dqk; ++d) {
+      const size_t at = static_cast<size_t>(j * shape.Dqk + d);
+      ASSERT_EQ(std::isnan(a[at]), std::isnan(b[at])) << "dkv[" << j << ", " << d << "]";
+      if (!std::isnan(a[at])) {
+        fa.push_back(a[at]);
+        fb.push_back(b[at]);
+      }
+    }
+  }
+  EXPECT_GT(nan_rows, 0);
+  EXPECT_LT(rel_l2(fa, fb), 1e-2);
+}
+
 // AUTO picks the Hopper backward on an sm_90 device, and the portable one in deterministic mode
 // below 64 heads (expect_case_matches checks impl_used).
 TEST(Sm90DsaBackwardDispatch, AutoPicksTheHopperBackwardExceptDeterministicBelow64Heads) {
