@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdint>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <string>
@@ -460,16 +461,23 @@ void expect_matches(const DsaHostCase& c, const Inputs& in, const Grads& got, co
   }
 }
 
+// Changes to a built case before the reference forward (case) and after it (its out and lse).
+using CaseTweak = std::function<void(DsaHostCase&)>;
+using InputsTweak = std::function<void(DsaHostCase&, Inputs&)>;
+
 // Case `p` through each of `variants` against the fp64 reference; deterministic cases also run
 // each variant 3 times and must give the same bits.
-void expect_case_matches(const GpuDsaBwdCase& p, const std::vector<Variant>& variants) {
+void expect_case_matches(const GpuDsaBwdCase& p, const std::vector<Variant>& variants,
+                         const CaseTweak& before = {}, const InputsTweak& after = {}) {
   DsaHostCase c = make_dsa_host_case(p.shape, p.spec, SA_DTYPE_BF16, seed_of(0xdb5a, p.name));
+  if (before) before(c);
 
   // NaN in every kv row no active slot selects: the kernel must never read them.
   ::testing::Test::RecordProperty("poisoned_kv_rows", poison_unselected_kv_rows(c));
 
   Inputs in;
   ASSERT_NO_FATAL_FAILURE(run_reference_forward(c, &in));
+  if (after) after(c, in);
   Grads want;
   ASSERT_NO_FATAL_FAILURE(run_reference_backward(c, in, &want));
   for (Variant v : variants) {
@@ -630,6 +638,80 @@ TEST(Sm90DsaBackwardTuned, TokenGroupsInOrderMatchReference) {
     }
   }
   EXPECT_EQ(found, static_cast<int>(std::size(names)));
+}
+
+// Deterministic mode's fixed point (cuda/dsa_fixed_point.cuh) where the scale's estimate misses
+// its window, so that the second pass runs: (a) a huge dout on an empty row (the estimate sees
+// it, no value does: s0 far too small for the values), (b) an out of 10^6 times kv's size on one
+// token (delta, hence dS', beyond the estimate's premise: the values overflow s0's range); and
+// gradients scaled by 2^-120 and 2^60 (s near both ends of its clamp). Each against the fp64
+// reference, three runs bitwise equal.
+TEST(Sm90DsaBackwardFixedPoint, ScaleExtremesAndRetriesMatchReference) {
+  SA_SKIP_WITHOUT_GPU();
+  SA_SKIP_UNLESS_SM90();
+  const GpuDsaBwdCase p{"FixedPoint", shape_of(9, 300, 64, 576, 80),
+                        spec_of(DsaLengths::kMixed, true, true, DsaSink::kFinite), true};
+  const int64_t H = p.shape.H, Dv = p.shape.Dv;
+  auto scale_dout = [](double f) {
+    return [f](DsaHostCase& c) {
+      for (int64_t e = 0; e < c.dout.numel(); ++e) c.dout.set(e, c.dout.get(e) * f);
+    };
+  };
+  {
+    SCOPED_TRACE("huge dout on an empty row");
+    expect_case_matches(p, {Variant::kSm90}, [&](DsaHostCase& c) {
+      c.topk_length.i32()[0] = 0;
+      for (int64_t e = 0; e < H * Dv; ++e) c.dout.set(e, 1e30);
+    });
+  }
+  {
+    SCOPED_TRACE("out 1e6 times larger on token 1");
+    expect_case_matches(p, {Variant::kSm90}, {}, [&](DsaHostCase&, Inputs& in) {
+      for (int64_t e = H * Dv; e < 2 * H * Dv; ++e) in.out.set(e, in.out.get(e) * 1e6);
+    });
+  }
+  for (double f : {std::ldexp(1.0, -120), std::ldexp(1.0, 60)}) {
+    SCOPED_TRACE("dout times " + std::to_string(f));
+    expect_case_matches(p, {Variant::kSm90}, scale_dout(f));
+  }
+}
+
+// Deterministic mode's NaN rows: a NaN in q (token 1, head 3) reaches every dkv row that token
+// selected, and those rows are NaN in every column in the reference as in the fixed-point mode;
+// every other element is finite and matches; three runs bitwise equal (NaN bits included).
+TEST(Sm90DsaBackwardFixedPoint, NaNInQMarksExactlyTheReferenceRows) {
+  SA_SKIP_WITHOUT_GPU();
+  SA_SKIP_UNLESS_SM90();
+  const DsaShape shape = shape_of(6, 200, 64, 576, 48);
+  DsaHostCase c = make_dsa_host_case(shape, spec_of(DsaLengths::kNone, false, false, DsaSink::kNone),
+                                     SA_DTYPE_BF16, seed_of(0xdb5a, "FixedPointNaN"));
+  poison_unselected_kv_rows(c);
+  Inputs in;
+  ASSERT_NO_FATAL_FAILURE(run_reference_forward(c, &in));
+  c.q.set((1 * shape.H + 3) * shape.Dqk + 17, std::numeric_limits<double>::quiet_NaN());
+  Grads want, got, again;
+  ASSERT_NO_FATAL_FAILURE(run_reference_backward(c, in, &want));
+  ASSERT_NO_FATAL_FAILURE(run_gpu(c, in, Variant::kSm90, true, &got));
+  ASSERT_NO_FATAL_FAILURE(run_gpu(c, in, Variant::kSm90, true, &again));
+  EXPECT_TRUE(bitwise_equal(again.dkv, got.dkv));
+  const std::vector<double> a = got.dkv.to_double(), b = want.dkv.to_double();
+  int64_t nan_rows = 0;
+  std::vector<double> fa, fb;
+  for (int64_t j = 0; j < shape.Skv; ++j) {
+    bool ref_nan_row = true;
+    for (int64_t d = 0; d < shape.Dqk; ++d) ref_nan_row &= std::isnan(b[j * shape.Dqk + d]);
+    nan_rows += ref_nan_row ? 1 : 0;
+    for (int64_t d = 0; d < shape.Dqk; ++d) {
+      const size_t at = static_cast<size_t>(j * shape.Dqk + d);
+      ASSERT_EQ(std::isnan(a[at]), std::isnan(b[at])) << "dkv[" << j << ", " << d << "]";
+      if (!std::isnan(a[at])) {
+        fa.push_back(a[at]);
+        fb.push_back(b[at]);
+      }
+    }
+  }
+  EXPECT_GT(nan_rows, 0);
+  EXPECT_LT(rel_l2(fa, fb), 1e-2);
 }
 
 // AUTO picks the Hopper backward on an sm_90 device, and the portable one in deterministic mode

@@ -118,6 +118,13 @@ __device__ __forceinline__ void red_add_f32x4(float* addr, float4 v) {
 #endif
 }
 
+// *addr += v in global memory (64-bit two's complement, no return value; addr 8-byte aligned).
+// Integer additions commute exactly: the sum is the same in every arrival order. No "memory"
+// clobber, as red_add_f32x4.
+__device__ __forceinline__ void red_add_s64(int64_t* addr, int64_t v) {
+  asm volatile("red.global.add.u64 [%0], %1;\n" ::"l"(addr), "l"(v));
+}
+
 // atomicAdd(ptr, 1) on global memory by the threads with `pred` set, without a branch; returns
 // the old value there (0 elsewhere).
 __device__ __forceinline__ uint32_t atomic_inc_if(uint32_t* ptr, bool pred) {
@@ -147,6 +154,19 @@ template <>
 __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
   __half2 v = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// A packed pair of Element -> two floats (`lo` from the low 16 bits), exact.
+template <class Element>
+__device__ __forceinline__ float2 unpack2(uint32_t v);
+template <>
+__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(uint32_t v) {
+  return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+}
+template <>
+__device__ __forceinline__ float2 unpack2<__half>(uint32_t v) {
+  __half2 h = *reinterpret_cast<__half2*>(&v);
+  return __half22float2(h);
 }
 
 // The same pointer, opaque to the compiler: offsets added to it afterwards stay immediates of

@@ -3,12 +3,14 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <utility>
 #include <cub/device/device_radix_sort.cuh>
 
 #include "common/cuda_check.hpp"
 #include "common/device_math.cuh"
 #include "common/error.hpp"
 #include "cuda/dsa_backward_aux.hpp"
+#include "cuda/dsa_fixed_point.cuh"
 
 namespace sa::portable::dsa_bwd {
 namespace {
@@ -81,6 +83,20 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) d_sink[h * stride] = has_sink ? part[0] : 0.f;
 }
 
+// The kv row of slot (t, i) when it is active (SPEC 2, the kernels' rule), else skv.
+__device__ __forceinline__ int64_t slot_key(const SlotKeyArgs& a, int64_t t, int i) {
+  int n = a.topk;
+  if (a.len != nullptr) {
+    const int32_t len = a.len[t * a.len_s];
+    n = len <= 0 ? 0 : min(len, a.topk);
+  }
+  if (i < n) {
+    const int32_t j = a.idx[t * a.idx_ss + i * a.idx_si];
+    if (j >= 0 && j < a.skv) return j;
+  }
+  return a.skv;
+}
+
 __global__ void __launch_bounds__(kThreads)
     slot_keys_kernel(const SlotKeyArgs a, int64_t tok_begin, int64_t tokens,
                      uint32_t* __restrict__ keys, uint32_t* __restrict__ vals) {
@@ -89,19 +105,108 @@ __global__ void __launch_bounds__(kThreads)
        e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t tl = e / a.topk;
     const int i = static_cast<int>(e - tl * a.topk);
-    const int64_t t = tok_begin + tl;
-    int n = a.topk;
-    if (a.len != nullptr) {
-      const int32_t len = a.len[t * a.len_s];
-      n = len <= 0 ? 0 : min(len, a.topk);
-    }
-    int64_t key = a.skv;  // inactive: after every real key
-    if (i < n) {
-      const int32_t j = a.idx[t * a.idx_ss + i * a.idx_si];
-      if (j >= 0 && j < a.skv) key = j;
-    }
-    keys[e] = static_cast<uint32_t>(key);
+    keys[e] = static_cast<uint32_t>(slot_key(a, tok_begin + tl, i));  // inactive: after all
     vals[e] = static_cast<uint32_t>(e);
+  }
+}
+
+// ---- fixed-point deterministic mode ----
+
+__global__ void __launch_bounds__(kThreads)
+    fix_count_keys_kernel(const SlotKeyArgs a, int64_t sq, uint32_t* __restrict__ counts) {
+  const int64_t items = sq * a.topk;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < items;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t t = e / a.topk;
+    const int64_t j = slot_key(a, t, static_cast<int>(e - t * a.topk));
+    if (j < a.skv) atomicAdd(counts + j, 1u);
+  }
+}
+
+// The block's largest of `m` (every thread passes it) into *out, one atomic per block.
+__device__ __forceinline__ void block_max_into(uint32_t m, uint32_t* out) {
+  __shared__ uint32_t warp_max[kThreads / 32];
+  m = __reduce_max_sync(0xffffffffu, m);
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    m = threadIdx.x < kThreads / 32 ? warp_max[threadIdx.x] : 0u;
+    m = __reduce_max_sync(0xffffffffu, m);
+    if (threadIdx.x == 0 && m != 0) atomicMax(out, m);
+  }
+}
+
+// One warp per row, 8 elements per lane and step: the largest finite |x| as float bits.
+template <class Element>
+__global__ void __launch_bounds__(kThreads) fix_max_abs_kernel(const FixRows a, uint32_t* out) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warps = int64_t{gridDim.x} * (kThreads / 32);
+  const int64_t rows = a.outer * a.inner;
+  uint32_t m = 0;
+  for (int64_t r = blockIdx.x * int64_t{kThreads / 32} + threadIdx.x / 32; r < rows; r += warps) {
+    const int64_t o = r / a.inner;
+    const Element* row =
+        static_cast<const Element*>(a.base) + o * a.s_outer + (r - o * a.inner) * a.s_inner;
+    for (int c = 8 * lane; c < a.len; c += 256) {
+      const uint4 v = *reinterpret_cast<const uint4*>(row + c);
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      for (int k = 0; k < 4; ++k) {
+        const float2 f = unpack2<Element>(w[k]);
+        const uint32_t b0 = __float_as_uint(f.x) & 0x7fffffffu;
+        const uint32_t b1 = __float_as_uint(f.y) & 0x7fffffffu;
+        if (b0 < 0x7f800000u) m = max(m, b0);
+        if (b1 < 0x7f800000u) m = max(m, b1);
+      }
+    }
+  }
+  block_max_into(m, out);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    fix_max_u32_kernel(const uint32_t* __restrict__ v, int64_t n, uint32_t* out) {
+  uint32_t m = 0;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n;
+       e += int64_t{gridDim.x} * blockDim.x)
+    m = max(m, v[e]);
+  block_max_into(m, out);
+}
+
+__device__ __forceinline__ FixScale fix_scale_of(const FixScaleArgs& s) {
+  return fix_scale(*s.ctl, s.scale, s.rows, s.head_groups);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    fix_zero_if_retry_kernel(int64_t* __restrict__ fix, int64_t n, const FixScaleArgs s) {
+  if (!fix_scale_of(s).retry) return;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < n / 2;
+       e += int64_t{gridDim.x} * blockDim.x)
+    reinterpret_cast<uint4*>(fix)[e] = make_uint4(0u, 0u, 0u, 0u);
+}
+
+// Four columns per thread: two 16-byte loads, one 8-byte store. int64 -> double is exact to 53
+// bits, the power of two exact, then one rounding to float and one to Element (the same on every
+// run).
+template <class Element>
+__global__ void __launch_bounds__(kThreads)
+    convert_dkv_fixed_kernel(const int64_t* __restrict__ fix, const uint32_t* __restrict__ bad,
+                             const FixScaleArgs s, Element* __restrict__ dkv, int64_t skv, int dqk,
+                             int64_t dkv_ss) {
+  const double inv = ldexp(1.0, -fix_scale_of(s).s);
+  const int quads = dqk / 4;
+  const int64_t items = skv * quads;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < items;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t j = e / quads;
+    const int c = 4 * static_cast<int>(e - j * quads);
+    const longlong2* src = reinterpret_cast<const longlong2*>(fix + j * dqk + c);
+    const longlong2 a = src[0], b = src[1];
+    float v[4] = {static_cast<float>(static_cast<double>(a.x) * inv),
+                  static_cast<float>(static_cast<double>(a.y) * inv),
+                  static_cast<float>(static_cast<double>(b.x) * inv),
+                  static_cast<float>(static_cast<double>(b.y) * inv)};
+    if (bad[j] != 0u) v[0] = v[1] = v[2] = v[3] = __uint_as_float(0x7fffffffu);
+    *reinterpret_cast<uint2*>(dkv + j * dkv_ss + c) =
+        make_uint2(pack2<Element>(v[0], v[1]), pack2<Element>(v[2], v[3]));
   }
 }
 
@@ -211,6 +316,61 @@ void sort_slots(void* temp, size_t temp_bytes, const uint32_t* keys_in, uint32_t
                 cudaStream_t stream) {
   SA_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys_out, vals_in,
                                                 vals_out, n, 0, end_bit, stream));
+}
+
+void fix_count_keys(const SlotKeyArgs& a, int64_t sq, uint32_t* counts, cudaStream_t stream) {
+  if (sq * a.topk == 0) return;
+  fix_count_keys_kernel<<<grid_for(sq * a.topk, kThreads), kThreads, 0, stream>>>(a, sq, counts);
+  SA_CUDA_CHECK_LAUNCH();
+}
+
+void fix_input_maxima(const FixRows& q, const FixRows& dout, const FixRows& kv,
+                      const uint32_t* counts, int64_t skv, sa_dtype dtype, FixCtl* ctl,
+                      cudaStream_t stream) {
+  // At most 1,024 blocks (one atomic each per tensor).
+  const auto blocks = [](int64_t rows) {
+    return static_cast<unsigned>(std::max<int64_t>(
+        1, std::min<int64_t>((rows + kThreads / 32 - 1) / (kThreads / 32), 1024)));
+  };
+  const std::pair<const FixRows*, uint32_t*> parts[3] = {
+      {&q, &ctl->max_q}, {&dout, &ctl->max_dout}, {&kv, &ctl->max_kv}};
+  for (const auto& [rows, out] : parts) {
+    const int64_t n = rows->outer * rows->inner;
+    if (n == 0) continue;
+    if (dtype == SA_DTYPE_BF16) {
+      fix_max_abs_kernel<__nv_bfloat16><<<blocks(n), kThreads, 0, stream>>>(*rows, out);
+    } else {
+      SA_CHECK(dtype == SA_DTYPE_FP16, SA_ERROR_INTERNAL,
+               "fix_input_maxima: 16-bit dtype expected");
+      fix_max_abs_kernel<__half><<<blocks(n), kThreads, 0, stream>>>(*rows, out);
+    }
+    SA_CUDA_CHECK_LAUNCH();
+  }
+  if (skv > 0) {
+    fix_max_u32_kernel<<<std::min(grid_for(skv, kThreads), 1024u), kThreads, 0, stream>>>(
+        counts, skv, &ctl->count);
+    SA_CUDA_CHECK_LAUNCH();
+  }
+}
+
+void fix_zero_if_retry(int64_t* fix, int64_t n, const FixScaleArgs& s, cudaStream_t stream) {
+  fix_zero_if_retry_kernel<<<std::min(grid_for(n / 2, kThreads), 2048u), kThreads, 0, stream>>>(
+      fix, n, s);
+  SA_CUDA_CHECK_LAUNCH();
+}
+
+void convert_dkv_fixed(const int64_t* fix, const uint32_t* bad, const FixScaleArgs& s, void* dkv,
+                       sa_dtype dtype, int64_t skv, int dqk, int64_t dkv_ss, cudaStream_t stream) {
+  const unsigned grid = grid_for(skv * (dqk / 4), kThreads);
+  if (dtype == SA_DTYPE_BF16) {
+    convert_dkv_fixed_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(
+        fix, bad, s, static_cast<__nv_bfloat16*>(dkv), skv, dqk, dkv_ss);
+  } else {
+    SA_CHECK(dtype == SA_DTYPE_FP16, SA_ERROR_INTERNAL, "convert_dkv_fixed: 16-bit dtype expected");
+    convert_dkv_fixed_kernel<__half>
+        <<<grid, kThreads, 0, stream>>>(fix, bad, s, static_cast<__half*>(dkv), skv, dqk, dkv_ss);
+  }
+  SA_CUDA_CHECK_LAUNCH();
 }
 
 void reduce_partials(const uint32_t* keys, const uint32_t* vals, int n, const float* part,

@@ -63,4 +63,43 @@ void sort_slots(void* temp, size_t temp_bytes, const uint32_t* keys_in, uint32_t
 void reduce_partials(const uint32_t* keys, const uint32_t* vals, int n, const float* part,
                      float* acc, int64_t skv, int dqk, int topk, int groups, cudaStream_t stream);
 
+// Fixed-point deterministic mode (cuda/dsa_fixed_point.cuh) ----------------------------------
+struct FixCtl;
+
+// counts[j] += the active slots (the kernel's rule, as slot_keys) on key j over tokens [0, sq).
+// counts zeroed before; [skv].
+void fix_count_keys(const SlotKeyArgs& a, int64_t sq, uint32_t* counts, cudaStream_t stream);
+
+// The tensors the scale's estimate reads: rows of `len` contiguous elements (a multiple of 8,
+// 16-byte aligned), row (o, i) at o * s_outer + i * s_inner, o < outer, i < inner.
+struct FixRows {
+  const void* base;
+  int64_t s_outer, s_inner, outer, inner;
+  int len;
+};
+
+// ctl->max_q, max_dout, max_kv = the largest finite |element| of q, dout, kv (kv's rows in kv's
+// leading columns only: D_qk), ctl->count = the largest counts[j]; ctl zeroed before. 16-bit
+// floats of `dtype`.
+void fix_input_maxima(const FixRows& q, const FixRows& dout, const FixRows& kv,
+                      const uint32_t* counts, int64_t skv, sa_dtype dtype, FixCtl* ctl,
+                      cudaStream_t stream);
+
+// What fix_scale needs besides the control words.
+struct FixScaleArgs {
+  const FixCtl* ctl;
+  float scale;      // the softmax scale
+  int rows;         // heads per work item: min(H, the kernel's M)
+  int head_groups;  // work items per token
+};
+
+// fix[0, n) = 0 when fix_scale says retry (after the first pass), else nothing. n even, fix
+// 16-byte aligned.
+void fix_zero_if_retry(int64_t* fix, int64_t n, const FixScaleArgs& s, cudaStream_t stream);
+
+// dkv[j, c] = fix[j * dqk + c] 2^-s in `dtype`, or NaN for every column of a row with bad[j] != 0.
+// dkv rows at j * dkv_ss elements, 8-byte aligned; dqk and dkv_ss multiples of 4.
+void convert_dkv_fixed(const int64_t* fix, const uint32_t* bad, const FixScaleArgs& s, void* dkv,
+                       sa_dtype dtype, int64_t skv, int dqk, int64_t dkv_ss, cudaStream_t stream);
+
 }  // namespace sa::portable::dsa_bwd

@@ -9,6 +9,7 @@
 
 #include "common/cuda_check.hpp"
 #include "common/error.hpp"
+#include "cuda/dsa_fixed_point.cuh"
 #include "cuda/dsa_token_groups.hpp"
 #include "cuda/launch_checks.hpp"
 
@@ -47,6 +48,108 @@ constexpr size_t kAlign = 256;
 
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
+// Steps 1f-3f (dsa_backward_driver.hpp): deterministic mode by fixed point. prm holds the
+// workspace pointers of the other steps (d_sink terms, item counter).
+void run_fixed(const DsaBwdProblem& p, const WorkspacePlan& plan, uint8_t* base,
+               const SlotKeyArgs& rows, DsaBwdParams prm, const KernelPolicy& kernel,
+               cudaStream_t stream) {
+  const DsaDims& d = p.dims;
+  auto* fix = reinterpret_cast<int64_t*>(base + plan.fix);
+  auto* bad = reinterpret_cast<uint32_t*>(base + plan.bad);
+  auto* counts = reinterpret_cast<uint32_t*>(base + plan.counts);
+  auto* ctl = reinterpret_cast<FixCtl*>(base + plan.ctl);
+  const int64_t n = d.Skv * d.Dqk;
+  SA_CUDA_CHECK(cudaMemsetAsync(fix, 0, static_cast<size_t>(n) * 8, stream));
+  SA_CUDA_CHECK(cudaMemsetAsync(bad, 0, static_cast<size_t>(d.Skv) * 4, stream));
+  SA_CUDA_CHECK(cudaMemsetAsync(counts, 0, static_cast<size_t>(d.Skv) * 4, stream));
+  SA_CUDA_CHECK(cudaMemsetAsync(ctl, 0, sizeof(FixCtl), stream));
+  fix_count_keys(rows, d.Sq, counts, stream);
+  const FixRows q{p.q.data, p.q.ss, p.q.sh, d.Sq, d.H, static_cast<int>(d.Dqk)};
+  const FixRows dout{p.dout.data, p.dout.ss, p.dout.sh, d.Sq, d.H, static_cast<int>(d.Dv)};
+  const FixRows kv{p.kv.data, p.kv.ss, 0, d.Skv, 1, static_cast<int>(d.Dqk)};
+  fix_input_maxima(q, dout, kv, counts, d.Skv, p.dtype, ctl, stream);
+  prm.dkv_fix = fix;
+  prm.dkv_bad = bad;
+  prm.fix_ctl = ctl;
+  prm.tok_begin = 0;
+  const FixScaleArgs scale{ctl, prm.scale,
+                           static_cast<int>(std::min<int64_t>(d.H, plan.heads_per_cta)),
+                           static_cast<int>(plan.groups)};
+  for (int pass = 0; pass < 2; ++pass) {
+    if (pass == 1) fix_zero_if_retry(fix, n, scale, stream);
+    prm.fix_pass = pass;
+    kernel.launch(prm, d.Sq * plan.groups, p.device_index, stream);
+  }
+  convert_dkv_fixed(fix, bad, scale, p.dkv.data, p.dtype, d.Skv, static_cast<int>(d.Dqk), p.dkv.ss,
+                    stream);
+}
+
+// Steps 1-3 (or 2g and 2, or 2a-2d per slice; dsa_backward_driver.hpp): dkv through the fp32
+// accumulator prm.dkv_acc.
+void run_accumulated(const DsaBwdProblem& p, const WorkspacePlan& plan, uint8_t* base,
+                     const SlotKeyArgs& rows, DsaBwdParams prm, const KernelPolicy& kernel,
+                     cudaStream_t stream) {
+  const DsaDims& d = p.dims;
+  const int dqk = static_cast<int>(d.Dqk);
+  float* acc = prm.dkv_acc;
+  SA_CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<size_t>(d.Skv * d.Dqk) * 4, stream));
+  if (plan.group_tokens > 0) {
+    const int G = plan.group_tokens;
+    const int64_t all = (d.Sq + G - 1) / G;
+    TokenGroupArgs groups{};
+    groups.rows = rows;
+    groups.sq = d.Sq;
+    groups.G = G;
+    groups.cap = plan.group_cap;
+    groups.keys = reinterpret_cast<int32_t*>(base + plan.group_keys);
+    groups.mult = reinterpret_cast<uint32_t*>(base + plan.group_mult);
+    groups.entries = reinterpret_cast<int32_t*>(base + plan.group_len);
+    groups.present = reinterpret_cast<uint32_t*>(base + plan.group_present);
+    prm.group_keys = groups.keys;
+    prm.group_mult = groups.mult;
+    prm.group_len = groups.entries;
+    prm.group_present = groups.present;
+    prm.group_cap = plan.group_cap;
+    // A group is one "token" of 64 heads (token_groups_eligible: token stride = H x head stride).
+    prm.q_ss *= G;
+    prm.o_ss *= G;
+    prm.do_ss *= G;
+    prm.dq_ss *= G;
+    prm.lse_ss *= G;
+    prm.head_groups = 1;
+    for (int64_t first = 0; first < all; first += plan.group_slice) {
+      groups.first = first;
+      groups.groups = std::min(plan.group_slice, all - first);
+      build_token_groups(groups, stream);
+      prm.tok_begin = first;  // the slice's first group, as a token of 64 heads
+      kernel.launch(prm, groups.groups, p.device_index, stream);
+    }
+  } else if (!plan.deterministic) {
+    prm.tok_begin = 0;
+    kernel.launch(prm, d.Sq * plan.groups, p.device_index, stream);
+  } else {
+    auto* keys_in = reinterpret_cast<uint32_t*>(base + plan.keys_in);
+    auto* keys_out = reinterpret_cast<uint32_t*>(base + plan.keys_out);
+    auto* vals_in = reinterpret_cast<uint32_t*>(base + plan.vals_in);
+    auto* vals_out = reinterpret_cast<uint32_t*>(base + plan.vals_out);
+    prm.dkv_part = reinterpret_cast<float*>(base + plan.part);
+    for (int64_t t0 = 0; t0 < d.Sq; t0 += plan.slice) {
+      const int64_t tokens = std::min(plan.slice, d.Sq - t0);
+      const int items = static_cast<int>(tokens * d.topk);
+      slot_keys(rows, t0, tokens, keys_in, vals_in, stream);
+      sort_slots(base + plan.cub, plan.cub_bytes, keys_in, keys_out, vals_in, vals_out, items,
+                 plan.end_bit, stream);
+      prm.tok_begin = t0;
+      kernel.launch(prm, tokens * plan.groups, p.device_index, stream);
+      reduce_partials(keys_out, vals_out, items, prm.dkv_part, acc, d.Skv, dqk, prm.topk,
+                      static_cast<int>(plan.groups), stream);
+    }
+  }
+  // Deterministic mode's fixed-order reduction writes the accumulator in natural order.
+  convert_dkv(acc, p.dkv.data, p.dtype, d.Skv, dqk, p.dkv.ss,
+              plan.deterministic ? AccColumns::kNatural : kernel.reduce_columns, stream);
+}
+
 }  // namespace
 
 WorkspacePlan plan_workspace(const DsaBwdProblem& p, int heads_per_cta, int64_t slice_tokens) {
@@ -69,13 +172,21 @@ WorkspacePlan plan_workspace(const DsaBwdProblem& p, const KernelPolicy& kernel,
     at = align_up(at + static_cast<size_t>(bytes));
     return offset;
   };
-  plan.acc = take(d.Skv * d.Dqk * 4);
+  plan.fixed = plan.deterministic && kernel.fixed_point;
+  if (plan.fixed) {
+    plan.fix = take(d.Skv * d.Dqk * 8);
+    plan.bad = take(d.Skv * 4);
+    plan.counts = take(d.Skv * 4);
+    plan.ctl = take(sizeof(FixCtl));
+  } else {
+    plan.acc = take(d.Skv * d.Dqk * 4);
+  }
   if (p.d_sink != nullptr) plan.terms = take(d.H * d.Sq * 4);
   if (p.meta.topk_length.data != nullptr) {
     plan.counter = true;
     plan.counter_at = take(4);
   }
-  if (plan.deterministic) {
+  if (plan.deterministic && !plan.fixed) {
     const int64_t per_token = plan.groups * d.topk * d.Dqk * 4;
     plan.slice =
         slice_tokens > 0 ? slice_tokens : std::max<int64_t>(1, kPartialBytesCap / per_token);
@@ -138,17 +249,14 @@ void run(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes, cudaSt
            op << ": needs " << plan.total << " bytes of workspace, got " << workspace_bytes
               << (workspace == nullptr ? " (null)" : ""));
   uint8_t* base = reinterpret_cast<uint8_t*>(align_up(reinterpret_cast<uintptr_t>(workspace)));
-  float* acc = reinterpret_cast<float*>(base + plan.acc);
-
   DsaBwdParams prm = make_params(p, plan.heads_per_cta);
-  prm.dkv_acc = acc;
+  prm.dkv_acc = plan.fixed ? nullptr : reinterpret_cast<float*>(base + plan.acc);
   prm.sink_terms = p.d_sink != nullptr ? reinterpret_cast<float*>(base + plan.terms) : nullptr;
   // The counter with topk_length or token groups (the plan may hold one for token groups that a
   // policy without them leaves unused: static items then, as without it).
   const bool dynamic = p.meta.topk_length.data != nullptr || plan.group_tokens > 0;
   prm.item_counter =
       plan.counter && dynamic ? reinterpret_cast<uint32_t*>(base + plan.counter_at) : nullptr;
-  const int dqk = static_cast<int>(d.Dqk);
 
   // The index rows as the union builder and the deterministic pass read them.
   SlotKeyArgs rows{};
@@ -160,63 +268,12 @@ void run(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes, cudaSt
   rows.skv = d.Skv;
   rows.topk = prm.topk;
 
-  // 1, 2 (or 2g and 2, or 2a-2d per slice), 3, 4: see dsa_backward_driver.hpp.
-  SA_CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<size_t>(d.Skv * d.Dqk) * 4, stream));
-  if (plan.group_tokens > 0) {
-    const int G = plan.group_tokens;
-    const int64_t all = (d.Sq + G - 1) / G;
-    TokenGroupArgs groups{};
-    groups.rows = rows;
-    groups.sq = d.Sq;
-    groups.G = G;
-    groups.cap = plan.group_cap;
-    groups.keys = reinterpret_cast<int32_t*>(base + plan.group_keys);
-    groups.mult = reinterpret_cast<uint32_t*>(base + plan.group_mult);
-    groups.entries = reinterpret_cast<int32_t*>(base + plan.group_len);
-    groups.present = reinterpret_cast<uint32_t*>(base + plan.group_present);
-    prm.group_keys = groups.keys;
-    prm.group_mult = groups.mult;
-    prm.group_len = groups.entries;
-    prm.group_present = groups.present;
-    prm.group_cap = plan.group_cap;
-    // A group is one "token" of 64 heads (token_groups_eligible: token stride = H x head stride).
-    prm.q_ss *= G;
-    prm.o_ss *= G;
-    prm.do_ss *= G;
-    prm.dq_ss *= G;
-    prm.lse_ss *= G;
-    prm.head_groups = 1;
-    for (int64_t first = 0; first < all; first += plan.group_slice) {
-      groups.first = first;
-      groups.groups = std::min(plan.group_slice, all - first);
-      build_token_groups(groups, stream);
-      prm.tok_begin = first;  // the slice's first group, as a token of 64 heads
-      kernel.launch(prm, groups.groups, p.device_index, stream);
-    }
-  } else if (!plan.deterministic) {
-    prm.tok_begin = 0;
-    kernel.launch(prm, d.Sq * plan.groups, p.device_index, stream);
+  // 1-3 (or their variants), 4: see dsa_backward_driver.hpp.
+  if (plan.fixed) {
+    run_fixed(p, plan, base, rows, prm, kernel, stream);
   } else {
-    auto* keys_in = reinterpret_cast<uint32_t*>(base + plan.keys_in);
-    auto* keys_out = reinterpret_cast<uint32_t*>(base + plan.keys_out);
-    auto* vals_in = reinterpret_cast<uint32_t*>(base + plan.vals_in);
-    auto* vals_out = reinterpret_cast<uint32_t*>(base + plan.vals_out);
-    prm.dkv_part = reinterpret_cast<float*>(base + plan.part);
-    for (int64_t t0 = 0; t0 < d.Sq; t0 += plan.slice) {
-      const int64_t tokens = std::min(plan.slice, d.Sq - t0);
-      const int items = static_cast<int>(tokens * d.topk);
-      slot_keys(rows, t0, tokens, keys_in, vals_in, stream);
-      sort_slots(base + plan.cub, plan.cub_bytes, keys_in, keys_out, vals_in, vals_out, items,
-                 plan.end_bit, stream);
-      prm.tok_begin = t0;
-      kernel.launch(prm, tokens * plan.groups, p.device_index, stream);
-      reduce_partials(keys_out, vals_out, items, prm.dkv_part, acc, d.Skv, dqk, prm.topk,
-                      static_cast<int>(plan.groups), stream);
-    }
+    run_accumulated(p, plan, base, rows, prm, kernel, stream);
   }
-  // Deterministic mode's fixed-order reduction writes the accumulator in natural order.
-  convert_dkv(acc, p.dkv.data, p.dtype, d.Skv, dqk, p.dkv.ss,
-              plan.deterministic ? AccColumns::kNatural : kernel.reduce_columns, stream);
   if (p.d_sink != nullptr) {
     reduce_d_sink(prm.sink_terms, d.Sq, d.H, p.d_sink, p.d_sink_stride, p.meta.sink != nullptr,
                   stream);

@@ -34,6 +34,17 @@
 //                  (groups in order): a fixed order, the same sums on every run
 // then 3 (natural column order) and 4 as above. d_sink is always reduced in a fixed order.
 //
+// Deterministic mode by fixed point (a policy with fixed_point: the Hopper kernel;
+// cuda/dsa_fixed_point.cuh says what holds). Steps 1-3 become
+//   1f. memset   dkv_fix [S_kv, D_qk] int64, row flags and slot counts [S_kv], FixCtl = 0
+//   1g. scale    slot counts per key, the largest |q|, |dout|, |kv| and count (-> the scale s0)
+//   2f. main     pass 0: each value rounded at 2^s0 and reduced with red.add.u64 into dkv_fix;
+//                its largest |x| into FixCtl
+//   2r. retry    when that |x| missed s0's window: dkv_fix zeroed and the main kernel again at
+//                s1 (both launched always, returning at once otherwise: no host decision)
+//   3f. convert  dkv = dkv_fix 2^-s in kv's dtype; NaN rows where a value was not finite
+// The reductions stay in L2 like the fp32 ones, at twice their bytes; no slices, no sort.
+//
 // Cost of deterministic mode, estimated at the headline shape (S_q 4096, H 128 -> 2 head groups,
 // D_qk 576, topk 2048, all slots active): the partial rows are 2,304 B per (token, group, slot),
 // 38.6 GB written by 2c and read once by 2d instead of the same volume of L2-resident
@@ -86,6 +97,9 @@ struct KernelPolicy {
   // The kernel takes token groups (prm.group_len non-null; heads_per_cta must be 64): run uses
   // them where token_groups_eligible(p), and the plan makes room for them.
   bool token_groups = false;
+  // Deterministic mode by fixed-point reductions (prm.dkv_fix; cuda/dsa_fixed_point.cuh) instead
+  // of partial rows.
+  bool fixed_point = false;
 };
 
 // Byte offsets of the workspace parts from a 256-byte aligned base, and the sizes they derive
@@ -106,6 +120,10 @@ struct WorkspacePlan {
   int64_t group_cap = 0;       // slice and one slice's unions (cuda/dsa_token_groups.hpp)
   int64_t group_slice = 0;
   size_t group_keys = 0, group_mult = 0, group_len = 0, group_present = 0;
+  bool fixed = false;          // deterministic by fixed point (the policy's fixed_point):
+  size_t fix = 0;              //   int64 dkv accumulator [S_kv, D_qk] (instead of acc),
+  size_t bad = 0, counts = 0;  //   row flags and slot counts [S_kv] uint32,
+  size_t ctl = 0;              //   FixCtl
   size_t part = 0;             // deterministic: partial rows [slice, groups, topk, D_qk] fp32
   size_t keys_in = 0, keys_out = 0, vals_in = 0, vals_out = 0;  // deterministic: the sort's
   size_t cub = 0;                                               // items and scratch

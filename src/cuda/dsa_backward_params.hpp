@@ -9,6 +9,8 @@
 
 namespace sa::portable::dsa_bwd {
 
+struct FixCtl;  // cuda/dsa_fixed_point.cuh
+
 // Kernel arguments: typed pointers and element strides, everything resolved on the host.
 struct DsaBwdParams {
   const void* q;       // [S_q, H, D_qk]: (t, h, d) at t * q_ss + h * q_sh + d
@@ -24,6 +26,14 @@ struct DsaBwdParams {
   float* dkv_part;     // deterministic mode: [tokens of the launch, head_groups, topk, D_qk] fp32
                        // partial rows, (t - tok_begin, group, slot) -> its own row; else null
   float* sink_terms;   // [H, S_q]: (h, t) at h * sq + t, -exp(sink - L) * delta; may be null
+  // Fixed-point deterministic mode (a policy with fixed_point, cuda/dsa_fixed_point.cuh): each
+  // value is rounded at 2^s and reduced into dkv_fix [S_kv, D_qk] int64 (natural column order);
+  // a non-finite value marks its row in dkv_bad [S_kv]; pass 0 raises fix_ctl->max_x, pass 1
+  // runs only when fix_scale says retry. All null / 0 otherwise.
+  int64_t* dkv_fix;
+  uint32_t* dkv_bad;
+  FixCtl* fix_ctl;
+  int32_t fix_pass;
   int64_t q_ss, q_sh, kv_ss, o_ss, o_sh, do_ss, do_sh, dq_ss, dq_sh, lse_ss, lse_sh, idx_ss, idx_si,
       len_s, sink_s;
   int64_t skv;            // S_kv

@@ -1,11 +1,11 @@
 // Hopper DSA backward, host side: support checks and the main kernel's policy for the shared
 // driver (src/cuda/dsa_backward_driver.hpp), which plans the workspace and runs every other step
-// (the fp32 dkv accumulator, deterministic mode's token slices, the dkv conversion, d_sink). The
+// (the fp32 dkv accumulator, deterministic mode's fixed point, the dkv conversion, d_sink). The
 // main kernel is dsa_backward_kernel.cuh, instantiated here for D_qk in {512, 576} (H 64 and 128
 // share them: H / 64 work items per token; bf16), each with and without token groups (H 8, 16,
 // 32: G = 64 / H tokens per work item, cuda/dsa_token_groups.hpp; the driver picks them when not
 // deterministic, unless Tuning::sm90_dsa_bwd_groups is 0: one token per item, heads padded to 64)
-// and in deterministic mode (partial rows instead of reductions: its own instantiation).
+// and in deterministic mode (int64 fixed-point reductions: its own instantiation).
 #include "sm90/dsa_backward.hpp"
 
 #include <cuda_runtime_api.h>
@@ -93,11 +93,11 @@ void launch_main(const dsa_bwd::Params& prm, int64_t grid, int device, cudaStrea
 }
 
 // The driver's view of this kernel: 64 heads per work item, reductions in quad-16 column order,
-// token groups. The workspace is always planned with token groups (a size from the arguments
-// only); a call tuned without them runs within it.
+// token groups, deterministic mode by fixed point. The workspace is always planned with token
+// groups (a size from the arguments only); a call tuned without them runs within it.
 constexpr portable::dsa_bwd::KernelPolicy kPolicy{
     "sm90 dsa_backward", DsaBwdTraits<576>::kHeads, portable::dsa_bwd::AccColumns::kQuad16,
-    &launch_main, true};
+    &launch_main, true, true};
 
 // The policy of this call: without token groups when Tuning::sm90_dsa_bwd_groups is 0 (set by
 // the bench and tests only: today's head padding for A/B runs).

@@ -4,9 +4,9 @@
 // its policy's main kernel.
 //
 // The steps around it are the driver's (cuda/dsa_backward_driver.hpp: accumulator, dkv
-// conversion, d_sink), and so is deterministic mode: there each piece is stored to its slot's own
-// partial row instead of being reduced, and the driver sums the partial rows of each key in a
-// fixed order.
+// conversion, d_sink), and so is deterministic mode's setup: there each piece is rounded to
+// fixed point and reduced with integer additions, which commute exactly (cuda/dsa_fixed_point.cuh;
+// the driver's fixed-point mode: the scale, a second pass when it missed, the conversion).
 //
 // Work split: a work item is one (query token t, group of 64 heads) (as the Hopper forward and
 // the portable backward; any H: the rows of the last group past H are padding, zero Q and dO
@@ -34,8 +34,9 @@
 //                   in the order nope 0-7, rope:    rows of the chunk's active keys (quad-16
 //                   warpgroup 1 all but the last    column order), four rows' 128 bytes per
 //                   kWg0Pieces, warpgroup 0 those   warp instruction (one shuffle exchange
-//                                                   first) (deterministic: stored to partial
-//                                                   rows in natural order)
+//                                                   first) (deterministic: red.global.add.u64
+//                                                   into int64 rows in natural order, a 32-byte
+//                                                   sector per quad and instruction)
 //
 // This is cuDNN's split of the roles (not of the keys): warpgroup 1's reductions run beside
 // warpgroup 0's products of the next chunk instead of in a window where both warpgroups reduce
@@ -92,6 +93,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "cuda/dsa_backward_params.cuh"
+#include "cuda/dsa_fixed_point.cuh"
 #include "cuda/dsa_token_groups.hpp"
 #include "sm90/dsa_common.cuh"
 #include "sm90/hopper_primitives.cuh"
@@ -154,10 +156,9 @@ __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint
 // row pointers. D_qk 512 only: +1.5-2.0% there (H100, session 37), -1.1 to -1.5% at D_qk 576
 // (session 35; docs/decisions/sm90_dsa_backward.md).
 //
-// kDeterministic_: deterministic mode (the driver's step 2c): each piece is stored to its slot's
-// partial row instead of reduced into dkv_acc. A compile-time choice, so that the other kernels'
-// chunk loop holds only the reductions (the stores were 566 of warpgroup 1's 2,250 loop
-// instructions, never run outside this mode). Not with token groups.
+// kDeterministic_: deterministic mode (the driver's fixed-point mode): each piece is rounded to
+// int64 at the call's scale and reduced into dkv_fix instead of dkv_acc. A compile-time choice,
+// so that the other kernels' chunk loop holds only their own reductions. Not with token groups.
 template <int kDqk_, bool kTokenGroups_ = false, bool kDeterministic_ = false>
 struct DsaBwdTraits : DsaCta<kDqk_> {
   static_assert(!(kTokenGroups_ && kDeterministic_), "token groups are not deterministic");
@@ -378,9 +379,22 @@ __device__ __forceinline__ void producer_main(const Params& p, SharedStorage<T>&
 //   row = 16 * warp_in_warpgroup + lane / 4 + 8 * ((i / 2) % 2)
 //   col = 8 * (i / 4) + 2 * (lane % 4) + i % 2          (within the warpgroup's N)
 // One work item, as producer_item (its chunks are the ring's g0, g0 + 1, ...).
+// Deterministic mode's scale of this call (the control words, the heads of a work item).
+__device__ __forceinline__ portable::dsa_bwd::FixScale fix_shift(const Params& p) {
+  return portable::dsa_bwd::fix_scale(*p.fix_ctl, p.scale, min(p.H, 64), p.head_groups);
+}
+
+// Deterministic mode's per-thread state (cuda/dsa_fixed_point.cuh): 2^s as two factors, and
+// the bits of the largest |x| among the finite values this thread reduced.
+struct FixState {
+  portable::dsa_bwd::FixFactors mul{0.f, 0.f};
+  uint32_t xmax = 0;
+};
+
 template <class T>
 __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>& s, int64_t tok,
-                                              int h0, int n_slots, uint32_t g0, int wg) {
+                                              int h0, int n_slots, uint32_t g0, int wg,
+                                              FixState& fix) {
   using namespace cute;
   using Element = typename T::Element;
   const int ctid = threadIdx.x - 128;  // 0..255
@@ -529,12 +543,9 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
   const int dqk = T::kDqk;
 
   // [5] one piece: dKV[keys, panel] = dS'^T Q_panel (+ P^T dO_panel for a nope panel), reduced
-  // into the dkv rows of the chunk's active keys, or (deterministic mode) stored to the partial
-  // rows of their slots: ((t - tok_begin) * head_groups + group) * topk + slot, for the portable
-  // passes' fixed-order reduction. issue_piece starts its GEMMs as one batch; reduce_piece reads
-  // the finished accumulator (the caller waits in between).
-  const int64_t part_tok =
-      ((tok - p.tok_begin) * p.head_groups + h0 / T::kHeads) * static_cast<int64_t>(p.topk);
+  // into the dkv rows of the chunk's active keys: fp32, or (deterministic mode) int64 fixed
+  // point. issue_piece starts its GEMMs as one batch; reduce_piece reads the finished
+  // accumulator (the caller waits in between).
   auto issue_piece = [&](int panel, auto rope_tag, auto& acc) {
     constexpr bool rope = decltype(rope_tag)::value;
     Tensor sQT = make_tensor(make_smem_ptr(rope ? s.q_rope : s.q_nope + panel * T::kPanelElems),
@@ -585,19 +596,49 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
   auto reduce_piece = [&](int c, int buf, int panel, auto& acc, const Targets& t) {
     warpgroup_fence_operand(acc);
     if constexpr (T::kDeterministic) {
-      // The kv rows of this thread's fragment rows frag_row + 8 r.
-      int32_t j[2];
+      // Fixed-point reductions (cuda/dsa_fixed_point.cuh) into the int64 rows, natural column
+      // order. For each base = 16 m + 8 h, lane q of a quad holds columns base + 2q, base + 2q + 1
+      // (v0, v1) of its row; one exchange of v1 with lane q ^ 2 leaves the quad two reductions
+      // that each fill one 32-byte sector (four int64): lanes 0, 1 add their own v0 (columns
+      // base + 0, 2) and lanes 2, 3 the received v1 (base + 1, 3), then the mirror image
+      // (base + 4 .. 7). The shuffles run in every lane; the reductions only for an active row.
+      const int q = lane % 4;
+      const bool lo = q < 2;
+      const int col_x = lo ? 2 * q : 2 * q - 3;
+      const int col_y = lo ? 2 * q + 5 : 2 * q;
       CUTE_UNROLL
-      for (int r = 0; r < 2; ++r)
-        j[r] = static_cast<int32_t>(ld_shared_u32(smem_u32(&s.kidx[buf][frag_row + 8 * r])));
-      const int col0 = 64 * panel + 2 * (lane % 4);
-      CUTE_UNROLL
-      for (int i = 0; i < size(acc); i += 2) {
-        const int r = (i / 2) % 2;
-        const int64_t slot = int64_t{c} * T::kBlockN + frag_row + 8 * r;
-        if (j[r] >= 0)
-          *reinterpret_cast<float2*>(p.dkv_part + (part_tok + slot) * dqk + col0 + 8 * (i / 4)) =
-              make_float2(acc(i), acc(i + 1));
+      for (int r = 0; r < 2; ++r) {
+        const int32_t j =
+            static_cast<int32_t>(ld_shared_u32(smem_u32(&s.kidx[buf][frag_row + 8 * r])));
+        float w[8];
+        CUTE_UNROLL
+        for (int k = 0; k < 8; ++k) w[k] = __shfl_xor_sync(0xffffffffu, acc(4 * k + 2 * r + 1), 2);
+        if (j >= 0) {
+          int64_t* const row = p.dkv_fix + static_cast<int64_t>(j) * dqk + 64 * panel;
+          uint32_t rmax = 0;
+          CUTE_UNROLL
+          for (int k = 0; k < 8; ++k) {  // base = 8 k (k = 2 m + h)
+            const float v0 = acc(4 * k + 2 * r);
+            const float x = lo ? v0 : w[k], y = lo ? w[k] : v0;
+            rmax = max(rmax, max(__float_as_uint(x) & 0x7fffffffu,
+                                 __float_as_uint(y) & 0x7fffffffu));
+            red_add_s64(row + 8 * k + col_x, __float2ll_rn(x * fix.mul.a * fix.mul.b));
+            red_add_s64(row + 8 * k + col_y, __float2ll_rn(y * fix.mul.a * fix.mul.b));
+          }
+          if (rmax < 0x7f800000u) {
+            fix.xmax = max(fix.xmax, rmax);
+          } else {  // a NaN or infinity: the row is written as NaN; the finite values still count
+            atomicOr(p.dkv_bad + j, 1u);
+            CUTE_UNROLL
+            for (int k = 0; k < 8; ++k) {
+              const float v0 = acc(4 * k + 2 * r);
+              const uint32_t a = __float_as_uint(v0) & 0x7fffffffu;
+              const uint32_t b = __float_as_uint(w[k]) & 0x7fffffffu;
+              if (a < 0x7f800000u) fix.xmax = max(fix.xmax, a);
+              if (b < 0x7f800000u) fix.xmax = max(fix.xmax, b);
+            }
+          }
+        }
       }
     } else {
       // The accumulator rows are in quad-16 column order (AccColumns::kQuad16,
@@ -946,10 +987,17 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
   // syncs on it before each chunk's P / dS' stores; one arrive before the first chunk and one
   // sync after the last keep the counts equal.
   if (wg == 1) named_barrier_arrive(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
+  FixState fix;
+  if constexpr (T::kDeterministic) fix.mul = portable::dsa_bwd::fix_factors(fix_shift(p).s);
   for_each_item<T, false>(p, s, [&](int64_t tok, int h0, int n_slots, uint32_t g0) {
-    consumer_item<T>(p, s, tok, h0, n_slots, g0, wg);
+    consumer_item<T>(p, s, tok, h0, n_slots, g0, wg, fix);
   });
   if (wg == 0) named_barrier_sync(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
+  if constexpr (T::kDeterministic) {
+    // The first pass's largest |x| (the second pass recomputes the same values).
+    const uint32_t m = __reduce_max_sync(0xffffffffu, fix.xmax);
+    if (p.fix_pass == 0 && threadIdx.x % 32 == 0 && m != 0) atomicMax(&p.fix_ctl->max_x, m);
+  }
 }
 
 // ---- kernel -------------------------------------------------------------------------------------
@@ -961,6 +1009,10 @@ __global__ void __launch_bounds__(T::kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   SharedStorage<T>& s = aligned_shared_storage<SharedStorage<T>>(smem_raw);
+  // Deterministic mode's second pass runs only when the first one's scale missed its window.
+  if constexpr (T::kDeterministic) {
+    if (p.fix_pass != 0 && !fix_shift(p).retry) return;
+  }
 
   if (threadIdx.x == 0) {
     for (int i = 0; i < 3; ++i) mbarrier_init(&s.kv_full[i], T::kProducerThreads);

@@ -127,12 +127,13 @@ void dsa_fwd_run(const DsaFwdProblem& p, const ExecContext& ctx) {
 }
 
 // ---- DSA backward ------------------------------------------------------------------------------
-// Deterministic mode: the Hopper kernel's own deterministic instantiation measured 1.13-1.24x the
-// portable backward at H 64 and 128 (session 42, H100, S 4096, topk 2048: H 64 D_qk 576 143.8
-// against 118.5 TFLOPS, H 128 D_qk 576 with topk_length 129.1 against 104.1, H 64 D_qk 512 157.6
-// against 138.9), so AUTO takes it there. Below 64 heads its rows are padded to 64 (token groups
-// are not deterministic) and it has not been measured against the portable backward, which AUTO
-// keeps; a caller that forces SA_IMPL_SM90 still gets the Hopper kernel.
+// Deterministic mode: the Hopper kernel's fixed-point instantiation measured 1.22-1.31x the
+// portable backward at H 64 and 128 (session 48, H100, S 4096, topk 2048, topk_length: H 128 D_qk
+// 576 136.2 against 105.3 TFLOPS, H 64 D_qk 576 133.9 against 102.3, H 64 D_qk 512 139.0 against
+// 114.1), so AUTO takes it there. Below 64 heads its rows are padded to 64 (token groups are not
+// deterministic): 1.10x the portable one at H 32 D_qk 576 on that one shape, not yet measured
+// at H 8 / 16, so AUTO keeps the portable one; a caller that forces SA_IMPL_SM90 still gets the
+// Hopper kernel.
 std::string dsa_bwd_unsupported(const DsaBwdProblem& p) {
   const std::string why = unsupported(p, &sm90::dsa_backward_unsupported);
   if (!why.empty()) return why;
@@ -143,7 +144,7 @@ std::string dsa_bwd_unsupported(const DsaBwdProblem& p) {
 }
 
 size_t dsa_bwd_workspace_bytes(const DsaBwdProblem& p) {
-  DeviceScope scope(p.device_index);  // CUB sizes deterministic mode's sort for the current device
+  DeviceScope scope(p.device_index);
   return sm90::dsa_backward_workspace_bytes(p);
 }
 
