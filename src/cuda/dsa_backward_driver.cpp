@@ -58,7 +58,7 @@ void run_fixed(const DsaBwdProblem& p, const WorkspacePlan& plan, uint8_t* base,
   auto* bad = reinterpret_cast<uint32_t*>(base + plan.bad);
   auto* counts = reinterpret_cast<uint32_t*>(base + plan.counts);
   auto* ctl = reinterpret_cast<FixCtl*>(base + plan.ctl);
-  const int64_t n = d.Skv * d.Dqk;
+  const int64_t n = d.Skv * d.Dqk;  // (the spare row after them is never read)
   SA_CUDA_CHECK(cudaMemsetAsync(fix, 0, static_cast<size_t>(n) * 8, stream));
   SA_CUDA_CHECK(cudaMemsetAsync(bad, 0, static_cast<size_t>(d.Skv) * 4, stream));
   SA_CUDA_CHECK(cudaMemsetAsync(counts, 0, static_cast<size_t>(d.Skv) * 4, stream));
@@ -174,7 +174,7 @@ WorkspacePlan plan_workspace(const DsaBwdProblem& p, const KernelPolicy& kernel,
   };
   plan.fixed = plan.deterministic && kernel.fixed_point;
   if (plan.fixed) {
-    plan.fix = take(d.Skv * d.Dqk * 8);
+    plan.fix = take((d.Skv + 1) * d.Dqk * 8);  // + the spare row of inactive slots
     plan.bad = take(d.Skv * 4);
     plan.counts = take(d.Skv * 4);
     plan.ctl = take(sizeof(FixCtl));

@@ -30,7 +30,7 @@ struct DsaBwdParams {
   // value is rounded at 2^s and reduced into dkv_fix [S_kv, D_qk] int64 (natural column order);
   // a non-finite value marks its row in dkv_bad [S_kv]; pass 0 raises fix_ctl->max_x, pass 1
   // runs only when fix_scale says retry. All null / 0 otherwise.
-  int64_t* dkv_fix;
+  int64_t* dkv_fix;   // [S_kv + 1, D_qk]: row S_kv takes the inactive slots, never read
   uint32_t* dkv_bad;
   FixCtl* fix_ctl;
   int32_t fix_pass;

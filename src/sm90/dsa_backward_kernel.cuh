@@ -597,47 +597,49 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
     warpgroup_fence_operand(acc);
     if constexpr (T::kDeterministic) {
       // Fixed-point reductions (cuda/dsa_fixed_point.cuh) into the int64 rows, natural column
-      // order. For each base = 16 m + 8 h, lane q of a quad holds columns base + 2q, base + 2q + 1
-      // (v0, v1) of its row; one exchange of v1 with lane q ^ 2 leaves the quad two reductions
-      // that each fill one 32-byte sector (four int64): lanes 0, 1 add their own v0 (columns
-      // base + 0, 2) and lanes 2, 3 the received v1 (base + 1, 3), then the mirror image
-      // (base + 4 .. 7). The shuffles run in every lane; the reductions only for an active row.
-      const int q = lane % 4;
-      const bool lo = q < 2;
-      const int col_x = lo ? 2 * q : 2 * q - 3;
-      const int col_y = lo ? 2 * q + 5 : 2 * q;
+      // order, each warp instruction four 64-byte pieces of rows (eight int64 of one row per pair
+      // of quads; the L2 prices a reduction by its requests more than by its bytes: bench/NOTES.md,
+      // session 48). Quads 2k and 2k + 1 hold rows E and O (frag_row + 8 r of each); for each
+      // 8-column block, lane q holds columns 2q, 2q + 1 (v0, v1) of its quad's row. One exchange
+      // with lane ^ 4 (E's v1 for O's v0) lets the pair add row E's eight columns (even quad: its
+      // v0 at 2q; odd quad: E's v1 at 2q + 1), then row O's (even: O's v0 at 2q; odd: its v1 at
+      // 2q + 1). A slot without a kv row (kidx < 0) adds into the spare row S_kv, never read, so
+      // that no reduction is predicated; its values are left out of the maximum and the flags.
+      const bool odd = ((lane >> 2) & 1) != 0;
+      const int pair_row = 16 * warp_in_wg + ((lane >> 2) & 6);
+      int64_t* const base = p.dkv_fix + 64 * panel + 2 * (lane % 4) + (odd ? 1 : 0);
       CUTE_UNROLL
       for (int r = 0; r < 2; ++r) {
-        const int32_t j =
-            static_cast<int32_t>(ld_shared_u32(smem_u32(&s.kidx[buf][frag_row + 8 * r])));
-        float w[8];
+        const int32_t je =
+            static_cast<int32_t>(ld_shared_u32(smem_u32(&s.kidx[buf][pair_row + 8 * r])));
+        const int32_t jo =
+            static_cast<int32_t>(ld_shared_u32(smem_u32(&s.kidx[buf][pair_row + 1 + 8 * r])));
+        int64_t* const row_e = base + static_cast<int64_t>(je >= 0 ? je : p.skv) * dqk;
+        int64_t* const row_o = base + static_cast<int64_t>(jo >= 0 ? jo : p.skv) * dqk;
+        uint32_t me = 0, mo = 0;  // the largest |x| bits this lane adds to rows E and O
         CUTE_UNROLL
-        for (int k = 0; k < 8; ++k) w[k] = __shfl_xor_sync(0xffffffffu, acc(4 * k + 2 * r + 1), 2);
-        if (j >= 0) {
-          int64_t* const row = p.dkv_fix + static_cast<int64_t>(j) * dqk + 64 * panel;
-          uint32_t rmax = 0;
-          CUTE_UNROLL
-          for (int k = 0; k < 8; ++k) {  // base = 8 k (k = 2 m + h)
-            const float v0 = acc(4 * k + 2 * r);
-            const float x = lo ? v0 : w[k], y = lo ? w[k] : v0;
-            rmax = max(rmax, max(__float_as_uint(x) & 0x7fffffffu,
-                                 __float_as_uint(y) & 0x7fffffffu));
-            red_add_s64(row + 8 * k + col_x, __float2ll_rn(x * fix.mul.a * fix.mul.b));
-            red_add_s64(row + 8 * k + col_y, __float2ll_rn(y * fix.mul.a * fix.mul.b));
-          }
-          if (rmax < 0x7f800000u) {
-            fix.xmax = max(fix.xmax, rmax);
-          } else {  // a NaN or infinity: the row is written as NaN; the finite values still count
-            atomicOr(p.dkv_bad + j, 1u);
-            CUTE_UNROLL
-            for (int k = 0; k < 8; ++k) {
-              const float v0 = acc(4 * k + 2 * r);
-              const uint32_t a = __float_as_uint(v0) & 0x7fffffffu;
-              const uint32_t b = __float_as_uint(w[k]) & 0x7fffffffu;
-              if (a < 0x7f800000u) fix.xmax = max(fix.xmax, a);
-              if (b < 0x7f800000u) fix.xmax = max(fix.xmax, b);
-            }
-          }
+        for (int k = 0; k < 8; ++k) {  // columns 8 k .. 8 k + 7 of the piece
+          const float v0 = acc(4 * k + 2 * r), v1 = acc(4 * k + 2 * r + 1);
+          const float recv = __shfl_xor_sync(0xffffffffu, odd ? v0 : v1, 4);
+          const float xe = odd ? recv : v0, xo = odd ? v1 : recv;
+          me = max(me, __float_as_uint(xe) & 0x7fffffffu);
+          mo = max(mo, __float_as_uint(xo) & 0x7fffffffu);
+          red_add_s64(row_e + 8 * k, __float2ll_rn(xe * fix.mul.a * fix.mul.b));
+          red_add_s64(row_o + 8 * k, __float2ll_rn(xo * fix.mul.a * fix.mul.b));
+        }
+        // A NaN or infinity marks its row (written as NaN); such a piece's other values stay out
+        // of the maximum too (they reach only that row).
+        if (je >= 0) {
+          if (me < 0x7f800000u)
+            fix.xmax = max(fix.xmax, me);
+          else
+            atomicOr(p.dkv_bad + je, 1u);
+        }
+        if (jo >= 0) {
+          if (mo < 0x7f800000u)
+            fix.xmax = max(fix.xmax, mo);
+          else
+            atomicOr(p.dkv_bad + jo, 1u);
         }
       }
     } else {
