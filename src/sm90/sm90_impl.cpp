@@ -128,9 +128,10 @@ void dsa_fwd_run(const DsaFwdProblem& p, const ExecContext& ctx) {
 
 // ---- DSA backward ------------------------------------------------------------------------------
 // Deterministic mode: the Hopper kernel's fixed-point instantiation measured 1.22-1.31x the
-// portable backward at H 64 and 128 (session 48, H100, S 4096, topk 2048, topk_length: H 128 D_qk
-// 576 136.2 against 105.3 TFLOPS, H 64 D_qk 576 133.9 against 102.3, H 64 D_qk 512 139.0 against
-// 114.1), so AUTO takes it there. Below 64 heads its rows are padded to 64 (token groups are not
+// portable backward at H 64 and 128 in its first (32-byte) form (session 48, H100, S 4096, topk
+// 2048, topk_length, one call: H 128 D_qk 576 136.2 against 105.3 TFLOPS, H 64 D_qk 576 133.9
+// against 102.3, H 64 D_qk 512 139.0 against 114.1; the merged 64-byte form is 16-17% faster
+// again), so AUTO takes it there. Below 64 heads its rows are padded to 64 (token groups are not
 // deterministic): 1.10x the portable one at H 32 D_qk 576 on that one shape, not yet measured
 // at H 8 / 16, so AUTO keeps the portable one; a caller that forces SA_IMPL_SM90 still gets the
 // Hopper kernel.
