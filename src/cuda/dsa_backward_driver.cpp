@@ -72,9 +72,8 @@ void run_fixed(const DsaBwdProblem& p, const WorkspacePlan& plan, uint8_t* base,
   prm.dkv_bad = bad;
   prm.fix_ctl = ctl;
   prm.tok_begin = 0;
-  const FixScaleArgs scale{ctl, prm.scale,
-                           static_cast<int>(std::min<int64_t>(d.H, plan.heads_per_cta)),
-                           static_cast<int>(plan.groups)};
+  prm.fix_rows = static_cast<int32_t>(std::min<int64_t>(d.H, plan.heads_per_cta));
+  const FixScaleArgs scale{ctl, prm.scale, prm.fix_rows, static_cast<int>(plan.groups)};
   for (int pass = 0; pass < 2; ++pass) {
     if (pass == 1) fix_zero_if_retry(fix, n, scale, stream);
     prm.fix_pass = pass;

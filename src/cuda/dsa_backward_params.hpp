@@ -34,6 +34,8 @@ struct DsaBwdParams {
   uint32_t* dkv_bad;
   FixCtl* fix_ctl;
   int32_t fix_pass;
+  int32_t fix_rows;  // the heads of a work item in the scale's estimate (the driver's, so that
+                     // the kernels and the conversion compute the same scale)
   int64_t q_ss, q_sh, kv_ss, o_ss, o_sh, do_ss, do_sh, dq_ss, dq_sh, lse_ss, lse_sh, idx_ss, idx_si,
       len_s, sink_s;
   int64_t skv;            // S_kv

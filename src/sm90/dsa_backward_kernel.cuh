@@ -378,10 +378,10 @@ __device__ __forceinline__ void producer_main(const Params& p, SharedStorage<T>&
 // Accumulator fragments of a 64 x N wgmma tile (per thread, register index i):
 //   row = 16 * warp_in_warpgroup + lane / 4 + 8 * ((i / 2) % 2)
 //   col = 8 * (i / 4) + 2 * (lane % 4) + i % 2          (within the warpgroup's N)
-// One work item, as producer_item (its chunks are the ring's g0, g0 + 1, ...).
+
 // Deterministic mode's scale of this call (the control words, the heads of a work item).
 __device__ __forceinline__ portable::dsa_bwd::FixScale fix_shift(const Params& p) {
-  return portable::dsa_bwd::fix_scale(*p.fix_ctl, p.scale, min(p.H, 64), p.head_groups);
+  return portable::dsa_bwd::fix_scale(*p.fix_ctl, p.scale, p.fix_rows, p.head_groups);
 }
 
 // Deterministic mode's per-thread state (cuda/dsa_fixed_point.cuh): 2^s as two factors, and
@@ -391,6 +391,7 @@ struct FixState {
   uint32_t xmax = 0;
 };
 
+// One work item, as producer_item (its chunks are the ring's g0, g0 + 1, ...).
 template <class T>
 __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>& s, int64_t tok,
                                               int h0, int n_slots, uint32_t g0, int wg,
