@@ -1,7 +1,8 @@
 // The DSA backward driver's workspace plan (src/cuda/dsa_backward_driver.hpp), on the CPU: the
 // layout both arch policies get (portable: 32 or 64 heads per CTA, sm90: 64), which Python caches
-// by size and the launches address by offset. Deterministic mode asks CUB for its sort's scratch
-// (a device query), so it runs only with a GPU.
+// by size and the launches address by offset. Deterministic mode's partial rows ask CUB for its
+// sort's scratch (a device query), so that test runs only with a GPU; the fixed-point mode's
+// plan runs on the CPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -93,6 +94,41 @@ TEST_P(DsaBackwardDriverPlan, DeterministicModeLayout) {
     EXPECT_GT(plan.cub_bytes, 0u);
     EXPECT_EQ(plan.total, at + align256(static_cast<int64_t>(plan.cub_bytes)) + 256);
   }
+}
+
+// Deterministic mode by fixed point (a policy with fixed_point, the Hopper one): the int64
+// accumulator of S_kv + 1 rows (the spare row takes inactive slots) in place of the fp32 one,
+// the row flags, the slot counts and the control words, then the d_sink terms and the counter
+// as in atomic mode; no slices, no sort (so no device query: this runs on the CPU).
+TEST_P(DsaBackwardDriverPlan, FixedPointModeLayout) {
+  const PlanCase& c = GetParam();
+  sa::portable::dsa_bwd::KernelPolicy policy;
+  policy.heads_per_cta = c.heads_per_cta;
+  policy.fixed_point = true;
+  const WorkspacePlan plan = plan_workspace(problem_of(c, true), policy);
+  EXPECT_TRUE(plan.deterministic);
+  EXPECT_TRUE(plan.fixed);
+  size_t at = 0;
+  EXPECT_EQ(plan.fix, at);
+  at += align256((c.Skv + 1) * c.Dqk * 8);
+  EXPECT_EQ(plan.bad, at);
+  at += align256(c.Skv * 4);
+  EXPECT_EQ(plan.counts, at);
+  at += align256(c.Skv * 4);
+  EXPECT_EQ(plan.ctl, at);
+  at += 256;
+  if (c.sink) {
+    EXPECT_EQ(plan.terms, at);
+    at += align256(c.H * c.Sq * 4);
+  }
+  EXPECT_EQ(plan.counter, c.length);
+  if (c.length) {
+    EXPECT_EQ(plan.counter_at, at);
+    at += 256;
+  }
+  EXPECT_EQ(plan.slice, 0);
+  EXPECT_EQ(plan.cub_bytes, 0u);
+  EXPECT_EQ(plan.total, at + 256);
 }
 
 std::vector<PlanCase> plan_cases() {
