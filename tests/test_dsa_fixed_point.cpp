@@ -91,6 +91,18 @@ TEST(DsaFixedPoint, SecondPassOnlyOutsideTheWindow) {
   EXPECT_TRUE(with_max(std::ldexp(1.0, lim - s0)).retry);
 }
 
+// The first pass never reads max_x (its CTAs raise it while others still run): s0 whatever it
+// holds.
+TEST(DsaFixedPoint, FirstPassIgnoresThePartialMaximum) {
+  const float scale = 1.f / 24.f;
+  const int s0 = fix_scale(ctl_of(1.f, 1.f, 1.f, 4096), scale, 64, 2).s;
+  for (float m : {1e-30f, 1.f, 1e30f}) {
+    const FixScale f = fix_scale(ctl_of(1.f, 1.f, 1.f, 4096, m), scale, 64, 2, true);
+    EXPECT_EQ(f.s, s0) << m;
+    EXPECT_FALSE(f.retry) << m;
+  }
+}
+
 TEST(DsaFixedPoint, ScaleClampsAtBothEnds) {
   // Huge maxima: s0 at the low clamp, finite.
   const FixScale big = fix_scale(ctl_of(3e38f, 3e38f, 3e38f, 1), 1.f, 64, 1);

@@ -94,11 +94,13 @@ __host__ __device__ inline int fix_exponent_above(double x) {
   return e;
 }
 
-// s for this call from the control words (complete once the first pass is done for `retry`,
-// max_x being 0 before it). `rows`: heads per work item (min(H, the kernel's M)), `scale`: the
-// softmax scale.
+// s for this call from the control words. `first_pass`: s0 from the estimate alone; the first
+// pass must not read max_x, which its own CTAs raise while others still run (a CTA starting late
+// would see a partial maximum and could pick another scale). Otherwise (the second pass, the
+// conversion: after the first pass is complete) s0, or s1 with retry when max_x missed s0's
+// window. `rows`: heads per work item (min(H, the kernel's M)), `scale`: the softmax scale.
 __host__ __device__ inline FixScale fix_scale(const FixCtl& c, float scale, int rows,
-                                              int head_groups) {
+                                              int head_groups, bool first_pass = false) {
   union {
     uint32_t u;
     float f;
@@ -108,7 +110,7 @@ __host__ __device__ inline FixScale fix_scale(const FixCtl& c, float scale, int 
                    (1024.0 * static_cast<double>(scale) * kv.f * q.f + 1.0);
   int s0 = 0;  // b == 0: dout is 0, so is every value
   if (b > 0.0) s0 = fix_clamp_shift(b < 1e300 ? lim - 1 - fix_exponent_above(b) : kFixMinShift);
-  if (!(x.f > 0.f)) return {s0, false};
+  if (first_pass || !(x.f > 0.f)) return {s0, false};
   const int em = fix_exponent_above(x.f);  // M in [2^(em - 1), 2^em)
   if (em + s0 <= lim && em - 1 + s0 >= kFixLowBits) return {s0, false};
   const int s1 = fix_clamp_shift(lim - em);

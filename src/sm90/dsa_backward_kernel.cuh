@@ -379,9 +379,11 @@ __device__ __forceinline__ void producer_main(const Params& p, SharedStorage<T>&
 //   row = 16 * warp_in_warpgroup + lane / 4 + 8 * ((i / 2) % 2)
 //   col = 8 * (i / 4) + 2 * (lane % 4) + i % 2          (within the warpgroup's N)
 
-// Deterministic mode's scale of this call (the control words, the heads of a work item).
+// Deterministic mode's scale of this call (the control words, the heads of a work item); pass 0
+// takes s0 without reading max_x, which its CTAs are raising (dsa_fixed_point.cuh).
 __device__ __forceinline__ portable::dsa_bwd::FixScale fix_shift(const Params& p) {
-  return portable::dsa_bwd::fix_scale(*p.fix_ctl, p.scale, p.fix_rows, p.head_groups);
+  return portable::dsa_bwd::fix_scale(*p.fix_ctl, p.scale, p.fix_rows, p.head_groups,
+                                      p.fix_pass == 0);
 }
 
 // Deterministic mode's per-thread state (cuda/dsa_fixed_point.cuh): 2^s as two factors, and
@@ -628,8 +630,8 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
           red_add_s64(row_e + 8 * k, __float2ll_rn(xe * fix.mul.a * fix.mul.b));
           red_add_s64(row_o + 8 * k, __float2ll_rn(xo * fix.mul.a * fix.mul.b));
         }
-        // A NaN or infinity marks its row (written as NaN); such a piece's other values stay out
-        // of the maximum too (they reach only that row).
+        // A NaN or infinity marks its row (written as NaN); this lane's other values of that row
+        // in the piece stay out of the maximum too (the row's output is NaN whatever they are).
         if (je >= 0) {
           if (me < 0x7f800000u)
             fix.xmax = max(fix.xmax, me);
