@@ -45,6 +45,21 @@ sa::DsaBwdProblem problem_of(const PlanCase& c, bool deterministic) {
   return p;
 }
 
+// The parts after the accumulator in every mode: the d_sink terms (with d_sink), then the item
+// counter (with topk_length), from offset `at`; returns the offset after them.
+size_t expect_terms_and_counter(const WorkspacePlan& plan, const PlanCase& c, size_t at) {
+  if (c.sink) {
+    EXPECT_EQ(plan.terms, at);
+    at += align256(c.H * c.Sq * 4);
+  }
+  EXPECT_EQ(plan.counter, c.length);
+  if (c.length) {
+    EXPECT_EQ(plan.counter_at, at);
+    at += 256;
+  }
+  return at;
+}
+
 class DsaBackwardDriverPlan : public ::testing::TestWithParam<PlanCase> {};
 
 // Atomic mode: the fp32 accumulator, then the d_sink terms (with d_sink), then the item counter
@@ -55,15 +70,7 @@ TEST_P(DsaBackwardDriverPlan, AtomicModeLayout) {
   size_t at = 0;
   EXPECT_EQ(plan.acc, at);
   at += align256(c.Skv * c.Dqk * 4);
-  if (c.sink) {
-    EXPECT_EQ(plan.terms, at);
-    at += align256(c.H * c.Sq * 4);
-  }
-  EXPECT_EQ(plan.counter, c.length);
-  if (c.length) {
-    EXPECT_EQ(plan.counter_at, at);
-    at += 256;
-  }
+  at = expect_terms_and_counter(plan, c, at);
   EXPECT_EQ(plan.groups, (c.H + c.heads_per_cta - 1) / c.heads_per_cta);
   EXPECT_FALSE(plan.deterministic);
   EXPECT_EQ(plan.total, at + 256);
@@ -117,15 +124,7 @@ TEST_P(DsaBackwardDriverPlan, FixedPointModeLayout) {
   at += align256(c.Skv * 4);
   EXPECT_EQ(plan.ctl, at);
   at += 256;
-  if (c.sink) {
-    EXPECT_EQ(plan.terms, at);
-    at += align256(c.H * c.Sq * 4);
-  }
-  EXPECT_EQ(plan.counter, c.length);
-  if (c.length) {
-    EXPECT_EQ(plan.counter_at, at);
-    at += 256;
-  }
+  at = expect_terms_and_counter(plan, c, at);
   EXPECT_EQ(plan.slice, 0);
   EXPECT_EQ(plan.cub_bytes, 0u);
   EXPECT_EQ(plan.total, at + 256);

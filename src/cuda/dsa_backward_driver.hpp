@@ -36,7 +36,8 @@
 //
 // Deterministic mode by fixed point (a policy with fixed_point: the Hopper kernel;
 // cuda/dsa_fixed_point.cuh says what holds). Steps 1-3 become
-//   1f. memset   dkv_fix [S_kv, D_qk] int64, row flags and slot counts [S_kv], FixCtl = 0
+//   1f. memset   dkv_fix [S_kv, D_qk] int64 (a spare row S_kv after it takes the inactive
+//                slots, never zeroed nor read), row flags and slot counts [S_kv], FixCtl = 0
 //   1g. scale    slot counts per key, the largest |q|, |dout|, |kv| and count (-> the scale s0)
 //   2f. main     pass 0: each value rounded at 2^s0 and reduced with red.add.u64 into dkv_fix;
 //                its largest |x| into FixCtl
@@ -121,7 +122,7 @@ struct WorkspacePlan {
   int64_t group_slice = 0;
   size_t group_keys = 0, group_mult = 0, group_len = 0, group_present = 0;
   bool fixed = false;          // deterministic by fixed point (the policy's fixed_point):
-  size_t fix = 0;              //   int64 dkv accumulator [S_kv, D_qk] (instead of acc),
+  size_t fix = 0;              //   int64 dkv accumulator [S_kv + 1, D_qk] (instead of acc),
   size_t bad = 0, counts = 0;  //   row flags and slot counts [S_kv] uint32,
   size_t ctl = 0;              //   FixCtl
   size_t part = 0;             // deterministic: partial rows [slice, groups, topk, D_qk] fp32

@@ -27,7 +27,7 @@ struct DsaBwdParams {
                        // partial rows, (t - tok_begin, group, slot) -> its own row; else null
   float* sink_terms;   // [H, S_q]: (h, t) at h * sq + t, -exp(sink - L) * delta; may be null
   // Fixed-point deterministic mode (a policy with fixed_point, cuda/dsa_fixed_point.cuh): each
-  // value is rounded at 2^s and reduced into dkv_fix [S_kv, D_qk] int64 (natural column order);
+  // value is rounded at 2^s and reduced into dkv_fix int64 (natural column order);
   // a non-finite value marks its row in dkv_bad [S_kv]; pass 0 raises fix_ctl->max_x, pass 1
   // runs only when fix_scale says retry. All null / 0 otherwise.
   int64_t* dkv_fix;   // [S_kv + 1, D_qk]: row S_kv takes the inactive slots, never read

@@ -89,8 +89,7 @@ __host__ __device__ inline FixFactors fix_factors(int s) {
 // The smallest e with x < 2^e, for finite x > 0.
 __host__ __device__ inline int fix_exponent_above(double x) {
   int e = 0;
-  const double m = frexp(x, &e);  // x = m 2^e, m in [0.5, 1)
-  (void)m;
+  frexp(x, &e);  // x = m 2^e, m in [0.5, 1)
   return e;
 }
 

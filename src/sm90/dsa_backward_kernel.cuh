@@ -35,8 +35,8 @@
 //                   warpgroup 1 all but the last    column order), four rows' 128 bytes per
 //                   kWg0Pieces, warpgroup 0 those   warp instruction (one shuffle exchange
 //                                                   first) (deterministic: red.global.add.u64
-//                                                   into int64 rows in natural order, a 32-byte
-//                                                   sector per quad and instruction)
+//                                                   into int64 rows in natural order, 64 bytes
+//                                                   of a row per quad pair and instruction)
 //
 // This is cuDNN's split of the roles (not of the keys): warpgroup 1's reductions run beside
 // warpgroup 0's products of the next chunk instead of in a window where both warpgroups reduce
@@ -596,13 +596,13 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
     }
     return t;
   };
-  auto reduce_piece = [&](int c, int buf, int panel, auto& acc, const Targets& t) {
+  auto reduce_piece = [&](int buf, int panel, auto& acc, const Targets& t) {
     warpgroup_fence_operand(acc);
     if constexpr (T::kDeterministic) {
       // Fixed-point reductions (cuda/dsa_fixed_point.cuh) into the int64 rows, natural column
       // order, each warp instruction four 64-byte pieces of rows (eight int64 of one row per pair
-      // of quads; the L2 prices a reduction by its requests more than by its bytes: bench/NOTES.md,
-      // session 48). Quads 2k and 2k + 1 hold rows E and O (frag_row + 8 r of each); for each
+      // of quads: +16% over 32-byte pieces, decisions/sm90_dsa_backward.md, session 48). Quads
+      // 2k and 2k + 1 hold rows E and O (frag_row + 8 r of each); for each
       // 8-column block, lane q holds columns 2q, 2q + 1 (v0, v1) of its quad's row. One exchange
       // with lane ^ 4 (E's v1 for O's v0) lets the pair add row E's eight columns (even quad: its
       // v0 at 2q; odd quad: E's v1 at 2q + 1), then row O's (even: O's v0 at 2q; odd: its v1 at
@@ -860,11 +860,11 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
       if constexpr (wg0_pieces > 0) {  // (no loop: a wgmma in flight over a back edge, C7514)
         const Targets t = red_targets(buf);
         warpgroup_wait<0>();
-        reduce_piece(c, buf, wg1_pieces, tKrAcc, t);
+        reduce_piece(buf, wg1_pieces, tKrAcc, t);
         if constexpr (wg0_pieces > 1) {
           issue_any_piece(wg1_pieces + 1, tKrAcc);
           warpgroup_wait<0>();
-          reduce_piece(c, buf, wg1_pieces + 1, tKrAcc, t);
+          reduce_piece(buf, wg1_pieces + 1, tKrAcc, t);
         }
       }
       if (releaser && late_release) mbarrier_arrive(&s.kv_empty);
@@ -910,7 +910,7 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
           warpgroup_wait<0>();  // the last wgmma of this warpgroup that reads the tiles
           release_tiles();
         }
-        reduce_piece(c, buf, k, acc, t);
+        reduce_piece(buf, k, acc, t);
         if (k + 2 < wg1_pieces) issue_any_piece(k + 2, acc);
       };
       CUTE_UNROLL
