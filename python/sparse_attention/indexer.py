@@ -5,9 +5,9 @@ indexer_topk and indexer_kl_loss.
 
 indexer_topk's (topk_idx, topk_length) go straight into deepseek_sparse_attention; the attention's
 lse then goes into indexer_kl_loss, which trains q_I, k_I and w to imitate the attention. CPU
-tensors run the library's fp64 reference (any float dtype and size); CUDA tensors run the portable
-kernels (bf16, D_I 128, H_I in {16, 32, 64}). Everything works under torch.compile(fullgraph=True)
-and CUDA graphs.
+tensors run the library's fp64 reference (any float dtype and size); CUDA tensors run the CUDA
+kernels, the Hopper ones on sm_90 (bf16, D_I 128, H_I in {16, 32, 64}). Everything works under
+torch.compile(fullgraph=True) and CUDA graphs.
 """
 
 from __future__ import annotations
