@@ -214,7 +214,8 @@ void run_gpu(const DsaHostCase& c, const Inputs& in, Variant variant, bool deter
   if (variant == Variant::kPublicApi || variant == Variant::kSm90 || variant == Variant::kAuto ||
       variant == Variant::kSm90Padded) {
     // The implementation asked for, and the one that must run (AUTO: the Hopper backward on an
-    // sm_90 device, except in deterministic mode below 64 heads; else the portable one).
+    // sm_90 device, except in deterministic mode below 64 heads where the portable kernels serve
+    // H, a multiple of 16; else the portable one).
     const sa_impl impl = variant == Variant::kSm90 || variant == Variant::kSm90Padded
                              ? SA_IMPL_SM90
                          : variant == Variant::kAuto ? SA_IMPL_AUTO
@@ -225,7 +226,8 @@ void run_gpu(const DsaHostCase& c, const Inputs& in, Variant variant, bool deter
     if (variant == Variant::kSm90Padded) padded.sm90_dsa_bwd_groups = 0;
     const sa::detail::ScopedTuning tune(padded);
     const sa_impl expect_used = impl != SA_IMPL_AUTO                      ? impl
-                                : device_is_sm90() && (!deterministic || s.H >= 64)
+                                : device_is_sm90() &&
+                                          (!deterministic || s.H >= 64 || s.H % 16 != 0)
                                     ? SA_IMPL_SM90
                                     : SA_IMPL_PORTABLE;
     sa_dsa_bwd_args a = sa_dsa_bwd_args_default();
@@ -715,11 +717,12 @@ TEST(Sm90DsaBackwardFixedPoint, NaNInQMarksExactlyTheReferenceRows) {
 }
 
 // AUTO picks the Hopper backward on an sm_90 device, and the portable one in deterministic mode
-// below 64 heads (expect_case_matches checks impl_used).
+// below 64 heads where the portable kernels serve the shape (H 16, 32; not H 8)
+// (expect_case_matches checks impl_used).
 TEST(Sm90DsaBackwardDispatch, AutoPicksTheHopperBackwardExceptDeterministicBelow64Heads) {
   SA_SKIP_WITHOUT_GPU();
   SA_SKIP_UNLESS_SM90();
-  for (int64_t H : {int64_t{64}, int64_t{32}}) {
+  for (int64_t H : {int64_t{64}, int64_t{32}, int64_t{8}}) {
     for (bool deterministic : {false, true}) {
       const GpuDsaBwdCase p{"Auto", shape_of(4, 300, H, 576, 64),
                             spec_of(DsaLengths::kMixed, true, false, DsaSink::kFinite),

@@ -87,7 +87,7 @@ __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint
 // session 10).
 constexpr float kLazyRescaleLog2 = 8.f;
 
-// kPadHeads_: H < 64 (32; 16 with Tuning::sm90_dsa_fwd_pad_h16): one 64-row item per token
+// kPadHeads_: H < 64 (8 and 32; 16 with Tuning::sm90_dsa_fwd_pad_h16): one 64-row item per token
 // whose rows >= H are padding (zero Q rows, never stored). Until session 17 these ran an older
 // "lockstep" schedule (both warpgroups on every block); on the seesaw they run 25-31% faster
 // (bench/notes-archive session 17).
