@@ -1026,6 +1026,18 @@ inline std::vector<GpuDsaFwdCase> gpu_dsa_forward_cases(sa_impl impl) {
               spec_of(L::kNone, false, false, S::kLarge)}},
       {kBoth, {"H128_D576_K160_SinkMixed", shape_of(6, 700, 128, 576, 160),
               spec_of(L::kMixed, true, true, S::kMixed)}},
+      // H 8 (SPEC 2's smallest): one m16 tile half valid on the portable path, 56 padding rows
+      // of the 64-row item on the Hopper one; H 24: a half-valid second tile (portable only).
+      {kBoth, {"H8_D576_K64_Plain", shape_of(8, 256, 8, 576, 64),
+              spec_of(L::kNone, false, false, S::kNone)}},
+      {kBoth, {"H8_D512_K100_LengthsInvalidSink", shape_of(300, 400, 8, 512, 100),
+              spec_of(L::kMixed, true, true, S::kMixed)}},
+      {kBoth, {"H8_D576_K130_PersistentItems", shape_of(400, 800, 8, 576, 130),
+              spec_of(L::kNone, false, true, S::kFinite)}},
+      {kBoth, {"H8_D576_K100_TopkAboveSkv", shape_of(8, 40, 8, 576, 100),
+              spec_of(L::kMixed, false, false, S::kPosInf)}},
+      {kPortable, {"H24_D576_K96_LengthsSink", shape_of(40, 300, 24, 576, 96),
+                  spec_of(L::kMixed, true, false, S::kFinite)}},
       {kPortable, {"H80_D576_K96_PartialHeadGroup", shape_of(6, 300, 80, 576, 96),
                   spec_of(L::kMixed, true, false, S::kMixed)}},
       {kBoth, {"H128_D576_K96_ManyTokens", shape_of(40, 1024, 128, 576, 96),

@@ -88,6 +88,15 @@ std::vector<GpuDsaBwdCase> gpu_dsa_bwd_cases() {
        spec_of(L::kMixed, true, true, S::kMixed)},
       {"H80_D576_K96_PartialHeadGroup", shape_of(8, 300, 80, 576, 96),
        spec_of(L::kMixed, true, false, S::kMixed)},
+      // H 8 and 24 (multiples of 8, not 16): half-valid m16 tiles on the portable path.
+      {"H8_D576_K64_Plain", shape_of(8, 256, 8, 576, 64),
+       spec_of(L::kNone, false, false, S::kNone)},
+      {"H8_D512_K100_LengthsInvalidSink", shape_of(300, 400, 8, 512, 100),
+       spec_of(L::kMixed, true, true, S::kMixed)},
+      {"H24_D576_K96_LengthsSink", shape_of(40, 300, 24, 576, 96),
+       spec_of(L::kMixed, true, false, S::kFinite)},
+      {"H8_D576_K64_Deterministic", shape_of(24, 200, 8, 576, 64),
+       spec_of(L::kMixed, false, true, S::kFinite), kDet},
       {"H128_D576_K96_ManyTokens", shape_of(64, 1024, 128, 576, 96),
        spec_of(L::kMixed, true, false, S::kFinite)},
       {"H16_D512_K33_ManyTokens", shape_of(64, 512, 16, 512, 33),
@@ -215,7 +224,7 @@ void run_gpu(const DsaHostCase& c, const Inputs& in, Variant variant, bool deter
       variant == Variant::kSm90Padded) {
     // The implementation asked for, and the one that must run (AUTO: the Hopper backward on an
     // sm_90 device, except in deterministic mode below 64 heads where the portable kernels serve
-    // H, a multiple of 16; else the portable one).
+    // H, a multiple of 8; else the portable one).
     const sa_impl impl = variant == Variant::kSm90 || variant == Variant::kSm90Padded
                              ? SA_IMPL_SM90
                          : variant == Variant::kAuto ? SA_IMPL_AUTO
@@ -227,7 +236,7 @@ void run_gpu(const DsaHostCase& c, const Inputs& in, Variant variant, bool deter
     const sa::detail::ScopedTuning tune(padded);
     const sa_impl expect_used = impl != SA_IMPL_AUTO                      ? impl
                                 : device_is_sm90() &&
-                                          (!deterministic || s.H >= 64 || s.H % 16 != 0)
+                                          (!deterministic || s.H >= 64 || s.H % 8 != 0)
                                     ? SA_IMPL_SM90
                                     : SA_IMPL_PORTABLE;
     sa_dsa_bwd_args a = sa_dsa_bwd_args_default();
@@ -518,11 +527,10 @@ INSTANTIATE_TEST_SUITE_P(Cases, DsaBackwardGpu, ::testing::ValuesIn(gpu_dsa_bwd_
                          });
 
 // The Hopper backward (src/sm90/dsa_backward.cu), options.impl forced, on every case (any H: the
-// last group of 64 heads is padded) and on head counts only it serves (H 8, 24: not multiples of
-// 16); same inputs, oracle and checks; deterministic cases also run 3 times and must give the
-// same bits. H 8, 16 and 32 run with token groups (the default: G = 64 / H tokens per work item
-// over the union of their keys) and without (Tuning::sm90_dsa_bwd_groups = 0: heads padded).
-// Skips unless the device is sm_90.
+// last group of 64 heads is padded) and on token-group cases; same inputs, oracle and checks;
+// deterministic cases also run 3 times and must give the same bits. H 8, 16 and 32 run with
+// token groups (the default: G = 64 / H tokens per work item over the union of their keys) and
+// without (Tuning::sm90_dsa_bwd_groups = 0: heads padded). Skips unless the device is sm_90.
 class Sm90DsaBackward : public ::testing::TestWithParam<GpuDsaBwdCase> {};
 
 TEST_P(Sm90DsaBackward, MatchesReference) {
@@ -542,14 +550,6 @@ std::vector<GpuDsaBwdCase> sm90_dsa_bwd_cases() {
   using L = DsaLengths;
   using S = DsaSink;
   std::vector<GpuDsaBwdCase> out = gpu_dsa_bwd_cases();
-  out.push_back({"H8_D576_K64_Plain", shape_of(8, 256, 8, 576, 64),
-                 spec_of(L::kNone, false, false, S::kNone)});
-  out.push_back({"H8_D512_K100_LengthsInvalidSink", shape_of(300, 400, 8, 512, 100),
-                 spec_of(L::kMixed, true, true, S::kMixed)});
-  out.push_back({"H24_D576_K96_LengthsSink", shape_of(40, 300, 24, 576, 96),
-                 spec_of(L::kMixed, true, false, S::kFinite)});
-  out.push_back({"H8_D576_K64_Deterministic", shape_of(24, 200, 8, 576, 64),
-                 spec_of(L::kMixed, false, true, S::kFinite), true});
   // Token groups (H 8 / 16 / 32: G = 8 / 4 / 2 tokens per work item). S_q not a multiple of G
   // (the last group partial), empty rows and a first group of empty rows only (topk_length 0
   // and -3 on rows 0, 1), topk_length past topk, invalid indices, a last row of invalid indices
@@ -717,8 +717,7 @@ TEST(Sm90DsaBackwardFixedPoint, NaNInQMarksExactlyTheReferenceRows) {
 }
 
 // AUTO picks the Hopper backward on an sm_90 device, and the portable one in deterministic mode
-// below 64 heads where the portable kernels serve the shape (H 16, 32; not H 8)
-// (expect_case_matches checks impl_used).
+// below 64 heads (expect_case_matches checks impl_used).
 TEST(Sm90DsaBackwardDispatch, AutoPicksTheHopperBackwardExceptDeterministicBelow64Heads) {
   SA_SKIP_WITHOUT_GPU();
   SA_SKIP_UNLESS_SM90();
@@ -748,7 +747,7 @@ TEST(DsaBackwardGpuRefusals, UnsupportedShapesNameTheReason) {
   };
   const Refusal cases[] = {
       {16, 128, 128, SA_DTYPE_BF16, "D_qk = 128"},
-      {8, 576, 512, SA_DTYPE_BF16, "H = 8"},
+      {12, 576, 512, SA_DTYPE_BF16, "H = 12"},
       {16, 576, 256, SA_DTYPE_BF16, "d_v = 256"},
       {16, 576, 512, SA_DTYPE_FP16, "dtype fp16"},
       {16, 128, 128, SA_DTYPE_BF16, "D_qk = 128", SA_IMPL_SM90},

@@ -108,7 +108,7 @@ TEST(DsaForwardGpuRefusals, UnsupportedShapesNameTheReason) {
   };
   const Refusal cases[] = {
       {16, 128, 128, SA_DTYPE_BF16, "D_qk = 128"},
-      {8, 576, 512, SA_DTYPE_BF16, "H = 8"},
+      {12, 576, 512, SA_DTYPE_BF16, "H = 12"},
       {16, 576, 256, SA_DTYPE_BF16, "d_v = 256"},
       {16, 576, 512, SA_DTYPE_FP32, "dtype fp32"},
   };

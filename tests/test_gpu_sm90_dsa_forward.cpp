@@ -83,29 +83,6 @@ INSTANTIATE_TEST_SUITE_P(SmallH, Sm90DsaForward, ::testing::ValuesIn(small_h_cas
                            return info.param.name;
                          });
 
-// H 8 (SPEC 2; the only GPU forward of it: the 64-row kernel with head padding, 56 padding rows
-// per item): sinks, invalid indices, duplicates, topk_length (the dynamic items), persistent
-// CTAs walking more items than SMs, topk past S_kv.
-std::vector<GpuDsaFwdCase> h8_cases() {
-  using L = DsaLengths;
-  using S = DsaSink;
-  return {
-      {"H8_D576_K64_Plain", shape_of(8, 256, 8, 576, 64),
-       spec_of(L::kNone, false, false, S::kNone)},
-      {"H8_D512_K100_LengthsInvalidSink", shape_of(300, 400, 8, 512, 100),
-       spec_of(L::kMixed, true, true, S::kMixed)},
-      {"H8_D576_K130_PersistentItems", shape_of(400, 800, 8, 576, 130),
-       spec_of(L::kNone, false, true, S::kFinite)},
-      {"H8_D576_K100_TopkAboveSkv", shape_of(8, 40, 8, 576, 100),
-       spec_of(L::kMixed, false, false, S::kPosInf)},
-  };
-}
-
-INSTANTIATE_TEST_SUITE_P(H8, Sm90DsaForward, ::testing::ValuesIn(h8_cases()),
-                         [](const ::testing::TestParamInfo<GpuDsaFwdCase>& info) {
-                           return info.param.name;
-                         });
-
 // The forward's workspace (the item counter of the dynamic schedule, with topk_length) is
 // optional: without it the same cases run one CTA per item.
 TEST(Sm90DsaForwardWorkspace, OptionalWithTopkLength) {
@@ -123,8 +100,7 @@ TEST(Sm90DsaForwardWorkspace, OptionalWithTopkLength) {
   EXPECT_EQ(ran, 3);
 }
 
-// On an sm_90 device AUTO picks the sm90 forward for the shapes it serves (H 8 included, which
-// the portable forward refuses).
+// On an sm_90 device AUTO picks the sm90 forward for the shapes it serves (H 8 included).
 TEST(Sm90DsaForwardDispatch, AutoPicksSm90) {
   SA_SKIP_UNLESS_SM90();
   for (int64_t H : {int64_t{64}, int64_t{8}}) {

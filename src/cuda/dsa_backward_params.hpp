@@ -41,7 +41,7 @@ struct DsaBwdParams {
   int64_t skv;            // S_kv
   int64_t sq;             // S_q (the row length of sink_terms)
   int64_t tok_begin;      // token of blockIdx.x = 0
-  int32_t H;              // heads (the portable kernels: a multiple of 16)
+  int32_t H;              // heads (the portable kernels: a multiple of 8)
   int32_t topk;           // slots per row
   int32_t head_groups;    // ceil(H / M)
   int32_t deterministic;  // nonzero: store partial rows instead of reducing into dkv_acc

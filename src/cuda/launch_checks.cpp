@@ -40,8 +40,8 @@ std::string dsa_sizes_unsupported(const DsaDims& d, const char* path) {
     os << "D_qk = " << d.Dqk << " (" << path << " supports 512, 576)";
   } else if (d.Dv != 512) {
     os << "d_v = " << d.Dv << " (" << path << " supports 512)";
-  } else if (d.H < 16 || d.H % 16 != 0) {
-    os << "H = " << d.H << " (" << path << " supports multiples of 16: 16, 32, 64, 128)";
+  } else if (d.H < 8 || d.H % 8 != 0) {
+    os << "H = " << d.H << " (" << path << " supports multiples of 8: 8, 16, 32, 64, 128)";
   } else if (d.topk > INT32_MAX - 64 || d.H > INT32_MAX) {
     os << "topk = " << d.topk << ", H = " << d.H << " (" << path << " supports < 2^31 - 64)";
   }

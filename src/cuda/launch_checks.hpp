@@ -24,7 +24,7 @@ std::string check_tensor_addressing(const char* name, const Bhsd& t, int64_t B, 
                                     int64_t S);
 
 // "" when the portable DSA kernels serve these sizes (D_qk 512 or 576, d_v 512, H a multiple of
-// 16, topk and H in int32 range), else the reason; `path` names the kernel in the message
+// 8, topk and H in int32 range), else the reason; `path` names the kernel in the message
 // ("portable DSA forward").
 std::string dsa_sizes_unsupported(const DsaDims& d, const char* path);
 

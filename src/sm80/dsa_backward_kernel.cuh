@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) dsa_bwd_kernel(const DsaBwdP
   const int64_t tok = p.tok_begin + tok_local;
   const int grp = static_cast<int>(blockIdx.x % p.head_groups);
   const int h0 = grp * M;
-  const int rows = min(M, p.H - h0);  // heads of this CTA, a multiple of 16
+  const int rows = min(M, p.H - h0);  // heads of this CTA, a multiple of 8
 
   // [0] The active prefix of the row: slots >= n_slots are never read.
   const int n_slots = dsa_active_slots(p.len, p.len_s, p.topk, tok);

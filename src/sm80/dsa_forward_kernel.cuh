@@ -20,8 +20,8 @@
 // mma.sync here; per warp and 64-key chunk: S 36 k16 steps x (2 Q + 1 K ldmatrix.x4, 4 MMAs),
 // P V 4 x (2 P + 8 V ldmatrix.x4, 32 MMAs): 148 ldmatrix.x4 per 272 MMAs (16-row warps: 174).
 // Q is read from shared memory: a warp's Q slice (16 rows x 576 at least) is >= 144 registers.
-// Rows past H (H % 16 == 0) are zero-filled Q rows: a row group with no row < H skips the math;
-// a half-valid group computes its padded m16 tile and never writes it.
+// Rows past H (H % 8 == 0) are zero-filled Q rows: a row group with no row < H skips the math;
+// a half-valid group computes its padded m16 tiles and never writes their rows past H.
 //
 // Registers per thread: O 32 x 128 fp32 / 32 lanes = 128; S 32 x N/4 / 32 = 8 or 16; Q, K, V, P
 // fragments 8 + 4 + 4 (+ 8); running max and sum 8; addresses. ptxas -v (CUDA 13.0): 228-234
@@ -93,7 +93,7 @@ struct DsaFwdParams {
   const float* sink;   // [H] at h * sink_s; may be null
   int64_t q_ss, q_sh, kv_ss, o_ss, o_sh, lse_ss, lse_sh, idx_ss, idx_si, len_s, sink_s;
   int64_t skv;          // S_kv
-  int32_t H;            // heads (a multiple of 16)
+  int32_t H;            // heads (a multiple of 8)
   int32_t topk;         // slots per row
   int32_t head_groups;  // ceil(H / 64)
   int32_t qk_chunks;    // D_qk / 8: 64 or 72
@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) dsa_fwd_kernel(const DsaFwdP
   const int g = lane >> 2, t4 = lane & 3;
   const int64_t tok = blockIdx.x / p.head_groups;
   const int h0 = (blockIdx.x % p.head_groups) * Cfg::kBlockM;
-  const int rows = min(Cfg::kBlockM, p.H - h0);  // heads of this CTA, a multiple of 16
+  const int rows = min(Cfg::kBlockM, p.H - h0);  // heads of this CTA, a multiple of 8
   const int row0 = Cfg::kGroupRows * rg;         // first tile row of this warp
   const bool computes = row0 < rows;             // warp-uniform; the same for the whole group
   const int group_barrier = static_cast<int>(Barrier::kRowGroupBase) + rg;
@@ -401,6 +401,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) dsa_fwd_kernel(const DsaFwdP
     if (row0 + 16 * m >= rows) continue;  // a padded m16 tile (rows past H): never written
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
+      if (row0 + 16 * m + g + 8 * i >= rows) continue;  // a row past H in a half-valid tile
       float l = 0.f;
 #pragma unroll
       for (int q = 0; q < Cfg::kGroupWarps; ++q)

@@ -133,13 +133,13 @@ void dsa_fwd_run(const DsaFwdProblem& p, const ExecContext& ctx) {
 // against 102.3, H 64 D_qk 512 139.0 against 114.1; the merged 64-byte form is 16-17% faster
 // again), so AUTO takes it there. Below 64 heads its rows are padded to 64 (token groups are not
 // deterministic): 1.10x the portable one at H 32 D_qk 576 on that one shape, not yet measured
-// at H 16, so AUTO keeps the portable one where it serves (H 16, 32); a caller that forces
-// SA_IMPL_SM90 still gets the Hopper kernel, and so does AUTO at the H the portable kernels do
-// not take (8, and any H below 64 not a multiple of 16).
+// at H 8 / 16, so AUTO keeps the portable one where it serves (H a multiple of 8); a caller
+// that forces SA_IMPL_SM90 still gets the Hopper kernel, and so does AUTO at the H the portable
+// kernels do not take (below 64 and not a multiple of 8).
 std::string dsa_bwd_unsupported(const DsaBwdProblem& p) {
   const std::string why = unsupported(p, &sm90::dsa_backward_unsupported);
   if (!why.empty()) return why;
-  if (p.options.deterministic && p.dims.H < 64 && p.dims.H % 16 == 0 &&
+  if (p.options.deterministic && p.dims.H < 64 && p.dims.H % 8 == 0 &&
       p.options.impl != SA_IMPL_SM90)
     return "deterministic mode below 64 heads: left to the portable backward (set "
            "options.impl = SA_IMPL_SM90 to use this one)";
