@@ -303,6 +303,7 @@ void loss_run(const IndexerLossProblem& p, void* workspace, size_t workspace_byt
     SA_CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<size_t>(d.Skv * 128) * 4, stream));
   }
 
+  bool arch_loss = false;  // o.loss served step 3 (every slice of it)
   if (plan.dense) {
     // Dense mode: per slice of tokens, 1. the target over the ranges, 3. the streaming loss.
     tp.la_gs = lp.la_gs = plan.dense_slice * d.Skv;
@@ -312,8 +313,11 @@ void loss_run(const IndexerLossProblem& p, void* workspace, size_t workspace_byt
       tp.tok_begin = t0;
       o.target(tp, true, tokens, p.device_index, stream);
       lp.la_tok0 = lp.tok_begin = t0;
-      if (o.loss == nullptr || !o.loss(lp, true, d.HI, tokens, stream))
-        launch_loss<true>(d.HI, lp, tokens, stream);
+      const bool arch = o.loss != nullptr && o.loss(lp, true, d.HI, tokens, stream);
+      if (!arch) launch_loss<true>(d.HI, lp, tokens, stream);
+      SA_CHECK(t0 == 0 || arch == arch_loss, SA_ERROR_INTERNAL,
+               o.path << ": the loss kernel changed between dense slices");
+      arch_loss = arch;
     }
   } else {
     // Sparse mode: 1. the target of every token, then 3. (in slices when deterministic).
@@ -323,8 +327,8 @@ void loss_run(const IndexerLossProblem& p, void* workspace, size_t workspace_byt
     o.target(tp, false, d.Sq, p.device_index, stream);
     if (!plan.deterministic) {
       lp.tok_begin = 0;
-      if (o.loss == nullptr || !o.loss(lp, false, d.HI, d.Sq, stream))
-        launch_loss<false>(d.HI, lp, d.Sq, stream);
+      arch_loss = o.loss != nullptr && o.loss(lp, false, d.HI, d.Sq, stream);
+      if (!arch_loss) launch_loss<false>(d.HI, lp, d.Sq, stream);
     } else {
       auto* keys_in = reinterpret_cast<uint32_t*>(base + plan.keys_in);
       auto* keys_out = reinterpret_cast<uint32_t*>(base + plan.keys_out);
@@ -353,10 +357,11 @@ void loss_run(const IndexerLossProblem& p, void* workspace, size_t workspace_byt
       }
     }
   }
-  // 4. dk_I.
+  // 4. dk_I, in the column order of the kernel that reduced it (deterministic mode's fixed-order
+  // sums and the portable kernel: natural).
   if (plan.grads)
     dsa_bwd::convert_dkv(acc, p.dk_I.data, SA_DTYPE_BF16, d.Skv, 128, p.dk_I.ss,
-                         dsa_bwd::AccColumns::kNatural, stream);
+                         arch_loss ? o.loss_columns : dsa_bwd::AccColumns::kNatural, stream);
   // 5. The total.
   loss_total_kernel<<<1, kTotalThreads, 0, stream>>>(rows, d.Sq, static_cast<float*>(p.loss));
   SA_CUDA_CHECK_LAUNCH();

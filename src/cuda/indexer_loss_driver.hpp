@@ -14,6 +14,7 @@
 #include <string>
 
 #include "common/indexer_problem.hpp"
+#include "cuda/dsa_backward_aux.hpp"  // AccColumns
 
 namespace sa::portable::indexer {
 
@@ -65,6 +66,8 @@ using LossLaunch = bool (*)(const LossParams& prm, bool dense, int64_t heads, in
 struct LossDriverOptions {
   TargetLaunch target = nullptr;
   LossLaunch loss = nullptr;  // null: the portable loss kernel everywhere
+  // The column order of `loss`'s dk_acc reductions (the portable kernel's is natural).
+  dsa_bwd::AccColumns loss_columns = dsa_bwd::AccColumns::kNatural;
   int target_smem_bytes = 0;  // shared memory per block the target needs at least
   const char* path = "";      // the path, for errors ("portable indexer loss", ...)
 };

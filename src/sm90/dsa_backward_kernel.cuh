@@ -646,38 +646,19 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
         }
       }
     } else {
-      // The accumulator rows are in quad-16 column order (AccColumns::kQuad16,
-      // cuda/dsa_backward_aux.hpp): lane (g, q)'s columns 16 m + {2q, 2q + 1, 2q + 8, 2q + 9}
-      // of row frag_row + 8 r are the four floats a[m] at positions 16 m + 4 q. One exchange
-      // with lane ^ 4 (the row's neighbour R ^ 1) leaves each lane, for both rows of its pair
-      // (E = even, O = odd), the groups of its parity o = g & 1 (o and o + 2). Each red.v4 warp
-      // instruction then covers four rows' 128 contiguous bytes: groups 2k (even lanes) and
-      // 2k + 1 (odd lanes) of rows E or O of the four lane pairs.
+      // The accumulator rows are in quad-16 column order (quad16_pair, dsa_common.cuh: one
+      // exchange with lane ^ 4, then each red.v4 warp instruction covers four rows' 128
+      // contiguous bytes: groups 2k (even lanes) and 2k + 1 (odd lanes) of rows E or O of the
+      // four lane pairs).
       const int g = lane >> 2;
       const int o = g & 1;
       // (D_qk 576 only)
       [[maybe_unused]] float* const piece_base = p.dkv_acc + 64 * panel + 16 * o + 4 * (lane % 4);
       CUTE_UNROLL
       for (int r = 0; r < 2; ++r) {
-        float4 a[4];
-        CUTE_UNROLL
-        for (int m = 0; m < 4; ++m)
-          a[m] = make_float4(acc(8 * m + 2 * r), acc(8 * m + 2 * r + 1), acc(8 * m + 4 + 2 * r),
-                             acc(8 * m + 5 + 2 * r));
-        // k = 0, 1: groups 2k + o of rows E (evn[k]) and O (odd[k]).
+        // k = 0, 1: groups 2k + o of rows E (evn[k]) and O (odd[k]) (dsa_common.cuh).
         float4 evn[2], odd[2];
-        CUTE_UNROLL
-        for (int k = 0; k < 2; ++k) {
-          const float4 keep = o ? a[2 * k + 1] : a[2 * k];
-          const float4 send = o ? a[2 * k] : a[2 * k + 1];
-          float4 recv;
-          recv.x = __shfl_xor_sync(0xffffffffu, send.x, 4);
-          recv.y = __shfl_xor_sync(0xffffffffu, send.y, 4);
-          recv.z = __shfl_xor_sync(0xffffffffu, send.z, 4);
-          recv.w = __shfl_xor_sync(0xffffffffu, send.w, 4);
-          evn[k] = o ? recv : keep;
-          odd[k] = o ? keep : recv;
-        }
+        quad16_pair(acc, r, lane, evn, odd);
         // Both rows active (every row of a full chunk; with kChunkTargets every row of the
         // chunk): four reductions without a test (ptxas compiles a predicated reduction to a
         // branch region). Otherwise an inactive row (j = -1, its address never used) is skipped.

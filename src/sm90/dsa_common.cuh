@@ -49,6 +49,38 @@ __device__ __forceinline__ void store_fragment_rows_16b(int lane, Word&& word, R
   }
 }
 
+// The quad-16 reduction order (AccColumns::kQuad16, cuda/dsa_backward_aux.hpp) of a 64-column
+// warpgroup accumulator tile (wgmma C layout: acc(8 m + 4 h + 2 r + e) at row 16 warp + g + 8 r,
+// column 16 m + 8 h + 2 q + e; g = lane / 4, q = lane % 4): lane q's columns 16 m + {2q, 2q + 1,
+// 2q + 8, 2q + 9} of a row sit at positions 16 m + 4q .. + 3 of the accumulator row. After one
+// exchange with lane ^ 4 (the row's neighbour g ^ 1) this lane holds, for fragment row slot r,
+// the lane pair's even row E = 16 warp + 8 r + (g & 6) and odd row E + 1, the 16-column groups
+// m = 2k + o (o = g & 1, k = 0, 1): evn[k] of E, odd[k] of E + 1. A red.v4 of each at position
+// 16 (2k + o) + 4q of its row then covers, across the warp, four rows' 128 contiguous bytes per
+// instruction (one L2 request of four sectors each).
+template <class Frag>
+__device__ __forceinline__ void quad16_pair(const Frag& acc, int r, int lane, float4 (&evn)[2],
+                                            float4 (&odd)[2]) {
+  const int o = (lane >> 2) & 1;
+  float4 a[4];
+  CUTE_UNROLL
+  for (int m = 0; m < 4; ++m)
+    a[m] = make_float4(acc(8 * m + 2 * r), acc(8 * m + 2 * r + 1), acc(8 * m + 4 + 2 * r),
+                       acc(8 * m + 5 + 2 * r));
+  CUTE_UNROLL
+  for (int k = 0; k < 2; ++k) {
+    const float4 keep = o ? a[2 * k + 1] : a[2 * k];
+    const float4 send = o ? a[2 * k] : a[2 * k + 1];
+    float4 recv;
+    recv.x = __shfl_xor_sync(0xffffffffu, send.x, 4);
+    recv.y = __shfl_xor_sync(0xffffffffu, send.y, 4);
+    recv.z = __shfl_xor_sync(0xffffffffu, send.z, 4);
+    recv.w = __shfl_xor_sync(0xffffffffu, send.w, 4);
+    evn[k] = o ? recv : keep;
+    odd[k] = o ? keep : recv;
+  }
+}
+
 // ---- the CTA both kernels run ------------------------------------------------------------------
 // One query token x 64 heads, the token's active slots in chunks of 64 gathered kv rows (the key:
 // D_qk columns; the value: their first 512), a producer warpgroup and two consumer warpgroups.

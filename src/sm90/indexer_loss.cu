@@ -245,6 +245,7 @@ portable::indexer::LossDriverOptions driver_options() {
   portable::indexer::LossDriverOptions o;
   o.target = &launch_target;
   o.loss = &launch_loss;
+  o.loss_columns = portable::dsa_bwd::AccColumns::kQuad16;  // reduce_dk_rows
   o.target_smem_bytes = static_cast<int>(
       std::max(std::max(kSmem576, kSmem512), std::max(kSmemRs576, kSmemRs512)));
   o.path = "sm90 indexer loss";

@@ -371,13 +371,33 @@ __device__ __forceinline__ void landed_barrier() {
   __syncthreads();
 }
 
-// The fp32 reductions of row i (g + 8 i of the warp's 16; m64n64 C layout) of a dK fragment's
-// 64 columns into the accumulator row `dst`.
-template <class Frag>
-__device__ __forceinline__ void reduce_dk_row(const Frag& dk, int i, float* dst) {
+// The fp32 reductions of a dK fragment's 64 columns (m64n64 C layout) into the accumulator rows,
+// in quad-16 column order (quad16_pair, dsa_common.cuh; the driver converts dk_acc with
+// AccColumns::kQuad16): row_dst(R) gives the accumulator row of the warpgroup's fragment row R
+// (0..63) at this fragment's column 0, or nullptr when R adds nothing. Each red.v4 warp
+// instruction covers four rows' 128 contiguous bytes (with red.v2 in natural order, eight rows'
+// 32: a quarter of the L2 requests and half the instructions).
+template <class Frag, class RowDst>
+__device__ __forceinline__ void reduce_dk_rows(const Frag& dk, int lane, int warp,
+                                               RowDst&& row_dst) {
+  const int g = lane >> 2;
+  const int at = 16 * (g & 1) + 4 * (lane % 4);
   CUTE_UNROLL
-  for (int nt = 0; nt < 8; ++nt)
-    red_add_f32x2(dst + 8 * nt, dk(4 * nt + 2 * i), dk(4 * nt + 2 * i + 1));
+  for (int r = 0; r < 2; ++r) {
+    float4 evn[2], odd[2];
+    quad16_pair(dk, r, lane, evn, odd);
+    const int re = 16 * warp + 8 * r + (g & 6);
+    float* const de = row_dst(re);
+    float* const dd = row_dst(re + 1);
+    if (de != nullptr) {
+      red_add_f32x4(de + at, evn[0]);
+      red_add_f32x4(de + at + 32, evn[1]);
+    }
+    if (dd != nullptr) {
+      red_add_f32x4(dd + at, odd[0]);
+      red_add_f32x4(dd + at + 32, odd[1]);
+    }
+  }
 }
 
 template <class T, bool kDense>
@@ -559,9 +579,10 @@ __global__ void __launch_bounds__(T::kThreads, 2) loss_sm90_kernel(const __grid_
       warpgroup_wait<0>();
       warpgroup_fence_operand(dk);
       warpgroup_fence_operand(tAg);
-      CUTE_UNROLL
-      for (int i = 0; i < 2; ++i)
-        if (pos[i] < n) reduce_dk_row(dk, i, p.dk_acc + key_of(pos[i]) * 128 + 64 * half + 2 * t4);
+      reduce_dk_rows(dk, lane, warp, [&](int r) -> float* {
+        const int at = chunk * kChunk + r;
+        return at < n ? p.dk_acc + key_of(at) * 128 + 64 * half : nullptr;
+      });
     }
     fence_proxy_async_shared();
     __syncthreads();  // G of every warp in shared memory, visible to the async proxy
@@ -829,12 +850,10 @@ __global__ void __launch_bounds__(2 * T::kThreads, 1)
     dq_issue<T>(mma3, thr3, k_el(stage), fresh_ptr(g_el) + wg * (L::kGPanelBytes / 2), dq);
     warpgroup_wait<1>();
     warpgroup_fence_operand(dk);
-    CUTE_UNROLL
-    for (int i = 0; i < 2; ++i) {
-      const int r = 16 * warp + g + 8 * i;
+    reduce_dk_rows(dk, lane, warp, [&](int r) -> float* {
       const int64_t key = span_b + chunk * kChunk + r;
-      if (either(key)) reduce_dk_row(dk, i, p.dk_acc + key * 128 + 64 * wg + 2 * t4);
-    }
+      return either(key) ? p.dk_acc + key * 128 + 64 * wg : nullptr;
+    });
     warpgroup_wait<0>();
     warpgroup_fence_operand(dq);
   }

@@ -412,11 +412,10 @@ __device__ __forceinline__ void pipe_consumer(const LossParams& p, uint8_t* smem
   // R(c): the dk reductions of chunk c (dK(c) retired), keys of either live range.
   auto reduce_chunk = [&](int c) {
     warpgroup_fence_operand(dk);
-    CUTE_UNROLL
-    for (int i = 0; i < 2; ++i) {
-      const int64_t key = key_at(c, 16 * warp + g + 8 * i);
-      if (either(key)) reduce_dk_row(dk, i, p.dk_acc + key * 128 + 64 * wg + 2 * t4);
-    }
+    reduce_dk_rows(dk, lane, warp, [&](int r) -> float* {
+      const int64_t key = key_at(c, r);
+      return either(key) ? p.dk_acc + key * 128 + 64 * wg : nullptr;
+    });
   };
 
   clear(acc);
@@ -526,7 +525,7 @@ __global__ void __launch_bounds__(PipeTraits<T>::kThreads, 1)
 //       release
 //     | [f] dq_I, dw
 //   E2(c) = dI of the chunk's positions, G -> slot c % 2, dw; fence.proxy.async; R0 / R1 = the
-//   fp32 dk reductions of the chunk's columns [0, 64) / [64, 128) (reduce_dk_row). Slot c % 2 is
+//   fp32 dk reductions of the chunk's columns [0, 64) / [64, 128) (reduce_dk_rows). Slot c % 2 is
 //   rewritten by E2(c + 2) in body c + 1, once dQ(c) retired in all four warps (empty[]'s phase of
 //   chunk c's stage); A(c + 1) is written after dK1(c) retired. Each body reads only accumulators of batches it issued; dQ(c)
 //   alone crosses the loop's back edge (as in the pair kernel above: no C7514).
@@ -738,12 +737,10 @@ __device__ __forceinline__ void sparse_pipe_consumer(const LossParams& p, uint8_
   // R(c, half): dK(c)'s columns [64 half, +64) retired in dk -> the dk accumulator rows.
   auto reduce_half = [&](int c, int half) {
     warpgroup_fence_operand(dk);
-    CUTE_UNROLL
-    for (int i = 0; i < 2; ++i) {
-      const int pos = c * kChunk + 16 * warp + g + 8 * i;
-      if (pos < n)
-        reduce_dk_row(dk, i, p.dk_acc + int64_t{s_key[pos]} * 128 + 64 * half + 2 * t4);
-    }
+    reduce_dk_rows(dk, lane, warp, [&](int r) -> float* {
+      const int pos = c * kChunk + r;
+      return pos < n ? p.dk_acc + int64_t{s_key[pos]} * 128 + 64 * half : nullptr;
+    });
   };
   // Body c (c + 1 < n_chunks): G(c) in slot c % 2 and visible; dQ(c - 1) may be in flight. The
   // wait counts are immediates.

@@ -20,5 +20,5 @@ F='*IndexerSm90Loss*:*IndexerGpuLoss*:*IndexerGpuAuto*:*IndexerSm90Auto*:*Sm90Ds
 C='Cases/IndexerSm90Loss.MatchesReference/HI64_H128_D576_K129_FiveStages:Cases/IndexerSm90Loss.MatchesReference/HI64_H64_D512_K4100_LongRows:Cases/Sm90DsaBackward.MatchesReference/H64_D576_K100_LengthsInvalid:Sm90DsaBackwardFixedPoint.*'
 echo "== q16 suites" | tee -a $L
 scripts/shard_check.sh $B/t_q16 "$F" 8 "$C" $OUT/tq | tee -a $L
-echo "== main DSA backward suites" | tee -a $L
-scripts/shard_check.sh $B/t_main '*Sm90DsaBackward*:*DsaBackwardGpu*' 8 'Sm90DsaBackwardFixedPoint.*:Cases/Sm90DsaBackward.MatchesReference/H64_D576_K100_LengthsInvalid' $OUT/tm | tee -a $L
+echo "== main DSA suites (H 8 forward and dispatch included)" | tee -a $L
+scripts/shard_check.sh $B/t_main '*Sm90DsaBackward*:*DsaBackwardGpu*:*Sm90DsaForward*:*DsaForwardGpu*' 8 'Sm90DsaBackwardFixedPoint.*:Cases/Sm90DsaBackward.MatchesReference/H64_D576_K100_LengthsInvalid:Cases/Sm90DsaForward.MatchesReference/H8_D512_K100_LengthsInvalidSink:Cases/DsaForwardGpu.MatchesReference/H8_D512_K100_LengthsInvalidSink:Cases/DsaBackwardGpu.MatchesReference/H8_D512_K100_LengthsInvalidSink' $OUT/tm | tee -a $L
