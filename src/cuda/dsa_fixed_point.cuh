@@ -93,6 +93,21 @@ __host__ __device__ inline int fix_exponent_above(double x) {
   return e;
 }
 
+// The estimate B of M above from max |q|, max |dout|, max |kv| (rows and scale as fix_scale's); 0
+// when dout is 0 (then so is every value).
+__host__ __device__ inline double fix_estimate(float q, float dout, float kv, float scale,
+                                               int rows) {
+  return static_cast<double>(rows) * dout * (1024.0 * static_cast<double>(scale) * kv * q + 1.0);
+}
+// The same from the control words.
+__host__ __device__ inline double fix_estimate(const FixCtl& c, float scale, int rows) {
+  union {
+    uint32_t u;
+    float f;
+  } q{c.max_q}, dout{c.max_dout}, kv{c.max_kv};
+  return fix_estimate(q.f, dout.f, kv.f, scale, rows);
+}
+
 // s for this call from the control words. `first_pass`: s0 from the estimate alone; the first
 // pass must not read max_x, which its own CTAs raise while others still run (a CTA starting late
 // would see a partial maximum and could pick another scale). Otherwise (the second pass, the
@@ -105,8 +120,7 @@ __host__ __device__ inline FixScale fix_scale(const FixCtl& c, float scale, int 
     float f;
   } q{c.max_q}, dout{c.max_dout}, kv{c.max_kv}, x{c.max_x};
   const int lim = fix_limit_bits(c.count, head_groups);
-  const double b = static_cast<double>(rows) * dout.f *
-                   (1024.0 * static_cast<double>(scale) * kv.f * q.f + 1.0);
+  const double b = fix_estimate(q.f, dout.f, kv.f, scale, rows);
   int s0 = 0;  // b == 0: dout is 0, so is every value
   if (b > 0.0) s0 = fix_clamp_shift(b < 1e300 ? lim - 1 - fix_exponent_above(b) : kFixMinShift);
   if (first_pass || !(x.f > 0.f)) return {s0, false};
