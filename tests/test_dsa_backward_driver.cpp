@@ -130,6 +130,39 @@ TEST_P(DsaBackwardDriverPlan, FixedPointModeLayout) {
   EXPECT_EQ(plan.total, at + 256);
 }
 
+// The binned plan (a policy with fixed_point and launch_binned, the Hopper one under
+// Tuning::sm90_dsa_bwd_det_binned): the kBinCount planes of S_kv + 1 rows of D_qk / 2 words in
+// place of the int64 accumulator (their first two planes hold its rows, for the plan's int64
+// form), then the same parts as the int64 plan.
+void no_launch(const sa::portable::dsa_bwd::DsaBwdParams&, int64_t, int, cudaStream_t) {}
+
+TEST_P(DsaBackwardDriverPlan, BinnedPlanLayout) {
+  const PlanCase& c = GetParam();
+  sa::portable::dsa_bwd::KernelPolicy policy;
+  policy.heads_per_cta = c.heads_per_cta;
+  policy.fixed_point = true;
+  policy.launch_binned = &no_launch;
+  const WorkspacePlan plan = plan_workspace(problem_of(c, true), policy);
+  EXPECT_TRUE(plan.fixed);
+  EXPECT_TRUE(plan.binned);
+  size_t at = 0;
+  EXPECT_EQ(plan.fix, at);
+  const int64_t planes = 8 * (c.Skv + 1) * (c.Dqk / 2) * 8;
+  EXPECT_GE(planes, (c.Skv + 1) * c.Dqk * 8);
+  at += align256(planes);
+  EXPECT_EQ(plan.bad, at);
+  at += align256(c.Skv * 4);
+  EXPECT_EQ(plan.counts, at);
+  at += align256(c.Skv * 4);
+  EXPECT_EQ(plan.ctl, at);
+  at += 256;
+  at = expect_terms_and_counter(plan, c, at);
+  EXPECT_EQ(plan.slice, 0);
+  EXPECT_EQ(plan.total, at + 256);
+  // Outside deterministic mode launch_binned changes nothing.
+  EXPECT_FALSE(plan_workspace(problem_of(c, false), policy).binned);
+}
+
 std::vector<PlanCase> plan_cases() {
   return {
       {"headline_h128_d576_sink_len_m64", 4096, 8192, 128, 576, 2048, true, true, 64},

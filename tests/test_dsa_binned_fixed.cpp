@@ -22,16 +22,18 @@ namespace {
 using sa::portable::dsa_bwd::bin_bound;
 using sa::portable::dsa_bwd::bin_decode;
 using sa::portable::dsa_bwd::bin_exponent_above;
+using sa::portable::dsa_bwd::bin_grid;
 using sa::portable::dsa_bwd::bin_of;
 using sa::portable::dsa_bwd::bin_pack;
+using sa::portable::dsa_bwd::bin_plane_words;
 using sa::portable::dsa_bwd::bin_resolution;
 using sa::portable::dsa_bwd::bin_round;
 using sa::portable::dsa_bwd::bin_serves;
 using sa::portable::dsa_bwd::bin_shift;
 using sa::portable::dsa_bwd::bin_unpack;
+using sa::portable::dsa_bwd::bin_word;
 using sa::portable::dsa_bwd::BinBound;
 using sa::portable::dsa_bwd::BinPair;
-using sa::portable::dsa_bwd::fix_factors;
 using sa::portable::dsa_bwd::FixCtl;
 using sa::portable::dsa_bwd::kBinCount;
 using sa::portable::dsa_bwd::kBinMaxResolution;
@@ -136,6 +138,10 @@ TEST(DsaBinnedFixed, ResolutionLeavesRoomForEveryAddition) {
   EXPECT_TRUE(bin_serves((1u << 17) - 1, 1));
   EXPECT_FALSE(bin_serves(1u << 17, 1));
   EXPECT_FALSE(bin_serves(1u << 16, 2));
+  // A least resolution above the cap serves nothing (the tests' forced int64 form).
+  for (uint32_t count : {0u, 1u, 511u, 4096u})
+    EXPECT_FALSE(bin_serves(count, 1, kBinMaxResolution + 1)) << count;
+  EXPECT_TRUE(bin_serves(511, 1, kBinMaxResolution));
   // LW is the largest with n 2^LW <= 2^31 - 1, unless capped.
   for (uint64_t n : {1u, 3u, 1000u, 4096u, 65535u, 131071u, 1u << 20, 0x7fffffffu}) {
     const int lw = bin_resolution(static_cast<uint32_t>(n), 1);
@@ -157,7 +163,7 @@ TEST(DsaBinnedFixed, WorstCaseSumsStayWithinInt32) {
       ASSERT_GE(lw, 2);
       const int e_bound = 10, bin = 3;
       const float top = std::ldexp(1.f, e_bound - kBinWidth * bin);
-      const auto f = fix_factors(bin_shift(bin, lw, e_bound));
+      const auto f = bin_grid(bin_shift(bin, lw, e_bound));
       const int32_t v = bin_round(top, f);
       ASSERT_EQ(v, int64_t{1} << lw);
       ASSERT_EQ(bin_round(-top, f), -v);
@@ -242,7 +248,7 @@ TEST(DsaBinnedFixed, ShiftBoundsEveryBin) {
         const int e_edge = e_bound - kBinWidth * b;
         if (e_edge < -125) continue;
         const int t = bin_shift(b, lw, e_bound);
-        const auto f = fix_factors(t);
+        const auto f = bin_grid(t);
         const float edge = e_edge <= 127 ? std::ldexp(1.f, e_edge) : FLT_MAX;
         const float below = std::nextafter(edge, 0.f);
         for (float m : {edge, below, std::nextafter(below, 0.f)}) {
@@ -261,27 +267,56 @@ TEST(DsaBinnedFixed, ShiftBoundsEveryBin) {
   // FLT_MAX rounds to 4.
   const int up = bin_shift(0, kBinMinResolution, 200);
   EXPECT_EQ(up, kFixMinShift);
-  EXPECT_EQ(bin_round(FLT_MAX, fix_factors(up)), 4);
-  EXPECT_EQ(bin_round(-FLT_MAX, fix_factors(up)), -4);
+  EXPECT_EQ(bin_round(FLT_MAX, bin_grid(up)), 4);
+  EXPECT_EQ(bin_round(-FLT_MAX, bin_grid(up)), -4);
   // Down: at B = 2^-200 only 0 meets the premise; t stays finite.
   EXPECT_EQ(bin_shift(kBinCount - 1, kBinMaxResolution, -200), kFixMaxShift);
-  EXPECT_EQ(bin_round(0.f, fix_factors(kFixMaxShift)), 0);
+  EXPECT_EQ(bin_round(0.f, bin_grid(kFixMaxShift)), 0);
 }
 
 // Ties go to even, halves and quarters round to nearest, the sign is kept.
 TEST(DsaBinnedFixed, RoundsToNearestEven) {
-  const auto one = fix_factors(0);
+  const auto one = bin_grid(0);
   const float cases[] = {0.5f,       1.5f,   -0.5f,   -1.5f,      2.5f,        -2.5f,
                          0.25f,      0.75f,  -0.75f,  4194303.5f, -4194303.5f, 4194304.f,
                          -4194304.f, 1e-30f, -1e-30f, 0.f};
   for (float x : cases) EXPECT_EQ(bin_round(x, one), round_at(x, 0)) << x;
-  // Through both factors (t > 127): the subnormal 3 2^-149 at t = 148 is 1.5, rounding to 2.
-  EXPECT_EQ(bin_round(std::ldexp(3.f, -149), fix_factors(148)), 2);
+  // At t = 148: the subnormal 3 2^-149 is 1.5, rounding to 2.
+  EXPECT_EQ(bin_round(std::ldexp(3.f, -149), bin_grid(148)), 2);
   std::mt19937_64 rng(0x5eed0003);
   std::uniform_real_distribution<float> in(-4194304.f, 4194304.f);
   for (int i = 0; i < 100000; ++i) {
     const float x = in(rng);
     ASSERT_EQ(bin_round(x, one), round_at(x, 0)) << x;
+  }
+}
+
+// Every t of the clamp, through the grid's three regimes (u = t; u = -103 with m < 1; u = 149
+// with m > 1) and their edges: random x with |x 2^t| <= 2^22, ties, the largest magnitude and
+// subnormal x, against round-to-nearest-even in double.
+TEST(DsaBinnedFixed, RoundsAtEveryShift) {
+  std::mt19937_64 rng(0x5eed0005);
+  std::uniform_real_distribution<double> frac(-1.0, 1.0);
+  for (int t = kFixMinShift; t <= kFixMaxShift; ++t) {
+    const auto g = bin_grid(t);
+    std::vector<float> xs;
+    for (int i = 0; i < 400; ++i) {
+      // |x| up to 2^(22 - t) (or FLT_MAX), on a spread of magnitudes.
+      const int e = std::uniform_int_distribution<int>(-30, 0)(rng);
+      const double x = std::ldexp(frac(rng), 22 - t + e);
+      if (std::fabs(x) < static_cast<double>(FLT_MAX)) xs.push_back(static_cast<float>(x));
+    }
+    for (double k : {0.5, 1.5, -2.5, 4194303.5, -4194304.0}) {  // ties and the limit at 2^-t
+      const double x = std::ldexp(k, -t);
+      if (std::fabs(x) < static_cast<double>(FLT_MAX) && static_cast<float>(x) == x)
+        xs.push_back(static_cast<float>(x));
+    }
+    for (float x : {std::ldexp(1.f, -149), -std::ldexp(5.f, -149), std::ldexp(1.f, -126), 0.f})
+      if (std::fabs(std::ldexp(static_cast<double>(x), t)) <= std::ldexp(1.0, 22)) xs.push_back(x);
+    for (float x : xs) {
+      ASSERT_LE(std::fabs(std::ldexp(static_cast<double>(x), t)), std::ldexp(1.0, 22));
+      ASSERT_EQ(bin_round(x, g), round_at(x, t)) << "t " << t << " x " << x;
+    }
   }
 }
 
@@ -380,7 +415,7 @@ TEST(DsaBinnedFixed, PrecisionModel) {
   std::vector<double> reference(kColumns, 0.0);
   for (int i = 0; i < kN; ++i) {
     const int b = bin_of(bits(seg_max[i]), e_bound);
-    const auto f = fix_factors(bin_shift(b, lw, e_bound));
+    const auto f = bin_grid(bin_shift(b, lw, e_bound));
     const float* seg = &x[static_cast<size_t>(i) * kColumns];
     for (int k = 0; k < kColumns / 2; ++k) {
       const int32_t lo = bin_round(seg[2 * k], f), hi = bin_round(seg[2 * k + 1], f);
@@ -411,6 +446,37 @@ TEST(DsaBinnedFixed, PrecisionModel) {
   std::printf("[ precision ] D1 at N %d, s 3: rms error 2^%.2f of the rms sum (LW %d)\n", kN,
               std::log2(rel), lw);
   EXPECT_LE(rel, std::exp2(-14.5));
+}
+
+// The planes' layout: kBinCount planes of skv + 1 rows of dqk / 2 words, every (plane, row, word)
+// at its own index and the planes contiguous; row skv (the spare row) last in each plane; a row's
+// words contiguous, so that a warp instruction's eight words of one row (words 8m .. 8m + 7) are
+// 64 contiguous bytes, 64-byte aligned where the planes' base is. The int64 rows [skv + 1, dqk]
+// take the bytes of two planes (dqk / 2 words of 8 bytes per row and plane): the binned plan's
+// int64 form fits at the planes' start.
+TEST(DsaBinnedFixed, PlaneLayout) {
+  for (int dqk : {512, 576}) {
+    for (int64_t skv : {int64_t{1}, int64_t{7}, int64_t{300}}) {
+      const int64_t plane = bin_plane_words(skv, dqk);
+      EXPECT_EQ(plane, (skv + 1) * (dqk / 2));
+      std::vector<int> seen(static_cast<size_t>(kBinCount * plane), 0);
+      for (int b = 0; b < kBinCount; ++b) {
+        for (int64_t row = 0; row <= skv; ++row) {
+          for (int w = 0; w < dqk / 2; ++w) {
+            const int64_t at = bin_word(b, row, w, skv, dqk);
+            ASSERT_GE(at, b * plane);
+            ASSERT_LT(at, (b + 1) * plane);
+            ++seen[static_cast<size_t>(at)];
+          }
+        }
+        EXPECT_EQ(bin_word(b, skv, dqk / 2 - 1, skv, dqk), (b + 1) * plane - 1);
+        EXPECT_EQ(bin_word(b, 3, 9, skv, dqk), bin_word(b, 3, 8, skv, dqk) + 1);
+        EXPECT_EQ(bin_word(b, 2, 8, skv, dqk) % 8, 0) << "64-byte pieces of a row";
+      }
+      EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+      EXPECT_GE(2 * plane * 8, (skv + 1) * dqk * 8);
+    }
+  }
 }
 
 }  // namespace

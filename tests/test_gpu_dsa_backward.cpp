@@ -132,7 +132,12 @@ enum class Variant {
   kSm90,
   kAuto,
   kSm90Slices5,
-  kSm90Padded  // the Hopper backward with Tuning::sm90_dsa_bwd_groups = 0 (no token groups)
+  kSm90Padded,  // the Hopper backward with Tuning::sm90_dsa_bwd_groups = 0 (no token groups)
+  // Deterministic, the Hopper backward's binned plan (Tuning::sm90_dsa_bwd_det_binned 1: the
+  // binned form wherever the slot counts allow, every case here), and the same plan with its
+  // int64 form forced (2)
+  kSm90Binned,
+  kSm90BinnedInt64
 };
 
 const char* variant_name(Variant v) {
@@ -153,6 +158,10 @@ const char* variant_name(Variant v) {
       return "sm90_slices_of_5_tokens";  // deterministic mode's, or token groups' slices
     case Variant::kSm90Padded:
       return "sm90_public_api_heads_padded";
+    case Variant::kSm90Binned:
+      return "sm90_public_api_binned";
+    case Variant::kSm90BinnedInt64:
+      return "sm90_public_api_binned_plan_int64_form";
   }
   return "?";
 }
@@ -220,19 +229,23 @@ void run_gpu(const DsaHostCase& c, const Inputs& in, Variant variant, bool deter
        {&q, &kv, &idx, &len, &sink, &out, &lse, &dout, &d_dq, &d_dkv, &d_ds})
     ASSERT_TRUE(b->ok()) << "device allocation or copy failed";
 
+  const bool binned = variant == Variant::kSm90Binned || variant == Variant::kSm90BinnedInt64;
   if (variant == Variant::kPublicApi || variant == Variant::kSm90 || variant == Variant::kAuto ||
-      variant == Variant::kSm90Padded) {
+      variant == Variant::kSm90Padded || binned) {
     // The implementation asked for, and the one that must run (AUTO: the Hopper backward on an
     // sm_90 device, except in deterministic mode below 64 heads where the portable kernels serve
     // H, a multiple of 8; else the portable one).
-    const sa_impl impl = variant == Variant::kSm90 || variant == Variant::kSm90Padded
+    const sa_impl impl = variant == Variant::kSm90 || variant == Variant::kSm90Padded || binned
                              ? SA_IMPL_SM90
                          : variant == Variant::kAuto ? SA_IMPL_AUTO
                                                      : SA_IMPL_PORTABLE;
-    // kSm90Padded: one token per work item, heads padded to 64 (the kernel before token groups),
-    // around both the workspace query and the call.
+    // kSm90Padded: one token per work item, heads padded to 64 (the kernel before token groups);
+    // kSm90Binned*: deterministic mode's binned plan; around both the workspace query and the
+    // call.
     sa::detail::Tuning padded = sa::detail::tuning();
     if (variant == Variant::kSm90Padded) padded.sm90_dsa_bwd_groups = 0;
+    if (variant == Variant::kSm90Binned) padded.sm90_dsa_bwd_det_binned = 1;
+    if (variant == Variant::kSm90BinnedInt64) padded.sm90_dsa_bwd_det_binned = 2;
     const sa::detail::ScopedTuning tune(padded);
     const sa_impl expect_used = impl != SA_IMPL_AUTO                      ? impl
                                 : device_is_sm90() &&
@@ -538,7 +551,11 @@ TEST_P(Sm90DsaBackward, MatchesReference) {
   SA_SKIP_UNLESS_SM90();
   const GpuDsaBwdCase& p = GetParam();
   std::vector<Variant> variants = {Variant::kSm90};
-  if (p.deterministic) variants.push_back(Variant::kSm90Slices5);
+  if (p.deterministic) {
+    variants.push_back(Variant::kSm90Slices5);
+    variants.push_back(Variant::kSm90Binned);
+    variants.push_back(Variant::kSm90BinnedInt64);
+  }
   if (!p.deterministic && sa::portable::dsa_bwd::group_tokens(p.shape.H) > 0) {
     variants.push_back(Variant::kSm90Padded);
     variants.push_back(Variant::kSm90Slices5);  // token groups in slices of max(1, 5 / G) groups
@@ -647,12 +664,19 @@ TEST(Sm90DsaBackwardTuned, TokenGroupsInOrderMatchReference) {
 // it, no value does: s0 far too small for the values), (b) an out of 10^6 times kv's size on one
 // token (delta, hence dS', beyond the estimate's premise: the values overflow s0's range); and
 // gradients scaled by 2^-120 and 2^60 (s near both ends of its clamp). Each against the fp64
-// reference, three runs bitwise equal.
+// reference, three runs bitwise equal. The same in the binned plan (cuda/dsa_binned_fixed.cuh),
+// whose bound retries on both: (a) max_x below the last bin's lower edge B 2^-48, (b) max_x >= B;
+// and with its int64 form forced; plus dout scaled per token, so that a key's segments fall in
+// many bins.
+const std::vector<Variant> kFixedPointVariants = {Variant::kSm90, Variant::kSm90Binned,
+                                                  Variant::kSm90BinnedInt64};
+
 TEST(Sm90DsaBackwardFixedPoint, ScaleExtremesAndRetriesMatchReference) {
   SA_SKIP_WITHOUT_GPU();
   SA_SKIP_UNLESS_SM90();
   const GpuDsaBwdCase p{"FixedPoint", shape_of(9, 300, 64, 576, 80),
                         spec_of(DsaLengths::kMixed, true, true, DsaSink::kFinite), true};
+  const std::vector<Variant>& variants = kFixedPointVariants;
   const int64_t H = p.shape.H, Dv = p.shape.Dv;
   auto scale_dout = [](double f) {
     return [f](DsaHostCase& c) {
@@ -661,40 +685,39 @@ TEST(Sm90DsaBackwardFixedPoint, ScaleExtremesAndRetriesMatchReference) {
   };
   {
     SCOPED_TRACE("huge dout on an empty row");
-    expect_case_matches(p, {Variant::kSm90}, [&](DsaHostCase& c) {
+    expect_case_matches(p, variants, [&](DsaHostCase& c) {
       c.topk_length.i32()[0] = 0;
       for (int64_t e = 0; e < H * Dv; ++e) c.dout.set(e, 1e30);
     });
   }
   {
     SCOPED_TRACE("out 1e6 times larger on token 1");
-    expect_case_matches(p, {Variant::kSm90}, {}, [&](DsaHostCase&, Inputs& in) {
+    expect_case_matches(p, variants, {}, [&](DsaHostCase&, Inputs& in) {
       for (int64_t e = H * Dv; e < 2 * H * Dv; ++e) in.out.set(e, in.out.get(e) * 1e6);
     });
   }
   for (double f : {std::ldexp(1.0, -120), std::ldexp(1.0, 60)}) {
     SCOPED_TRACE("dout times " + std::to_string(f));
-    expect_case_matches(p, {Variant::kSm90}, scale_dout(f));
+    expect_case_matches(p, variants, scale_dout(f));
+  }
+  {
+    // Token t's dout times 2^-5t: a key's segments spread over most of the bins.
+    SCOPED_TRACE("dout times 2^-5t");
+    expect_case_matches(p, variants, [&](DsaHostCase& c) {
+      for (int64_t e = 0; e < c.dout.numel(); ++e)
+        c.dout.set(e, std::ldexp(c.dout.get(e), -5 * static_cast<int>(e / (H * Dv))));
+    });
   }
 }
 
-// Deterministic mode's NaN rows: a NaN in q (token 1, head 3) reaches every dkv row that token
-// selected, and those rows are NaN in every column in the reference as in the fixed-point mode;
-// every other element is finite and matches; three runs bitwise equal (NaN bits included).
-TEST(Sm90DsaBackwardFixedPoint, NaNInQMarksExactlyTheReferenceRows) {
-  SA_SKIP_WITHOUT_GPU();
-  SA_SKIP_UNLESS_SM90();
-  const DsaShape shape = shape_of(6, 200, 64, 576, 48);
-  DsaHostCase c = make_dsa_host_case(shape, spec_of(DsaLengths::kNone, false, false, DsaSink::kNone),
-                                     SA_DTYPE_BF16, seed_of(0xdb5a, "FixedPointNaN"));
-  poison_unselected_kv_rows(c);
-  Inputs in;
-  ASSERT_NO_FATAL_FAILURE(run_reference_forward(c, &in));
-  c.q.set((1 * shape.H + 3) * shape.Dqk + 17, std::numeric_limits<double>::quiet_NaN());
-  Grads want, got, again;
-  ASSERT_NO_FATAL_FAILURE(run_reference_backward(c, in, &want));
-  ASSERT_NO_FATAL_FAILURE(run_gpu(c, in, Variant::kSm90, true, &got));
-  ASSERT_NO_FATAL_FAILURE(run_gpu(c, in, Variant::kSm90, true, &again));
+// The NaN-rows check below for one variant: two runs, bitwise equal, NaN exactly where the
+// reference has it.
+void expect_nan_rows_match(const DsaHostCase& c, const Inputs& in, const Grads& want,
+                           Variant variant) {
+  const DsaShape& shape = c.shape;
+  Grads got, again;
+  ASSERT_NO_FATAL_FAILURE(run_gpu(c, in, variant, true, &got));
+  ASSERT_NO_FATAL_FAILURE(run_gpu(c, in, variant, true, &again));
   EXPECT_TRUE(bitwise_equal(again.dkv, got.dkv));
   const std::vector<double> a = got.dkv.to_double(), b = want.dkv.to_double();
   int64_t nan_rows = 0;
@@ -714,6 +737,28 @@ TEST(Sm90DsaBackwardFixedPoint, NaNInQMarksExactlyTheReferenceRows) {
   }
   EXPECT_GT(nan_rows, 0);
   EXPECT_LT(rel_l2(fa, fb), 1e-2);
+}
+
+// Deterministic mode's NaN rows: a NaN in q (token 1, head 3) reaches every dkv row that token
+// selected, and those rows are NaN in every column in the reference as in the fixed-point mode
+// (and in both forms of the binned plan); every other element is finite and matches; two runs
+// bitwise equal (NaN bits included).
+TEST(Sm90DsaBackwardFixedPoint, NaNInQMarksExactlyTheReferenceRows) {
+  SA_SKIP_WITHOUT_GPU();
+  SA_SKIP_UNLESS_SM90();
+  const DsaShape shape = shape_of(6, 200, 64, 576, 48);
+  DsaHostCase c = make_dsa_host_case(shape, spec_of(DsaLengths::kNone, false, false, DsaSink::kNone),
+                                     SA_DTYPE_BF16, seed_of(0xdb5a, "FixedPointNaN"));
+  poison_unselected_kv_rows(c);
+  Inputs in;
+  ASSERT_NO_FATAL_FAILURE(run_reference_forward(c, &in));
+  c.q.set((1 * shape.H + 3) * shape.Dqk + 17, std::numeric_limits<double>::quiet_NaN());
+  Grads want;
+  ASSERT_NO_FATAL_FAILURE(run_reference_backward(c, in, &want));
+  for (Variant v : kFixedPointVariants) {
+    SCOPED_TRACE(variant_name(v));
+    ASSERT_NO_FATAL_FAILURE(expect_nan_rows_match(c, in, want, v));
+  }
 }
 
 // AUTO picks the Hopper backward on an sm_90 device, and the portable one in deterministic mode

@@ -16,7 +16,8 @@ using sa::detail::tuning;
 
 bool is_default(const Tuning& t) {
   return t.sm90_fwd_splits == 0 && t.sm90_fwd_dyn == 0 && t.sm90_bwd_tail == -1 &&
-         t.sm90_dsa_bwd_bits == 0 && t.sm90_dsa_bwd_groups == 1 && !t.sm90_dsa_fwd_pad_h16 &&
+         t.sm90_dsa_bwd_bits == 0 && t.sm90_dsa_bwd_groups == 1 &&
+         t.sm90_dsa_bwd_det_binned == 0 && !t.sm90_dsa_fwd_pad_h16 &&
          t.sm90_bsa_bwd_stats == -1 && t.sm90_bsa_bwd_full == -1;
 }
 

@@ -388,6 +388,8 @@ void parse_tune(const std::string& key, const std::string& val, sa::detail::Tuni
     t->sm90_dsa_bwd_bits = tune_int(key, val, 0, 7);
   } else if (key == "tune.sm90_dsa_bwd_groups") {
     t->sm90_dsa_bwd_groups = tune_int(key, val, 0, 1);
+  } else if (key == "tune.sm90_dsa_bwd_det_binned") {
+    t->sm90_dsa_bwd_det_binned = tune_int(key, val, 0, 2);
   } else if (key == "tune.dsa_fwd_pad" || key == "env.SA_TUNE_SM90_DSA_FWD_PAD") {
     t->sm90_dsa_fwd_pad_h16 = tune_int(key, val, 0, 1) != 0;
   } else if (key == "tune.topk") {
@@ -404,7 +406,7 @@ void parse_tune(const std::string& key, const std::string& val, sa::detail::Tuni
                         "' (tune.fwd_splits=, tune.fwd_dyn=, tune.bwd_tail=, "
                         "tune.sm90_bsa_bwd_stats=, "
                         "tune.sm90_bsa_bwd_full=, tune.dsa_bwd=, tune.sm90_dsa_bwd_groups=, "
-                        "tune.dsa_fwd_pad=, "
+                        "tune.sm90_dsa_bwd_det_binned=, tune.dsa_fwd_pad=, "
                         "tune.topk=, tune.ptopk=, tune.sm90_indexer_target=, "
                         "tune.sm90_indexer_loss_kernel=)");
   }

@@ -63,6 +63,10 @@ struct BenchOptions {
 //                                key)
 //   tune.sm90_dsa_bwd_groups=0|1 Hopper DSA backward at H 8 / 16 / 32: 1 token groups (the
 //                                default), 0 one token per item, heads padded to 64
+//   tune.sm90_dsa_bwd_det_binned=0..2 Hopper DSA backward, deterministic: 0 int64 fixed point
+//                                (the default), 1 the binned plan (exponent-binned int32 pairs;
+//                                its int64 form where a key has too many slots), 2 the binned
+//                                plan with its int64 form forced
 //   tune.dsa_fwd_pad=0|1         Hopper DSA forward at H 16 on the padded 64-row kernel
 //   tune.topk=0..4               Hopper indexer top-k: default, fused, two passes with the radix
 //                                select staged / unstaged, two passes with the candidates kernel

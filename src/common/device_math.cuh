@@ -124,6 +124,10 @@ __device__ __forceinline__ void red_add_f32x4(float* addr, float4 v) {
 __device__ __forceinline__ void red_add_s64(int64_t* addr, int64_t v) {
   asm volatile("red.global.add.u64 [%0], %1;\n" ::"l"(addr), "l"(v));
 }
+// The same for an unsigned word (mod 2^64: the packed int32 pairs of cuda/dsa_binned_fixed.cuh).
+__device__ __forceinline__ void red_add_u64(uint64_t* addr, uint64_t v) {
+  asm volatile("red.global.add.u64 [%0], %1;\n" ::"l"(addr), "l"(v));
+}
 
 // atomicAdd(ptr, 1) on global memory by the threads with `pred` set, without a branch; returns
 // the old value there (0 elsewhere).

@@ -40,6 +40,11 @@ struct Tuning {
   // per 64-row work item over the union of their keys, cuda/dsa_token_groups.hpp), 0 one token
   // per work item with its heads padded to 64 (the kernel before issue 33).
   int32_t sm90_dsa_bwd_groups = 1;
+  // Hopper DSA backward, deterministic mode (sm90/dsa_backward.cu): 0 the int64 fixed point
+  // (cuda/dsa_fixed_point.cuh); 1 the binned plan (exponent-binned int32 pairs, design D1,
+  // cuda/dsa_binned_fixed.cuh: its binned form where the slot counts allow, else its int64
+  // form); 2 the binned plan with its int64 form forced (tests). Sets the workspace size too.
+  int32_t sm90_dsa_bwd_det_binned = 0;
   // Hopper DSA forward at H 16: the padded 64-row kernel instead of the transposed one.
   bool sm90_dsa_fwd_pad_h16 = false;
   // Hopper indexer top-k (sm90/indexer_topk.cu): 0 the default (two passes, the candidates row

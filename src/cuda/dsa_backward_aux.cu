@@ -10,6 +10,7 @@
 #include "common/device_math.cuh"
 #include "common/error.hpp"
 #include "cuda/dsa_backward_aux.hpp"
+#include "cuda/dsa_binned_fixed.cuh"
 #include "cuda/dsa_fixed_point.cuh"
 
 namespace sa::portable::dsa_bwd {
@@ -183,9 +184,20 @@ __global__ void __launch_bounds__(kThreads)
     reinterpret_cast<uint4*>(fix)[e] = make_uint4(0u, 0u, 0u, 0u);
 }
 
-// Four columns per thread: two 16-byte loads, one 8-byte store. int64 -> double is exact to 53
-// bits, the power of two exact, then one rounding to float and one to Element (the same on every
-// run).
+// Columns c .. c + 3 of int64 row j (row length dqk) times inv = 2^-s: two 16-byte loads.
+// int64 -> double is exact to 53 bits, the power of two exact, then one rounding to float.
+__device__ __forceinline__ void fixed_quad(const int64_t* __restrict__ fix, int64_t j, int dqk,
+                                           int c, double inv, float (&v)[4]) {
+  const longlong2* src = reinterpret_cast<const longlong2*>(fix + j * dqk + c);
+  const longlong2 a = src[0], b = src[1];
+  v[0] = static_cast<float>(static_cast<double>(a.x) * inv);
+  v[1] = static_cast<float>(static_cast<double>(a.y) * inv);
+  v[2] = static_cast<float>(static_cast<double>(b.x) * inv);
+  v[3] = static_cast<float>(static_cast<double>(b.y) * inv);
+}
+
+// Four columns per thread (fixed_quad), one 8-byte store: one more rounding, to Element (the
+// same on every run).
 template <class Element>
 __global__ void __launch_bounds__(kThreads)
     convert_dkv_fixed_kernel(const int64_t* __restrict__ fix, const uint32_t* __restrict__ bad,
@@ -198,12 +210,72 @@ __global__ void __launch_bounds__(kThreads)
        e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t j = e / quads;
     const int c = 4 * static_cast<int>(e - j * quads);
-    const longlong2* src = reinterpret_cast<const longlong2*>(fix + j * dqk + c);
-    const longlong2 a = src[0], b = src[1];
-    float v[4] = {static_cast<float>(static_cast<double>(a.x) * inv),
-                  static_cast<float>(static_cast<double>(a.y) * inv),
-                  static_cast<float>(static_cast<double>(b.x) * inv),
-                  static_cast<float>(static_cast<double>(b.y) * inv)};
+    float v[4];
+    fixed_quad(fix, j, dqk, c, inv, v);
+    if (bad[j] != 0u) v[0] = v[1] = v[2] = v[3] = __uint_as_float(0x7fffffffu);
+    *reinterpret_cast<uint2*>(dkv + j * dkv_ss + c) =
+        make_uint2(pack2<Element>(v[0], v[1]), pack2<Element>(v[2], v[3]));
+  }
+}
+
+// ---- the binned plan ----
+
+// Whether the call takes the binned form (the kernels' rule: the same slot counts).
+__device__ __forceinline__ bool binned_form(const BinArgs& s) {
+  return bin_serves(s.fix.ctl->count, s.fix.head_groups, s.min_resolution);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    bin_zero_if_retry_kernel(uint64_t* __restrict__ bins, int64_t skv, int dqk, const BinArgs s) {
+  int64_t words = 0;
+  if (binned_form(s)) {
+    if (!bin_bound(*s.fix.ctl, s.fix.scale, s.fix.rows).retry) return;
+    words = kBinCount * bin_plane_words(skv, dqk);
+  } else {
+    if (!fix_scale_of(s.fix).retry) return;
+    words = skv * dqk;  // the int64 form's rows
+  }
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < words / 2;
+       e += int64_t{gridDim.x} * blockDim.x)
+    reinterpret_cast<uint4*>(bins)[e] = make_uint4(0u, 0u, 0u, 0u);
+}
+
+// Four columns per thread. Binned form: for each plane one 16-byte load (two words), each
+// column's kBinCount sums decoded in double (bin_decode), then rounded to float and to Element;
+// int64 form: as convert_dkv_fixed_kernel. The same on every run.
+template <class Element>
+__global__ void __launch_bounds__(kThreads)
+    convert_dkv_binned_kernel(const uint64_t* __restrict__ bins, const uint32_t* __restrict__ bad,
+                              const BinArgs s, Element* __restrict__ dkv, int64_t skv, int dqk,
+                              int64_t dkv_ss) {
+  const FixCtl& ctl = *s.fix.ctl;
+  const bool binned = binned_form(s);
+  const int lw = bin_resolution(ctl.count, s.fix.head_groups);
+  const int eb = bin_bound(ctl, s.fix.scale, s.fix.rows).e;
+  const double inv = ldexp(1.0, -fix_scale_of(s.fix).s);
+  const int64_t* fix = reinterpret_cast<const int64_t*>(bins);
+  const int quads = dqk / 4;
+  const int64_t items = skv * quads;
+  for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < items;
+       e += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t j = e / quads;
+    const int c = 4 * static_cast<int>(e - j * quads);
+    float v[4];
+    if (binned) {
+      int32_t sums[4][kBinCount];
+      for (int b = 0; b < kBinCount; ++b) {
+        const ulonglong2 w =
+            *reinterpret_cast<const ulonglong2*>(bins + bin_word(b, j, c / 2, skv, dqk));
+        const BinPair x = bin_unpack(w.x), y = bin_unpack(w.y);
+        sums[0][b] = x.a;
+        sums[1][b] = x.b;
+        sums[2][b] = y.a;
+        sums[3][b] = y.b;
+      }
+      for (int i = 0; i < 4; ++i) v[i] = static_cast<float>(bin_decode(sums[i], lw, eb));
+    } else {
+      fixed_quad(fix, j, dqk, c, inv, v);
+    }
     if (bad[j] != 0u) v[0] = v[1] = v[2] = v[3] = __uint_as_float(0x7fffffffu);
     *reinterpret_cast<uint2*>(dkv + j * dkv_ss + c) =
         make_uint2(pack2<Element>(v[0], v[1]), pack2<Element>(v[2], v[3]));
@@ -369,6 +441,30 @@ void convert_dkv_fixed(const int64_t* fix, const uint32_t* bad, const FixScaleAr
     SA_CHECK(dtype == SA_DTYPE_FP16, SA_ERROR_INTERNAL, "convert_dkv_fixed: 16-bit dtype expected");
     convert_dkv_fixed_kernel<__half>
         <<<grid, kThreads, 0, stream>>>(fix, bad, s, static_cast<__half*>(dkv), skv, dqk, dkv_ss);
+  }
+  SA_CUDA_CHECK_LAUNCH();
+}
+
+void bin_zero_if_retry(uint64_t* bins, int64_t skv, int dqk, const BinArgs& s,
+                       cudaStream_t stream) {
+  const int64_t most = kBinCount * bin_plane_words(skv, dqk) / 2;  // 16-byte stores
+  bin_zero_if_retry_kernel<<<std::min(grid_for(most, kThreads), 2048u), kThreads, 0, stream>>>(
+      bins, skv, dqk, s);
+  SA_CUDA_CHECK_LAUNCH();
+}
+
+void convert_dkv_binned(const uint64_t* bins, const uint32_t* bad, const BinArgs& s, void* dkv,
+                        sa_dtype dtype, int64_t skv, int dqk, int64_t dkv_ss,
+                        cudaStream_t stream) {
+  const unsigned grid = grid_for(skv * (dqk / 4), kThreads);
+  if (dtype == SA_DTYPE_BF16) {
+    convert_dkv_binned_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(
+        bins, bad, s, static_cast<__nv_bfloat16*>(dkv), skv, dqk, dkv_ss);
+  } else {
+    SA_CHECK(dtype == SA_DTYPE_FP16, SA_ERROR_INTERNAL,
+             "convert_dkv_binned: 16-bit dtype expected");
+    convert_dkv_binned_kernel<__half>
+        <<<grid, kThreads, 0, stream>>>(bins, bad, s, static_cast<__half*>(dkv), skv, dqk, dkv_ss);
   }
   SA_CUDA_CHECK_LAUNCH();
 }

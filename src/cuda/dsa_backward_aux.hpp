@@ -102,4 +102,24 @@ void fix_zero_if_retry(int64_t* fix, int64_t n, const FixScaleArgs& s, cudaStrea
 void convert_dkv_fixed(const int64_t* fix, const uint32_t* bad, const FixScaleArgs& s, void* dkv,
                        sa_dtype dtype, int64_t skv, int dqk, int64_t dkv_ss, cudaStream_t stream);
 
+// The binned plan (cuda/dsa_binned_fixed.cuh): the binned form where
+// bin_serves(ctl->count, head_groups, min_resolution), else the int64 form, its rows [skv, dqk]
+// int64 at the start of the planes.
+struct BinArgs {
+  FixScaleArgs fix;    // the control words, scale, rows and head groups (both forms)
+  int min_resolution;  // the least LW the binned form serves (kBinMinResolution; tests: more)
+};
+
+// Zeroes, when the first pass missed: the kBinCount planes [skv + 1, dqk / 2] (binned form,
+// bin_bound says retry), or the int64 rows [skv, dqk] (int64 form, fix_scale says retry); else
+// nothing. bins 16-byte aligned, dqk a multiple of 4.
+void bin_zero_if_retry(uint64_t* bins, int64_t skv, int dqk, const BinArgs& s,
+                       cudaStream_t stream);
+
+// dkv[j, c] = bin_decode of column c's kBinCount sums (binned form), or the int64 form's
+// fix[j * dqk + c] 2^-s, in `dtype`; NaN for every column of a row with bad[j] != 0. dkv rows at
+// j * dkv_ss elements, 8-byte aligned; dqk and dkv_ss multiples of 4, bins 16-byte aligned.
+void convert_dkv_binned(const uint64_t* bins, const uint32_t* bad, const BinArgs& s, void* dkv,
+                        sa_dtype dtype, int64_t skv, int dqk, int64_t dkv_ss, cudaStream_t stream);
+
 }  // namespace sa::portable::dsa_bwd

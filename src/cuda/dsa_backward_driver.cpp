@@ -9,6 +9,7 @@
 
 #include "common/cuda_check.hpp"
 #include "common/error.hpp"
+#include "cuda/dsa_binned_fixed.cuh"
 #include "cuda/dsa_fixed_point.cuh"
 #include "cuda/dsa_token_groups.hpp"
 #include "cuda/launch_checks.hpp"
@@ -48,18 +49,15 @@ constexpr size_t kAlign = 256;
 
 size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
-// Steps 1f-3f (dsa_backward_driver.hpp): deterministic mode by fixed point. prm holds the
-// workspace pointers of the other steps (d_sink terms, item counter).
-void run_fixed(const DsaBwdProblem& p, const WorkspacePlan& plan, uint8_t* base,
-               const SlotKeyArgs& rows, DsaBwdParams prm, const KernelPolicy& kernel,
-               cudaStream_t stream) {
+// Steps 1f (row flags, slot counts, FixCtl) and 1g of both fixed-point plans: the counts and
+// maxima into FixCtl, and prm's fixed-point fields but the accumulator's; returns the scale's
+// arguments.
+FixScaleArgs fixed_setup(const DsaBwdProblem& p, const WorkspacePlan& plan, uint8_t* base,
+                         const SlotKeyArgs& rows, DsaBwdParams& prm, cudaStream_t stream) {
   const DsaDims& d = p.dims;
-  auto* fix = reinterpret_cast<int64_t*>(base + plan.fix);
   auto* bad = reinterpret_cast<uint32_t*>(base + plan.bad);
   auto* counts = reinterpret_cast<uint32_t*>(base + plan.counts);
   auto* ctl = reinterpret_cast<FixCtl*>(base + plan.ctl);
-  const int64_t n = d.Skv * d.Dqk;  // (the spare row after them is never read)
-  SA_CUDA_CHECK(cudaMemsetAsync(fix, 0, static_cast<size_t>(n) * 8, stream));
   SA_CUDA_CHECK(cudaMemsetAsync(bad, 0, static_cast<size_t>(d.Skv) * 4, stream));
   SA_CUDA_CHECK(cudaMemsetAsync(counts, 0, static_cast<size_t>(d.Skv) * 4, stream));
   SA_CUDA_CHECK(cudaMemsetAsync(ctl, 0, sizeof(FixCtl), stream));
@@ -68,19 +66,56 @@ void run_fixed(const DsaBwdProblem& p, const WorkspacePlan& plan, uint8_t* base,
   const FixRows dout{p.dout.data, p.dout.ss, p.dout.sh, d.Sq, d.H, static_cast<int>(d.Dv)};
   const FixRows kv{p.kv.data, p.kv.ss, 0, d.Skv, 1, static_cast<int>(d.Dqk)};
   fix_input_maxima(q, dout, kv, counts, d.Skv, p.dtype, ctl, stream);
-  prm.dkv_fix = fix;
   prm.dkv_bad = bad;
   prm.fix_ctl = ctl;
   prm.tok_begin = 0;
   prm.fix_rows = static_cast<int32_t>(std::min<int64_t>(d.H, plan.heads_per_cta));
-  const FixScaleArgs scale{ctl, prm.scale, prm.fix_rows, static_cast<int>(plan.groups)};
+  return FixScaleArgs{ctl, prm.scale, prm.fix_rows, static_cast<int>(plan.groups)};
+}
+
+// Steps 1f-3f (dsa_backward_driver.hpp): deterministic mode by fixed point. prm holds the
+// workspace pointers of the other steps (d_sink terms, item counter).
+void run_fixed(const DsaBwdProblem& p, const WorkspacePlan& plan, uint8_t* base,
+               const SlotKeyArgs& rows, DsaBwdParams prm, const KernelPolicy& kernel,
+               cudaStream_t stream) {
+  const DsaDims& d = p.dims;
+  auto* fix = reinterpret_cast<int64_t*>(base + plan.fix);
+  const int64_t n = d.Skv * d.Dqk;  // (the spare row after them is never read)
+  SA_CUDA_CHECK(cudaMemsetAsync(fix, 0, static_cast<size_t>(n) * 8, stream));
+  const FixScaleArgs scale = fixed_setup(p, plan, base, rows, prm, stream);
+  prm.dkv_fix = fix;
   for (int pass = 0; pass < 2; ++pass) {
     if (pass == 1) fix_zero_if_retry(fix, n, scale, stream);
     prm.fix_pass = pass;
     kernel.launch(prm, d.Sq * plan.groups, p.device_index, stream);
   }
-  convert_dkv_fixed(fix, bad, scale, p.dkv.data, p.dtype, d.Skv, static_cast<int>(d.Dqk), p.dkv.ss,
-                    stream);
+  convert_dkv_fixed(fix, prm.dkv_bad, scale, p.dkv.data, p.dtype, d.Skv, static_cast<int>(d.Dqk),
+                    p.dkv.ss, stream);
+}
+
+// The binned plan's steps (dsa_backward_driver.hpp): both forms' kernels on each pass, the form
+// picked on the device (cuda/dsa_binned_fixed.cuh).
+void run_binned(const DsaBwdProblem& p, const WorkspacePlan& plan, uint8_t* base,
+                const SlotKeyArgs& rows, DsaBwdParams prm, const KernelPolicy& kernel,
+                cudaStream_t stream) {
+  const DsaDims& d = p.dims;
+  const int dqk = static_cast<int>(d.Dqk);
+  auto* bins = reinterpret_cast<uint64_t*>(base + plan.fix);
+  // Every plane with its spare row (one contiguous range; the int64 form's rows are its start).
+  const int64_t words = kBinCount * bin_plane_words(d.Skv, dqk);
+  SA_CUDA_CHECK(cudaMemsetAsync(bins, 0, static_cast<size_t>(words) * 8, stream));
+  const BinArgs args{fixed_setup(p, plan, base, rows, prm, stream),
+                     kernel.bin_min_resolution > 0 ? kernel.bin_min_resolution
+                                                   : kBinMinResolution};
+  prm.dkv_bins = bins;
+  prm.dkv_fix = reinterpret_cast<int64_t*>(bins);
+  prm.fix_bin_min = args.min_resolution;
+  for (int pass = 0; pass < 2; ++pass) {
+    if (pass == 1) bin_zero_if_retry(bins, d.Skv, dqk, args, stream);
+    prm.fix_pass = pass;
+    kernel.launch_binned(prm, d.Sq * plan.groups, p.device_index, stream);
+  }
+  convert_dkv_binned(bins, prm.dkv_bad, args, p.dkv.data, p.dtype, d.Skv, dqk, p.dkv.ss, stream);
 }
 
 // Steps 1-3 (or 2g and 2, or 2a-2d per slice; dsa_backward_driver.hpp): dkv through the fp32
@@ -172,8 +207,12 @@ WorkspacePlan plan_workspace(const DsaBwdProblem& p, const KernelPolicy& kernel,
     return offset;
   };
   plan.fixed = plan.deterministic && kernel.fixed_point;
+  plan.binned = plan.fixed && kernel.launch_binned != nullptr;
   if (plan.fixed) {
-    plan.fix = take((d.Skv + 1) * d.Dqk * 8);  // + the spare row of inactive slots
+    // int64 rows + the spare row of inactive slots, or the binned planes (each with its spare
+    // row; the binned plan's int64 form takes the first two).
+    plan.fix = take(plan.binned ? kBinCount * bin_plane_words(d.Skv, static_cast<int>(d.Dqk)) * 8
+                                : (d.Skv + 1) * d.Dqk * 8);
     plan.bad = take(d.Skv * 4);
     plan.counts = take(d.Skv * 4);
     plan.ctl = take(sizeof(FixCtl));
@@ -268,7 +307,9 @@ void run(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes, cudaSt
   rows.topk = prm.topk;
 
   // 1-3 (or their variants), 4: see dsa_backward_driver.hpp.
-  if (plan.fixed) {
+  if (plan.binned) {
+    run_binned(p, plan, base, rows, prm, kernel, stream);
+  } else if (plan.fixed) {
     run_fixed(p, plan, base, rows, prm, kernel, stream);
   } else {
     run_accumulated(p, plan, base, rows, prm, kernel, stream);

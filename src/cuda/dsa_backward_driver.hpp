@@ -46,6 +46,21 @@
 //   3f. convert  dkv = dkv_fix 2^-s in kv's dtype; NaN rows where a value was not finite
 // The reductions stay in L2 like the fp32 ones, at twice their bytes; no slices, no sort.
 //
+// The binned plan (a policy with fixed_point and launch_binned; cuda/dsa_binned_fixed.cuh says
+// what holds): the same steps with exponent-binned int32 sums, two columns to a 64-bit word, at
+// the fp32 reductions' bytes. The accumulator is kBinCount planes [S_kv + 1, D_qk / 2] of packed
+// words (4x the int64 one). Its form is picked on the device from the slot counts: the binned
+// form where bin_serves(count, head groups) (every column sum of the busiest key fits int32 at
+// kBinMinResolution bits or more), else the int64 form above, its rows at the planes' start.
+//   1f. memset   the planes, row flags, slot counts, FixCtl = 0; 1g as above
+//   2f. main     launch_binned: the binned kernel and the int64 one, each returning at once
+//                unless the counts pick its form; the binned form's pass 0 at B = 2^e from the
+//                estimate alone (bin_bound), its largest |x| into FixCtl
+//   2r. retry    the picked form's planes or rows zeroed and its kernel again when its pass 0
+//                missed (binned: max_x >= B, or below the last bin's lower edge)
+//   3f. convert  per column, the kBinCount bin sums decoded in fp64, one rounding to kv's dtype
+//                (or the int64 form's); NaN rows as above
+//
 // Cost of deterministic mode, estimated at the headline shape (S_q 4096, H 128 -> 2 head groups,
 // D_qk 576, topk 2048, all slots active): the partial rows are 2,304 B per (token, group, slot),
 // 38.6 GB written by 2c and read once by 2d instead of the same volume of L2-resident
@@ -101,6 +116,12 @@ struct KernelPolicy {
   // Deterministic mode by fixed-point reductions (prm.dkv_fix; cuda/dsa_fixed_point.cuh) instead
   // of partial rows.
   bool fixed_point = false;
+  // With fixed_point: the binned plan's launch (prm.dkv_bins; both of its forms, each kernel
+  // returning at once unless the slot counts pick it), or null for the int64 plan.
+  MainKernelLaunch launch_binned = nullptr;
+  // The binned plan's prm.fix_bin_min: the least resolution its binned form serves. 0:
+  // kBinMinResolution; tests pass more than kBinMaxResolution to run its int64 form.
+  int bin_min_resolution = 0;
 };
 
 // Byte offsets of the workspace parts from a 256-byte aligned base, and the sizes they derive
@@ -122,6 +143,8 @@ struct WorkspacePlan {
   int64_t group_slice = 0;
   size_t group_keys = 0, group_mult = 0, group_len = 0, group_present = 0;
   bool fixed = false;          // deterministic by fixed point (the policy's fixed_point):
+  bool binned = false;         //   binned plan (the policy's launch_binned): fix holds the
+                               //   kBinCount planes [S_kv + 1, D_qk / 2] uint64 instead,
   size_t fix = 0;              //   int64 dkv accumulator [S_kv + 1, D_qk] (instead of acc),
   size_t bad = 0, counts = 0;  //   row flags and slot counts [S_kv] uint32,
   size_t ctl = 0;              //   FixCtl

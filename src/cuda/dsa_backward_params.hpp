@@ -66,6 +66,12 @@ struct DsaBwdParams {
   const int32_t* group_len;    // [items]: the union's entries
   const uint32_t* group_present;  // [items]: field g nonzero when token g has an active slot
   int64_t group_cap;
+  // Binned fixed point (the driver's binned plan; cuda/dsa_binned_fixed.cuh): the Hopper
+  // kernel's binned form reduces into dkv_bins, kBinCount planes [S_kv + 1, D_qk / 2] of packed
+  // words (bin_word), and runs only where bin_serves(fix_ctl->count, head_groups, fix_bin_min);
+  // elsewhere its int64 form runs, with dkv_fix at the planes' start. Null / 0 otherwise.
+  uint64_t* dkv_bins;
+  int32_t fix_bin_min;
 };
 
 // Kernel arguments of a validated problem (the host checks support first). The workspace

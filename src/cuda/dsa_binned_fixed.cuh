@@ -58,9 +58,23 @@ __host__ __device__ inline int bin_resolution(uint32_t count, int head_groups) {
   return lw;
 }
 
-// Whether this mode serves a key with `count` slots (bin_resolution >= kBinMinResolution).
-__host__ __device__ inline bool bin_serves(uint32_t count, int head_groups) {
-  return bin_resolution(count, head_groups) >= kBinMinResolution;
+// Whether this mode serves a key with `count` slots (bin_resolution >= min_resolution; tests pass
+// a min_resolution above kBinMaxResolution to force the int64 mode).
+__host__ __device__ inline bool bin_serves(uint32_t count, int head_groups,
+                                           int min_resolution = kBinMinResolution) {
+  return bin_resolution(count, head_groups) >= min_resolution;
+}
+
+// The accumulator: kBinCount planes, each of skv + 1 rows of dqk / 2 packed words (bin_pack; word
+// w of a row holds columns 2w and 2w + 1). Row skv of every plane is the spare row: it takes the
+// segments of inactive slots and the non-finite ones, so that no reduction is predicated, and is
+// never read. Word w of row `row` in plane `bin` is at bin_word(bin, row, w, skv, dqk).
+__host__ __device__ inline int64_t bin_plane_words(int64_t skv, int dqk) {
+  return (skv + 1) * (dqk / 2);
+}
+__host__ __device__ inline int64_t bin_word(int bin, int64_t row, int word, int64_t skv,
+                                            int dqk) {
+  return bin * bin_plane_words(skv, dqk) + row * (dqk / 2) + word;
 }
 
 // E(m), the smallest e with m < 2^e, from the bits of a non-negative finite float m; for zero and
@@ -78,8 +92,9 @@ __host__ __device__ inline int bin_exponent_above(uint32_t m_bits) {
 // with B above the maximum.
 __host__ __device__ inline int bin_of(uint32_t m_bits, int eB) {
   const int d = eB - bin_exponent_above(m_bits);
-  if (d < 0) return 0;
-  return d >= kBinWidth * (kBinCount - 1) ? kBinCount - 1 : d / kBinWidth;
+  // d clamped to [0, W (kBinCount - 1)] (no branch in the kernels): bins 0 and kBinCount - 1.
+  const int c = d < 0 ? 0 : (d > kBinWidth * (kBinCount - 1) ? kBinWidth * (kBinCount - 1) : d);
+  return c / kBinWidth;
 }
 
 // t of bin b: values are rounded to round(x 2^t). For every finite |x| <= B 2^-Wb,
@@ -89,31 +104,48 @@ __host__ __device__ inline int bin_of(uint32_t m_bits, int eB) {
 //   - clamped down to kFixMaxShift: a smaller t only shrinks |x 2^t|;
 //   - clamped up to kFixMinShift = -126: |x| < 2^128 for every finite float, so
 //     |x 2^-126| < 4 <= 2^LW.
-// fix_factors(t) gives 2^t as two normal floats (t within the clamp); decoding multiplies by 2^-t.
+// bin_grid(t) gives bin_round's operands for t (within the clamp); decoding multiplies by 2^-t.
 __host__ __device__ inline int bin_shift(int bin, int resolution, int eB) {
   return fix_clamp_shift(resolution - eB + kBinWidth * bin);
 }
 
-// round(x 2^t), to nearest with ties to even, for |x 2^t| <= 2^22, with f = fix_factors(t):
-// y = (x f.a) f.b is x 2^t exactly (x f.a is exact unless it falls below 2^-126, and then f.b is
-// 1 and |y| < 2^-126 rounds to 0 either way), and y + 1.5 2^23 lies in [2^23, 2^24], where the
-// floats are consecutive integers with consecutive bits: the float addition rounds y (the bias is
-// even, so ties go to even), and subtracting the bias's bits leaves round(y). A fused
-// multiply-add rounds the same exact y + 1.5 2^23 once, with the same result.
-__host__ __device__ inline int32_t bin_round(float x, FixFactors f) {
-  constexpr float kBias = 12582912.f;  // 1.5 2^23
+// The operands of bin_round at t in [kFixMinShift, kFixMaxShift]: x 2^t = (x m) 2^u with
+// m = 2^(t - u) and the bias c = 1.5 2^(23 - u), u = t clamped to [-103, 149], so that c and
+// 2^(24 - u) are normal floats and m is one too (t - u within [-23, 105]).
+struct BinGrid {
+  float m, c;
+};
+__host__ __device__ inline BinGrid bin_grid(int t) {
+  const int u = t < -103 ? -103 : (t > 149 ? 149 : t);
+  union {
+    uint32_t u;
+    float f;
+  } m, c;
+  m.u = static_cast<uint32_t>(t - u + 127) << 23;
+  c.u = (static_cast<uint32_t>(23 - u + 127) << 23) | 0x400000u;  // 1.5 2^(23 - u)
+  return {m.f, c.f};
+}
+
+// round(x 2^t), to nearest with ties to even, for |x 2^t| <= 2^22, with g = bin_grid(t): one fused
+// multiply-add. Its exact value x m + c = 2^-u (x 2^t + 1.5 2^23) lies in [2^(23 - u), 2^(24 - u)]
+// (x m is exact inside the fma, whatever its size), where the floats are the multiples of 2^-u
+// with consecutive bits: rounding it once rounds x 2^t to an integer (1.5 2^23 is even, so ties go
+// to even), and subtracting c's bits leaves round(x 2^t).
+__host__ __device__ inline int32_t bin_round(float x, BinGrid g) {
   union {
     float f;
     uint32_t u;
-  } r{(x * f.a) * f.b + kBias}, bias{kBias};
+  } r{fmaf(x, g.m, g.c)}, bias{g.c};
   return static_cast<int32_t>(r.u - bias.u);
 }
 
 // Two int32 columns in one 64-bit word, V = a + 2^32 b mod 2^64: lo = a, hi = b + (a >> 31).
 // Words add as integers mod 2^64, in any order.
 __host__ __device__ inline uint64_t bin_pack(int32_t a, int32_t b) {
-  return static_cast<uint64_t>(static_cast<int64_t>(a)) +
-         (static_cast<uint64_t>(static_cast<uint32_t>(b)) << 32);
+  // The halves directly (a 64-bit addition would carry a constant 0 into the high half).
+  const uint32_t lo = static_cast<uint32_t>(a);
+  const uint32_t hi = static_cast<uint32_t>(b) + (a < 0 ? 0xffffffffu : 0u);
+  return (static_cast<uint64_t>(hi) << 32) | lo;
 }
 
 struct BinPair {

@@ -5,7 +5,8 @@
 // share them: H / 64 work items per token; bf16), each with and without token groups (H 8, 16,
 // 32: G = 64 / H tokens per work item, cuda/dsa_token_groups.hpp; the driver picks them when not
 // deterministic, unless Tuning::sm90_dsa_bwd_groups is 0: one token per item, heads padded to 64)
-// and in deterministic mode (int64 fixed-point reductions: its own instantiation).
+// and in deterministic mode (int64 fixed-point reductions: its own instantiation; with
+// Tuning::sm90_dsa_bwd_det_binned the driver's binned plan, two more: DsaBwdBinPlanTraits).
 #include "sm90/dsa_backward.hpp"
 
 #include <cuda_runtime_api.h>
@@ -47,16 +48,20 @@ static_assert(sizeof(SharedStorage<DsaBwdTraits<576, true>>) ==
 static_assert(smem_bytes<576>() <= kMaxSmemSm90, "sm90 DSA backward exceeds 227 KB of smem");
 static_assert(smem_bytes<512>() <= kMaxSmemSm90, "sm90 DSA backward exceeds 227 KB of smem");
 
-template <int kDqk, bool kTokenGroups, bool kDeterministic = false>
-void launch(const dsa_bwd::Params& params, int64_t grid, cudaStream_t stream) {
-  using Traits = DsaBwdTraits<kDqk, kTokenGroups, kDeterministic>;
-  constexpr size_t kSmem = smem_bytes<kDqk>();
+template <class Traits>
+void launch_traits(const dsa_bwd::Params& params, int64_t grid, cudaStream_t stream) {
+  constexpr size_t kSmem = smem_bytes<Traits::kDqk>();
   auto* kernel = &dsa_bwd::dsa_backward_sm90_kernel<Traits>;
   // Every launch (cheap, and right for whichever device is current).
   SA_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(kSmem)));
   kernel<<<static_cast<unsigned>(grid), Traits::kThreads, kSmem, stream>>>(params);
   SA_CUDA_CHECK_LAUNCH();
+}
+
+template <int kDqk, bool kTokenGroups, bool kDeterministic = false>
+void launch(const dsa_bwd::Params& params, int64_t grid, cudaStream_t stream) {
+  launch_traits<DsaBwdTraits<kDqk, kTokenGroups, kDeterministic>>(params, grid, stream);
 }
 
 // Variant bits (dsa_backward_kernel.cuh, kTune*) from the internal tuning
@@ -71,15 +76,22 @@ int32_t tune_bits() {
 // token groups when prm.group_len is set), walked by at most one persistent CTA per SM; with
 // topk_length or token groups (prm.item_counter, in the workspace) the CTAs take their items
 // after the first from the counter, zeroed here.
-void launch_main(const dsa_bwd::Params& prm, int64_t grid, int device, cudaStream_t stream) {
-  if (grid == 0) return;
-  dsa_bwd::Params tuned = prm;
+// The launch's parameters (tune bits, items) and its item counter zeroed; returns the grid.
+int64_t prepare_launch(const dsa_bwd::Params& prm, dsa_bwd::Params& tuned, int64_t grid,
+                       int device, cudaStream_t stream) {
+  tuned = prm;
   tuned.tune = tune_bits();
   tuned.items = grid;
   if (prm.item_counter != nullptr) {
     SA_CUDA_CHECK(cudaMemsetAsync(prm.item_counter, 0, sizeof(uint32_t), stream));
   }
-  grid = std::min<int64_t>(grid, sm_count(device));
+  return std::min<int64_t>(grid, sm_count(device));
+}
+
+void launch_main(const dsa_bwd::Params& prm, int64_t grid, int device, cudaStream_t stream) {
+  if (grid == 0) return;
+  dsa_bwd::Params tuned;
+  grid = prepare_launch(prm, tuned, grid, device, stream);
   const bool groups = prm.group_len != nullptr;
   SA_CHECK(!(groups && prm.deterministic), SA_ERROR_INTERNAL,
            "sm90 dsa_backward: token groups in deterministic mode");
@@ -92,6 +104,26 @@ void launch_main(const dsa_bwd::Params& prm, int64_t grid, int device, cudaStrea
   }
 }
 
+// The binned plan's launch (the policy's launch_binned; deterministic, no token groups): its two
+// kernels, the binned form and the int64 one, each returning at once unless the slot counts
+// pick its form (DsaBwdBinPlanTraits). One counter reset serves both: a kernel that returns at
+// once does so before its first item.
+void launch_main_binned(const dsa_bwd::Params& prm, int64_t grid, int device,
+                        cudaStream_t stream) {
+  if (grid == 0) return;
+  SA_CHECK(prm.deterministic && prm.group_len == nullptr && prm.dkv_bins != nullptr,
+           SA_ERROR_INTERNAL, "sm90 dsa_backward: the binned plan without its workspace");
+  dsa_bwd::Params tuned;
+  grid = prepare_launch(prm, tuned, grid, device, stream);
+  if (prm.dqk == 576) {
+    launch_traits<dsa_bwd::DsaBwdBinPlanTraits<576, true>>(tuned, grid, stream);
+    launch_traits<dsa_bwd::DsaBwdBinPlanTraits<576, false>>(tuned, grid, stream);
+  } else {
+    launch_traits<dsa_bwd::DsaBwdBinPlanTraits<512, true>>(tuned, grid, stream);
+    launch_traits<dsa_bwd::DsaBwdBinPlanTraits<512, false>>(tuned, grid, stream);
+  }
+}
+
 // The driver's view of this kernel: 64 heads per work item, reductions in quad-16 column order,
 // token groups, deterministic mode by fixed point. The workspace is always planned with token
 // groups (a size from the arguments only); a call tuned without them runs within it.
@@ -99,10 +131,23 @@ constexpr portable::dsa_bwd::KernelPolicy kPolicy{
     "sm90 dsa_backward", DsaBwdTraits<576>::kHeads, portable::dsa_bwd::AccColumns::kQuad16,
     &launch_main, true, true};
 
+// kPolicy with deterministic mode's plan from Tuning::sm90_dsa_bwd_det_binned (set by the bench
+// and tests only, around both the workspace query and the call): 0 the int64 plan, 1 the binned
+// plan, 2 the binned plan with its int64 form forced (a least resolution no call reaches).
+portable::dsa_bwd::KernelPolicy workspace_policy() {
+  portable::dsa_bwd::KernelPolicy policy = kPolicy;
+  const int32_t binned = detail::tuning().sm90_dsa_bwd_det_binned;
+  if (binned != 0) {
+    policy.launch_binned = &launch_main_binned;
+    if (binned == 2) policy.bin_min_resolution = portable::dsa_bwd::kBinMaxResolution + 1;
+  }
+  return policy;
+}
+
 // The policy of this call: without token groups when Tuning::sm90_dsa_bwd_groups is 0 (set by
 // the bench and tests only: today's head padding for A/B runs).
 portable::dsa_bwd::KernelPolicy call_policy() {
-  portable::dsa_bwd::KernelPolicy policy = kPolicy;
+  portable::dsa_bwd::KernelPolicy policy = workspace_policy();
   policy.token_groups = detail::tuning().sm90_dsa_bwd_groups != 0;
   return policy;
 }
@@ -141,7 +186,7 @@ std::string dsa_backward_unsupported(const DsaBwdProblem& p) {
 }
 
 size_t dsa_backward_workspace_bytes(const DsaBwdProblem& p, int64_t slice_tokens) {
-  return portable::dsa_bwd::workspace_bytes(p, kPolicy, slice_tokens);
+  return portable::dsa_bwd::workspace_bytes(p, workspace_policy(), slice_tokens);
 }
 
 void dsa_backward(const DsaBwdProblem& p, void* workspace, size_t workspace_bytes,

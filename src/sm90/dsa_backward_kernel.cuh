@@ -36,7 +36,10 @@
 //                   kWg0Pieces, warpgroup 0 those   warp instruction (one shuffle exchange
 //                                                   first) (deterministic: red.global.add.u64
 //                                                   into int64 rows in natural order, 64 bytes
-//                                                   of a row per quad pair and instruction)
+//                                                   of a row per quad pair and instruction;
+//                                                   binned: the same shape of packed int32
+//                                                   pairs into the plane of each row segment's
+//                                                   bin, DsaBwdBinPlanTraits)
 //
 // This is cuDNN's split of the roles (not of the keys): warpgroup 1's reductions run beside
 // warpgroup 0's products of the next chunk instead of in a window where both warpgroups reduce
@@ -93,6 +96,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "cuda/dsa_backward_params.cuh"
+#include "cuda/dsa_binned_fixed.cuh"
 #include "cuda/dsa_fixed_point.cuh"
 #include "cuda/dsa_token_groups.hpp"
 #include "sm90/dsa_common.cuh"
@@ -159,11 +163,14 @@ __device__ __forceinline__ uint32_t id(NamedBarrier b) { return static_cast<uint
 // kDeterministic_: deterministic mode (the driver's fixed-point mode): each piece is rounded to
 // int64 at the call's scale and reduced into dkv_fix instead of dkv_acc. A compile-time choice,
 // so that the other kernels' chunk loop holds only their own reductions. Not with token groups.
+// The driver's binned plan takes DsaBwdBinPlanTraits below (kBinPlan).
 template <int kDqk_, bool kTokenGroups_ = false, bool kDeterministic_ = false>
 struct DsaBwdTraits : DsaCta<kDqk_> {
   static_assert(!(kTokenGroups_ && kDeterministic_), "token groups are not deterministic");
   static constexpr bool kTokenGroups = kTokenGroups_;
   static constexpr bool kDeterministic = kDeterministic_;
+  static constexpr bool kBinPlan = false;
+  static constexpr bool kBinned = false;
   static constexpr int kWg0Pieces = kDqk_ == 576 ? 2 : 0;
   static constexpr bool kChunkTargets = kDqk_ == 512;
   // The K stage lands in three panel groups of 3, 3 and the rest (2 nope + rope at D_qk 576, 2
@@ -197,6 +204,20 @@ struct DsaBwdTraits : DsaCta<kDqk_> {
   using TiledMmaKv = decltype(cute::make_tiled_mma(
       cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<Major::MN, Major::MN>{}));
   // The tiles' layouts: DsaCta's SmemLayoutRows512 / Rows64 / Cols512 / Cols64.
+};
+
+// The two kernels of the driver's binned plan (deterministic, cuda/dsa_binned_fixed.cuh), both
+// launched on every pass; each returns at once unless the call's slot counts pick its form
+// (bin_serves(fix_ctl->count, head_groups, fix_bin_min)):
+//   kBinned_ true:  the binned form, each piece's row segments rounded on the grid of their bin
+//                   and reduced as packed int32 pairs into dkv_bins (where bin_serves);
+//   kBinned_ false: the int64 form of DsaBwdTraits<kDqk_, false, true> (where it does not: a key
+//                   with too many slots for int32 sums at kBinMinResolution bits), into dkv_fix.
+// Separate instantiations, so that the int64 kernel of the int64 plan keeps its code unchanged.
+template <int kDqk_, bool kBinned_>
+struct DsaBwdBinPlanTraits : DsaBwdTraits<kDqk_, false, true> {
+  static constexpr bool kBinPlan = true;
+  static constexpr bool kBinned = kBinned_;
 };
 
 template <class T>
@@ -393,11 +414,33 @@ struct FixState {
   uint32_t xmax = 0;
 };
 
+// The binned plan (DsaBwdBinPlanTraits): whether this call takes the binned form, from the
+// slot counts alone (the same in both passes, the zeroing and the conversion).
+__device__ __forceinline__ bool bin_form(const Params& p) {
+  return portable::dsa_bwd::bin_serves(p.fix_ctl->count, p.head_groups, p.fix_bin_min);
+}
+// The binned form's B = 2^e of this pass; pass 0 takes it without reading max_x, which its CTAs
+// are raising (as fix_shift).
+__device__ __forceinline__ portable::dsa_bwd::BinBound bin_pass_bound(const Params& p) {
+  return portable::dsa_bwd::bin_bound(*p.fix_ctl, p.scale, p.fix_rows, p.fix_pass == 0);
+}
+
+// The binned form's per-thread state (cuda/dsa_binned_fixed.cuh): the call's resolution LW and
+// bound exponent eB, and the bits of the largest maximum among the finite segments it reduced
+// into kv rows.
+struct BinState {
+  int lw = 0;
+  int eb = 0;
+  uint32_t xmax = 0;
+};
+template <class T>
+using FixStateOf = std::conditional_t<T::kBinned, BinState, FixState>;
+
 // One work item, as producer_item (its chunks are the ring's g0, g0 + 1, ...).
 template <class T>
 __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>& s, int64_t tok,
                                               int h0, int n_slots, uint32_t g0, int wg,
-                                              FixState& fix) {
+                                              FixStateOf<T>& fix) {
   using namespace cute;
   using Element = typename T::Element;
   const int ctid = threadIdx.x - 128;  // 0..255
@@ -598,7 +641,72 @@ __device__ __forceinline__ void consumer_item(const Params& p, SharedStorage<T>&
   };
   auto reduce_piece = [&](int buf, int panel, auto& acc, const Targets& t) {
     warpgroup_fence_operand(acc);
-    if constexpr (T::kDeterministic) {
+    if constexpr (T::kBinned) {
+      // Binned fixed point (cuda/dsa_binned_fixed.cuh) into the planes of packed int32 pairs.
+      // Quads 2k and 2k + 1 hold rows E and O (frag_row + 8 r of each); for each 8-column block
+      // b, lane q holds columns 8b + 2q, 8b + 2q + 1 of its quad's row: word 4b + q of the row's
+      // 32 words in this panel. A row's segment (its 64 values in the piece) lies in one quad,
+      // so its maximum takes two quad shuffles; its bin (bin_of) sets the grid its values are
+      // rounded on (bin_round), two to a word (bin_pack). One exchange with lane ^ 4 per two
+      // blocks (the even quad sends row E's block 2m + 1, the odd one row O's block 2m) lets
+      // each pair of quads add 64 contiguous bytes of one row per instruction: row E's words
+      // 8m .. 8m + 7 (even quad: its block 2m; odd quad: E's block 2m + 1), then row O's. The
+      // quads exchange their rows' planes too. A segment of a slot without a kv row (kidx < 0)
+      // or with a non-finite value adds into the spare row S_kv (of the plane its bits give),
+      // never read, so that no reduction is predicated; it stays out of max_x, and a non-finite
+      // one marks its kv row. Each segment's bin and words are functions of its values only.
+      namespace pd = portable::dsa_bwd;
+      const bool odd = ((lane >> 2) & 1) != 0;
+      const int pair_row = 16 * warp_in_wg + ((lane >> 2) & 6);
+      const int word0 = 32 * panel + 4 * (odd ? 1 : 0) + lane % 4;
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        const int32_t je =
+            static_cast<int32_t>(ld_shared_u32(smem_u32(&s.kidx[buf][pair_row + 8 * r])));
+        const int32_t jo =
+            static_cast<int32_t>(ld_shared_u32(smem_u32(&s.kidx[buf][pair_row + 1 + 8 * r])));
+        const int32_t j_own = odd ? jo : je;
+        // The largest |x| bits of this quad's row segment, from two maxima of the raw bits: the
+        // unsigned one is the largest magnitude among the negative values (sign bit set) if any,
+        // the signed one (from 0) the largest among the others; NaN of either sign stays NaN.
+        uint32_t neg = 0;
+        int32_t pos = 0;
+        CUTE_UNROLL
+        for (int k = 0; k < 8; ++k) {
+          const uint32_t u0 = __float_as_uint(acc(4 * k + 2 * r));
+          const uint32_t u1 = __float_as_uint(acc(4 * k + 2 * r + 1));
+          neg = max(neg, max(u0, u1));
+          pos = max(pos, max(static_cast<int32_t>(u0), static_cast<int32_t>(u1)));
+        }
+        uint32_t seg = max(neg & 0x7fffffffu, static_cast<uint32_t>(pos));
+        seg = max(seg, __shfl_xor_sync(0xffffffffu, seg, 1));
+        seg = max(seg, __shfl_xor_sync(0xffffffffu, seg, 2));
+        const bool finite = seg < 0x7f800000u;
+        const int bin = pd::bin_of(seg, fix.eb);
+        fix.xmax = max(fix.xmax, j_own >= 0 && finite ? seg : 0u);
+        if (j_own >= 0 && !finite && lane % 4 == 0) atomicOr(p.dkv_bad + j_own, 1u);
+        // The plane of this quad's row, or -1 for the spare row; then both rows' targets.
+        const int own = finite && j_own >= 0 ? bin : -1;
+        const int other = __shfl_xor_sync(0xffffffffu, own, 4);
+        const int be = odd ? other : own, bo = odd ? own : other;
+        const int32_t spare = static_cast<int32_t>(p.skv);  // (S_kv < 2^31, the host checks)
+        uint64_t* const row_e =
+            p.dkv_bins + pd::bin_word(max(be, 0), be >= 0 ? je : spare, word0, p.skv, T::kDqk);
+        uint64_t* const row_o =
+            p.dkv_bins + pd::bin_word(max(bo, 0), bo >= 0 ? jo : spare, word0, p.skv, T::kDqk);
+        const pd::BinGrid g = pd::bin_grid(pd::bin_shift(bin, fix.lw, fix.eb));
+        CUTE_UNROLL
+        for (int m = 0; m < 4; ++m) {  // blocks 2m (w0) and 2m + 1 (w1) of this quad's row
+          const uint64_t w0 = pd::bin_pack(pd::bin_round(acc(8 * m + 2 * r), g),
+                                           pd::bin_round(acc(8 * m + 2 * r + 1), g));
+          const uint64_t w1 = pd::bin_pack(pd::bin_round(acc(8 * m + 4 + 2 * r), g),
+                                           pd::bin_round(acc(8 * m + 5 + 2 * r), g));
+          const uint64_t recv = __shfl_xor_sync(0xffffffffu, odd ? w0 : w1, 4);
+          red_add_u64(row_e + 8 * m, odd ? recv : w0);
+          red_add_u64(row_o + 8 * m, odd ? w1 : recv);
+        }
+      }
+    } else if constexpr (T::kDeterministic) {
       // Fixed-point reductions (cuda/dsa_fixed_point.cuh) into the int64 rows, natural column
       // order, each warp instruction four 64-byte pieces of rows (eight int64 of one row per pair
       // of quads: +16% over 32-byte pieces, decisions/sm90_dsa_backward.md, session 48). Quads
@@ -973,14 +1081,20 @@ __device__ __forceinline__ void consumer_main(const Params& p, SharedStorage<T>&
   // syncs on it before each chunk's P / dS' stores; one arrive before the first chunk and one
   // sync after the last keep the counts equal.
   if (wg == 1) named_barrier_arrive(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
-  FixState fix;
-  if constexpr (T::kDeterministic) fix.mul = portable::dsa_bwd::fix_factors(fix_shift(p).s);
+  FixStateOf<T> fix;
+  if constexpr (T::kBinned) {
+    fix.lw = portable::dsa_bwd::bin_resolution(p.fix_ctl->count, p.head_groups);
+    fix.eb = bin_pass_bound(p).e;
+  } else if constexpr (T::kDeterministic) {
+    fix.mul = portable::dsa_bwd::fix_factors(fix_shift(p).s);
+  }
   for_each_item<T, false>(p, s, [&](int64_t tok, int h0, int n_slots, uint32_t g0) {
     consumer_item<T>(p, s, tok, h0, n_slots, g0, wg, fix);
   });
   if (wg == 0) named_barrier_sync(id(NamedBarrier::kPdsFree), T::kConsumerThreads);
   if constexpr (T::kDeterministic) {
-    // The first pass's largest |x| (the second pass recomputes the same values).
+    // The first pass's largest |x| (the second pass recomputes the same values; binned: the
+    // largest segment maximum, the same number).
     const uint32_t m = __reduce_max_sync(0xffffffffu, fix.xmax);
     if (p.fix_pass == 0 && threadIdx.x % 32 == 0 && m != 0) atomicMax(&p.fix_ctl->max_x, m);
   }
@@ -996,7 +1110,13 @@ __global__ void __launch_bounds__(T::kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   SharedStorage<T>& s = aligned_shared_storage<SharedStorage<T>>(smem_raw);
   // Deterministic mode's second pass runs only when the first one's scale missed its window.
-  if constexpr (T::kDeterministic) {
+  // The binned plan's kernels run only for their form, and the binned form's second pass only
+  // when the first one's bound missed (bin_bound).
+  if constexpr (T::kBinned) {
+    if (!bin_form(p) || (p.fix_pass != 0 && !bin_pass_bound(p).retry)) return;
+  } else if constexpr (T::kBinPlan) {
+    if (bin_form(p) || (p.fix_pass != 0 && !fix_shift(p).retry)) return;
+  } else if constexpr (T::kDeterministic) {
     if (p.fix_pass != 0 && !fix_shift(p).retry) return;
   }
 
