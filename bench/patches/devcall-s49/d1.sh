@@ -10,13 +10,17 @@
 # binned / default 0.82x (H 64) and 0.84x (H 128) if the reductions' bytes set the price, 0.64x
 # if their instruction count does. Gates: >= 0.80x at both: merge as the default deterministic
 # mode; 0.72-0.80x: setup fusion, then 128-byte requests; < 0.72x: stop, keep int64.
+# Two steps, each within one call's 10 minutes: `d1.sh ab` (the A/B and ncu), `d1.sh suites` (the
+# tests and sanitizers); no argument runs both (over 10 minutes: give the call its own limit).
 set -u
+STEP=${1:-all}
 cd "$(dirname "$0")/.."
 mkdir -p /tmp/s && tar -xJf .devcall/d1.tar.xz -C /tmp/s
 B=/tmp/s/bins
 L=$OUT/log.txt
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv | tee $L
 D="--op dsa_bwd --dsa-seq 4096 --topk 2048 --dsa-dqk 576"
+if [ "$STEP" != suites ]; then
 # One process per shape and pass, three variants alternating inside it (the first is the anchor
 # of the bench's ratios): the default mode, the int64 deterministic mode, the binned one. The
 # check stays on: its rel L2 against fp64 is the precision gate (within 1.05x of the default's).
@@ -41,10 +45,12 @@ for v in 'impl=sm90,deterministic=1' 'impl=sm90,deterministic=1,tune.sm90_dsa_bw
 import csv
 rows=[r for r in csv.reader(open('/tmp/n.csv')) if len(r)>14 and r[0]!='ID']
 for r in rows:
-  if 'dsa_backward_sm90' in r[4]: print(r[0], r[4][:90], r[12], r[14])
+  if 'dsa_backward_sm90' in r[4]: print(r[0], r[4][40:110], r[12], r[14])
 " | head -24 | tee -a $L
   cp /tmp/n.csv $OUT/ncu_$(echo $v | tr ',=.' '___').csv
 done
+fi
+[ "$STEP" = ab ] && exit 0
 # The deterministic suites (int64 plan, binned plan, binned plan with its int64 form forced) and
 # the DSA backward suites; memcheck / racecheck / synccheck on the NaN-rows case (all three).
 F='*Sm90DsaBackward*:*DsaBackwardGpu*'
