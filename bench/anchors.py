@@ -546,6 +546,11 @@ def bench_bsa_mask(pattern, block, S, ops, H=32, D=128, seed=0):
         flex = torch.compile(flex_attention)
         kopts = [None]
     else:
+        # max-autotune's backward donates its saved buffers, which refuses the repeated
+        # autograd.grad(..., retain_graph=True) of the timing loop (session 49: RuntimeError
+        # "compiled with non-empty donated buffers"); donation only saves memory.
+        import torch._functorch.config as functorch_config
+        functorch_config.donated_buffer = False
         flex = torch.compile(flex_attention, options={"max_autotune": True})
         kopts = [{"BLOCK_M": 64, "BLOCK_N": 64}, None]
 
