@@ -393,6 +393,24 @@ TEST(DsaReferenceEdges, DuplicateKeyCountsTwiceWithSink) {
   EXPECT_NEAR(c.lse.get(0), std::log(3.0), 1e-7);
 }
 
+// A key listed three times at a huge scale (fuzz, session 49): its three equal scores near 1e30
+// hold the whole softmax, and m + log(3) rounds to m, so exp(s - lse) would give each copy 1 and
+// out = 3 v. The probabilities are exp(s - m) / sum: one third each, out = v.
+TEST(DsaReferenceEdges, TiedMaximumAtHugeScaleStaysAConvexCombination) {
+  DsaShape s = tiny(1, 4, 1, 5);
+  DsaHostCase c = make_dsa_host_case(s, spec_of(DsaLengths::kNone, false, false, DsaSink::kNone),
+                                     SA_DTYPE_FP64, 23, /*scale*/ 1e30f);
+  c.q.fill(0.0);
+  c.q.set(0, 1.0);  // s_j = 1e30 kv[j, 0]
+  for (int64_t j = 0; j < s.Skv; ++j) c.kv.set(j * s.Dqk, j == 1 ? 1.0 : -1.0);
+  const int32_t idx[5] = {1, 0, 1, 3, 1};
+  for (int i = 0; i < 5; ++i) c.topk_idx.i32()[i] = idx[i];
+  sa::reference::dsa_forward(c.fwd_problem());
+  for (int64_t d = 0; d < s.Dv; ++d)
+    EXPECT_NEAR(c.out.get(d), c.kv.get(1 * s.Dqk + d), 1e-15 * std::fabs(c.kv.get(1 * s.Dqk + d)))
+        << d;
+}
+
 // The backward without a d_sink tensor, and with a sink tensor absent: d_sink written as zeros.
 TEST(DsaReferenceEdges, DSinkOptional) {
   DsaShape s = tiny(5, 16, 2, 6);

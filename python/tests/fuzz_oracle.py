@@ -68,7 +68,7 @@ def bsa_forward(q, k, v, idx, cnt, block, scale, kv_block_len=None):
                 kk, vv = k[b, h // group, keys], v[b, h // group, keys]
                 s = scale * (q[b, h, rows] @ kk.T)
                 lrow = torch.logsumexp(s, dim=-1)
-                p = torch.exp(s - lrow[:, None])
+                p = _softmax(s)
                 o[b, h, rows] = p @ vv
                 mag[b, h, rows] = p @ vv.abs()
                 lse[b, h, rows] = lrow
@@ -122,6 +122,14 @@ def dsa_active(idx_row, length, topk, s_kv):
     return [j for j in idx_row[:n] if 0 <= j < s_kv]
 
 
+def _softmax(s):
+    """exp(s - lse) along the last dim as exp(s - max) / sum: max + log(sum) rounds to max at
+    huge scores (|max| >> 2^53 log(sum)), which would give every tied key probability 1."""
+    m = s.max(dim=-1, keepdim=True).values
+    e = torch.exp(s - m)
+    return e / e.sum(dim=-1, keepdim=True)
+
+
 def _big_l(lse_row, sink):
     """L = logaddexp(lse, sink) per head, with SPEC's infinite sinks (+inf takes everything,
     -inf is no sink) and NaN propagating."""
@@ -150,7 +158,9 @@ def dsa_forward(q, kv, idx, length, sink, d_v, scale):
         lse_mag[t] = (abs(scale) * (q[t].abs() @ keys.abs().T)).max(dim=-1).values
         lrow = torch.logsumexp(s, dim=-1)
         big = _big_l(lrow, sink)
-        p = torch.exp(s - big[:, None])
+        p = _softmax(s)
+        if sink is not None:  # exp(s - L) = softmax(s) / (1 + exp(sink - lse))
+            p = p / (1.0 + torch.exp(sink - lrow))[:, None]
         p = torch.where(torch.isinf(big)[:, None] & (big[:, None] > 0), torch.zeros_like(p), p)
         out[t] = p @ keys[:, :d_v]
         mag[t] = p.abs() @ keys[:, :d_v].abs()

@@ -199,8 +199,10 @@ void bsa_forward(const BsaFwdProblem& p) {
             double sum = 0.0;
             for (double st : s) sum += std::exp(st - mx);
             lse = mx + std::log(sum);
+            // exp(s - lse) as exp(s - mx) / sum: mx + log(sum) rounds to mx once |mx| >>
+            // 2^53 log(sum) (a huge scale), which would give every tied key probability 1.
             for (size_t t = 0; t < keys.size(); ++t) {
-              const double prob = std::exp(s[t] - lse);
+              const double prob = std::exp(s[t] - mx) / sum;
               for (int64_t x = 0; x < d.Dv; ++x)
                 out[static_cast<size_t>(x)] +=
                     prob * load(p.v, p.dtype, b, hk, sq.k0 + keys[t], x);

@@ -4,7 +4,9 @@
 //   s_j   = scale * <q[t, h, :D_qk], kv[j, :D_qk]>            for every active slot j of row t
 //   lse   = log sum_j exp(s_j)             (sink excluded; +inf stored for an empty row)
 //   L     = logaddexp(lse, sink[h])         (no sink: L = lse)
-//   p_j   = exp(s_j - L)
+//   p_j   = exp(s_j - L), computed as exp(s_j - m) / (sum_k exp(s_k - m) (1 + exp(sink - lse)))
+//           with m the row's largest score: m + log(sum) rounds to m once |m| >> 2^53 log(sum)
+//           (a huge scale), and exp(s_j - L) would then give every tied key probability 1
 //   out   = sum_j p_j kv[j, :D_v]
 // Backward, from the provided out and lse (p_j = min(exp(s_j - L), 1), see softmax_prob):
 //   delta = <out, dout>,  dP_j = <dout, kv[j, :D_v]>,  dS_j = p_j (dP_j - delta)
@@ -106,9 +108,12 @@ void dsa_forward(const DsaFwdProblem& p) {
         double sum = 0.0;
         for (double sk : s) sum += std::exp(sk - m);
         lse = m + std::log(sum);
-        const double L = log_add_exp(lse, sink_of(p.meta, h));
+        // sum exp(L - lse) = sum (1 + exp(sink - lse)): no sink adds nothing; a sink of +inf
+        // (or one so large that the exponential overflows) makes it +inf and every p_j 0.
+        const double sink = sink_of(p.meta, h);
+        const double norm = sink == -kInf ? sum : sum * (1.0 + std::exp(sink - lse));
         for (int64_t k = 0; k < row.n(); ++k) {
-          const double pk = std::exp(s[static_cast<size_t>(k)] - L);
+          const double pk = std::exp(s[static_cast<size_t>(k)] - m) / norm;
           const double* v = row.at(k, d.Dqk);
           for (int64_t c = 0; c < d.Dv; ++c) out[static_cast<size_t>(c)] += pk * v[c];
         }
