@@ -977,7 +977,8 @@ struct GpuDsaFwdCase {
 };
 
 // The cases of the suite of `impl` (SA_IMPL_PORTABLE or SA_IMPL_SM90), in that suite's order. The
-// sm90 forward serves H 64 and 128 in bf16 only; the portable one also H 16, 32, 80 and fp16.
+// sm90 suite takes bf16 cases at H 8, 64 and 128 (its H 16 / 32 suite borrows the portable
+// ones); the portable suite also H 16, 24, 32, 80 and fp16.
 inline std::vector<GpuDsaFwdCase> gpu_dsa_forward_cases(sa_impl impl) {
   using L = DsaLengths;
   using S = DsaSink;

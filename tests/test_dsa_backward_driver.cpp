@@ -103,6 +103,21 @@ TEST_P(DsaBackwardDriverPlan, DeterministicModeLayout) {
   }
 }
 
+// The parts after the fixed-point accumulator (at its end: `at`), shared by the int64 and
+// binned plans: row flags, slot counts, FixCtl, the d_sink terms and the item counter, no slices;
+// returns the end of the counter's part.
+size_t expect_fixed_point_tail(const WorkspacePlan& plan, const PlanCase& c, size_t at) {
+  EXPECT_EQ(plan.bad, at);
+  at += align256(c.Skv * 4);
+  EXPECT_EQ(plan.counts, at);
+  at += align256(c.Skv * 4);
+  EXPECT_EQ(plan.ctl, at);
+  at += 256;
+  at = expect_terms_and_counter(plan, c, at);
+  EXPECT_EQ(plan.slice, 0);
+  return at;
+}
+
 // Deterministic mode by fixed point (a policy with fixed_point, the Hopper one): the int64
 // accumulator of S_kv + 1 rows (the spare row takes inactive slots) in place of the fp32 one,
 // the row flags, the slot counts and the control words, then the d_sink terms and the counter
@@ -118,14 +133,7 @@ TEST_P(DsaBackwardDriverPlan, FixedPointModeLayout) {
   size_t at = 0;
   EXPECT_EQ(plan.fix, at);
   at += align256((c.Skv + 1) * c.Dqk * 8);
-  EXPECT_EQ(plan.bad, at);
-  at += align256(c.Skv * 4);
-  EXPECT_EQ(plan.counts, at);
-  at += align256(c.Skv * 4);
-  EXPECT_EQ(plan.ctl, at);
-  at += 256;
-  at = expect_terms_and_counter(plan, c, at);
-  EXPECT_EQ(plan.slice, 0);
+  at = expect_fixed_point_tail(plan, c, at);
   EXPECT_EQ(plan.cub_bytes, 0u);
   EXPECT_EQ(plan.total, at + 256);
 }
@@ -150,14 +158,7 @@ TEST_P(DsaBackwardDriverPlan, BinnedPlanLayout) {
   const int64_t planes = 8 * (c.Skv + 1) * (c.Dqk / 2) * 8;
   EXPECT_GE(planes, (c.Skv + 1) * c.Dqk * 8);
   at += align256(planes);
-  EXPECT_EQ(plan.bad, at);
-  at += align256(c.Skv * 4);
-  EXPECT_EQ(plan.counts, at);
-  at += align256(c.Skv * 4);
-  EXPECT_EQ(plan.ctl, at);
-  at += 256;
-  at = expect_terms_and_counter(plan, c, at);
-  EXPECT_EQ(plan.slice, 0);
+  at = expect_fixed_point_tail(plan, c, at);
   EXPECT_EQ(plan.total, at + 256);
   // Outside deterministic mode launch_binned changes nothing.
   EXPECT_FALSE(plan_workspace(problem_of(c, false), policy).binned);

@@ -9,12 +9,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
 
 #include "cuda/dsa_binned_fixed.cuh"
+#include "fix_ctl_util.hpp"
 
 namespace sa_test {
 namespace {
@@ -44,12 +44,6 @@ using sa::portable::dsa_bwd::kFixMinShift;
 
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 constexpr int64_t kInt32Min = std::numeric_limits<int32_t>::min();
-
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
 
 // round(x 2^t), ties to even, in double (the reference for bin_round).
 double round_at(float x, int t) { return std::nearbyint(std::ldexp(static_cast<double>(x), t)); }
@@ -339,16 +333,6 @@ TEST(DsaBinnedFixed, DecodesEveryBin) {
       EXPECT_EQ(bin_decode(sums, lw, e_bound), expected) << e_bound << " " << lw;
     }
   }
-}
-
-FixCtl ctl_of(float q, float dout, float kv, uint32_t count, float x = 0.f) {
-  FixCtl c{};
-  c.max_q = bits(q);
-  c.max_dout = bits(dout);
-  c.max_kv = bits(kv);
-  c.count = count;
-  c.max_x = bits(x);
-  return c;
 }
 
 TEST(DsaBinnedFixed, BoundFromTheEstimateAndItsRetry) {

@@ -6,9 +6,9 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #include "cuda/dsa_fixed_point.cuh"
+#include "fix_ctl_util.hpp"
 
 namespace sa_test {
 namespace {
@@ -21,22 +21,6 @@ using sa::portable::dsa_bwd::FixScale;
 using sa::portable::dsa_bwd::kFixLowBits;
 using sa::portable::dsa_bwd::kFixMaxShift;
 using sa::portable::dsa_bwd::kFixMinShift;
-
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-
-FixCtl ctl_of(float q, float dout, float kv, uint32_t count, float x = 0.f) {
-  FixCtl c{};
-  c.max_q = bits(q);
-  c.max_dout = bits(dout);
-  c.max_kv = bits(kv);
-  c.count = count;
-  c.max_x = bits(x);
-  return c;
-}
 
 TEST(DsaFixedPoint, LimitLeavesRoomForEveryAddition) {
   EXPECT_EQ(fix_limit_bits(0, 1), 62);

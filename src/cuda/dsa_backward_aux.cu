@@ -196,6 +196,15 @@ __device__ __forceinline__ void fixed_quad(const int64_t* __restrict__ fix, int6
   v[3] = static_cast<float>(static_cast<double>(b.y) * inv);
 }
 
+// Columns c..c + 3 of a converted dkv row, v (NaN when the row is marked bad), one 8-byte
+// store of Element.
+template <class Element>
+__device__ __forceinline__ void store_quad(Element* dst, float (&v)[4], bool bad_row) {
+  if (bad_row) v[0] = v[1] = v[2] = v[3] = __uint_as_float(0x7fffffffu);
+  *reinterpret_cast<uint2*>(dst) =
+      make_uint2(pack2<Element>(v[0], v[1]), pack2<Element>(v[2], v[3]));
+}
+
 // Four columns per thread (fixed_quad), one 8-byte store: one more rounding, to Element (the
 // same on every run).
 template <class Element>
@@ -212,9 +221,7 @@ __global__ void __launch_bounds__(kThreads)
     const int c = 4 * static_cast<int>(e - j * quads);
     float v[4];
     fixed_quad(fix, j, dqk, c, inv, v);
-    if (bad[j] != 0u) v[0] = v[1] = v[2] = v[3] = __uint_as_float(0x7fffffffu);
-    *reinterpret_cast<uint2*>(dkv + j * dkv_ss + c) =
-        make_uint2(pack2<Element>(v[0], v[1]), pack2<Element>(v[2], v[3]));
+    store_quad(dkv + j * dkv_ss + c, v, bad[j] != 0u);
   }
 }
 
@@ -276,9 +283,7 @@ __global__ void __launch_bounds__(kThreads)
     } else {
       fixed_quad(fix, j, dqk, c, inv, v);
     }
-    if (bad[j] != 0u) v[0] = v[1] = v[2] = v[3] = __uint_as_float(0x7fffffffu);
-    *reinterpret_cast<uint2*>(dkv + j * dkv_ss + c) =
-        make_uint2(pack2<Element>(v[0], v[1]), pack2<Element>(v[2], v[3]));
+    store_quad(dkv + j * dkv_ss + c, v, bad[j] != 0u);
   }
 }
 

@@ -129,9 +129,8 @@ void dsa_forward(const DsaFwdProblem& p, void* workspace, size_t workspace_bytes
 
   DsaFwdSm90Params prm{};
   fill_dsa_common_params(prm, p);
-  // H 8, 16 or 32: one 64-row item per token, rows >= H padding. H 8 is the only GPU forward of
-  // SPEC 2's H 8 (the portable kernels take multiples of 16); its kv gathers are those of any
-  // H, so the padding costs tensor work the gathers mostly hide, not bytes.
+  // H 8, 16 or 32: one 64-row item per token, rows >= H padding. At H 8 the kv gathers are those
+  // of any H, so the padding costs tensor work the gathers mostly hide, not bytes.
   const bool pad_heads = d.H < 64;
   prm.head_groups = pad_heads ? 1 : narrow_i32(d.H / 64, "H / 64");
   prm.heads = narrow_i32(d.H, "H");
